@@ -1,0 +1,301 @@
+"""base.yml + models/<model_name>.yml + your YAML + key=value → one frozen, typed Config.
+
+The keys, their defaults and their types come from `configs/base.yml` (the single source of
+truth); a key's type is its default's type. This module imports no JAX: anything that needs the
+device count (`-1` parallelism, batch divisibility) happens in `resolve()`, which the caller feeds
+with the count it measured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import difflib
+import math
+import pathlib
+from typing import Any, Sequence
+
+import yaml
+
+CONFIG_DIR = pathlib.Path(__file__).parent / "configs"
+BASE_YML = CONFIG_DIR / "base.yml"
+MESH_AXES = ("data", "fsdp", "tensor")  # order of the device mesh axes
+_SPECIAL_KEYS = ("base_config",)  # allowed in YAML files, not part of Config
+
+
+class ConfigError(ValueError):
+    """A user mistake in the recipe: printed as one line, exit code 2."""
+
+
+def _read_yaml(path: pathlib.Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config file must be a mapping of key: value")
+    return data
+
+
+def _find_yaml(name: str, relative_to: pathlib.Path | None = None) -> pathlib.Path:
+    """A file of that name if it exists (cwd, then beside the including file), else the packaged one."""
+    for candidate in (pathlib.Path(name), (relative_to.parent / name) if relative_to else None):
+        if candidate is not None and candidate.is_file():
+            return candidate
+    packaged = CONFIG_DIR / pathlib.Path(name).name
+    if packaged.is_file():
+        return packaged
+    raise ConfigError(f"config file '{name}' not found (nor packaged in {CONFIG_DIR})")
+
+
+def _load_chain(path: pathlib.Path, seen: tuple[pathlib.Path, ...] = ()) -> dict[str, Any]:
+    """A YAML file merged over its `base_config:` chain (the packaged base.yml is implied)."""
+    if path.resolve() in seen:
+        raise ConfigError(f"{path}: base_config chain loops back on itself")
+    data = _read_yaml(path)
+    parent = data.pop("base_config", None)
+    if parent is None:
+        return data
+    merged = _load_chain(_find_yaml(str(parent), path), seen + (path.resolve(),))
+    merged.update(data)
+    return merged
+
+
+_DEFAULTS: dict[str, Any] = _read_yaml(BASE_YML)
+
+
+def _field_type(default: Any) -> type:
+    return type(default) if default is not None else str
+
+
+class _ConfigMethods:
+    """Derived values. All parallelism keys are concrete after `resolve()`."""
+
+    def parallelism(self, prefix: str) -> tuple[int, int, int]:
+        return tuple(getattr(self, f"{prefix}_{axis}_parallelism") for axis in MESH_AXES)
+
+    @property
+    def mesh_shape(self) -> tuple[int, int, int]:
+        """Global mesh shape over MESH_AXES: ici × dcn per axis."""
+        return tuple(i * d for i, d in zip(self.parallelism("ici"), self.parallelism("dcn")))
+
+    @property
+    def num_devices(self) -> int:
+        return math.prod(self.mesh_shape)
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Global sequences per micro-batch."""
+        return round(self.per_device_batch_size * self.num_devices)
+
+    @property
+    def global_batch_size(self) -> int:
+        """Global sequences per optimizer step."""
+        return self.micro_batch_size * self.gradient_accumulation_steps
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.max_target_length
+
+    @property
+    def warmup_steps(self) -> int:
+        return int(self.warmup_steps_fraction * self.steps)
+
+    @property
+    def run_dir(self) -> str:
+        return f"{self.base_output_directory.rstrip('/')}/{self.run_name}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+Config = dataclasses.make_dataclass(
+    "Config",
+    [(k, _field_type(v), dataclasses.field(default=v)) for k, v in _DEFAULTS.items()],
+    bases=(_ConfigMethods,),
+    frozen=True,
+)
+Config.__module__ = __name__
+Config.__doc__ = "Every key of configs/base.yml, typed by its default; frozen."
+
+
+def _coerce(key: str, value: Any, from_cli: bool) -> Any:
+    """Value → the key's type, or a one-line error."""
+    want = _field_type(_DEFAULTS[key])
+    if from_cli and want is not str:
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise ConfigError(f"{key}={value!r}: cannot parse as {want.__name__}") from None
+    if want is float and isinstance(value, str):
+        try:
+            value = float(value)  # YAML 1.1 reads 1e-4 as a string
+        except ValueError:
+            pass
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if want is str and value is None:
+        value = ""
+    if want is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    if want is list and isinstance(value, str) and not value.strip():
+        value = []
+    if want is list and isinstance(value, tuple):
+        value = list(value)
+    if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+        raise ConfigError(
+            f"{key}: expected {want.__name__}, got {type(value).__name__} {value!r}"
+        )
+    return tuple(value) if want is list else value
+
+
+def _check_keys(updates: dict[str, Any], where: str) -> None:
+    for key in updates:
+        if key in _DEFAULTS or key in _SPECIAL_KEYS:
+            continue
+        close = difflib.get_close_matches(key, list(_DEFAULTS), n=1, cutoff=0.6)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise ConfigError(f"unknown config key '{key}' in {where}{hint}")
+
+
+def parse_cli(argv: Sequence[str]) -> tuple[str | None, dict[str, str]]:
+    """`[file.yml] key=value ...` → (yaml path or None, overrides as raw strings)."""
+    path, overrides = None, {}
+    for i, arg in enumerate(argv):
+        if "=" in arg:
+            key, value = arg.split("=", 1)
+            overrides[key.strip().lstrip("-")] = value
+        elif i == 0 and arg.endswith((".yml", ".yaml")):
+            path = arg
+        else:
+            raise ConfigError(f"unexpected argument '{arg}': use a YAML file first, then key=value")
+    return path, overrides
+
+
+def load(argv: Sequence[str] = (), **overrides: Any) -> Config:
+    """Build a Config from command-line style arguments and keyword overrides (not yet resolved)."""
+    path, cli = parse_cli(argv)
+    user: dict[str, Any] = {}
+    if path is not None:
+        yml = _find_yaml(path)
+        user = _load_chain(yml) if yml.resolve() != BASE_YML.resolve() else {}
+        _check_keys(user, str(yml))
+    _check_keys(cli, "command line")
+    _check_keys(overrides, "overrides")
+    user.pop("base_config", None)
+
+    model_name = cli.get("model_name", overrides.get("model_name", user.get("model_name", "default")))
+    preset: dict[str, Any] = {}
+    if model_name != "default":
+        preset_path = CONFIG_DIR / "models" / f"{model_name}.yml"
+        if not preset_path.is_file():
+            names = sorted(p.stem for p in (CONFIG_DIR / "models").glob("*.yml"))
+            close = difflib.get_close_matches(str(model_name), names, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"unknown model_name '{model_name}'{hint}; presets: {', '.join(names)}")
+        preset = _read_yaml(preset_path)
+        _check_keys(preset, str(preset_path))
+
+    values = dict(_DEFAULTS)
+    for layer, from_cli in ((preset, False), (user, False), (overrides, False), (cli, True)):
+        for key, value in layer.items():
+            values[key] = _coerce(key, value, from_cli)
+    if not values["run_name"]:
+        values["run_name"] = "maxlite_" + datetime.datetime.now().strftime("%Y%m%d_%H%M%S")
+    config = Config(**values)
+    _validate(config)
+    return config
+
+
+_CHOICES = {
+    "decoder_block": ("llama2", "gpt3"),
+    "dtype": ("float32", "bfloat16"),
+    "weight_dtype": ("float32", "bfloat16"),
+    "remat_policy": ("none", "full", "minimal", "save_dots"),
+    "lr_schedule_type": ("cosine", "linear", "constant"),
+}
+
+
+def _validate(c: Config) -> None:
+    """Checks that need no device count."""
+    for key, choices in _CHOICES.items():
+        if getattr(c, key) not in choices:
+            raise ConfigError(f"{key}={getattr(c, key)!r}: choose one of {', '.join(choices)}")
+    positive = ("steps", "max_target_length", "base_emb_dim", "base_num_decoder_layers",
+                "base_num_query_heads", "base_num_kv_heads", "base_mlp_dim", "head_dim",
+                "vocab_size", "gradient_accumulation_steps", "log_period")
+    for key in positive:
+        if getattr(c, key) <= 0:
+            raise ConfigError(f"{key}={getattr(c, key)} must be positive")
+    if c.per_device_batch_size <= 0:
+        raise ConfigError(f"per_device_batch_size={c.per_device_batch_size} must be positive")
+    if c.base_num_query_heads % c.base_num_kv_heads:
+        raise ConfigError(
+            f"base_num_query_heads={c.base_num_query_heads} must be a multiple of "
+            f"base_num_kv_heads={c.base_num_kv_heads}")
+    if c.decoder_block == "gpt3" and c.max_target_length > c.max_position_embeddings:
+        raise ConfigError(
+            f"max_target_length={c.max_target_length} exceeds max_position_embeddings="
+            f"{c.max_position_embeddings} of this gpt3 model")
+    if not 0 <= c.warmup_steps_fraction <= 1:
+        raise ConfigError(f"warmup_steps_fraction={c.warmup_steps_fraction} must be in [0, 1]")
+    for prefix in ("ici", "dcn"):
+        values = c.parallelism(prefix)
+        if values.count(-1) > 1:
+            raise ConfigError(f"only one {prefix}_*_parallelism may be -1, got {values}")
+        if any(v == 0 or v < -1 for v in values):
+            raise ConfigError(f"{prefix}_*_parallelism must be positive or -1, got {values}")
+
+
+def _fill(values: tuple[int, ...], total: int, what: str) -> tuple[int, ...]:
+    known = math.prod(v for v in values if v != -1)
+    if -1 in values:
+        if total % known:
+            raise ConfigError(f"{what}: {total} devices cannot be split by the fixed axes {values}")
+        values = tuple(total // known if v == -1 else v for v in values)
+    if math.prod(values) != total:
+        named = ", ".join(f"{a}={v}" for a, v in zip(MESH_AXES, values))
+        raise ConfigError(
+            f"{what}: parallelism product {math.prod(values)} ({named}) != {total} devices; "
+            f"set one axis to -1 to fill it")
+    return values
+
+
+def resolve(config: Config, num_devices: int, num_slices: int = 1, num_processes: int = 1) -> Config:
+    """Fill -1 parallelism from the device count and check what needs it."""
+    if config.num_slices not in (-1, num_slices):
+        raise ConfigError(f"num_slices={config.num_slices} but the devices form {num_slices} slice(s)")
+    if num_devices % num_slices:
+        raise ConfigError(f"{num_devices} devices cannot form {num_slices} equal slices")
+    dcn = _fill(config.parallelism("dcn"), num_slices, "dcn (across slices)")
+    ici = _fill(config.parallelism("ici"), num_devices // num_slices, "ici (within a slice)")
+    updates = {f"{p}_{a}_parallelism": v for p, vals in (("ici", ici), ("dcn", dcn))
+               for a, v in zip(MESH_AXES, vals)}
+    c = dataclasses.replace(config, num_slices=num_slices, **updates)
+
+    data, fsdp, tensor = c.mesh_shape
+    exact = c.per_device_batch_size * c.num_devices
+    if abs(exact - round(exact)) > 1e-9 or round(exact) == 0:
+        raise ConfigError(
+            f"per_device_batch_size={c.per_device_batch_size} × {c.num_devices} devices = {exact:g} "
+            f"is not a whole number of sequences")
+    if c.micro_batch_size % (data * fsdp):
+        raise ConfigError(
+            f"global batch {c.micro_batch_size} is not divisible by data×fsdp = {data * fsdp}; "
+            f"change per_device_batch_size or the mesh")
+    if c.micro_batch_size % num_processes:
+        raise ConfigError(
+            f"global batch {c.micro_batch_size} is not divisible by {num_processes} processes")
+    for key in ("base_num_query_heads", "base_num_kv_heads", "base_mlp_dim", "vocab_size"):
+        if getattr(c, key) % tensor:
+            raise ConfigError(f"{key}={getattr(c, key)} is not divisible by tensor parallelism {tensor}")
+    if c.base_emb_dim % fsdp:
+        raise ConfigError(f"base_emb_dim={c.base_emb_dim} is not divisible by fsdp parallelism {fsdp}")
+    return c
+
+
+def to_yaml(config: Config) -> str:
+    values = {k: list(v) if isinstance(v, tuple) else v for k, v in config.to_dict().items()}
+    return yaml.safe_dump(values, sort_keys=False)

@@ -1,0 +1,88 @@
+"""The device mesh, THE logical-axis rules table, and jax.distributed start-up from the environment."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+from jax.experimental import mesh_utils
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from maxlite.config import MESH_AXES
+
+BATCH_AXES = ("data", "fsdp")  # the batch dimension is split over both
+
+# Every logical name used by the models appears exactly once (NNX resolves rules by dict lookup:
+# a duplicate silently takes the last one, a missing name fails late). Parameters shard their
+# `embed` dim over fsdp (ZeRO-3 style) and their head/mlp/vocab dims over tensor (Megatron style);
+# activations shard batch over data×fsdp and the same head/mlp/vocab dims over tensor.
+RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
+    ("activation_batch", BATCH_AXES),
+    ("activation_length", None),
+    ("activation_embed", None),
+    ("activation_heads", "tensor"),
+    ("activation_kv_heads", "tensor"),
+    ("activation_mlp", "tensor"),
+    ("activation_vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("vocab", "tensor"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("head_dim", None),
+    ("norm", None),
+    ("position", None),
+    ("layers", None),
+)
+
+
+def initialize_distributed() -> None:
+    """Start jax.distributed when the environment describes several processes; must run first.
+
+    Explicit (MAXLITE_COORDINATOR + MAXLITE_NUM_PROCESSES + MAXLITE_PROCESS_ID, used by the Ray
+    workers and local multi-process runs) wins; otherwise Slurm with several tasks and TPU pods are
+    detected by JAX itself. A single process does nothing.
+    """
+    if jax.distributed.is_initialized():
+        return
+    env = os.environ
+    if "MAXLITE_COORDINATOR" in env and int(env.get("MAXLITE_NUM_PROCESSES", "1")) > 1:
+        jax.distributed.initialize(
+            coordinator_address=env["MAXLITE_COORDINATOR"],
+            num_processes=int(env["MAXLITE_NUM_PROCESSES"]),
+            process_id=int(env["MAXLITE_PROCESS_ID"]),
+            local_device_ids=None,
+        )
+    elif int(env.get("SLURM_NTASKS", "1")) > 1:
+        coordinator = env.get("MAXLITE_COORDINATOR")  # launcher-chosen; else JAX derives one
+        jax.distributed.initialize(coordinator_address=coordinator) if coordinator else \
+            jax.distributed.initialize()
+    elif env.get("TPU_WORKER_HOSTNAMES", "").count(",") >= 1:
+        jax.distributed.initialize()
+
+
+def num_slices_of(devices) -> int:
+    return len({getattr(d, "slice_index", 0) for d in devices})
+
+
+def make_mesh(cfg, devices=None) -> Mesh:
+    """Mesh over (data, fsdp, tensor): ici axes within a slice, dcn axes across slices."""
+    devices = list(jax.devices() if devices is None else devices)
+    ici, dcn = cfg.parallelism("ici"), cfg.parallelism("dcn")
+    if cfg.num_slices > 1:
+        grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, allow_split_physical_axes=True)
+    else:
+        try:
+            grid = mesh_utils.create_device_mesh(ici, devices, allow_split_physical_axes=True)
+        except (ValueError, NotImplementedError):  # CPU / unknown topology: plain order
+            grid = np.asarray(devices).reshape(ici)
+    return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())

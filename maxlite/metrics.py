@@ -1,0 +1,146 @@
+"""Per-step metrics: MaxText's stdout line, a JSONL file, TensorBoard events, a progress bar, the summary."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from typing import Any
+
+import fsspec
+
+from maxlite.models.flops import train_flops_per_step
+
+# Published dense peak TFLOP/s per chip for bf16 (per device as JAX sees it).
+PEAK_TFLOPS = {
+    "TPU v4": 275.0, "TPU v5 lite": 197.0, "TPU v5e": 197.0, "TPU v5p": 459.0, "TPU v5": 459.0,
+    "TPU v6 lite": 918.0, "TPU v6e": 918.0, "NVIDIA H100 80GB HBM3": 989.0, "NVIDIA H200": 989.0,
+    "NVIDIA A100-SXM4-80GB": 312.0, "NVIDIA A100-SXM4-40GB": 312.0,
+}
+
+
+def step_line(step: int, seconds: float, tflops_per_device: float, tokens_per_device: float,
+              total_weights: float, loss: float) -> str:
+    """MaxText's per-step line, character for character."""
+    return (f"completed step: {step}, seconds: {seconds:.3f}, TFLOP/s/device: {tflops_per_device:.3f}, "
+            f"Tokens/s/device: {tokens_per_device:.3f}, total_weights: {int(total_weights)}, "
+            f"loss: {loss:.3f}")
+
+
+class MetricsLogger:
+    """Writes what the loop measured; only the primary process prints and writes files."""
+
+    def __init__(self, cfg, run_dir: str, primary: bool, first_step: int = 0):
+        self.cfg, self.primary = cfg, primary
+        self.flops_per_step = train_flops_per_step(cfg)
+        self.tokens_per_step = cfg.tokens_per_step
+        self.num_devices = cfg.num_devices
+        self.history: list[dict[str, Any]] = []
+        self.jsonl = self.tb = self.bar = None
+        if not primary:
+            return
+        self.jsonl = fsspec.open(f"{run_dir}/metrics.jsonl", "a" if "://" not in run_dir else "w").open()
+        if cfg.enable_tensorboard and "://" not in run_dir:
+            from tensorboardX import SummaryWriter  # writes event files without TensorFlow
+
+            self.tb = SummaryWriter(f"{run_dir}/tensorboard", flush_secs=10)
+        if cfg.enable_progress_bar and sys.stdout.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=cfg.steps, initial=first_step, unit="step", dynamic_ncols=True)
+
+    def log_step(self, step: int, seconds: float, values: dict[str, float]) -> None:
+        """`step` is 1-based count of completed steps; `values` already on the host."""
+        tflops = self.flops_per_step / self.num_devices / seconds / 1e12
+        tokens = self.tokens_per_step / self.num_devices / seconds
+        record = {"step": step, "seconds": seconds, "tflops_per_device": tflops,
+                  "tokens_per_second_per_device": tokens, **values}
+        self.history.append(record)
+        if not self.primary:
+            return
+        self.jsonl.write(json.dumps(record) + "\n")
+        self.jsonl.flush()
+        if self.tb is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self.tb.add_scalar(f"train/{key}", value, step)
+        if step % self.cfg.log_period == 0 or step == self.cfg.steps:
+            self._print(step_line(step, seconds, tflops, tokens, values["total_weights"], values["loss"]))
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{values['loss']:.3f}")
+
+    def log_eval(self, step: int, values: dict[str, float]) -> None:
+        record = {"step": step, **{f"eval_{k}": v for k, v in values.items()}}
+        self.history.append(record)
+        if not self.primary:
+            return
+        self.jsonl.write(json.dumps(record) + "\n")
+        self.jsonl.flush()
+        if self.tb is not None:
+            for key, value in values.items():
+                self.tb.add_scalar(f"eval/{key}", value, step)
+        self._print(f"eval at step {step}: " + ", ".join(f"{k}: {v:.4f}" for k, v in values.items()))
+
+    def _print(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line)
+        else:
+            print(line, flush=True)
+
+    def summary(self, wall_seconds: float, peak_tflops: float | None) -> dict[str, Any]:
+        """Steady-state figures: the first step of this process (compilation) is left out."""
+        steps = [r for r in self.history if "tokens_per_second_per_device" in r]
+        steady = steps[1:] if len(steps) > 1 else steps
+        out: dict[str, Any] = {"steps": len(steps), "tokens": len(steps) * self.tokens_per_step,
+                               "wall_seconds": wall_seconds}
+        if steady:
+            seconds = sum(r["seconds"] for r in steady)
+            out["tokens_per_second"] = len(steady) * self.tokens_per_step / seconds
+            out["tokens_per_second_per_device"] = out["tokens_per_second"] / self.num_devices
+            out["tflops_per_device"] = len(steady) * self.flops_per_step / self.num_devices / seconds / 1e12
+            out["final_loss"] = steps[-1]["loss"]
+            if peak_tflops:
+                out["peak_tflops_per_device"] = peak_tflops
+                out["mfu"] = out["tflops_per_device"] / peak_tflops
+        return out
+
+    def print_summary(self, summary: dict[str, Any]) -> None:
+        if not self.primary:
+            return
+        mfu = f"{100 * summary['mfu']:.1f}%" if "mfu" in summary else "n/a"
+        lines = [
+            "=" * 60,
+            f"maxlite summary: {summary['steps']} steps, {summary['tokens']:,} tokens "
+            f"in {summary['wall_seconds']:.1f} s",
+        ]
+        if "tokens_per_second" in summary:
+            lines.append(
+                f"  mean tokens/s: {summary['tokens_per_second']:,.0f} "
+                f"({summary['tokens_per_second_per_device']:,.0f}/device), "
+                f"TFLOP/s/device: {summary['tflops_per_device']:.3f}, MFU: {mfu}"
+                + (f" of {summary['peak_tflops_per_device']:.2f} TFLOP/s peak"
+                   if "peak_tflops_per_device" in summary else ""))
+            lines.append(f"  final loss: {summary['final_loss']:.4f}")
+        for key in ("goodput",):
+            if key in summary:
+                lines.append(f"  {key}: {summary[key]}")
+        lines.append("=" * 60)
+        self._print("\n".join(lines))
+        if self.jsonl is not None:
+            self.jsonl.write(json.dumps({"summary": summary}) + "\n")
+
+    def close(self) -> None:
+        for handle in (self.jsonl, self.tb, self.bar):
+            if handle is not None:
+                handle.close()
+        self.jsonl = self.tb = self.bar = None
+
+
+def is_finite(value: float) -> bool:
+    return math.isfinite(value)
+
+
+def now() -> float:
+    return time.perf_counter()

@@ -1,0 +1,176 @@
+"""Building blocks of Llama- and GPT-3-style decoders (Flax NNX).
+
+Shape legend: B batch, T query time, S key time, D model dim, N query heads, K kv heads,
+G query heads per kv head (N = K·G), H head dim, F mlp dim, V vocab, P max positions.
+Parameters carry logical axis names only; `maxlite.mesh.RULES` maps them onto the mesh.
+Compute runs in `dtype`; parameters are stored in `weight_dtype` and cast at use.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+from flax import nnx
+
+Axes = tuple[str | None, ...]
+
+
+def param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: Axes, dtype, init: str = "normal",
+          scale: float = 0.02) -> nnx.Param:
+    if init == "normal":
+        value = scale * jax.random.normal(rngs.params(), shape, dtype)
+    elif init == "ones":
+        value = jnp.ones(shape, dtype)
+    else:
+        value = jnp.zeros(shape, dtype)
+    return nnx.Param(value, out_sharding=axes)
+
+
+def constrain(x: jax.Array, axes: Axes) -> jax.Array:
+    """Shard an activation by logical names (a no-op outside a mesh + rules context)."""
+    return nn.with_logical_constraint(x, axes)
+
+
+BTD = ("activation_batch", "activation_length", "activation_embed")
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, dtype, weight_dtype, *, rngs: nnx.Rngs):
+        self.scale = param(rngs, (dim,), ("norm",), weight_dtype, init="ones")
+        self.eps, self.dtype = eps, dtype
+
+    def __call__(self, x_BTD: jax.Array) -> jax.Array:
+        x = x_BTD.astype(jnp.float32)
+        x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
+        return (x * self.scale[...].astype(jnp.float32)).astype(self.dtype)
+
+
+class LayerNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, dtype, weight_dtype, *, rngs: nnx.Rngs):
+        self.scale = param(rngs, (dim,), ("norm",), weight_dtype, init="ones")
+        self.bias = param(rngs, (dim,), ("norm",), weight_dtype, init="zeros")
+        self.eps, self.dtype = eps, dtype
+
+    def __call__(self, x_BTD: jax.Array) -> jax.Array:
+        x = x_BTD.astype(jnp.float32)
+        mean = jnp.mean(x, axis=-1, keepdims=True)
+        var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+        x = (x - mean) * jax.lax.rsqrt(var + self.eps)
+        x = x * self.scale[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)
+        return x.astype(self.dtype)
+
+
+def rope_frequencies(cfg) -> np.ndarray:
+    """Inverse frequencies [H/2] (a trace-time constant), with Llama 3.1 scaling when enabled."""
+    h = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_max_timescale ** (np.arange(0, h, 2, dtype=np.float64) / h))
+    if cfg.rope_scaling_factor <= 0:
+        return inv_freq
+    # Same piecewise rule as Meta's reference and HF's `rope_type: llama3`.
+    factor, lo, hi = cfg.rope_scaling_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+    old_len = cfg.rope_original_max_position
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (old_len / wavelen - lo) / (hi - lo)
+    smoothed = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    scaled = np.where(wavelen > old_len / lo, inv_freq / factor, inv_freq)
+    is_medium = (wavelen <= old_len / lo) & (wavelen >= old_len / hi)
+    return np.where(is_medium, smoothed, scaled).astype(np.float32)
+
+
+def apply_rope(x_BTNH: jax.Array, positions_BT: jax.Array, inv_freq: jax.Array) -> jax.Array:
+    """Rotary embedding in the split-halves layout (the same layout as Hugging Face Llama)."""
+    angles_BTh = positions_BT[..., None].astype(jnp.float32) * inv_freq
+    sin, cos = jnp.sin(angles_BTh)[:, :, None, :], jnp.cos(angles_BTh)[:, :, None, :]
+    x = x_BTNH.astype(jnp.float32)
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_BTNH.dtype)
+
+
+class Attention(nnx.Module):
+    """Grouped-query causal attention; tokens attend only within their own segment (document)."""
+
+    def __init__(self, cfg, *, rngs: nnx.Rngs):
+        D, N, K, H = cfg.base_emb_dim, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
+        wd, s = jnp.dtype(cfg.weight_dtype), cfg.init_scale
+        self.q = param(rngs, (D, N, H), ("embed", "heads", "head_dim"), wd, scale=s)
+        self.k = param(rngs, (D, K, H), ("embed", "kv_heads", "head_dim"), wd, scale=s)
+        self.v = param(rngs, (D, K, H), ("embed", "kv_heads", "head_dim"), wd, scale=s)
+        self.o = param(rngs, (N, H, D), ("heads", "head_dim", "embed"), wd, scale=s)
+        self.use_bias = cfg.use_bias
+        if cfg.use_bias:
+            self.q_bias = param(rngs, (N, H), ("heads", "head_dim"), wd, init="zeros")
+            self.k_bias = param(rngs, (K, H), ("kv_heads", "head_dim"), wd, init="zeros")
+            self.v_bias = param(rngs, (K, H), ("kv_heads", "head_dim"), wd, init="zeros")
+            self.o_bias = param(rngs, (D,), ("norm",), wd, init="zeros")
+        self.use_rope = cfg.decoder_block != "gpt3"
+        self.cfg = cfg
+        self.num_kv, self.dtype = K, jnp.dtype(cfg.dtype)
+
+    def __call__(self, x_BTD, positions_BT, segment_ids_BT):
+        dt = self.dtype
+        q_BTNH = jnp.einsum("btd,dnh->btnh", x_BTD, self.q[...].astype(dt))
+        k_BSKH = jnp.einsum("bsd,dkh->bskh", x_BTD, self.k[...].astype(dt))
+        v_BSKH = jnp.einsum("bsd,dkh->bskh", x_BTD, self.v[...].astype(dt))
+        if self.use_bias:
+            q_BTNH = q_BTNH + self.q_bias[...].astype(dt)
+            k_BSKH = k_BSKH + self.k_bias[...].astype(dt)
+            v_BSKH = v_BSKH + self.v_bias[...].astype(dt)
+        if self.use_rope:
+            inv_freq = jnp.asarray(rope_frequencies(self.cfg))
+            q_BTNH = apply_rope(q_BTNH, positions_BT, inv_freq)
+            k_BSKH = apply_rope(k_BSKH, positions_BT, inv_freq)
+        q_BTNH = constrain(q_BTNH, ("activation_batch", "activation_length", "activation_heads", None))
+        k_BSKH = constrain(k_BSKH, ("activation_batch", "activation_length", "activation_kv_heads", None))
+
+        B, T, N, H = q_BTNH.shape
+        q_BTKGH = q_BTNH.reshape(B, T, self.num_kv, N // self.num_kv, H)
+        scores_BKGTS = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k_BSKH).astype(jnp.float32)
+        scores_BKGTS = scores_BKGTS / math.sqrt(H)
+        causal_TS = jnp.tril(jnp.ones((T, T), dtype=bool))
+        same_doc_BTS = segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :]
+        mask_B11TS = (causal_TS[None] & same_doc_BTS)[:, None, None]
+        scores_BKGTS = jnp.where(mask_B11TS, scores_BKGTS, jnp.finfo(jnp.float32).min)
+        probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(dt)
+        out_BTKGH = jnp.einsum("bkgts,bskh->btkgh", probs_BKGTS, v_BSKH)
+        out_BTNH = out_BTKGH.reshape(B, T, N, H)
+        out_BTD = jnp.einsum("btnh,nhd->btd", out_BTNH, self.o[...].astype(dt))
+        if self.use_bias:
+            out_BTD = out_BTD + self.o_bias[...].astype(dt)
+        return constrain(out_BTD, BTD)
+
+
+class SwiGLU(nnx.Module):
+    def __init__(self, cfg, *, rngs: nnx.Rngs):
+        D, F, wd, s = cfg.base_emb_dim, cfg.base_mlp_dim, jnp.dtype(cfg.weight_dtype), cfg.init_scale
+        self.gate = param(rngs, (D, F), ("embed", "mlp"), wd, scale=s)
+        self.up = param(rngs, (D, F), ("embed", "mlp"), wd, scale=s)
+        self.down = param(rngs, (F, D), ("mlp", "embed"), wd, scale=s)
+        self.dtype = jnp.dtype(cfg.dtype)
+
+    def __call__(self, x_BTD):
+        dt = self.dtype
+        gate_BTF = jax.nn.silu(x_BTD @ self.gate[...].astype(dt))
+        h_BTF = constrain(gate_BTF * (x_BTD @ self.up[...].astype(dt)),
+                          ("activation_batch", "activation_length", "activation_mlp"))
+        return constrain(h_BTF @ self.down[...].astype(dt), BTD)
+
+
+class GeluMLP(nnx.Module):
+    def __init__(self, cfg, *, rngs: nnx.Rngs):
+        D, F, wd, s = cfg.base_emb_dim, cfg.base_mlp_dim, jnp.dtype(cfg.weight_dtype), cfg.init_scale
+        self.up = param(rngs, (D, F), ("embed", "mlp"), wd, scale=s)
+        self.up_bias = param(rngs, (F,), ("mlp",), wd, init="zeros")
+        self.down = param(rngs, (F, D), ("mlp", "embed"), wd, scale=s)
+        self.down_bias = param(rngs, (D,), ("norm",), wd, init="zeros")
+        self.dtype = jnp.dtype(cfg.dtype)
+
+    def __call__(self, x_BTD):
+        dt = self.dtype
+        h_BTF = jax.nn.gelu(x_BTD @ self.up[...].astype(dt) + self.up_bias[...].astype(dt))
+        h_BTF = constrain(h_BTF, ("activation_batch", "activation_length", "activation_mlp"))
+        return constrain(h_BTF @ self.down[...].astype(dt) + self.down_bias[...].astype(dt), BTD)

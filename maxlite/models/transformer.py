@@ -1,0 +1,89 @@
+"""The decoder: embeddings, a stack of blocks (scanned or unrolled, with remat), the output head.
+
+Shape legend as in layers.py (B batch, T time, D model dim, V vocab, P max positions, L layers).
+`decoder_block` picks the block: llama2 (pre-RMSNorm, RoPE, GQA, SwiGLU; Llama 2/3/3.1/3.2 and
+Mistral) or gpt3 (pre-LayerNorm, learned positions, biases, GELU).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from maxlite.models.layers import (BTD, Attention, GeluMLP, LayerNorm, RMSNorm, SwiGLU, constrain,
+                                   param)
+
+REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,  # recompute everything in the backward pass
+    "minimal": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep weight matmuls
+    "save_dots": jax.checkpoint_policies.dots_saveable,  # keep every matmul output
+}
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg, *, rngs: nnx.Rngs):
+        norm = LayerNorm if cfg.decoder_block == "gpt3" else RMSNorm
+        args = (cfg.base_emb_dim, cfg.normalization_layer_epsilon, jnp.dtype(cfg.dtype),
+                jnp.dtype(cfg.weight_dtype))
+        self.attn_norm = norm(*args, rngs=rngs)
+        self.attn = Attention(cfg, rngs=rngs)
+        self.mlp_norm = norm(*args, rngs=rngs)
+        self.mlp = GeluMLP(cfg, rngs=rngs) if cfg.decoder_block == "gpt3" else SwiGLU(cfg, rngs=rngs)
+
+    def __call__(self, x_BTD, positions_BT, segment_ids_BT):
+        x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), positions_BT, segment_ids_BT)
+        x_BTD = x_BTD + self.mlp(self.mlp_norm(x_BTD))
+        return constrain(x_BTD, BTD)
+
+
+class Transformer(nnx.Module):
+    """inputs_BT, positions_BT, segment_ids_BT → logits_BTV (float32)."""
+
+    def __init__(self, cfg, *, rngs: nnx.Rngs):
+        D, V, wd = cfg.base_emb_dim, cfg.vocab_size, jnp.dtype(cfg.weight_dtype)
+        self.cfg = cfg
+        self.embedding = param(rngs, (V, D), ("vocab", "embed"), wd, scale=cfg.init_scale)
+        if cfg.decoder_block == "gpt3":
+            self.positions = param(rngs, (cfg.max_position_embeddings, D), ("position", "embed"), wd,
+                                   scale=cfg.init_scale)
+        if cfg.scan_layers:
+            @nnx.split_rngs(splits=cfg.base_num_decoder_layers)
+            @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+            def make_stack(rngs):
+                return Block(cfg, rngs=rngs)
+            self.layers = make_stack(rngs)
+        else:
+            self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.base_num_decoder_layers)])
+        norm = LayerNorm if cfg.decoder_block == "gpt3" else RMSNorm
+        self.final_norm = norm(D, cfg.normalization_layer_epsilon, jnp.dtype(cfg.dtype), wd, rngs=rngs)
+        if not cfg.logits_via_embedding:
+            self.unembedding = param(rngs, (D, V), ("embed", "vocab"), wd, scale=cfg.init_scale)
+
+    def _run_layers(self, x_BTD, positions_BT, segment_ids_BT):
+        cfg = self.cfg
+
+        def block_fn(x, layer, positions, segment_ids):
+            return layer(x, positions, segment_ids)
+
+        if cfg.remat_policy != "none":
+            block_fn = nnx.remat(block_fn, policy=REMAT_POLICIES[cfg.remat_policy],
+                                 prevent_cse=not cfg.scan_layers)
+        if not cfg.scan_layers:
+            for layer in self.layers:
+                x_BTD = block_fn(x_BTD, layer, positions_BT, segment_ids_BT)
+            return x_BTD
+        scan_fn = nnx.scan(block_fn, in_axes=(nnx.Carry, 0, None, None), out_axes=nnx.Carry,
+                           transform_metadata={nnx.PARTITION_NAME: "layers"})
+        return scan_fn(x_BTD, self.layers, positions_BT, segment_ids_BT)
+
+    def __call__(self, inputs_BT, positions_BT, segment_ids_BT):
+        dt = jnp.dtype(self.cfg.dtype)
+        x_BTD = jnp.take(self.embedding[...], inputs_BT, axis=0).astype(dt)
+        if self.cfg.decoder_block == "gpt3":
+            x_BTD = x_BTD + jnp.take(self.positions[...], positions_BT, axis=0).astype(dt)
+        x_BTD = constrain(x_BTD, BTD)
+        x_BTD = self.final_norm(self._run_layers(x_BTD, positions_BT, segment_ids_BT))
+        head_DV = (self.embedding[...].T if self.cfg.logits_via_embedding else self.unembedding[...])
+        logits_BTV = (x_BTD @ head_DV.astype(dt)).astype(jnp.float32)
+        return constrain(logits_BTV, ("activation_batch", "activation_length", "activation_vocab"))

@@ -1,0 +1,55 @@
+"""The run directory `{base_output_directory}/{run_name}/`: resolved config and status.json.
+
+status.json tells launchers (Slurm requeue, `maxlite.launch status`) what happened:
+state = running | finished | preempted | failed, with the step reached.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import fsspec
+
+from maxlite import config as C
+
+
+def write_text(path: str, text: str) -> None:
+    """Whole-file write; atomic on local disk (readers never see half a file)."""
+    if "://" in path:
+        with fsspec.open(path, "w") as f:
+            f.write(text)
+        return
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+class RunDir:
+    def __init__(self, cfg, primary: bool):
+        self.path, self.primary = cfg.run_dir, primary
+        if not primary:
+            return
+        fs, _, _ = fsspec.get_fs_token_paths(self.path)
+        try:
+            fs.makedirs(self.path, exist_ok=True)
+        except (PermissionError, OSError) as e:
+            raise C.ConfigError(f"cannot create run directory {self.path}: {e}") from None
+        write_text(f"{self.path}/config.yml", C.to_yaml(cfg))
+
+    def set_status(self, state: str, **fields: Any) -> None:
+        if not self.primary:
+            return
+        record = {"state": state, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **fields}
+        write_text(f"{self.path}/status.json", json.dumps(record, indent=1, default=str))
+
+
+def read_status(run_dir: str) -> dict[str, Any] | None:
+    try:
+        with fsspec.open(f"{run_dir}/status.json", "r") as f:
+            return json.load(f)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None

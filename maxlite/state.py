@@ -1,0 +1,108 @@
+"""TrainState and its sharded creation: eval_shape → shardings → jit(out_shardings); nothing whole on one device."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx, struct
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from maxlite.config import ConfigError
+from maxlite.mesh import RULES
+from maxlite.models import Transformer
+
+
+@struct.dataclass
+class TrainState:
+    step: jax.Array
+    params: nnx.State
+    opt_state: optax.OptState
+
+
+def abstract_params(cfg) -> tuple[nnx.GraphDef, nnx.State]:
+    """Shapes and dtypes of the parameters without a mesh (counting, conversion, planning)."""
+    with nnx.use_eager_sharding(False):
+        model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    graphdef, params = nnx.split(model, nnx.Param)
+    return graphdef, params
+
+
+def _init_fn(cfg, tx):
+    def init(key):
+        model = Transformer(cfg, rngs=nnx.Rngs(params=key))
+        _, params = nnx.split(model, nnx.Param)
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+    return init
+
+
+def state_shardings(abstract: TrainState, mesh: Mesh, tx) -> TrainState:
+    """Params follow their logical axes; optimizer state follows the params; scalars replicate."""
+    replicated = NamedSharding(mesh, P())
+    with nnx.logical_axis_rules(RULES):  # logical names → mesh axes
+        params = nnx.get_partition_spec(abstract.params)
+    params = jax.tree.map(lambda spec: NamedSharding(mesh, spec), params,
+                          is_leaf=lambda x: isinstance(x, P))
+    opt = optax.tree_map_params(
+        tx, lambda _, s: s, abstract.opt_state, params,
+        transform_non_params=lambda _: replicated, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return TrainState(step=replicated, params=params, opt_state=opt)
+
+
+def abstract_state(cfg, mesh: Mesh, tx) -> tuple[nnx.GraphDef, TrainState, TrainState]:
+    """(graphdef, abstract state, state shardings); call inside `jax.set_mesh` + RULES."""
+    with jax.set_mesh(mesh), nnx.logical_axis_rules(RULES):
+        abstract = jax.eval_shape(_init_fn(cfg, tx), jax.random.key(cfg.seed))
+        graphdef = nnx.graphdef(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+    return graphdef, abstract, state_shardings(abstract, mesh, tx)
+
+
+def create_state(cfg, mesh: Mesh, tx, shardings: TrainState) -> TrainState:
+    with jax.set_mesh(mesh), nnx.logical_axis_rules(RULES):
+        init = jax.jit(_init_fn(cfg, tx), out_shardings=shardings)
+        return init(jax.random.key(cfg.seed))
+
+
+def nbytes(tree: Any) -> int:
+    return sum(x.size * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def _host_memory_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_fits(cfg, abstract: TrainState) -> None:
+    """Refuse to allocate a state (params + grads + optimizer) that cannot fit; before any allocation."""
+    if not cfg.check_memory_fit:
+        return
+    state_bytes = nbytes(abstract) + nbytes(abstract.params)  # + gradients, same shapes as params
+    devices = jax.local_devices()
+    n_params = sum(x.size for x in jax.tree.leaves(abstract.params))
+    gib = 2**30
+    if devices[0].platform == "cpu":
+        need = state_bytes * len(devices) / jax.device_count()  # this host's share
+        have = _host_memory_bytes()
+        where = "this host has"
+    else:
+        stats = devices[0].memory_stats() or {}
+        have = stats.get("bytes_limit", 0)
+        need = state_bytes / jax.device_count()
+        where = f"each {devices[0].device_kind} has"
+        if not have:
+            return
+    if need > 0.9 * have:
+        raise ConfigError(
+            f"model_name={cfg.model_name} ({n_params / 1e9:.2f}B params) needs ~{need / gib:,.1f} GiB "
+            f"for parameters, gradients and optimizer state per host, but {where} "
+            f"{have / gib:,.1f} GiB; use more devices/hosts, a smaller model, or check the fit "
+            f"first with `python -m maxlite.plan`")

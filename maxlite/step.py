@@ -1,0 +1,88 @@
+"""Loss, train_step and eval_step: pure functions of (state, batch); no I/O, no host syncs."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from maxlite.state import TrainState
+
+Batch = dict[str, jax.Array]  # inputs, targets, positions, segment_ids: int32 [B, T]; weights: f32
+
+
+def loss_sums(params, graphdef, batch: Batch, z_loss_weight: float = 0.0):
+    """(sum of weighted loss incl. z-loss, (sum of cross-entropy, number of real tokens))."""
+    model = nnx.merge(graphdef, params)
+    logits_BTV = model(batch["inputs"], batch["positions"], batch["segment_ids"])
+    log_z_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
+    target_logit_BT = jnp.take_along_axis(logits_BTV, batch["targets"][..., None], axis=-1)[..., 0]
+    xent_BT = log_z_BT - target_logit_BT
+    weights_BT = batch["weights"]
+    xent_sum = jnp.sum(xent_BT * weights_BT)
+    loss_sum = xent_sum + z_loss_weight * jnp.sum(jnp.square(log_z_BT) * weights_BT)
+    return loss_sum, (xent_sum, jnp.sum(weights_BT))
+
+
+def _microbatches(batch: Batch, num: int) -> Batch:
+    """[B, T] → [num, B/num, T] so that each micro-batch keeps the rows a device already holds."""
+    def split(x):
+        b = x.shape[0] // num
+        return jnp.swapaxes(x.reshape(b, num, *x.shape[1:]), 0, 1)
+    return jax.tree.map(split, batch)
+
+
+def gradients(params, graphdef, batch: Batch, accumulation_steps: int, z_loss_weight: float):
+    """Gradient of the mean loss over all real tokens of the (possibly accumulated) batch."""
+    grad_fn = jax.value_and_grad(loss_sums, has_aux=True)
+    if accumulation_steps == 1:
+        (_, (xent_sum, weights)), grads = grad_fn(params, graphdef, batch, z_loss_weight)
+    else:
+        def body(carry, micro):
+            (_, (xent, w)), g = grad_fn(params, graphdef, micro, z_loss_weight)
+            grads_acc, xent_acc, w_acc = carry
+            return (jax.tree.map(jnp.add, grads_acc, g), xent_acc + xent, w_acc + w), None
+
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+        init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
+        (grads, xent_sum, weights), _ = jax.lax.scan(body, init, _microbatches(batch, accumulation_steps))
+    denominator = jnp.maximum(weights, 1.0)
+    grads = jax.tree.map(lambda g, p: (g / denominator).astype(p.dtype), grads, params)
+    return grads, xent_sum / denominator, weights
+
+
+def train_step(state: TrainState, batch: Batch, *, graphdef, tx, schedule, accumulation_steps: int,
+               z_loss_weight: float) -> tuple[TrainState, dict[str, jax.Array]]:
+    grads, loss, weights = gradients(state.params, graphdef, batch, accumulation_steps, z_loss_weight)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {
+        "loss": loss,
+        "total_weights": weights,
+        "grad_norm": optax.global_norm(grads),
+        "learning_rate": schedule(state.step),
+        "finite": jnp.isfinite(loss),
+    }
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def eval_step(params, batch: Batch, *, graphdef) -> dict[str, jax.Array]:
+    _, (xent_sum, weights) = loss_sums(params, graphdef, batch)
+    return {"loss_sum": xent_sum, "total_weights": weights}
+
+
+def jit_train_step(cfg, graphdef, tx, schedule, state_shardings, batch_sharding):
+    """The step compiled once with explicit shardings and the state donated."""
+    fn = functools.partial(train_step, graphdef=graphdef, tx=tx, schedule=schedule,
+                           accumulation_steps=cfg.gradient_accumulation_steps,
+                           z_loss_weight=cfg.z_loss_weight)
+    return jax.jit(fn, in_shardings=(state_shardings, batch_sharding),
+                   out_shardings=(state_shardings, None), donate_argnums=0)
+
+
+def jit_eval_step(graphdef, params_shardings, batch_sharding):
+    fn = functools.partial(eval_step, graphdef=graphdef)
+    return jax.jit(fn, in_shardings=(params_shardings, batch_sharding))

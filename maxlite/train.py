@@ -1,0 +1,117 @@
+"""The training loop: `python -m maxlite.train base.yml key=value ...`.
+
+Builds in one direction — config → mesh → state → data → step — then runs the steps, reading
+each step's metrics one step late so the host never waits on the device.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Sequence
+
+from maxlite import config as C
+from maxlite.rundir import RunDir
+
+
+def _global_batch(local: dict, sharding) -> dict:
+    import jax
+
+    return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local.items()}
+
+
+def train(cfg: C.Config) -> dict[str, Any]:
+    """Train as configured on every process of the job; returns the summary."""
+    started = time.perf_counter()
+    from maxlite import mesh as mesh_lib
+
+    mesh_lib.initialize_distributed()  # before any other JAX call
+
+    import jax
+    from flax import nnx
+
+    from maxlite import data, optim, state as state_lib, step as step_lib
+    from maxlite.metrics import MetricsLogger
+    from maxlite.peak import peak_tflops_per_device
+
+    cfg = C.resolve(cfg, jax.device_count(), mesh_lib.num_slices_of(jax.devices()), jax.process_count())
+    primary = jax.process_index() == 0
+    run = RunDir(cfg, primary)
+    mesh = mesh_lib.make_mesh(cfg)
+    if primary:
+        print(f"maxlite: run {cfg.run_name} → {run.path}; {jax.process_count()} process(es), "
+              f"mesh {dict(zip(mesh.axis_names, mesh.devices.shape))} on {jax.device_count()} "
+              f"{jax.devices()[0].platform} device(s); global batch {cfg.global_batch_size} × "
+              f"{cfg.max_target_length} tokens", flush=True)
+
+    tx, schedule = optim.make_optimizer(cfg), optim.learning_rate_schedule(cfg)
+    graphdef, abstract, shardings = state_lib.abstract_state(cfg, mesh, tx)
+    state_lib.check_fits(cfg, abstract)
+    if primary:
+        n_params = sum(x.size for x in jax.tree.leaves(abstract.params))
+        print(f"maxlite: model {cfg.model_name}: {n_params / 1e6:,.2f}M parameters", flush=True)
+    state = state_lib.create_state(cfg, mesh, tx, shardings)
+    batches = data.make_iterator(cfg, "train", jax.process_index(), jax.process_count())
+    batch_sharding = mesh_lib.batch_sharding(mesh)
+    train_step = step_lib.jit_train_step(cfg, graphdef, tx, schedule, shardings, batch_sharding)
+    first_step = int(state.step)
+    logger = MetricsLogger(cfg, run.path, primary, first_step)
+    run.set_status("running", step=first_step)
+
+    def read(pending) -> None:
+        step, metrics, dispatched = pending
+        values = {k: float(v) for k, v in jax.device_get(metrics).items()}  # waits for that step
+        done = time.perf_counter()
+        if not values.pop("finite"):
+            raise FloatingPointError(f"loss is {values['loss']} at step {step}: stopping")
+        logger.log_step(step, done - dispatched[0], values)
+        dispatched[0] = done
+
+    try:
+        with jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.RULES):
+            pending, clock = None, [time.perf_counter()]
+            for step in range(first_step, cfg.steps):
+                batch = _global_batch(next(batches), batch_sharding)
+                state, metrics = train_step(state, batch)
+                if pending is not None:
+                    read(pending)
+                pending = (step + 1, metrics, clock)
+            if pending is not None:
+                read(pending)
+        summary = logger.summary(time.perf_counter() - started, None)
+        if primary and "tokens_per_second" in summary:
+            peak, source = peak_tflops_per_device()
+            if jax.devices()[0].platform == "cpu":
+                peak /= jax.local_device_count()  # simulated CPU devices share the host's cores
+            summary = logger.summary(time.perf_counter() - started, peak)
+            summary["peak_source"] = source
+        logger.print_summary(summary)
+        run.set_status("finished", step=int(state.step), summary=summary)
+        return summary
+    except BaseException as e:
+        run.set_status("failed", step=int(jax.device_get(state.step)) if state is not None else None,
+                       error=f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        logger.close()
+        batches_close = getattr(batches, "close", None)
+        if batches_close:
+            batches_close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: python -m maxlite.train [base.yml|your.yml] key=value ...\n"
+              "keys, defaults and comments: maxlite/configs/base.yml", file=sys.stderr)
+        return 0 if argv else 2
+    try:
+        train(C.load(argv))
+    except C.ConfigError as e:
+        print(f"maxlite: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
