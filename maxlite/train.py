@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from maxlite import config as C
 from maxlite.rundir import RunDir
@@ -20,8 +20,12 @@ def _global_batch(local: dict, sharding) -> dict:
     return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local.items()}
 
 
-def train(cfg: C.Config) -> dict[str, Any]:
-    """Train as configured on every process of the job; returns the summary."""
+def train(cfg: C.Config, on_metrics: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Train as configured on every process of the job; returns the summary.
+
+    `on_metrics(record)` runs on every process after each step's metrics are read (launchers use it,
+    e.g. to report to Ray); it must not block for long.
+    """
     started = time.perf_counter()
     from maxlite import mesh as mesh_lib
 
@@ -66,6 +70,8 @@ def train(cfg: C.Config) -> dict[str, Any]:
             raise FloatingPointError(f"loss is {values['loss']} at step {step}: stopping")
         logger.log_step(step, done - dispatched[0], values)
         dispatched[0] = done
+        if on_metrics is not None:
+            on_metrics(logger.history[-1])
 
     try:
         with jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.RULES):
