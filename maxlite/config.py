@@ -54,6 +54,8 @@ def _load_chain(path: pathlib.Path, seen: tuple[pathlib.Path, ...] = ()) -> dict
     """A YAML file merged over its `base_config:` chain (the packaged base.yml is implied)."""
     if path.resolve() in seen:
         raise ConfigError(f"{path}: base_config chain loops back on itself")
+    if path.resolve() == BASE_YML.resolve():
+        return {}  # the defaults: applied first anyway, and must not mask the model preset
     data = _read_yaml(path)
     parent = data.pop("base_config", None)
     if parent is None:
@@ -180,7 +182,7 @@ def load(argv: Sequence[str] = (), **overrides: Any) -> Config:
     user: dict[str, Any] = {}
     if path is not None:
         yml = _find_yaml(path)
-        user = _load_chain(yml) if yml.resolve() != BASE_YML.resolve() else {}
+        user = _load_chain(yml)
         _check_keys(user, str(yml))
     _check_keys(cli, "command line")
     _check_keys(overrides, "overrides")

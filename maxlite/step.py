@@ -62,7 +62,7 @@ def train_step(state: TrainState, batch: Batch, *, graphdef, tx, schedule, accum
     metrics = {
         "loss": loss,
         "total_weights": weights,
-        "grad_norm": optax.global_norm(grads),
+        "grad_norm": optax.tree.norm(grads),
         "learning_rate": schedule(state.step),
         "finite": jnp.isfinite(loss),
     }

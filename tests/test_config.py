@@ -1,0 +1,112 @@
+import subprocess
+import sys
+
+import pytest
+
+from maxlite import config as C
+
+
+def test_defaults_and_overrides_are_typed():
+    c = C.load(["base.yml", "model_name=tiny", "steps=7", "learning_rate=1e-3", "scan_layers=false"])
+    assert (c.steps, c.learning_rate, c.scan_layers) == (7, 1e-3, False)
+    assert c.base_emb_dim == 256  # from the tiny preset
+    with pytest.raises(dataclasses_error()):
+        c.steps = 3  # frozen
+
+
+def dataclasses_error():
+    import dataclasses
+    return dataclasses.FrozenInstanceError
+
+
+def test_user_yaml_chains_to_base_and_cli_wins(tmp_path):
+    (tmp_path / "mine.yml").write_text("base_config: base.yml\nmodel_name: tiny\nsteps: 11\nlog_period: 5\n")
+    c = C.load([str(tmp_path / "mine.yml"), "steps=12"])
+    assert (c.model_name, c.steps, c.log_period, c.base_emb_dim) == ("tiny", 12, 5, 256)
+
+
+def test_user_yaml_overrides_preset(tmp_path):
+    (tmp_path / "wide.yml").write_text("base_config: base.yml\nmodel_name: tiny\nbase_emb_dim: 512\n")
+    assert C.load([str(tmp_path / "wide.yml")]).base_emb_dim == 512
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["base.yml", "stepz=3"], "unknown config key 'stepz' in command line (did you mean 'steps'?)"),
+    (["base.yml", "steps=abc"], "steps: expected int, got str 'abc'"),
+    (["base.yml", "scan_layers=maybe"], "scan_layers: expected bool"),
+    (["base.yml", "model_name=llama9"], "unknown model_name 'llama9'"),
+    (["base.yml", "dtype=float8"], "dtype='float8': choose one of float32, bfloat16"),
+    (["base.yml", "ici_fsdp_parallelism=-1", "ici_tensor_parallelism=-1"], "only one ici_*_parallelism may be -1"),
+    (["nosuch.yml"], "config file 'nosuch.yml' not found"),
+])
+def test_user_mistakes_are_one_line(argv, message):
+    with pytest.raises(C.ConfigError) as e:
+        C.load(argv)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_unknown_key_in_yaml_names_file(tmp_path):
+    (tmp_path / "bad.yml").write_text("base_config: base.yml\nlearning_rat: 0.1\n")
+    with pytest.raises(C.ConfigError, match="learning_rat.*bad.yml.*did you mean 'learning_rate'"):
+        C.load([str(tmp_path / "bad.yml")])
+
+
+def test_resolve_fills_minus_one_and_checks_products():
+    c = C.resolve(C.load(["base.yml", "model_name=tiny", "ici_tensor_parallelism=2"]), 8)
+    assert c.mesh_shape == (1, 4, 2) and c.num_devices == 8
+    assert c.global_batch_size == 16 and c.tokens_per_step == 16 * c.max_target_length
+    with pytest.raises(C.ConfigError, match=r"parallelism product 6 .* != 8 devices"):
+        C.resolve(C.load(["base.yml", "model_name=tiny", "ici_fsdp_parallelism=3",
+                          "ici_tensor_parallelism=2"]), 8)
+    with pytest.raises(C.ConfigError, match="cannot be split"):
+        C.resolve(C.load(["base.yml", "model_name=tiny", "ici_tensor_parallelism=3"]), 8)
+
+
+def test_resolve_multislice_fills_dcn():
+    c = C.resolve(C.load(["base.yml", "model_name=tiny"]), 16, num_slices=2)
+    assert c.parallelism("dcn") == (2, 1, 1) and c.parallelism("ici") == (1, 8, 1)
+    assert c.mesh_shape == (2, 8, 1)
+
+
+def test_batch_divisibility_errors():
+    with pytest.raises(C.ConfigError, match="not divisible by data×fsdp = 8"):
+        C.resolve(C.load(["base.yml", "model_name=tiny", "per_device_batch_size=0.5"]), 8)
+    with pytest.raises(C.ConfigError, match="not a whole number"):
+        C.resolve(C.load(["base.yml", "model_name=tiny", "per_device_batch_size=0.3"]), 8)
+    with pytest.raises(C.ConfigError, match="not divisible by 4 processes"):
+        C.resolve(C.load(["base.yml", "per_device_batch_size=0.25", "ici_fsdp_parallelism=2",
+                          "ici_tensor_parallelism=4"]), 8, num_processes=4)
+    c = C.resolve(C.load(["base.yml", "model_name=tiny", "per_device_batch_size=0.5",
+                          "ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"]), 8)
+    assert c.global_batch_size == 4
+
+
+def test_tensor_parallel_must_divide_heads():
+    with pytest.raises(C.ConfigError, match="base_num_kv_heads=2 is not divisible by tensor parallelism 4"):
+        C.resolve(C.load(["base.yml", "model_name=tiny", "ici_tensor_parallelism=4"]), 8)
+
+
+def test_every_base_key_has_a_comment():
+    for line in C.BASE_YML.read_text().splitlines():
+        if line and not line.startswith("#") and ":" in line:
+            assert "#" in line.split(":", 1)[1], f"base.yml key without a comment: {line}"
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "maxlite.train", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_cli_unknown_key_exits_2_with_one_line():
+    r = _cli("base.yml", "model_name=tiny", "stepz=3")
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("maxlite: error: unknown config key 'stepz' in command line "
+                                "(did you mean 'steps'?)")
+
+
+def test_cli_model_too_big_for_host_exits_2_with_one_line(run_dir):
+    r = _cli("base.yml", "model_name=llama3.1-405b", "steps=1", f"base_output_directory={run_dir}")
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr
+    assert "405.85B params" in lines[0] and "GiB" in lines[0] and "maxlite.plan" in lines[0]

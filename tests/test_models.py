@@ -1,0 +1,102 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from maxlite import config as C
+from maxlite.models import Transformer
+from maxlite.models.flops import param_count, train_flops_per_step
+from maxlite.state import abstract_params
+
+
+@pytest.mark.parametrize("model_name, published", [
+    ("llama2-7b", "6.74"), ("llama3-8b", "8.03"), ("llama3.1-8b", "8.03"), ("llama3.1-70b", "70.6"),
+    ("llama3.1-405b", "405.9"), ("mistral-7b", "7.24"), ("llama3.2-1b", "1.24"),
+    ("llama3.2-3b", "3.21"), ("gpt3-126m", "0.125"),
+])
+def test_preset_parameter_counts_match_published(model_name, published):
+    """The count, in billions, rounds to the published figure at its published precision."""
+    cfg = C.load(["base.yml", f"model_name={model_name}"])
+    _, params = abstract_params(cfg)
+    decimals = len(published.split(".")[1])
+    assert f"{param_count(params) / 1e9:.{decimals}f}" == published
+
+
+def tiny(**overrides):
+    args = ["base.yml", "model_name=tiny", "dtype=float32", "max_target_length=32"]
+    return C.load(args + [f"{k}={v}" for k, v in overrides.items()])
+
+
+def init_model(cfg, seed=0):
+    with nnx.use_eager_sharding(False):
+        return Transformer(cfg, rngs=nnx.Rngs(seed))
+
+
+def run(model, tokens, positions=None, segments=None):
+    B, T = tokens.shape
+    positions = np.broadcast_to(np.arange(T), (B, T)) if positions is None else positions
+    segments = np.ones((B, T), np.int32) if segments is None else segments
+    return np.asarray(model(jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(segments)))
+
+
+@pytest.mark.parametrize("block", ["llama2", "gpt3"])
+def test_packed_documents_do_not_attend_across_each_other(block):
+    extra = {"decoder_block": block, "use_bias": block == "gpt3"}
+    model = init_model(tiny(**extra))
+    rng = np.random.default_rng(0)
+    doc_a, doc_b = rng.integers(0, 4096, 12), rng.integers(0, 4096, 20)
+    packed = np.concatenate([doc_a, doc_b])[None]
+    positions = np.concatenate([np.arange(12), np.arange(20)])[None]
+    segments = np.concatenate([np.ones(12), 2 * np.ones(20)]).astype(np.int32)[None]
+    logits_packed = run(model, packed, positions, segments)
+    np.testing.assert_allclose(logits_packed[0, :12], run(model, doc_a[None])[0], atol=1e-5)
+    np.testing.assert_allclose(logits_packed[0, 12:], run(model, doc_b[None])[0], atol=1e-5)
+
+
+def test_causal_future_tokens_do_not_change_the_past():
+    model = init_model(tiny())
+    tokens = np.random.default_rng(1).integers(0, 4096, (2, 16))
+    changed = tokens.copy()
+    changed[:, 10:] = (changed[:, 10:] + 1) % 4096
+    np.testing.assert_allclose(run(model, tokens)[:, :10], run(model, changed)[:, :10], atol=1e-6)
+    assert not np.allclose(run(model, tokens)[:, 10:], run(model, changed)[:, 10:])
+
+
+def test_scan_and_unrolled_layers_compute_the_same_function():
+    scanned = init_model(tiny(scan_layers=True))
+    unrolled = init_model(tiny(scan_layers=False))
+    # Copy the stacked weights layer by layer into the unrolled model.
+    _, stacked = nnx.split(scanned, nnx.Param)
+    _, flat = nnx.split(unrolled, nnx.Param)
+    flat_dict, stacked_dict = flat.to_pure_dict(), stacked.to_pure_dict()
+    flat_dict["embedding"] = stacked_dict["embedding"]
+    flat_dict["unembedding"] = stacked_dict["unembedding"]
+    flat_dict["final_norm"] = stacked_dict["final_norm"]
+    for i in range(4):
+        flat_dict["layers"][i] = jax.tree.map(lambda x: x[i], stacked_dict["layers"])
+    nnx.replace_by_pure_dict(flat, flat_dict)
+    nnx.update(unrolled, flat)
+    tokens = np.random.default_rng(2).integers(0, 4096, (2, 32))
+    np.testing.assert_allclose(run(scanned, tokens), run(unrolled, tokens), atol=1e-5)
+
+
+def test_llama31_rope_scaling_matches_reference_rule():
+    from maxlite.models.layers import rope_frequencies
+
+    cfg = C.load(["base.yml", "model_name=llama3.1-8b"])
+    scaled, plain = rope_frequencies(cfg), rope_frequencies(C.load(["base.yml", "model_name=llama3-8b"]))
+    wavelen = 2 * np.pi / plain
+    assert np.allclose(scaled[wavelen < 8192 / 4], plain[wavelen < 8192 / 4])  # high freq kept
+    assert np.allclose(scaled[wavelen > 8192], plain[wavelen > 8192] / 8)  # low freq ÷ factor
+    mid = (wavelen >= 8192 / 4) & (wavelen <= 8192)
+    assert mid.any() and np.all(scaled[mid] < plain[mid]) and np.all(scaled[mid] > plain[mid] / 8)
+
+
+def test_flops_formula_matches_hand_count():
+    cfg = C.resolve(C.load(["base.yml", "model_name=tiny", "per_device_batch_size=1",
+                            "max_target_length=128"]), 1)
+    B, T, D, F, V, L, N, K, H = 1, 128, 256, 768, 4096, 4, 4, 2, 64
+    per_layer = 2 * B * T * D * F * 3 + 2 * B * T * D * (N + 2 * K) * H + 2 * B * T * N * H * D \
+        + 2 * B * T * T * N * H
+    assert train_flops_per_step(cfg) == 3 * (L * per_layer + 2 * B * T * D * V)
