@@ -55,7 +55,8 @@ def state_shardings(abstract: TrainState, mesh: Mesh, tx) -> TrainState:
 def abstract_state(cfg, mesh: Mesh, tx) -> tuple[nnx.GraphDef, TrainState, TrainState]:
     """(graphdef, abstract state, state shardings); call inside `jax.set_mesh` + RULES."""
     with jax.set_mesh(mesh), nnx.logical_axis_rules(RULES):
-        abstract = jax.eval_shape(_init_fn(cfg, tx), jax.random.key(cfg.seed))
+        # the key is made inside eval_shape: a concrete key cannot be placed on an AOT topology mesh
+        abstract = jax.eval_shape(lambda: _init_fn(cfg, tx)(jax.random.key(cfg.seed)))
         graphdef = nnx.graphdef(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
     return graphdef, abstract, state_shardings(abstract, mesh, tx)
 
