@@ -1,0 +1,239 @@
+"""`python -m maxlite.launch`: the rendered sbatch script, and real jobs on a one-node Slurm.
+
+The `slurm`-marked tests start a real munged + slurmctld + slurmd (tests/slurm_cluster.py) and
+train the tiny model through the launcher with the real trainer; nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.slurm_cluster import slurm_cluster  # noqa: F401  (session fixture)
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# One simulated device and a short sequence: the job's work is the launcher's, not the model's.
+TINY = ["base.yml", "model_name=tiny", "max_target_length=64", "per_device_batch_size=1",
+        "enable_tensorboard=false"]
+JOB_ENV = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+
+
+def launch(home: pathlib.Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    full_env = {**(env or {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}),
+                **JOB_ENV, "MAXLITE_HOME": str(home)}
+    return subprocess.run([sys.executable, "-m", "maxlite.launch", *args], capture_output=True, text=True,
+                          env=full_env, cwd=ROOT, timeout=120)
+
+
+def status(home, name, env) -> dict:
+    out = launch(home, "status", name, "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def wait_for(home, name, env, done, timeout: float = 420) -> dict:
+    """Poll `status --json` until done(info); the deadline only bounds a hung test."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = status(home, name, env)
+        if done(info):
+            return info
+        if time.monotonic() > deadline:
+            log = pathlib.Path(info["log"])
+            raise AssertionError(f"{name} stuck at {info}\n{log.read_text() if log.exists() else 'no log'}")
+        time.sleep(1)
+
+
+def submit(home, name, env, *args) -> dict:
+    out = launch(home, "slurm", *args, "--partition", "debug", "--experiment-name", name, env=env)
+    assert out.returncode == 0, out.stderr
+    assert f"Experiment Status for {name}_" in out.stdout and "Job id:" in out.stdout
+    return status(home, name, env)
+
+
+def log_text(info) -> str:
+    return pathlib.Path(info["log"]).read_text()
+
+
+# ---- the rendered script (no cluster needed) ----
+
+def test_dry_run_writes_the_script_and_submits_nothing(tmp_path):
+    out = launch(tmp_path, "slurm", *TINY, "steps=5", "--partition", "debug", "--nodes", "2",
+                 "--retries", "3", "--time", "01:00:00", "--experiment-name", "demo", "--dry-run")
+    assert out.returncode == 0, out.stderr
+    (exp_dir,) = (tmp_path / "experiments" / "demo").iterdir()
+    script = (exp_dir / "sbatch.sh").read_text()
+    assert out.stdout.startswith(script)
+    for line in ["#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --signal=B:TERM@60",
+                 "#SBATCH --open-mode=append", "#SBATCH --requeue", "#SBATCH --time=01:00:00",
+                 f"#SBATCH --output={exp_dir}/log-demo_%j.out", "RETRIES=3"]:
+        assert line in script.splitlines(), line
+    srun = next(ln for ln in script.splitlines() if ln.startswith("srun "))
+    assert f"{sys.executable} -m maxlite.train base.yml model_name=tiny" in srun
+    assert "run_name=demo" in srun and f"base_output_directory={exp_dir}/runs" in srun
+    assert "MAXLITE_COORDINATOR=" in script and "scontrol requeue" in script
+    assert subprocess.run(["bash", "-n", str(exp_dir / "sbatch.sh")]).returncode == 0
+    meta = json.loads((exp_dir / "experiment.json").read_text())
+    assert meta["job_id"] is None and meta["run_status"] == f"{exp_dir}/runs/demo/status.json"
+    info = status(tmp_path, "demo", None)
+    assert info["status"] == "NOT SUBMITTED (dry run)" and info["local_directory"] == str(exp_dir)
+
+
+def test_container_and_gpu_options_render(tmp_path):
+    out = launch(tmp_path, "slurm", "base.yml", "model_name=llama3-8b", "base_output_directory=/lustre/runs",
+                 "run_name=r1", "--partition", "a3u", "--nodes", "4", "--gpus-per-node", "8",
+                 "--image", "/lustre/maxlite-gpu.sqsh", "--mount", "/lustre/data", "--env", "NCCL_DEBUG=WARN",
+                 "--experiment-name", "gpu", "--dry-run")
+    assert out.returncode == 0, out.stderr
+    script = out.stdout
+    assert "#SBATCH --gpus-per-node=8" in script and "#SBATCH --nodes=4" in script
+    srun = next(ln for ln in script.splitlines() if ln.startswith("srun "))
+    assert "--container-image=/lustre/maxlite-gpu.sqsh" in srun and "/lustre/data:/lustre/data" in srun
+    assert " python -m maxlite.train base.yml model_name=llama3-8b base_output_directory=/lustre/runs run_name=r1" in srun
+    assert "RUN_STATUS=/lustre/runs/r1/status.json" in script and "export NCCL_DEBUG=WARN" in script
+    assert "PYTHONPATH" not in script  # the image brings its own maxlite
+
+
+@pytest.mark.parametrize("args, message", [
+    (["base.yml", "model_nme=tiny"], "unknown config key 'model_nme' in command line (did you mean 'model_name'?)"),
+    (["base.yml", "--experiment-name", "bad/name"], "experiment name 'bad/name'"),
+    (["base.yml", "--env", "A B=1"], "--env A B=1: write KEY=VALUE"),
+])
+def test_user_errors_are_one_line(tmp_path, args, message):
+    if "--experiment-name" not in args:
+        args = [*args, "--experiment-name", "e"]
+    out = launch(tmp_path, "slurm", *args, "--partition", "debug", "--dry-run")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith("maxlite: error: ") and message in out.stderr
+    assert not (tmp_path / "experiments" / "e").exists()
+
+
+def test_status_of_an_unknown_experiment_is_one_line(tmp_path):
+    out = launch(tmp_path, "status", "nosuch")
+    assert out.returncode == 2
+    assert out.stderr == f"maxlite: error: no experiment named 'nosuch'; no experiments under {tmp_path}/experiments\n"
+
+
+# ---- real jobs on a real one-node Slurm ----
+
+@pytest.fixture
+def cluster_env(slurm_cluster):  # noqa: F811
+    return slurm_cluster.env
+
+
+@pytest.mark.slurm
+def test_invalid_partition_names_the_real_ones(tmp_path, cluster_env):
+    out = launch(tmp_path, "slurm", *TINY, "--partition", "nosuch", "--experiment-name", "bad", env=cluster_env)
+    assert out.returncode == 2
+    assert out.stderr == ("maxlite: error: invalid partition 'nosuch': sinfo reports debug (default); "
+                          "pick one with --partition\n")
+    assert not (tmp_path / "experiments" / "bad").exists()
+
+
+@pytest.mark.slurm
+def test_sbatch_rejection_is_one_line_and_leaves_nothing(tmp_path, cluster_env):
+    out = launch(tmp_path, "slurm", *TINY, "--partition", "debug", "--time", "soon", "--experiment-name", "t",
+                 env=cluster_env)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith("maxlite: error: sbatch failed: sbatch: error: Invalid --time specification")
+    assert list((tmp_path / "experiments" / "t").iterdir()) == []
+
+
+@pytest.mark.slurm
+def test_trains_tiny_to_completion_and_reports_finished(tmp_path, cluster_env):
+    # Two tasks on the one node: two JAX processes joined by jax.distributed from the Slurm env.
+    tasks = 2 if os.cpu_count() >= 2 else 1
+    submit(tmp_path, "fin", cluster_env, *TINY, "steps=3", "--nodes", "1", "--ntasks-per-node", str(tasks))
+    info = wait_for(tmp_path, "fin", cluster_env, lambda i: i["status"] not in ("PENDING", "RUNNING"))
+    log = log_text(info)
+    assert info["status"] == "FINISHED", log
+    assert info["run_state"] == "finished" and info["run_step"] == 3 and info["attempts"] == 1
+    assert f"{tasks} process(es)" in log and "completed step: 3" in log and "run finished" in log
+    exp_dir = tmp_path / "experiments" / "fin" / info["experiment"]
+    assert pathlib.Path(info["run_status_file"]) == exp_dir / "runs" / "fin" / "status.json"
+    out = launch(tmp_path, "status", "fin", env=cluster_env)
+    assert out.stdout.splitlines()[:4] == [f"Experiment Status for {info['experiment']}", "", "Task 0: fin",
+                                           "- Status: FINISHED"]
+
+
+def _trainer_pids(marker: str) -> list[int]:
+    """Our job's trainer processes: this interpreter running maxlite.train for MARKER's run."""
+    pids = []
+    for proc in pathlib.Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[0] == sys.executable.encode() and b"maxlite.train" in argv and any(marker.encode() in a for a in argv):
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.slow  # two full trainings (~2 min); test_requeues_stop_after_the_retries covers the requeue path
+@pytest.mark.slurm
+def test_crashed_attempt_is_requeued_and_finishes(tmp_path, cluster_env):
+    info = submit(tmp_path, "crash", cluster_env, *TINY, "steps=4", "--retries", "1")
+    info = wait_for(tmp_path, "crash", cluster_env,
+                    lambda i: i["run_state"] == "running" or i["status"] not in ("PENDING", "RUNNING"))
+    assert info["run_state"] == "running", log_text(info)
+    pids = _trainer_pids(info["local_directory"])
+    assert len(pids) == 1
+    os.kill(pids[0], signal.SIGKILL)  # a hard crash (OOM kill, node fault) in the first attempt
+    info = wait_for(tmp_path, "crash", cluster_env,
+                    lambda i: i["attempts"] == 2 and i["status"] not in ("PENDING", "RUNNING", "PENDING (requeued)"))
+    log = log_text(info)
+    assert info["status"] == "FINISHED" and info["run_state"] == "finished", log
+    # one log holds both attempts (--open-mode=append)
+    assert "attempt 0 (retries allowed: 1)" in log and "requeueing (retry 1 of 1)" in log
+    assert "attempt 1 (retries allowed: 1)" in log and log.rstrip().endswith("run finished")
+
+
+@pytest.mark.slurm
+def test_requeues_stop_after_the_retries(tmp_path, cluster_env):
+    # A backend that does not exist fails every attempt at start-up (not a config error: exit 1).
+    submit(tmp_path, "broken", cluster_env, *TINY, "steps=3", "--retries", "1", "--env", "JAX_PLATFORMS=nosuch")
+    info = wait_for(tmp_path, "broken", cluster_env, lambda i: i["status"] == "FAILED")
+    log = log_text(info)
+    assert info["attempts"] == 2 and info["exit_code"] not in (0, 2), log
+    assert log.count("requeueing") == 1 and "no retries left (--retries 1)" in log
+
+
+@pytest.mark.slurm
+def test_config_error_in_the_job_is_not_requeued(tmp_path, cluster_env):
+    # Passes the launcher's check but not the trainer's: 3-way tensor parallelism on 1 device.
+    submit(tmp_path, "cfg", cluster_env, *TINY, "ici_tensor_parallelism=3", "--retries", "2")
+    info = wait_for(tmp_path, "cfg", cluster_env, lambda i: i["status"] not in ("PENDING", "RUNNING"))
+    log = log_text(info)
+    assert info["status"] == "FAILED" and info["exit_code"] == 2 and info["attempts"] == 1, log
+    assert "maxlite: error: ici" in log and "configuration error (exit 2): not requeueing" in log
+
+
+@pytest.mark.slurm
+def test_cancel_stops_the_job_without_requeue(tmp_path, cluster_env):
+    submit(tmp_path, "stop", cluster_env, *TINY, "steps=100000", "--retries", "2")
+    wait_for(tmp_path, "stop", cluster_env, lambda i: i["status"] == "RUNNING")
+    out = launch(tmp_path, "cancel", "stop", env=cluster_env)
+    assert out.returncode == 0 and out.stdout.startswith("cancelled job "), out.stderr
+    info = wait_for(tmp_path, "stop", cluster_env, lambda i: i["slurm_state"] not in ("RUNNING", "COMPLETING"))
+    assert info["status"] == "CANCELLED" and info["slurm_state"] == "CANCELLED" and info["attempts"] == 1
+    assert "job cancelled: not requeueing" in log_text(info)
+    again = launch(tmp_path, "cancel", "stop", env=cluster_env)
+    assert again.returncode == 2 and "nothing to cancel" in again.stderr
+
+
+@pytest.mark.slurm
+def test_sigterm_arrives_before_the_time_limit(tmp_path, cluster_env):
+    # A 1-minute limit with 50 s of warning: SIGTERM comes ~10-40 s in, long before the kill.
+    submit(tmp_path, "limit", cluster_env, *TINY, "steps=100000", "--time", "1", "--term-grace", "50")
+    info = wait_for(tmp_path, "limit", cluster_env, lambda i: i["status"] not in ("PENDING", "RUNNING"))
+    log = log_text(info)
+    assert "SIGTERM (time limit or preemption): forwarding it to the trainer" in log, log
+    assert "trainer exited with" in log  # the batch shell outlived its trainer: not killed at the limit
+    assert info["slurm_state"] != "TIMEOUT" and info["status"] in ("PREEMPTED", "FAILED"), info
