@@ -115,7 +115,8 @@ class _ConfigMethods:
 
 Config = dataclasses.make_dataclass(
     "Config",
-    [(k, _field_type(v), dataclasses.field(default=v)) for k, v in _DEFAULTS.items()],
+    [(k, _field_type(v), dataclasses.field(default=tuple(v) if isinstance(v, list) else v))
+     for k, v in _DEFAULTS.items()],
     bases=(_ConfigMethods,),
     frozen=True,
 )
@@ -140,6 +141,9 @@ def _coerce(key: str, value: Any, from_cli: bool) -> Any:
         value = float(value)
     if want is str and value is None:
         value = ""
+    if want is str and isinstance(value, (list, tuple)):
+        # keys such as data_prefix accept a YAML list or its flow-style text: [0.3, a, 0.7, b]
+        value = yaml.safe_dump(list(value), default_flow_style=True).strip()
     if want is str and isinstance(value, (int, float)) and not isinstance(value, bool):
         value = str(value)
     if want is list and isinstance(value, str) and not value.strip():
