@@ -1,0 +1,287 @@
+"""Ray Train launcher: one maxlite loop per Ray worker (= host), driven by `JaxTrainer`.
+
+The driver builds ScalingConfig/RunConfig/FailureConfig from the Config, connects to a cluster
+(RAY_ADDRESS — which `ray job submit` sets — or a private local one it starts and stops) and runs
+`JaxTrainer.fit()`. Each worker runs `_worker_loop`: on CPU it starts jax.distributed itself
+(JaxTrainer only does so for TPU/GPU), then calls `maxlite.train.train` and reports metrics to Ray.
+After a worker dies Ray restarts the whole group (up to max_failures); the new group resumes from
+maxlite's own checkpoint directory (the source of truth, not Ray's reported checkpoints).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import signal
+import socket
+import tempfile
+from typing import Any, Iterator
+
+from maxlite import config as C
+
+RAY_RUN_NAME = "ray_train"  # Ray's own records live in {run_dir}/ray_train/
+
+
+# ---------------------------------------------------------------- what the trainer is built from
+
+
+def num_workers(cfg: C.Config) -> int:
+    """Ray workers = hosts. TPU: hosts per slice (topology chips / chips per host) × slices."""
+    if not cfg.ray_use_tpu:
+        if cfg.ray_num_workers == -1:
+            return 2
+        if cfg.ray_num_workers < 1:
+            raise C.ConfigError(f"ray_num_workers={cfg.ray_num_workers} must be at least 1 (or -1)")
+        return cfg.ray_num_workers
+    if not cfg.tpu_topology or not cfg.tpu_accelerator_type:
+        raise C.ConfigError("ray_use_tpu=true needs tpu_topology (e.g. 4x4) and "
+                            "tpu_accelerator_type (e.g. TPU-V6E)")
+    try:
+        chips = math.prod(int(d) for d in cfg.tpu_topology.lower().split("x"))
+    except ValueError:
+        raise C.ConfigError(f"tpu_topology={cfg.tpu_topology!r}: write it as AxB or AxBxC, e.g. 4x4") from None
+    if cfg.tpu_chips_per_host < 1 or chips % cfg.tpu_chips_per_host:
+        raise C.ConfigError(f"tpu_topology={cfg.tpu_topology} has {chips} chips, not a multiple of "
+                            f"tpu_chips_per_host={cfg.tpu_chips_per_host}")
+    hosts = chips // cfg.tpu_chips_per_host * tpu_slices(cfg)
+    if cfg.ray_num_workers not in (-1, hosts):
+        raise C.ConfigError(
+            f"ray_num_workers={cfg.ray_num_workers}, but {tpu_slices(cfg)} slice(s) of {cfg.tpu_topology} "
+            f"with {cfg.tpu_chips_per_host} chips per host have {hosts} hosts; set it to {hosts} or -1")
+    return hosts
+
+
+def tpu_slices(cfg: C.Config) -> int:
+    """Slices the workers span: num_slices, with -1 (read from the devices) meaning one here."""
+    return cfg.num_slices if cfg.ray_use_tpu and cfg.num_slices > 0 else 1
+
+
+def devices_per_worker(cfg: C.Config) -> int:
+    if cfg.ray_use_tpu:
+        return cfg.tpu_chips_per_host
+    if cfg.ray_use_gpu:
+        return cfg.ray_gpus_per_worker
+    return cfg.ray_simulated_devices_per_worker
+
+
+def check(cfg: C.Config) -> C.Config:
+    """Resolve the recipe against the devices the workers will have: errors before any cluster starts."""
+    if cfg.ray_use_tpu and cfg.ray_use_gpu:
+        raise C.ConfigError("set only one of ray_use_tpu and ray_use_gpu")
+    if devices_per_worker(cfg) < 1:
+        raise C.ConfigError("devices per worker (tpu_chips_per_host / ray_gpus_per_worker / "
+                            "ray_simulated_devices_per_worker) must be at least 1")
+    workers, per_worker = num_workers(cfg), devices_per_worker(cfg)
+    try:
+        return C.resolve(cfg, workers * per_worker, tpu_slices(cfg), workers)
+    except C.ConfigError as e:
+        raise C.ConfigError(f"{workers} Ray worker(s) × {per_worker} device(s): {e}") from None
+
+
+def scaling_config(cfg: C.Config):
+    from ray.train import ScalingConfig
+
+    workers = num_workers(cfg)
+    if cfg.ray_use_tpu:
+        return ScalingConfig(num_workers=workers, use_tpu=True, topology=cfg.tpu_topology,
+                             accelerator_type=cfg.tpu_accelerator_type,
+                             resources_per_worker={"TPU": cfg.tpu_chips_per_host},
+                             placement_strategy="SPREAD")
+    if cfg.ray_use_gpu:
+        return ScalingConfig(num_workers=workers, use_gpu=True,
+                             resources_per_worker={"GPU": cfg.ray_gpus_per_worker},
+                             placement_strategy="SPREAD")
+    return ScalingConfig(num_workers=workers, resources_per_worker={"CPU": cfg.ray_cpus_per_worker})
+
+
+def worker_env(cfg: C.Config) -> dict[str, str]:
+    """Env of the worker processes; it reaches them only through RunConfig(worker_runtime_env)."""
+    # Ray Train would route print() through its logger too, printing every line twice.
+    env = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
+    if cfg.ray_use_tpu:
+        return {**env, "JAX_PLATFORMS": "tpu"}
+    if cfg.ray_use_gpu:
+        return {**env, "JAX_PLATFORMS": "cuda"}
+    return {**env, "JAX_PLATFORMS": "cpu",
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count={cfg.ray_simulated_devices_per_worker}"}
+
+
+def run_config(cfg: C.Config):
+    from ray.train import FailureConfig, LoggingConfig, RunConfig
+
+    # Ray's records go inside the run directory (not ~/ray_results): one place per run.
+    return RunConfig(name=RAY_RUN_NAME, storage_path=cfg.run_dir,
+                     failure_config=FailureConfig(max_failures=cfg.max_failures),
+                     worker_runtime_env={"env_vars": worker_env(cfg)},
+                     logging_config=LoggingConfig(log_level="WARNING"))  # maxlite prints progress
+
+
+def build_trainer(cfg: C.Config):
+    """The JaxTrainer for this recipe (cfg already passed through `check`)."""
+    from ray.train.v2.jax import JaxTrainer
+
+    return JaxTrainer(_worker_loop, train_loop_config={"config": cfg.to_dict()},
+                      scaling_config=scaling_config(cfg), run_config=run_config(cfg))
+
+
+# ---------------------------------------------------------------- on each worker
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _setup_cpu_distributed(rank: int, world: int) -> None:
+    """CPU workers: rank 0 picks the coordinator, everyone learns it; before any JAX call."""
+    import ray
+    from ray.train.collective import broadcast_from_rank_zero
+
+    address = f"{ray.util.get_node_ip_address()}:{_free_port()}" if rank == 0 else None
+    address = broadcast_from_rank_zero(address)
+    os.environ.update(MAXLITE_COORDINATOR=address, MAXLITE_NUM_PROCESSES=str(world),
+                      MAXLITE_PROCESS_ID=str(rank))
+
+
+def _crash_marker(cfg: C.Config) -> str:
+    return f"{cfg.run_dir}/ray_test_crash.done"
+
+
+def _maybe_crash(cfg: C.Config, rank: int, step: int) -> None:
+    """Fault injection for tests: hard-kill this worker once, at the configured step."""
+    if cfg.ray_test_crash_at_step <= 0 or step != cfg.ray_test_crash_at_step \
+            or rank != cfg.ray_test_crash_rank:
+        return
+    import fsspec
+
+    fs, _, _ = fsspec.get_fs_token_paths(cfg.run_dir)
+    if fs.exists(_crash_marker(cfg)):
+        return  # already crashed once: the restarted group must run through
+    with fsspec.open(_crash_marker(cfg), "w") as f:
+        f.write(f"rank {rank} killed itself at step {step}\n")
+    print(f"maxlite: ray_test_crash_at_step={step}: killing worker rank {rank} (pid {os.getpid()})",
+          flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _worker_loop(loop_config: dict[str, Any]) -> dict[str, Any]:
+    """Runs on every worker; rank 0's return value (the summary) reaches the driver."""
+    import logging
+
+    import ray.train
+
+    from maxlite import train as train_lib
+
+    # Ray Train sets the root logger to INFO on workers, which floods the console with library
+    # chatter (Orbax, Ray's own per-report lines); maxlite prints its progress itself.
+    logging.getLogger().setLevel(logging.WARNING)
+    cfg = C.Config(**loop_config["config"])
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    if world > 1 and not (cfg.ray_use_tpu or cfg.ray_use_gpu):
+        _setup_cpu_distributed(rank, world)
+
+    def on_metrics(record: dict[str, Any]) -> None:
+        step = record["step"]
+        _maybe_crash(cfg, rank, step)
+        # ray.train.report is a barrier: every worker reports at the same steps.
+        if step % cfg.log_period == 0 or step == cfg.steps:
+            ray.train.report({k: v for k, v in record.items() if isinstance(v, (int, float))})
+
+    return train_lib.train(cfg, on_metrics=on_metrics)
+
+
+# ---------------------------------------------------------------- the driver
+
+
+@contextlib.contextmanager
+def connect(cfg: C.Config) -> Iterator[str]:
+    """Attach to RAY_ADDRESS (set by `ray job submit`), else start a private local cluster and stop it."""
+    import ray
+
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
+        try:
+            yield f"cluster at {os.environ['RAY_ADDRESS']}"
+        finally:
+            ray.shutdown()
+        return
+    # A local ray.init() would write an auth token that later breaks `ray job submit`; a private
+    # temp dir (short: it holds unix sockets) keeps this cluster apart from any other on the machine.
+    temp_dir = tempfile.mkdtemp(prefix="ray_maxlite_", dir="/tmp")
+    # Ray streams /tmp/tpu_logs to the driver when it exists (any libtpu user on the machine
+    # writes there); this CPU cluster has no TPU logs of its own, so point it at an empty dir.
+    # A local machine is never drained for preemption; Ray's watcher for it only logs an error here.
+    env = {"RAY_AUTH_MODE": "disabled", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+           "TPU_LOG_DIR": os.environ.get("TPU_LOG_DIR") or
+           tempfile.mkdtemp(prefix="tpu_logs_", dir=temp_dir)}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    cpus = max(num_workers(cfg) * cfg.ray_cpus_per_worker, os.cpu_count() or 1)
+    try:
+        # The dashboard serves the state API that Ray Train's placement-group cleaner polls.
+        ray.init(address="local", num_cpus=cpus, include_dashboard=True, dashboard_port=_free_port(),
+                 _temp_dir=temp_dir, log_to_driver=True, logging_level="WARNING")
+        yield f"local Ray cluster ({cpus} CPUs, temp dir {temp_dir})"
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _first_cause(error: Exception) -> str:
+    """One line for the user: which worker failed and how (the full traceback is in the logs)."""
+    failures = getattr(error, "worker_failures", None) or {}
+    if failures:
+        rank, cause = sorted(failures.items())[0]
+        lines = [ln for ln in str(cause).splitlines() if ln.strip()]
+        return f"worker rank {rank}: {type(cause).__name__}: {lines[-1] if lines else ''}"[:300]
+    cause = getattr(error, "controller_failure", error)
+    lines = [ln for ln in str(cause).splitlines() if ln.strip()]
+    return f"{type(cause).__name__}: {lines[-1] if lines else ''}"[:300]
+
+
+def _absolute(cfg: C.Config) -> C.Config:
+    """Workers may run in another directory (job working dirs): pin a local run dir to an absolute path."""
+    import dataclasses
+
+    if "://" in cfg.base_output_directory or os.path.isabs(cfg.base_output_directory):
+        return cfg
+    path = os.path.abspath(cfg.base_output_directory)
+    if "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ:  # we are a `ray job submit` entry point
+        print(f"maxlite: warning: base_output_directory={cfg.base_output_directory} is relative: in a "
+              f"Ray job it means {path}, inside Ray's copy of the working dir, which goes away with "
+              f"the cluster; pass an absolute path or gs://...", flush=True)
+    return dataclasses.replace(cfg, base_output_directory=path)
+
+
+def run(cfg: C.Config) -> dict[str, Any]:
+    """Train on a Ray cluster; returns rank 0's run summary."""
+    cfg = _absolute(cfg)
+    check(cfg)  # fail on recipe mistakes before starting anything
+    from ray.train import TrainingFailedError
+
+    with connect(cfg) as where:
+        print(f"maxlite: Ray: {num_workers(cfg)} worker(s) × {devices_per_worker(cfg)} device(s) on "
+              f"{where}; run directory {cfg.run_dir}; max_failures={cfg.max_failures}", flush=True)
+        try:
+            result = build_trainer(cfg).fit()
+        except TrainingFailedError as e:
+            raise SystemExit(f"maxlite: error: Ray training failed after {cfg.max_failures} "
+                             f"restart(s) (max_failures): {_first_cause(e)}; worker logs above, "
+                             f"status in {cfg.run_dir}/status.json") from None
+    summary = dict(result.return_value or {})
+    loss = f", final loss {summary['final_loss']:.4f}" if "final_loss" in summary else ""
+    attempt = f" (the last attempt ran {summary.get('steps', 0)})" \
+        if summary.get("steps", cfg.steps) != cfg.steps else ""
+    print(f"maxlite: Ray run finished: {cfg.steps} steps{attempt}{loss}; run directory {cfg.run_dir}",
+          flush=True)
+    return summary
+

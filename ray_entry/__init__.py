@@ -1,0 +1,1 @@
+"""`python -m ray_entry.train base.yml key=value ...`: the maxlite loop on every Ray worker."""

@@ -1,0 +1,125 @@
+"""A private, real Ray head node for tests: `ray start --head --block` and `ray job submit`.
+
+Only this cluster's processes are stopped (by pid: everything in the session `ray start` leads),
+never `ray stop`, which would stop every Ray cluster on the machine. Every port is picked free
+and the temp dir is private, so it can run beside other clusters.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+VENV_BIN = pathlib.Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def ray_env(**extra: str) -> dict[str, str]:
+    """Env for Ray commands: no auth token (GOTCHAS), and `python` = this venv's python."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "JAX_", "XLA_"))}
+    env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
+               PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}", **extra)
+    return env
+
+
+def _session_pids(sid: int) -> list[int]:
+    pids = []
+    for entry in pathlib.Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry.name)) == sid:
+                pids.append(int(entry.name))
+        except (ProcessLookupError, PermissionError):
+            pass
+    return pids
+
+
+def stop_session(sid: int, grace_s: float = 20.0) -> None:
+    """SIGTERM every process of that session (ours), then SIGKILL what is left after grace_s."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        for pid in _session_pids(sid):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while _session_pids(sid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if not _session_pids(sid):
+            return
+
+
+class RayHead:
+    """`with RayHead(num_cpus=4) as head:` → head.dashboard_url, head.submit(args)."""
+
+    def __init__(self, num_cpus: int = 4):
+        self.num_cpus = num_cpus
+        self.temp_dir = tempfile.mkdtemp(prefix="ray_mlt_", dir="/tmp")  # short: holds unix sockets
+        self.dashboard_port = free_port()
+        self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "RayHead":
+        ports = {"--port": free_port(), "--dashboard-port": self.dashboard_port,
+                 "--ray-client-server-port": free_port(), "--dashboard-agent-listen-port": free_port(),
+                 "--dashboard-agent-grpc-port": free_port(), "--runtime-env-agent-port": free_port(),
+                 "--metrics-export-port": free_port(), "--node-manager-port": free_port(),
+                 "--object-manager-port": free_port()}
+        cmd = [str(VENV_BIN / "ray"), "start", "--head", "--block", f"--num-cpus={self.num_cpus}",
+               f"--temp-dir={self.temp_dir}", "--disable-usage-stats",
+               *(f"{k}={v}" for k, v in ports.items())]
+        self.log = open(f"{self.temp_dir}/ray_start.log", "w")
+        # An empty TPU_LOG_DIR: else Ray streams any /tmp/tpu_logs on the machine into job logs.
+        os.makedirs(f"{self.temp_dir}/tpu_logs", exist_ok=True)
+        env = ray_env(TPU_LOG_DIR=f"{self.temp_dir}/tpu_logs")
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)  # its own session: we stop exactly it
+        try:
+            self._wait_ready(timeout_s=120)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ray start exited {self.proc.returncode}: "
+                                   f"{pathlib.Path(self.log.name).read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.dashboard_url}/api/version", timeout=2):
+                    return
+            except OSError:
+                time.sleep(1)
+        raise TimeoutError(f"Ray head not ready after {timeout_s} s")
+
+    def submit(self, args: list[str], timeout_s: float = 480) -> subprocess.CompletedProcess:
+        """`ray job submit --working-dir <repo> -- python -m ray_entry.train ARGS`, waits for the end."""
+        cmd = [str(VENV_BIN / "ray"), "job", "submit", "--address", self.dashboard_url,
+               "--working-dir", str(REPO), "--", "python", "-m", "ray_entry.train", *args]
+        return subprocess.run(cmd, env=ray_env(), cwd=REPO, capture_output=True, text=True,
+                              timeout=timeout_s)
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None:
+            stop_session(self.proc.pid)
+            self.proc.wait(timeout=10)
+        self.log.close()
+        import shutil
+
+        shutil.rmtree(self.temp_dir, ignore_errors=True)

@@ -1,0 +1,224 @@
+"""Ray launcher: the trainer configuration for TPU/GPU/CPU, and real clusters on this machine.
+
+The `ray` tests start real Ray clusters and real worker processes (2 workers × 2 simulated CPU
+devices, a global JAX mesh across both); they are kept lean (tiny model, 64 tokens, 8 steps).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from maxlite import config as C
+from maxlite.launch import ray_trainer as RT
+from tests.ray_cluster import REPO, RayHead, ray_env
+
+# One recipe for every real run here: two processes × two devices, checkpoints every 3 steps.
+STEPS = 8
+RECIPE = ["model_name=tiny", f"steps={STEPS}", "per_device_batch_size=1", "max_target_length=64",
+          "checkpoint_period=3", "enable_tensorboard=false", "ray_num_workers=2",
+          "ray_simulated_devices_per_worker=2", "max_failures=1"]
+
+
+def load(*args: str) -> C.Config:
+    return C.load(["base.yml", *args])
+
+
+# ---------------------------------------------------------------- trainer configuration (no cluster)
+
+
+def test_tpu_v6e_4x4_gives_four_workers_with_four_chips_each():
+    cfg = RT.check(load("ray_use_tpu=true", "tpu_topology=4x4", "tpu_accelerator_type=TPU-V6E",
+                        "model_name=tiny", "per_device_batch_size=1"))
+    scaling = RT.scaling_config(cfg)
+    assert scaling.num_workers == 4
+    assert scaling.use_tpu is True and scaling.use_gpu is False
+    assert scaling.topology == "4x4" and scaling.accelerator_type == "TPU-V6E"
+    assert scaling.resources_per_worker == {"TPU": 4}
+    assert scaling.placement_strategy == "SPREAD"
+    assert cfg.mesh_shape == (1, 16, 1) and cfg.num_slices == 1
+    assert RT.worker_env(cfg)["JAX_PLATFORMS"] == "tpu"
+    assert "XLA_FLAGS" not in RT.worker_env(cfg)  # real chips, no simulated devices
+    trainer = RT.build_trainer(cfg)  # JaxTrainer accepts it (TPU jax.distributed is Ray's job)
+    assert trainer.backend_config.use_tpu is True
+
+
+def test_tpu_two_slices_give_eight_workers_and_a_dcn_data_axis():
+    from ray.util.tpu import get_tpu_num_slices_for_workers
+
+    cfg = RT.check(load("ray_use_tpu=true", "tpu_topology=4x4", "tpu_accelerator_type=TPU-V6E",
+                        "num_slices=2", "ray_num_workers=8", "model_name=tiny",
+                        "per_device_batch_size=1"))
+    scaling = RT.scaling_config(cfg)
+    assert scaling.num_workers == 8 and scaling.resources_per_worker == {"TPU": 4}
+    # Ray's controller derives the slice count from the same numbers: it must agree with the mesh.
+    assert get_tpu_num_slices_for_workers(topology="4x4", accelerator_type="TPU-V6E",
+                                          num_workers=8, resources_per_worker={"TPU": 4}) == 2
+    assert cfg.num_slices == 2
+    assert cfg.parallelism("dcn") == (2, 1, 1)  # dcn_data_parallelism=2
+    assert cfg.parallelism("ici") == (1, 16, 1)
+    assert cfg.global_batch_size == 32
+
+
+def test_gpu_workers_get_their_gpus_and_cuda():
+    cfg = RT.check(load("ray_use_gpu=true", "ray_num_workers=2", "ray_gpus_per_worker=8",
+                        "model_name=tiny", "per_device_batch_size=1"))
+    scaling = RT.scaling_config(cfg)
+    assert scaling.num_workers == 2 and scaling.use_gpu is True
+    assert scaling.resources_per_worker == {"GPU": 8}
+    assert cfg.num_devices == 16
+    assert RT.worker_env(cfg)["JAX_PLATFORMS"] == "cuda"
+
+
+def test_cpu_run_config_env_storage_and_failures(tmp_path):
+    cfg = RT.check(load(*RECIPE, "ray_simulated_devices_per_worker=4", "max_failures=5",
+                        f"base_output_directory={tmp_path}", "run_name=r"))
+    scaling = RT.scaling_config(cfg)
+    assert scaling.num_workers == 2 and not scaling.use_tpu and not scaling.use_gpu
+    assert scaling.resources_per_worker == {"CPU": 1}
+    run = RT.run_config(cfg)
+    assert run.worker_runtime_env["env_vars"]["JAX_PLATFORMS"] == "cpu"
+    assert run.worker_runtime_env["env_vars"]["XLA_FLAGS"] == "--xla_force_host_platform_device_count=4"
+    assert run.storage_path == f"{tmp_path}/r"  # Ray's records live in the run dir, not ~/ray_results
+    assert run.failure_config.max_failures == 5
+    assert cfg.num_devices == 8
+
+
+@pytest.mark.parametrize("args, message", [
+    (("ray_use_tpu=true", "tpu_accelerator_type=TPU-V6E"), "needs tpu_topology"),
+    (("ray_use_tpu=true", "tpu_topology=4by4", "tpu_accelerator_type=TPU-V6E"), "write it as AxB"),
+    (("ray_use_tpu=true", "tpu_topology=2x3", "tpu_accelerator_type=TPU-V6E"), "not a multiple"),
+    (("ray_use_tpu=true", "ray_use_gpu=true", "tpu_topology=4x4", "tpu_accelerator_type=TPU-V6E"),
+     "only one of"),
+    (("ray_num_workers=0",), "at least 1"),
+    (("ray_use_tpu=true", "tpu_topology=4x4", "tpu_accelerator_type=TPU-V6E", "ray_num_workers=2"),
+     "have 4 hosts; set it to 4 or -1"),
+    (("ray_num_workers=3",), "not divisible by fsdp parallelism 6"),  # 3 workers × 2 devices
+])
+def test_recipe_mistakes_are_one_line_errors_before_any_cluster(args, message):
+    with pytest.raises(C.ConfigError, match=message):
+        RT.check(load("model_name=tiny", *args))
+
+
+def test_entry_point_exits_2_on_a_bad_key(capsys):
+    from ray_entry.train import main
+
+    assert main(["base.yml", "ray_num_wrokers=2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("maxlite: error: unknown config key 'ray_num_wrokers'")
+    assert "did you mean 'ray_num_workers'" in err
+
+
+# ---------------------------------------------------------------- real clusters
+
+
+def _metrics(run_dir: pathlib.Path) -> dict[int, float]:
+    """step → loss from metrics.jsonl (a resumed run appends; the last record of a step wins)."""
+    losses = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "loss" in record and "step" in record:
+            losses[record["step"]] = record["loss"]
+    return losses
+
+
+@pytest.fixture(scope="module")
+def head():
+    with RayHead(num_cpus=4) as h:
+        yield h
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(head, tmp_path_factory):
+    """One uninterrupted `ray job submit` run of RECIPE: (completed process, run dir)."""
+    base = tmp_path_factory.mktemp("ray_runs")
+    done = head.submit(["base.yml", *RECIPE, f"base_output_directory={base}", "run_name=whole"])
+    return done, base / "whole"
+
+
+@pytest.mark.ray
+def test_job_submit_trains_on_two_workers(uninterrupted):
+    done, run_dir = uninterrupted
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert "succeeded" in out
+    assert "2 process(es), mesh {'data': 1, 'fsdp': 4, 'tensor': 1} on 4 cpu device(s)" in out
+    steps = [int(s) for s in re.findall(r"completed step: (\d+),", out)]
+    assert steps == list(range(1, STEPS + 1))  # printed once each, by rank 0 only
+    assert "maxlite summary: 8 steps" in out
+    assert re.search(r"maxlite: Ray run finished: 8 steps, final loss \d", out)
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "finished" and status["step"] == STEPS
+    assert (run_dir / RT.RAY_RUN_NAME).is_dir()  # Ray's storage_path is inside the run dir
+    assert sorted(_metrics(run_dir)) == list(range(1, STEPS + 1))
+
+
+@pytest.mark.ray
+def test_killed_worker_restarts_and_ends_at_the_same_loss(head, uninterrupted, tmp_path):
+    _, whole_dir = uninterrupted
+    done = head.submit(["base.yml", *RECIPE, f"base_output_directory={tmp_path}", "run_name=killed",
+                        "ray_test_crash_at_step=5", "ray_test_crash_rank=1",
+                        "async_checkpointing=false"])  # step 3 is on disk before the crash
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert "killing worker rank 1" in out
+    assert "maxlite: Ray run finished: 8 steps (the last attempt ran 5), final loss" in out
+    assert (tmp_path / "killed" / "ray_test_crash.done").exists()
+    assert re.search(r"resumed from step 3\b", out), out[-4000:]  # the checkpoint before the crash
+    whole, killed = _metrics(whole_dir), _metrics(tmp_path / "killed")
+    assert sorted(killed) == list(range(1, STEPS + 1))
+    # Same processes, same layout, restored state and data position: the very same numbers.
+    assert killed[STEPS] == pytest.approx(whole[STEPS], rel=1e-6)
+    for step in range(4, STEPS + 1):
+        assert killed[step] == pytest.approx(whole[step], rel=1e-6), step
+
+
+@pytest.mark.ray
+def test_two_workers_match_one_process_with_the_same_global_batch(uninterrupted, tmp_path):
+    """Each worker reads its own half of the global batch; together they equal one process's."""
+    _, whole_dir = uninterrupted
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    done = subprocess.run(
+        [sys.executable, "-m", "maxlite.train", "base.yml", *RECIPE, "enable_checkpointing=false",
+         f"base_output_directory={tmp_path}", "run_name=single"],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=480)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    single, whole = _metrics(tmp_path / "single"), _metrics(whole_dir)
+    assert sorted(single) == sorted(whole)
+    for step in single:
+        assert whole[step] == pytest.approx(single[step], rel=1e-5), step
+
+
+@pytest.mark.ray
+def test_embedded_local_cluster_starts_and_stops_its_own(tmp_path):
+    """No RAY_ADDRESS: `python -m ray_entry.train` starts a private cluster, trains, stops it."""
+    env = ray_env()
+    env.pop("RAY_AUTH_MODE")  # the launcher must set it itself
+    done = subprocess.run(
+        [sys.executable, "-m", "ray_entry.train", "base.yml", "model_name=tiny", "steps=3",
+         "per_device_batch_size=1", "max_target_length=64", "enable_checkpointing=false",
+         f"base_output_directory={tmp_path}", "run_name=demo"],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=480)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    temp_dir = re.search(r"local Ray cluster \(\d+ CPUs, temp dir (\S+)\)", out).group(1)
+    assert re.findall(r"completed step: (\d+),", out) == ["1", "2", "3"]
+    assert "maxlite summary: 3 steps" in out and "Ray run finished: 3 steps, final loss" in out
+    assert not os.path.exists(temp_dir)
+    leftovers = [p for p in pathlib.Path("/proc").iterdir() if p.name.isdigit()
+                 and temp_dir.encode() in _cmdline(p)]
+    assert leftovers == []  # every process of that cluster is gone
+
+
+def _cmdline(proc: pathlib.Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
