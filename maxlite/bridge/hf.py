@@ -1,0 +1,181 @@
+"""Hugging Face weights both ways: llama2-block models ↔ Llama, gpt3-block models ↔ GPT-2.
+
+    python -m maxlite.bridge.hf export CKPT OUT_DIR [--step N] [--dtype float32|bfloat16]
+                                        [--max-shard-size 5GB] [--tokenizer auto|none|PATH]
+    python -m maxlite.bridge.hf import HF_DIR CKPT [RECIPE.yml] [key=value ...]
+
+Numpy only: torch is not needed to convert. Tensors are converted one at a time (a layer is
+sliced out of the stacked [L, ...] arrays, cast, written, freed), so the converter needs the
+parameters plus about one tensor of memory. The layout conventions are in hf_llama.py/hf_gpt2.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import shutil
+import sys
+from typing import Sequence
+
+import ml_dtypes
+import numpy as np
+
+from maxlite import config as C
+from maxlite.bridge import hf_convert, hf_gpt2, hf_llama
+from maxlite.bridge import params as P
+from maxlite.bridge.safetensors_io import SafetensorsDir, parse_size, write_sharded
+
+ARCHITECTURES = {"llama2": hf_llama, "gpt3": hf_gpt2}  # by maxlite decoder_block
+MODEL_TYPES = {"llama": hf_llama, "mistral": hf_llama, "gpt2": hf_gpt2}  # by HF model_type
+MODEL_KEYS = ("decoder_block", "base_emb_dim", "base_num_decoder_layers", "base_num_query_heads",
+              "base_num_kv_heads", "base_mlp_dim", "head_dim", "vocab_size", "max_position_embeddings",
+              "rope_max_timescale", "rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor",
+              "rope_original_max_position", "normalization_layer_epsilon", "logits_via_embedding",
+              "use_bias")
+EXPORT_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+
+
+def _progress(total: int, every: int = 50):
+    count = [0]
+
+    def report(name: str) -> None:
+        count[0] += 1
+        if count[0] % every == 0 or count[0] == total:
+            print(f"  {count[0]}/{total} tensors ({name})", file=sys.stderr, flush=True)
+    return report
+
+
+def _tokenizer(cfg, spec: str):
+    """(tokenizer or None): `auto` uses the recipe's tokenizer unless it trains on synthetic data."""
+    if spec == "none" or (spec == "auto" and cfg.dataset_type == "synthetic"):
+        return None
+    from maxlite.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(cfg.tokenizer_path if spec == "auto" else spec, cfg.bos_id, cfg.eos_id)
+    if tok.vocab_size > cfg.vocab_size:
+        raise ValueError(f"tokenizer {tok.path} has {tok.vocab_size} ids but the model only "
+                         f"{cfg.vocab_size}; pass --tokenizer none or the model's tokenizer")
+    return tok
+
+
+def export_hf(cfg, params, out_dir: str, dtype: str = "float32", max_shard_size: str | int = "5GB",
+              tokenizer: str = "auto", verbose: bool = False) -> list[str]:
+    """maxlite params (nnx.State or nested dict) → an HF directory (Llama or GPT-2); returns the shard names."""
+    arch = ARCHITECTURES[cfg.decoder_block]
+    maps = arch.tensor_maps(cfg)  # refuses what the architecture cannot hold, before writing
+    if dtype not in EXPORT_DTYPES:
+        raise ValueError(f"--dtype {dtype}: choose float32 or bfloat16")
+    pure = P.to_pure(params)
+    tok = _tokenizer(cfg, tokenizer)
+    bos = cfg.bos_id if cfg.bos_id >= 0 else (tok.bos_id if tok else None)
+    eos = cfg.eos_id if cfg.eos_id >= 0 else (tok.eos_id if tok else None)
+    out = pathlib.Path(out_dir)
+    stale = sorted(p.name for p in out.glob("*.safetensors*")) if out.is_dir() else []
+    if stale:  # transformers would pick up a stale model.safetensors or index over the new files
+        raise ValueError(f"{out_dir} already holds {stale[0]}: export into a new or empty directory")
+    out.mkdir(parents=True, exist_ok=True)
+    entries = hf_convert.export_entries(cfg, maps, pure, EXPORT_DTYPES[dtype])
+    names = write_sharded(out, entries, parse_size(max_shard_size), {"maxlite_model": cfg.model_name},
+                          _progress(len(entries)) if verbose else None)
+    (out / "config.json").write_text(json.dumps(arch.hf_config(cfg, dtype, bos, eos), indent=2) + "\n")
+    generation = {k: v for k, v in (("bos_token_id", bos), ("eos_token_id", eos)) if v is not None}
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    if tok is not None and tok.path.endswith(".json") and not tok.path.endswith("vocab.json"):
+        shutil.copyfile(tok.path, out / "tokenizer.json")
+        (out / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.max_target_length,
+            **{k: tok._backend.id_to_token(i) for k, i in (("bos_token", bos), ("eos_token", eos))
+               if i is not None}}, indent=2) + "\n")
+    return names
+
+
+def read_hf_config(hf_dir: str) -> dict:
+    path = pathlib.Path(hf_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{hf_dir}: no config.json (is this a Hugging Face model directory?)")
+    return json.loads(path.read_text())
+
+
+def import_hf(hf_dir: str, argv: Sequence[str] = (), verbose: bool = False):
+    """HF Llama/GPT-2 directory → (maxlite Config, nested numpy params in weight_dtype).
+
+    `argv` is a maxlite recipe and/or key=value (training keys); the model keys come from config.json.
+    """
+    hf_cfg = read_hf_config(hf_dir)
+    arch = MODEL_TYPES.get(hf_cfg.get("model_type"))
+    if arch is None:
+        raise ValueError(f"{hf_dir}: config.json model_type={hf_cfg.get('model_type')!r} has no maxlite "
+                         f"equivalent (supported: {', '.join(MODEL_TYPES)})")
+    cfg = C.load(list(argv), **arch.config_overrides(hf_cfg))
+    source = SafetensorsDir(hf_dir)
+    if arch is hf_gpt2 and "wte.weight" in source:  # the original GPT-2 checkpoints have no prefix
+        maps = hf_gpt2.tensor_maps(cfg, prefix="")
+    else:
+        maps = arch.tensor_maps(cfg)
+    pure = hf_convert.import_params(cfg, maps, source, np.dtype(cfg.weight_dtype), arch.ignore,
+                                    _progress(len(source.names())) if verbose else None)
+    return cfg, pure
+
+
+def write_recipe(cfg, checkpoint: str) -> str:
+    """CKPT/recipe.yml: the imported model's keys + load_parameters_path, a ready `maxlite.train` recipe."""
+    import yaml
+
+    keys = MODEL_KEYS + ("dtype", "weight_dtype", "max_target_length", "scan_layers")
+    recipe = {"load_parameters_path": checkpoint, **{k: getattr(cfg, k) for k in keys}}
+    path = f"{checkpoint.rstrip('/')}/recipe.yml"
+    text = "# written by `python -m maxlite.bridge.hf import`: the model of this checkpoint\n"
+    if "://" in checkpoint:  # gs:// and friends: through the same client stack as the checkpoint
+        import fsspec
+        with fsspec.open(path, "w") as f:
+            f.write(text + yaml.safe_dump(recipe, sort_keys=False))
+    else:
+        pathlib.Path(path).write_text(text + yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+def _checkpoints():
+    try:
+        from maxlite import checkpoints
+        return checkpoints.load_params, checkpoints.save_params
+    except (ImportError, AttributeError):
+        raise SystemExit("maxlite: error: maxlite.checkpoints.load_params/save_params are not "
+                         "available in this installation") from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m maxlite.bridge.hf", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    ex = sub.add_parser("export", help="maxlite checkpoint → Hugging Face Llama (or GPT-2) directory")
+    ex.add_argument("checkpoint")
+    ex.add_argument("out_dir")
+    ex.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    ex.add_argument("--dtype", choices=sorted(EXPORT_DTYPES), default="float32")
+    ex.add_argument("--max-shard-size", default="5GB")
+    ex.add_argument("--tokenizer", default="auto", help="auto | none | a tokenizer path to ship along")
+    im = sub.add_parser("import", help="Hugging Face Llama/Mistral/GPT-2 directory → maxlite checkpoint")
+    im.add_argument("hf_dir")
+    im.add_argument("checkpoint")
+    im.add_argument("recipe", nargs="*", help="[RECIPE.yml] [key=value ...] training keys to store")
+    args = parser.parse_args(argv)
+    load_params, save_params = _checkpoints()
+    try:
+        if args.command == "export":
+            cfg, params = load_params(args.checkpoint, step=args.step)
+            names = export_hf(cfg, params, args.out_dir, args.dtype, args.max_shard_size,
+                              args.tokenizer, verbose=True)
+            print(f"wrote {args.out_dir} ({len(names)} safetensors file(s), {args.dtype})")
+        else:
+            cfg, pure = import_hf(args.hf_dir, args.recipe, verbose=True)
+            save_params(args.checkpoint, cfg, P.to_state(cfg, P.to_jax_inplace(pure)))
+            recipe = write_recipe(cfg, args.checkpoint)
+            print(f"wrote {args.checkpoint}; train from it with: python -m maxlite.train {recipe} [key=value ...]")
+    except (ValueError, FileNotFoundError) as e:  # ConfigError is a ValueError
+        print(f"maxlite: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Architecture-independent HF ↔ maxlite conversion: tensor tables, streaming export, import.
+
+An architecture module (hf_llama, hf_gpt2) describes every HF tensor as a `TensorMap`: the maxlite
+leaves it is made of and the two pure functions between them. Everything else — slicing one layer
+out of stacked [L, ...] arrays, casting, streaming into safetensors, filling preallocated layers
+on import, checking nothing is missing or left over — lives here once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Iterator
+
+import numpy as np
+
+from maxlite.bridge import params as P
+from maxlite.bridge.safetensors_io import Entry, SafetensorsDir
+
+Array = np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorMap:
+    """One HF tensor ↔ one or more maxlite leaves (`layer` maps repeat per layer: `{i}` in `hf`)."""
+    hf: str
+    paths: tuple[tuple[str, ...], ...]
+    hf_shape: tuple[int, ...]
+    ml_shapes: tuple[tuple[int, ...], ...]
+    to_hf: Callable[..., Array]                     # leaves → HF tensor
+    from_hf: Callable[[Array], tuple[Array, ...]]   # HF tensor → leaves
+    layer: bool = True
+
+
+def linear(hf: str, path: tuple[str, ...], in_shape: tuple[int, ...], out_shape: tuple[int, ...],
+           layer: bool = True) -> TensorMap:
+    """A maxlite kernel [*in, *out] ↔ a torch nn.Linear weight [prod(out), prod(in)]."""
+    n_in, n_out = int(np.prod(in_shape)), int(np.prod(out_shape))
+    return TensorMap(hf, (path,), (n_out, n_in), ((*in_shape, *out_shape),),
+                     lambda w: w.reshape(n_in, n_out).T,
+                     lambda t: (t.T.reshape(*in_shape, *out_shape),), layer)
+
+
+def same(hf: str, path: tuple[str, ...], shape: tuple[int, ...], hf_shape: tuple[int, ...] | None = None,
+         layer: bool = True) -> TensorMap:
+    """Same values, possibly flattened or reshaped."""
+    hf_shape = hf_shape or shape
+    return TensorMap(hf, (path,), hf_shape, (shape,), lambda w: w.reshape(hf_shape),
+                     lambda t: (t.reshape(shape),), layer)
+
+
+def expand(maps: list[TensorMap], num_layers: int) -> Iterator[tuple[str, TensorMap, int | None]]:
+    """(HF name, map, layer index or None): globals first, then layer by layer."""
+    for t in maps:
+        if not t.layer:
+            yield t.hf, t, None
+    for i in range(num_layers):
+        for t in maps:
+            if t.layer:
+                yield t.hf.format(i=i), t, i
+
+
+def export_entries(cfg, maps: list[TensorMap], pure: P.Tree, dtype) -> list[Entry]:
+    """Lazy HF tensors: each is built from its (sliced) maxlite leaves only when written."""
+    def producer(t: TensorMap, i: int | None):
+        def produce():
+            leaves = [np.asarray(P.get(pure, p) if i is None else P.layer_leaf(pure, cfg, i, p))
+                      for p in t.paths]
+            return np.ascontiguousarray(t.to_hf(*leaves), dtype=dtype)  # the one copy
+        return produce
+
+    return [Entry(name, t.hf_shape, np.dtype(dtype), producer(t, i))
+            for name, t, i in expand(maps, cfg.base_num_decoder_layers)]
+
+
+def import_params(cfg, maps: list[TensorMap], source: SafetensorsDir, dtype,
+                  ignore: Callable[[str], bool] = lambda name: False,
+                  progress: Callable[[str], None] | None = None) -> P.Tree:
+    """HF tensors → maxlite nested numpy dict, filling preallocated arrays one tensor at a time."""
+    names = set(source.names())
+    layer_shapes = {p: s for t in maps if t.layer for p, s in zip(t.paths, t.ml_shapes)}
+    pure: P.Tree = {"layers": P.empty_layers(cfg, layer_shapes, dtype)}
+    for name, t, i in expand(maps, cfg.base_num_decoder_layers):
+        if name not in names:
+            hint = " but tie_word_embeddings is false" if name == "lm_head.weight" else \
+                " (does config.json match the weights?)"
+            raise ValueError(f"{source.path}: tensor {name} missing{hint}")
+        raw = source.get(name)
+        if tuple(raw.shape) != t.hf_shape:
+            raise ValueError(f"{source.path}: {name} has shape {tuple(raw.shape)}, config.json implies {t.hf_shape}")
+        names.discard(name)
+        for path, value in zip(t.paths, t.from_hf(raw)):
+            if i is None:
+                P.put(pure, path, np.array(value, dtype=dtype, order="C"))  # own copy, not the mmap
+            else:  # straight into the preallocated layer slot (numpy casts on assignment)
+                P.set_layer_leaf(pure["layers"], cfg, i, path, value)
+        if progress:
+            progress(name)
+    if cfg.logits_via_embedding:
+        names.discard("lm_head.weight")  # tied: some writers store the shared matrix twice
+    unused = sorted(n for n in names if not ignore(n))
+    if unused:
+        raise ValueError(f"{source.path}: {len(unused)} tensors not mapped, e.g. {unused[0]}")
+    return pure

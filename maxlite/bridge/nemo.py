@@ -1,0 +1,349 @@
+"""A maxlite recipe as Megatron-LM `pretrain_gpt.py` arguments and NeMo 2.0 recipe overrides.
+
+    python -m maxlite.bridge.nemo RECIPE.yml [key=value ...] [--nodes 1] [--gpus-per-node 8]
+                                  [--format both|megatron|nemo|json]
+
+The mesh is resolved for nodes × gpus-per-node GPUs (Megatron's data parallel size is what is left
+after tensor × pipeline). Whatever has no faithful equivalent is listed under "not mapped".
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+from typing import Any, Sequence
+
+from maxlite import config as C
+
+# maxlite preset → the NeMo 2.0 recipe factory (`llm.<name>.pretrain_recipe`) it corresponds to.
+NEMO_FACTORIES = {
+    "llama2-7b": "llama2_7b", "llama3-8b": "llama3_8b", "llama3.1-8b": "llama31_8b",
+    "llama3.1-70b": "llama31_70b", "llama3.1-405b": "llama31_405b", "llama3.2-1b": "llama32_1b",
+    "llama3.2-3b": "llama32_3b", "mistral-7b": "mistral_7b",
+}
+# Megatron's --use-rope-scaling hard-codes Llama 3.1's low/high frequency factors and context.
+MEGATRON_ROPE_FIXED = {"rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0,
+                       "rope_original_max_position": 8192}
+
+
+@dataclasses.dataclass
+class Mapping:
+    megatron: list[tuple[str, Any]]  # (flag, value); value None for a store_true flag
+    nemo: list[tuple[str, Any]]      # (dotted recipe attribute, python value)
+    factory: str                     # NeMo recipe factory to start from
+    factory_exact: bool              # False: only the closest one; every model key is overridden
+    not_mapped: list[str]
+    nodes: int
+    gpus_per_node: int
+
+    def megatron_argv(self) -> list[str]:
+        argv = []
+        for flag, value in self.megatron:
+            argv.append(flag)
+            if value is not None:
+                argv.extend(str(v) for v in (value if isinstance(value, list) else [value]))
+        return argv
+
+    def megatron_dict(self) -> dict[str, Any]:
+        return dict(self.megatron)
+
+
+def _blend(spec) -> list[tuple[float, str]]:
+    from maxlite.data.gpt_dataset import parse_blend  # the same parser the trainer uses
+    return parse_blend(spec)
+
+
+def _tokenizer_args(cfg) -> list[tuple[str, Any]]:
+    """Megatron tokenizer flags for the recipe's tokenizer (synthetic data: a null tokenizer)."""
+    if cfg.dataset_type == "synthetic":
+        # NullTokenizer's vocabulary is --vocab-size ids plus one end-of-document id.
+        return [("--mock-data", None), ("--tokenizer-type", "NullTokenizer"),
+                ("--vocab-size", cfg.vocab_size - 1)]
+    path = cfg.tokenizer_path
+    if not path:
+        from maxlite.data.tokenizer import BUNDLED_DIR
+        return [("--tokenizer-type", "HuggingFaceTokenizer"), ("--tokenizer-model", str(BUNDLED_DIR))]
+    if path.endswith(".model"):
+        return [("--tokenizer-type", "SentencePieceTokenizer"), ("--tokenizer-model", path)]
+    if path.endswith(("vocab.json", "merges.txt")):
+        base = path.rsplit("/", 1)[0] if "/" in path else "."
+        return [("--tokenizer-type", "GPT2BPETokenizer"), ("--vocab-file", f"{base}/vocab.json"),
+                ("--merge-file", f"{base}/merges.txt")]
+    return [("--tokenizer-type", "HuggingFaceTokenizer"), ("--tokenizer-model", path)]
+
+
+def _data_args(cfg, notes: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
+    mega, nemo = [], []
+    if cfg.dataset_type == "text":
+        notes.append("dataset_type=text: Megatron reads only .bin/.idx; preprocess the text first "
+                     "(`python -m maxlite.data.preprocess`, the same format as Megatron's "
+                     "tools/preprocess_data.py) and use dataset_type=indexed data_prefix=...")
+        return mega, nemo
+    if cfg.dataset_type != "indexed":
+        nemo.append(("recipe.data", "run.Config(llm.MockDataModule, ...)"))
+        return mega, nemo
+    train = [x for w, p in _blend(cfg.data_prefix) for x in (f"{w:g}", p)]
+    paths = [x for w, p in _blend(cfg.data_prefix) for x in (round(w, 6), p)]
+    if cfg.eval_data_prefix:
+        valid = [x for w, p in _blend(cfg.eval_data_prefix) for x in (f"{w:g}", p)]
+        mega += [("--train-data-path", train), ("--valid-data-path", valid)]
+        nemo.append(("recipe.data.paths", {"train": paths, "validation": [
+            x for w, p in _blend(cfg.eval_data_prefix) for x in (round(w, 6), p)]}))
+    else:
+        mega += [("--data-path", train), ("--split", cfg.data_split)]
+        nemo += [("recipe.data.paths", paths), ("recipe.data.split", cfg.data_split)]
+    # maxlite restarts positions and masks attention at document boundaries inside a packed row,
+    # and gives no loss to the target that crosses into the next document.
+    mega += [("--reset-position-ids", None), ("--reset-attention-mask", None), ("--eod-mask-loss", None)]
+    nemo += [("recipe.data.reset_position_ids", True), ("recipe.data.reset_attention_mask", True),
+             ("recipe.data.eod_mask_loss", True), ("recipe.data.seed", cfg.data_shuffle_seed)]
+    notes.append("data order: the blend and split map, but Megatron shuffles with its own "
+                 "algorithm, so the sample order differs from maxlite's")
+    return mega, nemo
+
+
+def _schedule(cfg, notes: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
+    final = float(f"{cfg.learning_rate * cfg.learning_rate_final_fraction:.10g}")  # 3e-05, not 2.99…e-05
+    min_lr = cfg.learning_rate if cfg.lr_schedule_type == "constant" else final
+    mega = [("--lr", cfg.learning_rate), ("--min-lr", min_lr),
+            ("--lr-decay-style", cfg.lr_schedule_type), ("--lr-warmup-iters", cfg.warmup_steps),
+            ("--lr-decay-iters", cfg.steps), ("--train-iters", cfg.steps)]
+    nemo = [("recipe.trainer.max_steps", cfg.steps), ("recipe.optim.config.lr", cfg.learning_rate)]
+    scheduler = {"cosine": "CosineAnnealingScheduler", "linear": "PolynomialDecayAnnealingScheduler",
+                 "constant": "WarmupHoldPolicyScheduler"}[cfg.lr_schedule_type]
+    nemo.append(("recipe.optim.lr_scheduler", f"run.Config(nemo.lightning.pytorch.optim.{scheduler})"))
+    nemo += [("recipe.optim.lr_scheduler.warmup_steps", cfg.warmup_steps),
+             ("recipe.optim.lr_scheduler.max_steps", cfg.steps)]
+    if cfg.lr_schedule_type == "cosine":
+        nemo += [("recipe.optim.lr_scheduler.constant_steps", 0),
+                 ("recipe.optim.lr_scheduler.min_lr", min_lr)]
+    elif cfg.lr_schedule_type == "linear":
+        nemo += [("recipe.optim.lr_scheduler.power", 1.0), ("recipe.optim.lr_scheduler.min_lr", min_lr)]
+    else:
+        nemo.append(("recipe.optim.lr_scheduler.hold_steps", max(cfg.steps - cfg.warmup_steps, 0)))
+    return mega, nemo
+
+
+def _optimizer(cfg, notes: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
+    mega = [("--optimizer", "adam"), ("--weight-decay", cfg.adam_weight_decay),
+            ("--adam-beta1", cfg.adam_b1), ("--adam-beta2", cfg.adam_b2), ("--adam-eps", cfg.adam_eps),
+            ("--clip-grad", cfg.gradient_clipping_threshold)]
+    nemo = [("recipe.optim.config.optimizer", "adam"),
+            ("recipe.optim.config.weight_decay", cfg.adam_weight_decay),
+            ("recipe.optim.config.adam_beta1", cfg.adam_b1), ("recipe.optim.config.adam_beta2", cfg.adam_b2),
+            ("recipe.optim.config.adam_eps", cfg.adam_eps),
+            ("recipe.optim.config.clip_grad", cfg.gradient_clipping_threshold)]
+    if cfg.dtype == "bfloat16":
+        mega.append(("--bf16", None))
+        nemo += [("recipe.optim.config.bf16", True), ("recipe.trainer.plugins.precision", "bf16-mixed")]
+    else:
+        nemo += [("recipe.optim.config.bf16", False), ("recipe.trainer.plugins.precision", "32")]
+    if cfg.weight_dtype == "bfloat16":
+        notes.append("weight_dtype=bfloat16: Megatron keeps float32 main weights and Adam state with "
+                     "--bf16; pure bfloat16 parameters have no direct flag")
+    if cfg.z_loss_weight > 0:
+        notes.append(f"z_loss_weight={cfg.z_loss_weight}: Megatron's GPT loss has no z-loss "
+                     "(only the MoE router has one); dropped")
+    return mega, nemo
+
+
+def _model(cfg, tp: int, notes: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
+    D, N, K, H = cfg.base_emb_dim, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
+    gpt3 = cfg.decoder_block == "gpt3"
+    m = "recipe.model.config."
+    max_pos = max(cfg.max_position_embeddings, cfg.max_target_length)
+    mega = [("--num-layers", cfg.base_num_decoder_layers), ("--hidden-size", D),
+            ("--ffn-hidden-size", cfg.base_mlp_dim), ("--num-attention-heads", N), ("--kv-channels", H)]
+    nemo = [(m + "num_layers", cfg.base_num_decoder_layers), (m + "hidden_size", D),
+            (m + "ffn_hidden_size", cfg.base_mlp_dim), (m + "num_attention_heads", N),
+            (m + "kv_channels", H), (m + "num_query_groups", K)]
+    if K < N:
+        mega += [("--group-query-attention", None), ("--num-query-groups", K)]
+    mega += [("--seq-length", cfg.max_target_length), ("--max-position-embeddings", max_pos)]
+    nemo += [(m + "seq_length", cfg.max_target_length), ("recipe.data.seq_length", cfg.max_target_length)]
+    if gpt3:
+        mega += [("--position-embedding-type", "learned_absolute"), ("--normalization", "LayerNorm"),
+                 ("--openai-gelu", None)]  # maxlite's GELU is the tanh approximation
+        nemo += [(m + "position_embedding_type", "learned_absolute"), (m + "normalization", "LayerNorm"),
+                 (m + "max_position_embeddings", max_pos), (m + "gated_linear_unit", False),
+                 (m + "activation_func", 'functools.partial(torch.nn.functional.gelu, approximate="tanh")')]
+    else:
+        mega += [("--position-embedding-type", "rope"), ("--rotary-base", int(cfg.rope_max_timescale)),
+                 ("--rotary-percent", 1.0), ("--normalization", "RMSNorm"), ("--swiglu", None)]
+        nemo += [(m + "position_embedding_type", "rope"), (m + "rotary_base", int(cfg.rope_max_timescale)),
+                 (m + "rotary_percent", 1.0), (m + "normalization", "RMSNorm"),
+                 (m + "gated_linear_unit", True), (m + "activation_func", "torch.nn.functional.silu")]
+        if cfg.rope_scaling_factor > 0:
+            mega += [("--use-rope-scaling", None), ("--rope-scaling-factor", cfg.rope_scaling_factor)]
+            nemo += [(m + "scale_factor", cfg.rope_scaling_factor),
+                     (m + "low_freq_factor", cfg.rope_low_freq_factor),
+                     (m + "high_freq_factor", cfg.rope_high_freq_factor),
+                     (m + "old_context_len", cfg.rope_original_max_position)]
+            changed = [f"{k}={getattr(cfg, k)}" for k, v in MEGATRON_ROPE_FIXED.items() if getattr(cfg, k) != v]
+            if changed:
+                notes.append(f"{', '.join(changed)}: Megatron's --use-rope-scaling fixes these at "
+                             f"Llama 3.1's 1.0/4.0/8192 (NeMo's Llama31Config takes them)")
+    mega.append(("--norm-epsilon", cfg.normalization_layer_epsilon))
+    nemo.append((m + "layernorm_epsilon", cfg.normalization_layer_epsilon))
+    if not cfg.logits_via_embedding:
+        mega.append(("--untie-embeddings-and-output-weights", None))
+    nemo.append((m + "share_embeddings_and_output_weights", bool(cfg.logits_via_embedding)))
+    if not cfg.use_bias:
+        mega.append(("--disable-bias-linear", None))
+    elif not gpt3:
+        mega.append(("--add-qkv-bias", None))
+        notes.append("use_bias=true on a llama2 block: maxlite has q/k/v/o biases and no MLP biases; "
+                     "Megatron's --add-qkv-bias covers q/k/v only (no o_proj bias)")
+    nemo += [(m + "add_bias_linear", bool(cfg.use_bias and gpt3)),
+             (m + "add_qkv_bias", bool(cfg.use_bias and not gpt3))]
+    mega += [("--init-method-std", cfg.init_scale), ("--attention-dropout", 0.0),
+             ("--hidden-dropout", 0.0), ("--attention-softmax-in-fp32", None),
+             # pad the vocabulary to exactly vocab_size (Megatron pads to a multiple of this × TP)
+             ("--make-vocab-size-divisible-by", math.gcd(cfg.vocab_size // tp, 128))]
+    nemo += [(m + "init_method_std", cfg.init_scale), (m + "attention_dropout", 0.0),
+             (m + "hidden_dropout", 0.0),
+             (m + "make_vocab_size_divisible_by", math.gcd(cfg.vocab_size // tp, 128))]
+    return mega, nemo
+
+
+def _parallel(cfg, nodes: int, gpus: int, notes: list[str]):
+    data, fsdp, tensor = cfg.mesh_shape
+    mbs = cfg.per_device_batch_size * tensor  # one Megatron DP rank = one tensor-parallel group
+    if abs(mbs - round(mbs)) > 1e-9:
+        notes.append(f"per_device_batch_size={cfg.per_device_batch_size} × tensor {tensor} is not a "
+                     f"whole micro-batch per Megatron data-parallel rank; rounded up")
+    mbs = max(1, math.ceil(mbs - 1e-9))
+    mega = [("--tensor-model-parallel-size", tensor), ("--pipeline-model-parallel-size", 1),
+            ("--global-batch-size", cfg.global_batch_size), ("--micro-batch-size", mbs),
+            ("--seed", cfg.seed), ("--log-interval", cfg.log_period)]
+    nemo = [("recipe.trainer.num_nodes", nodes), ("recipe.trainer.devices", gpus),
+            ("recipe.trainer.strategy.tensor_model_parallel_size", tensor),
+            ("recipe.trainer.strategy.pipeline_model_parallel_size", 1),
+            ("recipe.trainer.strategy.context_parallel_size", 1),
+            ("recipe.data.global_batch_size", cfg.global_batch_size),
+            ("recipe.data.micro_batch_size", mbs), ("recipe.trainer.log_every_n_steps", cfg.log_period)]
+    if fsdp > 1:
+        mega.append(("--use-distributed-optimizer", None))
+        nemo.append(("recipe.optim.config.use_distributed_optimizer", True))
+        notes.append(f"fsdp={fsdp}: Megatron runs it as data parallel with --use-distributed-optimizer "
+                     f"(optimizer state sharded, parameters replicated: ZeRO-1, not full FSDP)")
+    if cfg.gradient_accumulation_steps > 1:
+        notes.append(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps}: implied by "
+                     f"Megatron (global batch / (micro batch × data parallel))")
+    policy = cfg.remat_policy
+    if policy == "full":
+        mega += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
+                 ("--recompute-num-layers", 1)]
+        nemo += [("recipe.model.config.recompute_granularity", "full"),
+                 ("recipe.model.config.recompute_method", "uniform"),
+                 ("recipe.model.config.recompute_num_layers", 1)]
+    elif policy in ("minimal", "save_dots"):
+        mega.append(("--recompute-granularity", "selective"))
+        nemo.append(("recipe.model.config.recompute_granularity", "selective"))
+        notes.append(f"remat_policy={policy}: approximated by Megatron's selective recompute "
+                     f"(recomputes the attention core only); XLA policy names do not map")
+    notes.append("scan_layers: a JAX compile-time choice; nothing to map")
+    return mega, nemo
+
+
+def _eval_and_checkpoints(cfg, notes: list[str]):
+    every = getattr(cfg, "eval_interval", 0)
+    if every > 0:
+        mega = [("--eval-interval", every), ("--eval-iters", cfg.eval_steps)]
+        nemo = [("recipe.trainer.val_check_interval", every),
+                ("recipe.trainer.limit_val_batches", cfg.eval_steps)]
+    else:
+        mega, nemo = [("--eval-iters", 0)], [("recipe.trainer.limit_val_batches", 0)]
+    period = getattr(cfg, "checkpoint_period", 0)
+    if getattr(cfg, "enable_checkpointing", False) and period > 0:
+        mega.append(("--save-interval", period))
+        nemo.append(("recipe.log.ckpt.every_n_train_steps", period))
+        if getattr(cfg, "checkpoint_keep_best_k", 0) > 0:
+            nemo.append(("recipe.log.ckpt.save_top_k", cfg.checkpoint_keep_best_k))
+        notes.append("checkpoints: Megatron/NeMo write their own format (add --save/--load DIR); move "
+                     "weights between the two with `python -m maxlite.bridge.hf` (HF safetensors)")
+    return mega, nemo
+
+
+def map_recipe(cfg, nodes: int = 1, gpus_per_node: int = 8) -> Mapping:
+    """A resolved (or resolvable) Config → its Megatron-LM / NeMo 2.0 equivalent."""
+    cfg = C.resolve(cfg, nodes * gpus_per_node, 1, nodes)
+    notes: list[str] = []
+    tensor = cfg.mesh_shape[2]
+    model_m, model_n = _model(cfg, tensor, notes)
+    par_m, par_n = _parallel(cfg, nodes, gpus_per_node, notes)
+    opt_m, opt_n = _optimizer(cfg, notes)
+    lr_m, lr_n = _schedule(cfg, notes)
+    tok_m = _tokenizer_args(cfg)
+    data_m, data_n = _data_args(cfg, notes)
+    ckpt_m, ckpt_n = _eval_and_checkpoints(cfg, notes)
+    factory = NEMO_FACTORIES.get(cfg.model_name)
+    closest = "gpt3_175b" if cfg.decoder_block == "gpt3" else "llama3_8b"
+    return Mapping(megatron=model_m + par_m + opt_m + lr_m + tok_m + data_m + ckpt_m,
+                   nemo=model_n + par_n + opt_n + lr_n + data_n + ckpt_n, factory=factory or closest,
+                   factory_exact=factory is not None, not_mapped=notes, nodes=nodes,
+                   gpus_per_node=gpus_per_node)
+
+
+def _megatron_text(m: Mapping) -> str:
+    lines = [f"# Megatron-LM equivalent ({m.nodes} node(s) × {m.gpus_per_node} GPUs)",
+             f"torchrun --nnodes {m.nodes} --nproc-per-node {m.gpus_per_node} pretrain_gpt.py \\"]
+    for flag, value in m.megatron:
+        if value is None:
+            text = flag
+        else:
+            text = f"{flag} " + " ".join(str(v) for v in (value if isinstance(value, list) else [value]))
+        lines.append(f"    {text} \\")
+    lines[-1] = lines[-1].removesuffix(" \\")
+    return "\n".join(lines)
+
+
+def _nemo_text(m: Mapping) -> str:
+    how = "then" if m.factory_exact else "(the closest recipe; every model key is overridden), then"
+    lines = [f"# NeMo 2.0: recipe = llm.{m.factory}.pretrain_recipe(num_nodes={m.nodes}, "
+             f"num_gpus_per_node={m.gpus_per_node}) {how}:"]
+    for key, value in m.nemo:
+        literal = value if isinstance(value, str) and value.startswith(("run.", "torch.", "functools.")) \
+            else repr(value)
+        lines.append(f"{key}={literal}")
+    return "\n".join(lines)
+
+
+def render(m: Mapping, fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps({"megatron_args": m.megatron_argv(), "nemo_factory": m.factory,
+                           "nemo_factory_exact": m.factory_exact,
+                           "nemo_overrides": {k: v for k, v in m.nemo}, "not_mapped": m.not_mapped,
+                           "nodes": m.nodes, "gpus_per_node": m.gpus_per_node}, indent=2)
+    parts = []
+    if fmt in ("both", "megatron"):
+        parts.append(_megatron_text(m))
+    if fmt in ("both", "nemo"):
+        parts.append(_nemo_text(m))
+    parts.append("# not mapped (or only approximately):\n" + "\n".join(f"#   - {n}" for n in m.not_mapped))
+    return "\n\n".join(parts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m maxlite.bridge.nemo", description=__doc__.split("\n")[0])
+    parser.add_argument("recipe", nargs="+", help="RECIPE.yml [key=value ...] (as for maxlite.train)")
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--format", choices=("both", "megatron", "nemo", "json"), default="both")
+    args = parser.parse_args(argv)
+    try:
+        if args.nodes < 1 or args.gpus_per_node < 1:
+            raise C.ConfigError("--nodes and --gpus-per-node must be positive")
+        mapping = map_recipe(C.load(args.recipe), args.nodes, args.gpus_per_node)
+    except C.ConfigError as e:
+        print(f"maxlite: error: {e}", file=sys.stderr)
+        return 2
+    print(render(mapping, args.format))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
