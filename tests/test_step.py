@@ -67,5 +67,6 @@ def test_gradient_accumulation_equals_the_big_batch():
     big, big_state = train_losses(TINY + ["per_device_batch_size=4"], 1, 3)
     acc, acc_state = train_losses(TINY + ["per_device_batch_size=1", "gradient_accumulation_steps=4"], 1, 3)
     np.testing.assert_allclose(acc, big, rtol=1e-5)
+    # Summation order differs (micro-batch partial sums), so equal up to float32 rounding.
     np.testing.assert_allclose(acc_state.params["embedding"][...], big_state.params["embedding"][...],
-                               atol=1e-6)
+                               atol=1e-5)

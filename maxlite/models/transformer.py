@@ -54,7 +54,10 @@ class Transformer(nnx.Module):
                 return Block(cfg, rngs=rngs)
             self.layers = make_stack(rngs)
         else:
-            self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.base_num_decoder_layers)])
+            # The same per-layer keys as the scanned stack: one seed gives one model either way.
+            keys = nnx.split_rngs(rngs, splits=cfg.base_num_decoder_layers,
+                                  graph_updates=False).params.key[...]
+            self.layers = nnx.List([Block(cfg, rngs=nnx.Rngs(params=key)) for key in keys])
         norm = LayerNorm if cfg.decoder_block == "gpt3" else RMSNorm
         self.final_norm = norm(D, cfg.normalization_layer_epsilon, jnp.dtype(cfg.dtype), wd, rngs=rngs)
         if not cfg.logits_via_embedding:
