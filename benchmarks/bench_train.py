@@ -20,6 +20,7 @@ import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 
 def time_to_first_step(overrides: list[str], out_dir: str) -> dict:

@@ -6,11 +6,13 @@ each step's metrics one step late so the host never waits on the device.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any, Callable, Sequence
 
 from maxlite import config as C
+from maxlite.checkpointing.manager import CheckpointSaveError
 from maxlite.rundir import RunDir
 
 
@@ -34,12 +36,17 @@ def train(cfg: C.Config, on_metrics: Callable[[dict[str, Any]], None] | None = N
     import jax
     from flax import nnx
 
-    from maxlite import data, optim, state as state_lib, step as step_lib
+    from maxlite import checkpoints, data, optim, state as state_lib, step as step_lib
+    from maxlite.checkpointing import Checkpointer, initial_state
+    from maxlite.evaluation import Evaluator
     from maxlite.metrics import MetricsLogger
     from maxlite.peak import peak_tflops_per_device
 
     cfg = C.resolve(cfg, jax.device_count(), mesh_lib.num_slices_of(jax.devices()), jax.process_count())
     primary = jax.process_index() == 0
+    checkpoints.validate(cfg)
+    if primary:
+        checkpoints.check_storage(cfg)  # a missing bucket or no permission: one line, before any write
     run = RunDir(cfg, primary)
     mesh = mesh_lib.make_mesh(cfg)
     if primary:
@@ -54,10 +61,13 @@ def train(cfg: C.Config, on_metrics: Callable[[dict[str, Any]], None] | None = N
     if primary:
         n_params = sum(x.size for x in jax.tree.leaves(abstract.params))
         print(f"maxlite: model {cfg.model_name}: {n_params / 1e6:,.2f}M parameters", flush=True)
-    state = state_lib.create_state(cfg, mesh, tx, shardings)
+    ckpt = Checkpointer(cfg, primary, state_lib.nbytes(abstract)) if cfg.enable_checkpointing else None
     batches = data.make_iterator(cfg, "train", jax.process_index(), jax.process_count())
+    state = initial_state(cfg, ckpt, mesh, tx, abstract, shardings, batches, jax.process_index(), primary)
     batch_sharding = mesh_lib.batch_sharding(mesh)
     train_step = step_lib.jit_train_step(cfg, graphdef, tx, schedule, shardings, batch_sharding)
+    evaluator = Evaluator(cfg, graphdef, shardings.params, batch_sharding, jax.process_index(),
+                          jax.process_count()) if cfg.eval_interval > 0 else None
     first_step = int(state.step)
     logger = MetricsLogger(cfg, run.path, primary, first_step)
     run.set_status("running", step=first_step)
@@ -82,8 +92,18 @@ def train(cfg: C.Config, on_metrics: Callable[[dict[str, Any]], None] | None = N
                 if pending is not None:
                     read(pending)
                 pending = (step + 1, metrics, clock)
+                if evaluator is not None and evaluator.due(step + 1):
+                    values = evaluator.run(state.params)
+                    logger.log_eval(step + 1, {k: values[k] for k in ("loss", "perplexity")})
+                    if ckpt is not None:
+                        ckpt.note_eval(values["loss"])
+                if ckpt is not None:
+                    ckpt.maybe_save(step + 1, state, batches)  # async: waits only for the device→host copy
+                    ckpt.poll()
             if pending is not None:
                 read(pending)
+            if ckpt is not None and cfg.save_checkpoint_on_completion:
+                ckpt.maybe_save(int(state.step), state, batches)  # e.g. steps was lowered on resume
         summary = logger.summary(time.perf_counter() - started, None)
         if primary and "tokens_per_second" in summary:
             peak, source = peak_tflops_per_device()
@@ -95,10 +115,15 @@ def train(cfg: C.Config, on_metrics: Callable[[dict[str, Any]], None] | None = N
         run.set_status("finished", step=int(state.step), summary=summary)
         return summary
     except BaseException as e:
-        run.set_status("failed", step=int(jax.device_get(state.step)) if state is not None else None,
-                       error=f"{type(e).__name__}: {e}")
+        try:
+            run.set_status("failed", step=int(jax.device_get(state.step)) if state is not None else None,
+                           error=f"{type(e).__name__}: {e}")
+        except Exception as status_error:  # noqa: BLE001 — the storage may be what failed; keep `e`
+            print(f"maxlite: could not write status.json: {type(status_error).__name__}", file=sys.stderr)
         raise
     finally:
+        if ckpt is not None:
+            ckpt.close()  # waits for the last async save
         logger.close()
         batches_close = getattr(batches, "close", None)
         if batches_close:
@@ -116,6 +141,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except C.ConfigError as e:
         print(f"maxlite: error: {e}", file=sys.stderr)
         return 2
+    except CheckpointSaveError:
+        # Already reported on stderr; earlier checkpoints are intact; status.json says failed.
+        # The failed save's writer threads may retry the dead storage for many minutes and would
+        # hold the interpreter's exit: leave now (outputs are flushed and closed).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
     return 0
 
 

@@ -1,0 +1,151 @@
+"""Checkpoints in process: restore onto other meshes, params-only load, best-k retention, listing, errors."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from maxlite import checkpoints as ck, config as C, optim, state as state_lib
+from maxlite.checkpointing import Checkpointer, initial_state
+from maxlite.data.synthetic import make_synthetic_iterator
+from tests.helpers import build
+
+# A very small llama: compiles fast on 2 busy cores.
+SMALL = ["base.yml", "model_name=tiny", "base_emb_dim=64", "base_mlp_dim=128", "base_num_query_heads=2",
+         "base_num_kv_heads=2", "head_dim=32", "base_num_decoder_layers=2", "vocab_size=256",
+         "max_target_length=16", "per_device_batch_size=1", "enable_tensorboard=false"]
+
+
+def _host(tree):
+    return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(tree))]
+
+
+def _trained(tmp_path, extra=(), steps=2, devices=8, mesh=("ici_fsdp_parallelism=4", "ici_tensor_parallelism=2")):
+    """A state trained a few steps on fsdp=4 × tensor=2, and its config."""
+    argv = [*SMALL, *mesh, f"base_output_directory={tmp_path}/runs", "run_name=src", *extra]
+    cfg, mesh_, state, step, sharding = build(argv, devices)
+    data = make_synthetic_iterator(cfg, "train", 0, 1)
+    for _ in range(steps):
+        state, _ = step(state, {k: jax.device_put(v, sharding) for k, v in next(data).items()})
+    return cfg, state, data
+
+
+def _start(tmp_path, argv, devices, ckpt=True):
+    """What train() does up to the first step: the state the run would start from."""
+    import maxlite.mesh as mesh_lib
+    cfg = C.resolve(C.load([*SMALL, f"base_output_directory={tmp_path}/runs", *argv]), devices)
+    mesh = mesh_lib.make_mesh(cfg, jax.devices()[:devices])
+    tx = optim.make_optimizer(cfg)
+    _, abstract, shardings = state_lib.abstract_state(cfg, mesh, tx)
+    checkpointer = Checkpointer(cfg, True, state_lib.nbytes(abstract)) if ckpt else None
+    data = make_synthetic_iterator(cfg, "train", 0, 1)
+    state = initial_state(cfg, checkpointer, mesh, tx, abstract, shardings, data, 0, True)
+    return cfg, state, data, checkpointer
+
+
+def test_restore_onto_other_meshes_bitwise(tmp_path, capsys):
+    cfg, state, data = _trained(tmp_path)
+    saver = Checkpointer(cfg, True, state_lib.nbytes(state))
+    assert saver.save(2, state, data)
+    saver.close()
+    out = capsys.readouterr().out
+    assert "saving checkpoint step=2-consumed_samples=16" in out and "saved checkpoint step 2" in out
+    want = _host(state)
+    for mesh, devices in ((["ici_fsdp_parallelism=8"], 8), (["ici_fsdp_parallelism=1"], 1)):
+        _, restored, data2, c = _start(tmp_path, ["run_name=src", *mesh], devices)
+        c.close()
+        assert "resumed from step 2" in capsys.readouterr().out
+        assert int(restored.step) == 2 and data2.get_state() == {"step": 2}
+        leaf = jax.tree.leaves(restored.params)[0]
+        assert len(leaf.sharding.device_set) == devices
+        got = _host(restored)
+        assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
+def test_params_only_load_and_bridge_api(tmp_path, capsys):
+    cfg, state, _ = _trained(tmp_path, steps=1)
+    where = ck.save_params(str(tmp_path / "export"), cfg, jax.device_get(state.params), step=7)
+    assert where.endswith("/7")
+    # The bridge's reader: saved config back, host numpy arrays, equal values.
+    cfg2, params = ck.load_params(str(tmp_path / "export"))
+    assert cfg2.base_emb_dim == 64 and cfg2.mesh_shape == cfg.mesh_shape
+    assert all(isinstance(x, np.ndarray) for x in jax.tree.leaves(params))
+    assert all(np.array_equal(a, b) for a, b in zip(_host(params), _host(state.params)))
+    # load_parameters_path: weights only, fresh optimizer, step 0, on a different mesh.
+    _, fresh, _, _ = _start(tmp_path, ["run_name=ft", f"load_parameters_path={tmp_path}/export/7"], 2,
+                            ckpt=False)
+    assert "loaded parameters from" in capsys.readouterr().out
+    assert int(fresh.step) == 0
+    assert all(np.array_equal(a, b) for a, b in zip(_host(fresh.params), _host(state.params)))
+    mu = fresh.opt_state[1][0].mu  # clip, then adamw's scale_by_adam state
+    assert all(not np.any(x) for x in _host(mu))
+    # A params-only checkpoint cannot serve as a full state.
+    with pytest.raises(C.ConfigError, match="parameters only"):
+        _start(tmp_path, ["run_name=x", f"load_full_state_path={tmp_path}/export"], 1, ckpt=False)
+
+
+def test_incompatible_model_names_the_parameter(tmp_path):
+    cfg, state, _ = _trained(tmp_path, steps=0, devices=1, mesh=("ici_fsdp_parallelism=1",))
+    ck.save_params(str(tmp_path / "export"), cfg, jax.device_get(state.params))
+    with pytest.raises(C.ConfigError, match=r"parameter '\S+' is \(.*\) there but \(.*\) here"):
+        _start(tmp_path, ["run_name=y", "base_emb_dim=128", f"load_parameters_path={tmp_path}/export"], 1,
+               ckpt=False)
+
+
+def test_best_k_plus_latest_retention_survives_restart(tmp_path, capsys):
+    extra = ["checkpoint_keep_best_k=2", "max_num_checkpoints_to_keep=1", "eval_interval=1",
+             "async_checkpointing=false"]
+    cfg, state, data = _trained(tmp_path, extra, steps=0, devices=1, mesh=("ici_fsdp_parallelism=1",))
+    saver = Checkpointer(cfg, True, state_lib.nbytes(state))
+    for step, loss in zip((1, 2, 3, 4), (3.0, 1.0, 2.0, 5.0)):
+        saver.note_eval(loss)
+        saver.save(step, state, data)
+    assert ck.complete_steps(saver.path) == [2, 3, 4]  # best two (1.0, 2.0) + the latest
+    saver.close()
+    saver = Checkpointer(cfg, True, state_lib.nbytes(state))  # metrics are re-read after a restart
+    saver.note_eval(1.5)
+    saver.save(5, state, data)
+    saver.close()
+    assert ck.complete_steps(saver.path) == [2, 5]
+    rows = ck.list_checkpoints(saver.path)
+    assert [r["name"] for r in rows] == ["step=2-consumed_samples=2-val_loss=1.00",
+                                         "step=5-consumed_samples=5-val_loss=1.50"]
+
+
+def test_listing_and_leftovers_of_a_killed_save(tmp_path, capsys):
+    cfg, state, data = _trained(tmp_path, ["async_checkpointing=false"], steps=0, devices=1,
+                                mesh=("ici_fsdp_parallelism=1",))
+    saver = Checkpointer(cfg, True, state_lib.nbytes(state))
+    saver.save(3, state, data)
+    saver.close()
+    root = saver.path
+    # What a SIGKILL during the local save of step 6 leaves (the write goes to a tmp dir, renamed last).
+    shutil.copytree(f"{root}/3", f"{root}/6.orbax-checkpoint-tmp-1234")
+    capsys.readouterr()
+    assert ck.main(["list", root]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("step=3-consumed_samples=3 ") and " complete " in out[0] + " "
+    assert "iB " in out[0] and "INCOMPLETE" in out[1] and "6.orbax-checkpoint-tmp-1234" in out[1]
+    _, restored, _, c = _start(tmp_path, ["run_name=src"], 1)
+    c.close()
+    out = capsys.readouterr().out
+    assert "removed incomplete checkpoint(s) left by a killed save: 6.orbax-checkpoint-tmp-1234" in out
+    assert "resumed from step 3 " in out and not os.path.exists(f"{root}/6.orbax-checkpoint-tmp-1234")
+
+
+def test_user_errors_are_one_line(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    cfg = C.resolve(C.load([*SMALL, f"checkpoint_dir={blocker}/ckpt"]), 1)
+    with pytest.raises(C.ConfigError, match="cannot write checkpoints to"):
+        Checkpointer(cfg, True, 0)
+    with pytest.raises(C.ConfigError, match="no such checkpoint directory"):
+        ck.load_params(str(tmp_path / "nothing"))
+    assert ck.main(["list", str(tmp_path / "nothing")]) == 2
+    assert "maxlite: error:" in capsys.readouterr().err
+    with pytest.raises(C.ConfigError, match="checkpoint_error_policy"):
+        ck.validate(C.load([*SMALL, "checkpoint_error_policy=maybe"]))

@@ -1,0 +1,135 @@
+"""gs:// through the real client stack (Orbax, tensorstore, gcsfs, google-cloud-storage) on fake-gcs-server."""
+
+from __future__ import annotations
+
+import pytest
+
+from maxlite import checkpoints as ck, state as state_lib
+from maxlite.checkpointing import Checkpointer
+from maxlite.checkpointing.manager import CheckpointSaveError
+from tests.gcs_emulator import gcs_emulator, make_bucket  # noqa: F401
+from tests.test_checkpoints import _start, _trained
+
+pytestmark = pytest.mark.gcs
+
+
+def test_save_list_resume_and_leftovers_on_gcs(tmp_path, gcs_emulator, capsys):  # noqa: F811
+    bucket = make_bucket(gcs_emulator.url, "ckpt-basic")
+    extra = [f"checkpoint_dir={bucket}/run/ckpt", "async_checkpointing=true"]
+    cfg, state, data = _trained(tmp_path, extra, steps=1, devices=1, mesh=("ici_fsdp_parallelism=1",))
+    saver = Checkpointer(cfg, True, state_lib.nbytes(state))
+    assert saver.save(1, state, data)
+    saver.close()
+    import gcsfs
+    fs = gcsfs.GCSFileSystem()
+    # A save killed half-way on GCS: objects written, no commit_success.txt (there is no rename).
+    fs.copy(f"{bucket}/run/ckpt/1", f"{bucket}/run/ckpt/5", recursive=True)
+    fs.rm(f"{bucket}/run/ckpt/5/commit_success.txt")
+    rows = ck.list_checkpoints(f"{bucket}/run/ckpt")
+    assert [(r["step"], r["complete"]) for r in rows] == [(1, True), (5, False)]
+    assert rows[0]["name"] == "step=1-consumed_samples=1" and rows[0]["bytes"] > 0
+    capsys.readouterr()
+    _, restored, data2, c = _start(tmp_path, extra, 1)
+    c.close()
+    out = capsys.readouterr().out
+    assert "removed incomplete checkpoint(s) left by a killed save: 5" in out and "resumed from step 1 " in out
+    assert int(restored.step) == 1 and data2.get_state() == {"step": 1}
+    assert not fs.exists(f"{bucket}/run/ckpt/5")
+
+
+def test_missing_bucket_is_a_config_error(gcs_emulator):  # noqa: F811
+    with pytest.raises(ck.C.ConfigError, match="gs://no-such-bucket: bucket or path does not exist"):
+        ck.check_path("gs://no-such-bucket/x")
+
+
+class _Data:
+    def get_state(self):
+        return {"step": 0}
+
+
+def _kill(emulator) -> None:
+    emulator.proc.kill()
+    emulator.proc.wait()
+    emulator.proc = None
+
+
+@pytest.mark.slow  # dominated by the GCS clients' retry back-off (~1 min per failed save)
+def test_storage_down_fails_the_save_cleanly(tmp_path, gcs_emulator, capsys):  # noqa: F811
+    """The endpoint is down when a save starts: the error is printed, step 1 stays, policy decides."""
+    bucket = make_bucket(gcs_emulator.url, "ckpt-fail")
+    for policy in ("continue", "stop"):
+        extra = [f"checkpoint_dir={bucket}/{policy}", f"checkpoint_error_policy={policy}"]
+        cfg, state, _ = _trained(tmp_path, extra, steps=0, devices=1, mesh=("ici_fsdp_parallelism=1",))
+        saver = Checkpointer(cfg, True, state_lib.nbytes(state))
+        assert saver.save(1, state, _Data())
+        saver.poll(wait=True)
+        _kill(gcs_emulator)
+        try:
+            if policy == "stop":
+                with pytest.raises(CheckpointSaveError, match="previous checkpoint \\(step 1\\) is intact"):
+                    saver.save(2, state, _Data())
+            else:
+                assert not saver.save(2, state, _Data())
+        finally:
+            gcs_emulator.start()
+        err = capsys.readouterr().err
+        assert f"checkpoint save at step 2 to {bucket}/{policy} failed" in err
+        assert ("training continues" if policy == "continue" else "stopping") in err
+        assert ck.complete_steps(f"{bucket}/{policy}") == [1]
+        assert saver.save(3, state, _Data())  # storage is back: the next save works
+        saver.close()
+        assert ck.complete_steps(f"{bucket}/{policy}") == [1, 3]
+
+
+def test_endpoint_dies_during_an_async_save(tmp_path, gcs_emulator, capsys):  # noqa: F811
+    """The endpoint dies mid-write and comes back: the save completes or fails loudly, step 1 stays
+    intact, training goes on, the next save works and is what a restart resumes from."""
+    import threading
+    import time
+    bucket = make_bucket(gcs_emulator.url, "ckpt-outage")
+    from tests.helpers import build
+    argv = ["base.yml", "model_name=tiny", "ici_fsdp_parallelism=1", f"checkpoint_dir={bucket}/c",
+            "per_device_batch_size=1", "max_target_length=16"]
+    cfg, _, state, _, _ = build(argv, 1)  # 60 MiB of state: the write is still running at the kill
+    saver = Checkpointer(cfg, True, state_lib.nbytes(state))
+    assert saver.save(1, state, _Data())
+    saver.poll(wait=True)
+    step2 = gcs_emulator.root / "ckpt-outage" / "c" / "2"
+
+    def kill_when_arrays_are_being_written():
+        # tensorstore writes array chunks (under .../d/) only in the background part of a save.
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if any("/d/" in str(p) for p in step2.rglob("*") if p.is_file()):
+                _kill(gcs_emulator)
+                return
+            time.sleep(0.005)
+    watcher = threading.Thread(target=kill_when_arrays_are_being_written)
+    watcher.start()
+    try:
+        saver.save(2, state, _Data())
+        watcher.join()
+        assert gcs_emulator.proc is None, "the save never wrote array data"
+        time.sleep(2)
+    finally:
+        watcher.join()
+        if gcs_emulator.proc is None:
+            gcs_emulator.start()
+    saver.poll(wait=True)
+    captured = capsys.readouterr()
+    # Two honest outcomes, depending on whether an upload session spanned the outage: the clients'
+    # retries finish the save, or it fails and says so. Never a half-written step counted complete.
+    if f"checkpoint save at step 2 to {bucket}/c failed" in captured.err:
+        assert "the previous checkpoint (step 1) is intact; training continues" in captured.err
+        assert ck.complete_steps(f"{bucket}/c") == [1]
+    else:
+        assert "saved checkpoint step 2" in captured.out
+        assert ck.complete_steps(f"{bucket}/c") == [1, 2]
+    assert saver.save(3, state, _Data())
+    saver.close()
+    assert ck.complete_steps(f"{bucket}/c")[-1] == 3
+    assert ck.resolve_step_dir(f"{bucket}/c")[1] == 3  # what a restart resumes from
+    _, params = ck.load_params(f"{bucket}/c")
+    import jax
+    import numpy as np
+    assert all(np.array_equal(a, np.asarray(b)) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(state.params)))
