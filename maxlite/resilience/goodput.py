@@ -1,0 +1,94 @@
+"""Goodput: productive step time against wall time, and badput by cause, across restarts.
+
+Causes: startup (process start → first step, restore included), compilation (first step of an
+attempt), data_wait, checkpoint (time the loop blocked on saves), eval, restart (gap between an
+attempt's last sign of life and the next attempt's start), recomputed (steps done again after a
+restore from an older state), other (the rest). The primary process keeps the running totals in
+`{run_dir}/goodput.json` so a restarted job continues them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+CAUSES = ("startup", "compilation", "data_wait", "checkpoint", "eval", "restart", "recomputed")
+
+
+class Goodput:
+    def __init__(self, path: str | None, started_monotonic: float, save_every: float = 30.0):
+        self.path, self.save_every = path, save_every
+        self.started = started_monotonic
+        self.productive = 0.0
+        self.badput = dict.fromkeys(CAUSES, 0.0)
+        self.previous_wall = 0.0
+        self.max_step = -1  # highest step any attempt completed
+        self.attempt = 1
+        self._saved = 0.0
+        prior = self._load()
+        if prior:
+            self.previous_wall = prior.get("wall_seconds", 0.0)
+            self.productive = prior.get("productive_seconds", 0.0)
+            for k, v in prior.get("badput_seconds", {}).items():
+                self.badput[k] = v
+            self.max_step = prior.get("max_step", -1)
+            self.attempt = prior.get("attempt", 1) + 1
+            gap = max(0.0, time.time() - (time.monotonic() - started_monotonic) - prior.get("last_alive", time.time()))
+            self.badput["restart"] += gap
+            self.previous_wall += gap
+
+    def _load(self) -> dict | None:
+        if not self.path or not os.path.exists(self.path):
+            return None
+        try:
+            with open(self.path) as f:
+                return json.load(f)
+        except (OSError, json.JSONDecodeError):
+            return None
+
+    def add(self, cause: str, seconds: float) -> None:
+        self.badput[cause] += max(0.0, seconds)
+
+    def step(self, step: int, seconds: float, data_wait: float, compiling: bool) -> None:
+        """One step's wall interval (`step` = steps done after it)."""
+        self.add("data_wait", data_wait)
+        rest = max(0.0, seconds - data_wait)
+        if compiling:
+            self.add("compilation", rest)
+        elif step <= self.max_step:
+            self.add("recomputed", rest)
+        else:
+            self.productive += rest
+        self.max_step = max(self.max_step, step)
+        if self.path and time.monotonic() - self._saved > self.save_every:
+            self.save()
+
+    def wall(self) -> float:
+        return self.previous_wall + time.monotonic() - self.started
+
+    def summary(self) -> dict:
+        wall = self.wall()
+        out = {"goodput": round(self.productive / wall, 4) if wall > 0 else 0.0,
+               "productive_seconds": round(self.productive, 3), "wall_seconds": round(wall, 3),
+               "attempt": self.attempt}
+        known = sum(self.badput.values())
+        for k, v in self.badput.items():
+            out[f"badput_{k}_seconds"] = round(v, 3)
+        out["badput_other_seconds"] = round(max(0.0, wall - self.productive - known), 3)
+        return out
+
+    def save(self) -> None:
+        if not self.path:
+            return
+        self._saved = time.monotonic()
+        record = {"wall_seconds": self.wall(), "productive_seconds": self.productive,
+                  "badput_seconds": self.badput, "max_step": self.max_step, "attempt": self.attempt,
+                  "last_alive": time.time()}
+        tmp = f"{self.path}.tmp{os.getpid()}"
+        try:
+            with open(tmp, "w") as f:
+                json.dump(record, f)
+            os.replace(tmp, self.path)
+        except OSError:
+            pass

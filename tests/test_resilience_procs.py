@@ -1,0 +1,267 @@
+"""Resilience with real processes: `python -m maxlite.resilience.driver` (the reference wiring of the
+loop), one process or two (jax.distributed + gloo on CPU), and a local Ray cluster for the keeper."""
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from maxlite.resilience import exit_codes
+from maxlite.resilience.keeper import run_key
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["base.yml", "model_name=tiny", "base_num_decoder_layers=2", "max_target_length=32",
+        "per_device_batch_size=1", "enable_tensorboard=false"]
+
+
+def _env(devices: int, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAXLITE_", "RAY_ADDRESS"))}
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+               TF_CPP_MIN_LOG_LEVEL="3", **extra)
+    return env
+
+
+def start(run_dir, name, args, processes=1, devices=4, ckpt_every=0):
+    """Start the driver on `processes` local processes; returns (procs, log paths)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    argv = [sys.executable, "-m", "maxlite.resilience.driver", f"--ckpt-every={ckpt_every}", *TINY,
+            f"base_output_directory={run_dir}", f"run_name={name}", *args]
+    procs, logs = [], []
+    for i in range(processes):
+        extra = dict(MAXLITE_COORDINATOR=f"127.0.0.1:{port}", MAXLITE_NUM_PROCESSES=str(processes),
+                     MAXLITE_PROCESS_ID=str(i)) if processes > 1 else {}
+        log = os.path.join(run_dir, f"{name}.attempt{time.monotonic_ns()}.p{i}.log")
+        with open(log, "w") as f:
+            procs.append(subprocess.Popen(argv, cwd=ROOT, env=_env(devices // processes if processes > 1 else devices,
+                                                                     **extra), stdout=f, stderr=subprocess.STDOUT))
+        logs.append(log)
+    return procs, logs
+
+
+def finish(procs, logs, timeout=600):
+    codes = [p.wait(timeout=timeout) for p in procs]
+    return codes, [open(x).read() for x in logs]
+
+
+def run(run_dir, name, args, **kw):
+    return finish(*start(run_dir, name, args, **kw))
+
+
+def status(run_dir, name):
+    try:
+        with open(os.path.join(run_dir, name, "status.json")) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def losses(run_dir, name, process=0):
+    """step → loss of the last attempt that reached it."""
+    out = {}
+    with open(os.path.join(run_dir, name, f"losses_p{process}.jsonl")) as f:
+        for line in f:
+            r = json.loads(line)
+            out[r["step"]] = r["loss"]
+    return out
+
+
+def wait_for(cond, proc, timeout=300):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        assert proc.poll() is None, "the run ended before the condition was met"
+        time.sleep(0.05)
+    raise TimeoutError
+
+
+def clear_snapshots(run_dir, name):
+    for f in glob.glob(f"/dev/shm/maxlite-snap-{run_key(os.path.join(run_dir, name))}/*"):
+        os.remove(f)
+
+
+@pytest.fixture(autouse=True)
+def _no_snapshots_left(run_dir):
+    """Snapshots live in /dev/shm, outside the test's tmp dir: remove what a failed test left."""
+    yield
+    import shutil
+    for name in ("c", "m", "h", "s", "ref", "x", "d"):
+        shutil.rmtree(f"/dev/shm/maxlite-snap-{run_key(os.path.join(run_dir, name))}", ignore_errors=True)
+
+
+def _complete_checkpoint(run_dir, name, step):
+    return os.path.exists(os.path.join(run_dir, name, "ckpt", str(step), "done"))
+
+
+@pytest.mark.slow
+def test_sigterm_during_compilation_saves_exits_0_and_resumes(run_dir):
+    procs, logs = start(run_dir, "c", ["steps=6"])
+    # status `running` is written just before the first step, whose call compiles
+    wait_for(lambda: status(run_dir, "c").get("state") == "running", procs[0])
+    procs[0].send_signal(signal.SIGTERM)
+    codes, texts = finish(procs, logs)
+    st = status(run_dir, "c")
+    assert codes == [0], texts[0][-3000:]
+    assert "got SIGTERM" in texts[0] and st["state"] == "preempted" and st["reason"] == "preempted"
+    assert 1 <= st["step"] < 6 and _complete_checkpoint(run_dir, "c", st["step"])
+    codes, texts = run(run_dir, "c", ["steps=6"])
+    assert codes == [0] and f"restored step {st['step']} from disk" in texts[0]
+    assert status(run_dir, "c")["state"] == "finished" and status(run_dir, "c")["step"] == 6
+
+
+@pytest.mark.slow
+def test_sigterm_mid_run_saves_at_the_same_step_on_both_processes(run_dir):
+    procs, logs = start(run_dir, "m", ["steps=200"], processes=2, ckpt_every=0)
+    wait_for(lambda: os.path.exists(os.path.join(run_dir, "m", "losses_p0.jsonl"))
+             and len(open(os.path.join(run_dir, "m", "losses_p0.jsonl")).readlines()) >= 3, procs[0])
+    procs[1].send_signal(signal.SIGTERM)  # only one host gets the signal; both must stop together
+    codes, texts = finish(procs, logs)
+    st = status(run_dir, "m")
+    assert codes == [0, 0], texts[1][-3000:]
+    assert st["state"] == "preempted" and 3 <= st["step"] < 200
+    assert _complete_checkpoint(run_dir, "m", st["step"])
+    assert max(losses(run_dir, "m", 0)) == max(losses(run_dir, "m", 1)) == st["step"]
+
+
+def test_hang_is_detected_with_stacks_and_exit_75(run_dir):
+    codes, texts = run(run_dir, "h", ["steps=50", "fault_type=hang", "fault_step=6",
+                                       "watchdog_min_timeout=3", "watchdog_factor=2"])
+    assert codes == [exit_codes.HANG], texts[0][-3000:]
+    log = open(os.path.join(run_dir, "h", "hang_p0.log")).read()
+    assert "hang detected in section 'step'" in log and "in at_step" in log  # the stuck frame
+    st = status(run_dir, "h")
+    assert st["state"] == "failed" and st["exit_code"] == exit_codes.HANG and "hang" in st["error"]
+
+
+@pytest.mark.slow
+def test_slowed_process_is_scored_below_threshold(run_dir):
+    codes, texts = run(run_dir, "s", ["steps=24", "fault_type=slow", "fault_process=1", "fault_step=0",
+                                       "fault_slowdown_factor=4", "straggler_report_interval=2"],
+                       processes=2)
+    assert codes == [0, 0], texts[0][-3000:]
+    reports = [json.loads(x) for x in open(os.path.join(run_dir, "s", "stragglers.jsonl"))]
+    last = reports[-1]
+    assert last["relative"][1] < 0.7 and 1 in last["stragglers"], last
+    assert last["worst"][0]["process"] == 1 and last["relative"][0] == 1.0
+    assert "STRAGGLERS: [1" in texts[0] and "worst: p1 rel 0." in texts[0]
+
+
+@pytest.mark.slow
+def test_crash_recovers_from_peer_memory_like_an_uninterrupted_run(run_dir):
+    args = ["steps=12", "inmemory_snapshot_period=2"]
+    codes, _ = run(run_dir, "ref", args, processes=2)
+    assert codes == [0, 0]
+    crash = args + ["fault_type=crash", "fault_step=7", "fault_process=1",
+                    "watchdog_min_timeout=5", "watchdog_factor=2"]  # the survivor stops within seconds
+    codes, texts = run(run_dir, "x", crash, processes=2)
+    # the survivor fails too: gloo sees the peer gone, or else its watchdog fires (exit 75)
+    assert codes[1] == 1 and codes[0] != 0, texts[0][-2000:]
+    shm = f"/dev/shm/maxlite-snap-{run_key(os.path.join(run_dir, 'x'))}"
+    mine = glob.glob(f"{shm}/*.own-*.1.snap")
+    assert mine
+    for f in mine:
+        os.remove(f)  # host 1 is gone with its memory: only host 0's replica of its shard is left
+    codes, texts = run(run_dir, "x", crash, processes=2)
+    assert codes == [0, 0], texts[1][-3000:]
+    assert "from memory (replica from peer host 0" in texts[1] and "from memory (own shard" in texts[0]
+    assert losses(run_dir, "x") == losses(run_dir, "ref")  # bit-identical to the uninterrupted run
+    assert not os.path.exists(shm) or not os.listdir(shm)  # finished: the keeper was cleared
+
+
+@pytest.mark.slow
+def test_crash_during_snapshot_falls_back_to_disk(run_dir):
+    args = ["steps=8", "inmemory_snapshot_period=4", "fault_type=crash_in_snapshot", "fault_step=4"]
+    codes, texts = run(run_dir, "d", args, ckpt_every=3)
+    assert codes == [1] and "crash during the snapshot of step 4" in texts[0]
+    assert _complete_checkpoint(run_dir, "d", 3)
+    codes, texts = run(run_dir, "d", args, ckpt_every=3)
+    assert codes == [0], texts[0][-3000:]
+    assert "none complete on all hosts" in texts[0] and "restored step 3 from disk" in texts[0]
+    assert status(run_dir, "d")["step"] == 8
+
+
+RAY_SCRIPT = """
+import os, ray
+ray.init(address="local", num_cpus=2, include_dashboard=False, _temp_dir={tmp!r})
+from maxlite.resilience.keeper import RayKeeper
+
+@ray.remote(max_retries=0)
+def worker_puts_then_dies():
+    k = RayKeeper({run!r}, 0)
+    k.put(5, "own", 0, b"state-bytes" * 1000)
+    os._exit(1)  # the worker process dies; anything it owned in the object store dies with it
+
+try:
+    ray.get(worker_puts_then_dies.remote())
+except Exception as e:
+    print("worker died:", type(e).__name__)
+k = RayKeeper({run!r}, 0)  # the restarted worker finds the detached actor by name
+assert k.steps("own", 0) == [5], k.steps("own", 0)
+assert k.get(5, "own", 0) == b"state-bytes" * 1000
+k.clear()
+ray.shutdown()
+print("KEEPER-OK")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_ray_keeper_outlives_the_worker(tmp_path):
+    tmp = f"/tmp/ray_res_{os.getpid()}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "JAX_", "XLA_"))}
+    env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=ROOT)
+    try:
+        proc = subprocess.run([sys.executable, "-c", textwrap.dedent(RAY_SCRIPT).format(tmp=tmp, run=str(tmp_path))],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+    assert "KEEPER-OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "worker died" in proc.stdout
+
+
+RAY_TRAIN_SCRIPT = """
+import sys
+from maxlite import config as C
+from maxlite.launch.ray_trainer import connect, run_config, scaling_config
+argv = sys.argv[1:]
+cfg = C.load(argv)
+with connect(cfg):
+    from ray.train.v2.jax import JaxTrainer
+    JaxTrainer("__WORKER__", train_loop_config={"argv": argv, "ckpt_every": 0},
+               scaling_config=scaling_config(cfg), run_config=run_config(cfg)).fit()
+print("RAY-FIT-DONE")
+""".replace('"__WORKER__"', "__import__('maxlite.resilience.driver', fromlist=['x']).ray_worker")
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_ray_two_workers_crash_recovers_from_memory_at_the_uninterrupted_loss(run_dir):
+    """Ray Train restarts the whole worker group; the detached keeper actors hand the state back."""
+    base = TINY + [f"base_output_directory={run_dir}", "steps=10", "inmemory_snapshot_period=2",
+                   "ray_num_workers=2", "ray_simulated_devices_per_worker=2", "max_failures=2"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "JAX_", "XLA_", "MAXLITE_"))}
+    env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=ROOT)
+
+    def ray_run(*extra):
+        return subprocess.run([sys.executable, "-c", RAY_TRAIN_SCRIPT, *base, *extra], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=900)
+
+    ref = ray_run("run_name=ref")
+    assert "RAY-FIT-DONE" in ref.stdout, ref.stdout[-2000:] + ref.stderr[-3000:]
+    got = ray_run("run_name=x", "fault_type=crash", "fault_step=7", "fault_process=1")
+    out = got.stdout + got.stderr
+    assert "RAY-FIT-DONE" in got.stdout, out[-4000:]
+    assert "fault injection: crash at step 7" in out
+    assert "from memory (own shard" in out and "Ray actor maxlite-keeper-" in out, out[-4000:]
+    assert losses(run_dir, "x") == losses(run_dir, "ref")

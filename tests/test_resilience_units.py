@@ -1,0 +1,196 @@
+"""Resilience pieces in one process: parsing, scores, blobs, keeper, snapshots round trip, watchdog exit."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from maxlite import config as C
+from maxlite.resilience import exit_codes, goodput, keeper, preemption, snapshot, straggler
+
+
+def test_max_time_and_signals_parse():
+    assert preemption.parse_max_time("1:02:03:04") == 86400 + 2 * 3600 + 3 * 60 + 4
+    assert preemption.parse_max_time("01:30") == 90
+    assert preemption.parse_max_time("0:00:01:00") == 60
+    assert preemption.parse_max_time("") is None
+    with pytest.raises(C.ConfigError, match="D:HH:MM:SS"):
+        preemption.parse_max_time("2h")
+    assert preemption.parse_signals("SIGTERM, usr1") == [signal.SIGTERM, signal.SIGUSR1]
+    with pytest.raises(C.ConfigError, match="not a catchable"):
+        preemption.parse_signals("SIGKILL")
+
+
+def test_signal_and_max_time_set_the_reason():
+    p = preemption.Preemption("SIGUSR2", "0:00:00:10", 5)
+    try:
+        assert p.reason() is None
+        assert p.reason(reserve_seconds=11) == "max_time"  # not enough time left to save
+        os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(0.05)
+        assert p.reason() == "preempted" and 0 < p.grace_left() <= 5
+    finally:
+        p.restore_handlers()
+
+
+def test_straggler_scores_and_report():
+    current = np.array([0.10, 0.10, 0.30, 0.11])
+    best = np.array([0.10, 0.05, 0.0, 0.11])
+    s = straggler.scores(current, best)
+    np.testing.assert_allclose(s["relative"], [1.0, 1.0, 1 / 3, 0.10 / 0.11])
+    np.testing.assert_allclose(s["individual"], [1.0, 0.5, 1.0, 1.0])
+    rep = straggler.report(current, best, 0.7)
+    assert rep["stragglers"] == [1, 2]  # p1 by its own history, p2 against the others
+    assert rep["worst"][0]["process"] == 2 and rep["best"][0]["process"] in (0, 1)
+    assert "STRAGGLERS: [1, 2]" in straggler.format_report(10, rep)
+
+
+def test_step_timer_excludes_device_wait():
+    t = straggler.StepTimer()
+    t.begin()
+    t.wait_begin()
+    time.sleep(0.05)
+    t.wait_end()
+    took = t.end()
+    assert took < 0.04 and t.window == [took]
+
+
+def test_exit_codes_tell_requeue_from_restart():
+    assert exit_codes.should_restart(0, "preempted", 99, 3)
+    assert not exit_codes.should_restart(0, "finished", 0, 3)
+    assert exit_codes.should_restart(exit_codes.HANG, "failed", 2, 3)
+    assert not exit_codes.should_restart(exit_codes.HANG, "failed", 3, 3)
+    assert not exit_codes.should_restart(exit_codes.CONFIG_ERROR, None, 0, 3)
+    assert len({exit_codes.HANG, exit_codes.STRAGGLER, exit_codes.PREEMPT_TIMEOUT, exit_codes.FAILED}) == 4
+
+
+def test_goodput_counts_causes_and_restarts(tmp_path):
+    path = str(tmp_path / "goodput.json")
+    g = goodput.Goodput(path, time.monotonic())
+    g.step(1, 2.0, 0.5, compiling=True)
+    g.step(2, 1.0, 0.1, compiling=False)
+    g.add("checkpoint", 0.3)
+    g.save()
+    s = g.summary()
+    assert s["badput_compilation_seconds"] == 1.5 and s["productive_seconds"] == 0.9
+    assert s["badput_data_wait_seconds"] == pytest.approx(0.6) and s["badput_checkpoint_seconds"] == 0.3
+    g2 = goodput.Goodput(path, time.monotonic())  # the restarted attempt
+    g2.step(2, 1.0, 0.0, compiling=False)  # step 2 again: recomputed
+    g2.step(3, 1.0, 0.0, compiling=False)
+    s2 = g2.summary()
+    assert s2["attempt"] == 2 and s2["badput_recomputed_seconds"] == 1.0 and s2["productive_seconds"] == 1.9
+    assert s2["badput_restart_seconds"] >= 0
+
+
+def test_blob_round_trip():
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    b = np.array([7], np.int32)
+    blob = snapshot.pack(5, [("a", a.dtype, (6, 4), [(((0, 3), (0, 4)), a), (((3, 6), (0, 4)), a + 1)]),
+                             ("b", b.dtype, (1,), [(((0, 1),), b)])])
+    step, leaves = snapshot.unpack(blob)
+    assert step == 5
+    np.testing.assert_array_equal(leaves["a"][((3, 6), (0, 4))], a + 1)
+    np.testing.assert_array_equal(leaves["b"][((0, 1),)], b)
+
+
+def test_shm_keeper_put_is_atomic_and_drops(tmp_path):
+    k = keeper.ShmKeeper(str(tmp_path / "run"), root=str(tmp_path))
+    k.put(2, "own", 0, b"x" * 10)
+    k.put(4, "own", 0, b"y" * 10)
+    open(os.path.join(k.dir, f"{6:010d}.own.0.snap.tmp123"), "wb").close()  # a torn write
+    assert k.steps("own", 0) == [2, 4] and k.steps("peer", 0) == []
+    assert bytes(k.get(4, "own", 0)) == b"y" * 10  # memory-mapped
+    k.drop(2, "own", 0)
+    assert k.steps("own", 0) == [4]
+    k.clear()
+    assert not os.path.exists(k.dir)
+
+
+def _tiny_state(num_devices=8):
+    from tests.helpers import build
+
+    argv = ["base.yml", "model_name=tiny", "base_num_decoder_layers=2", "ici_fsdp_parallelism=4",
+            "ici_tensor_parallelism=2", "max_target_length=32", "per_device_batch_size=1"]
+    return build(argv, num_devices)
+
+
+def test_snapshot_round_trip_survives_donation(tmp_path):
+    """A snapshot is taken, the next step donates the state, and the restore gives the snapshot back."""
+    from flax import nnx
+
+    from maxlite import data, mesh as mesh_lib, optim, state as state_lib
+    from maxlite.resilience.vote import Vote
+
+    cfg, mesh, state, step_fn, batch_sharding = _tiny_state()
+    tx = optim.make_optimizer(cfg)
+    _, abstract, shardings = state_lib.abstract_state(cfg, mesh, tx)
+    k = keeper.ShmKeeper(str(tmp_path / "run"), root=str(tmp_path))
+    snaps = snapshot.Snapshots(mesh, shardings, k, period=1, max_bytes=1 << 30)
+    batches = data.make_iterator(cfg, "train", 0, 1)
+    with jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.RULES):
+        put = lambda: {k_: jax.device_put(v, batch_sharding) for k_, v in next(batches).items()}  # noqa: E731
+        state, _ = step_fn(state, put())
+        expected = jax.device_get(state)
+        expected_data = batches.get_state()
+        assert snaps.take(1, state, expected_data)
+        state, _ = step_fn(state, put())  # donates the snapshotted state
+        snaps.wait()
+        assert k.steps(snaps.own_kind, 0) == [1] and snaps.own_kind == "own-p1m1x4x2"
+        got_state, got_data, got_step, detail = snaps.restore(Vote(8), abstract)
+    assert got_step == 1 and got_data == expected_data and detail == "own shards"
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(got_state), expected)
+    for got, want in zip(jax.tree.leaves(got_state), jax.tree.leaves(shardings)):
+        assert got.sharding == want
+    k.clear()
+
+
+def test_snapshots_respect_the_memory_budget(tmp_path):
+    cfg, mesh, state, step_fn, batch_sharding = _tiny_state()
+    from maxlite import optim, state as state_lib
+
+    _, abstract, shardings = state_lib.abstract_state(cfg, mesh, optim.make_optimizer(cfg))
+    k = keeper.ShmKeeper(str(tmp_path / "run"), root=str(tmp_path))
+    size = state_lib.nbytes(abstract)
+    snaps = snapshot.Snapshots(mesh, shardings, k, period=1, max_bytes=int(3.5 * size), log=lambda m: None)
+    for s in (1, 2, 3, 4):
+        snaps.take(s, state, {"i": s})
+        snaps.wait()
+    assert k.steps(snaps.own_kind, 0) == [2, 3, 4]  # three fit in 3.5× one snapshot; the oldest went
+    tight = snapshot.Snapshots(mesh, shardings, k, period=1, max_bytes=size, log=lambda m: None)
+    tight.take(5, state, {})
+    tight.wait()
+    assert tight.disabled and 5 not in k.steps(snaps.own_kind, 0)
+    k.clear()
+
+
+HANG_SCRIPT = """
+import threading, time
+from maxlite.resilience.watchdog import Watchdog
+w = Watchdog(initial_timeout=30, factor=2.0, min_timeout=0.5, log_path={log!r}, poll=0.1,
+             on_hang=lambda s, t: open({marker!r}, 'w').write(s))
+for i in range(4):
+    w.beat("step", completed="step" if i else None)
+    time.sleep(0.05)
+def stuck_in_collective():
+    time.sleep(60)
+stuck_in_collective()
+"""
+
+
+def test_watchdog_dumps_stacks_and_exits_75(tmp_path):
+    log, marker = str(tmp_path / "hang.log"), str(tmp_path / "marker")
+    proc = subprocess.run([sys.executable, "-c", HANG_SCRIPT.format(log=log, marker=marker)],
+                          capture_output=True, text=True, timeout=60,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode == exit_codes.HANG, proc.stderr
+    text = open(log).read()
+    assert "(timeout 0.5s)" in text  # learned from the beats (min_timeout), not the initial 30 s
+    assert "hang detected in section 'step'" in text and "stuck_in_collective" in text
+    assert "maxlite-watchdog" in text  # every thread's stack, the watchdog's own included
+    assert open(marker).read() == "step"
