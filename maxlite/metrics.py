@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
-import time
 from typing import Any
 
 import fsspec
@@ -56,15 +54,8 @@ class MetricsLogger:
         tokens = self.tokens_per_step / self.num_devices / seconds
         record = {"step": step, "seconds": seconds, "tflops_per_device": tflops,
                   "tokens_per_second_per_device": tokens, **values}
-        self.history.append(record)
-        if not self.primary:
+        if not self._record(record, "train"):
             return
-        self.jsonl.write(json.dumps(record) + "\n")
-        self.jsonl.flush()
-        if self.tb is not None:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    self.tb.add_scalar(f"train/{key}", value, step)
         if step % self.cfg.log_period == 0 or step == self.cfg.steps:
             self._print(step_line(step, seconds, tflops, tokens, values["total_weights"], values["loss"]))
         if self.bar is not None:
@@ -72,16 +63,22 @@ class MetricsLogger:
             self.bar.set_postfix(loss=f"{values['loss']:.3f}")
 
     def log_eval(self, step: int, values: dict[str, float]) -> None:
-        record = {"step": step, **{f"eval_{k}": v for k, v in values.items()}}
+        if not self._record({"step": step, **{f"eval_{k}": v for k, v in values.items()}}, "eval"):
+            return
+        self._print(f"eval at step {step}: " + ", ".join(f"{k}: {v:.4f}" for k, v in values.items()))
+
+    def _record(self, record: dict[str, Any], group: str) -> bool:
+        """Keep the record; on the primary also append it to the JSONL and TensorBoard."""
         self.history.append(record)
         if not self.primary:
-            return
+            return False
         self.jsonl.write(json.dumps(record) + "\n")
         self.jsonl.flush()
         if self.tb is not None:
-            for key, value in values.items():
-                self.tb.add_scalar(f"eval/{key}", value, step)
-        self._print(f"eval at step {step}: " + ", ".join(f"{k}: {v:.4f}" for k, v in values.items()))
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self.tb.add_scalar(f"{group}/{key.removeprefix('eval_')}", value, record["step"])
+        return True
 
     def _print(self, line: str) -> None:
         if self.bar is not None:
@@ -137,10 +134,3 @@ class MetricsLogger:
                 handle.close()
         self.jsonl = self.tb = self.bar = None
 
-
-def is_finite(value: float) -> bool:
-    return math.isfinite(value)
-
-
-def now() -> float:
-    return time.perf_counter()
