@@ -1,0 +1,78 @@
+"""`python -m maxlite.plan [recipe.yml] key=value ... --topology v6e:4x4 [--num-slices N] [--sweep] [--json]`.
+
+Exit status: 0 fits, 1 does not fit (suggestions printed), 2 a mistake in the command or recipe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from maxlite import config as C
+from maxlite.plan import topology as topo_lib
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m maxlite.plan",
+        description="Compile a recipe's train step for a TPU topology on this machine (no TPU needed): "
+                    "memory fit, FLOPs, collectives, estimated step time.")
+    p.add_argument("recipe", nargs="*", help="[recipe.yml] key=value ... as for python -m maxlite.train")
+    p.add_argument("--topology", required=True, help="chip:shape, e.g. v6e:4x4, v5e:2x2, v5p:4x4x4, v4:2x2x1")
+    p.add_argument("--num-slices", type=int, default=None, help="multislice: slices joined over DCN "
+                   "(default: the recipe's num_slices, else 1)")
+    p.add_argument("--sweep", action="store_true", help="rank meshes × remat policies that fit")
+    p.add_argument("--sweep-remat", default="full,minimal,save_dots", help="remat policies the sweep tries")
+    p.add_argument("--no-suggest", action="store_true", help="do not search for what would fit")
+    p.add_argument("--shardings", action="store_true", help="list every parameter's sharding")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+    return p
+
+
+def _num_slices(recipe: list[str], flag: int | None) -> int:
+    if flag is not None:
+        return flag
+    cfg = C.load(recipe)
+    return cfg.num_slices if cfg.num_slices > 0 else 1
+
+
+def run(argv: Sequence[str]) -> int:
+    opts = _parser().parse_intermixed_args(argv)
+    recipe = list(opts.recipe) or ["base.yml"]
+    topology = topo_lib.parse(opts.topology, _num_slices(recipe, opts.num_slices))
+    topo_lib.require_libtpu()
+    topo_lib.quiet_libtpu_env(topology)  # before JAX starts libtpu
+
+    from maxlite.plan import report, search
+    from maxlite.plan.compile import compile_plan
+
+    search.stderr_progress(f"compiling {' '.join(recipe)} for {topology.describe()} ...")
+    plan = compile_plan(recipe, topology)
+    suggestions = sweep = None
+    if not plan.fits and not opts.no_suggest:
+        suggestions = search.suggest(recipe, topology, plan)
+    if opts.sweep:
+        remats = tuple(r.strip() for r in opts.sweep_remat.split(",") if r.strip())
+        sweep = search.sweep(recipe, topology, remats)
+    if opts.json:
+        print(report.to_json(plan, suggestions, sweep))
+    else:
+        print(report.text(plan, topology.chip, shardings=opts.shardings))
+        for lines in (report.suggestion_lines(suggestions or []), report.sweep_lines(sweep or [])):
+            if lines:
+                print("\n".join(lines))
+    return 0 if plan.fits or (sweep and any(r["fits"] for r in sweep)) else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        return run(argv)
+    except (C.ConfigError, topo_lib.TopologyError) as e:
+        print(f"maxlite: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""Compile the recipe's real train step for a topology (no TPU, nothing allocated) and read the result.
+
+The step, state, optimizer, mesh and rules are the trainer's own (`maxlite.state.abstract_state`,
+`maxlite.step.jit_train_step`, `maxlite.mesh.make_mesh`): what is planned is what would run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import time
+from typing import Any
+
+from maxlite import config as C
+from maxlite.plan import estimate as estimate_lib, hlo
+from maxlite.plan.topology import Topology, devices as topology_devices
+
+_RECIPE_KEYS = ("model_name", "per_device_batch_size", "max_target_length", "gradient_accumulation_steps",
+                "remat_policy", "weight_dtype", "dtype", "scan_layers")
+_BATCH_KEYS = ("inputs", "targets", "positions", "segment_ids", "weights")
+# libtpu 0.0.42: "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO
+# temporaries (82.77G) exceeds available HBM (31.25G)." (G = GiB); older: "Used 45.3G of 31.2G hbm"
+_OOM_USED = re.compile(r"(?:Used|required for [^(]*\() ?([\d.]+)([KMGT])\)? (?:of|exceeds available HBM \()"
+                       r" ?([\d.]+)([KMGT])")
+_OOM_AVAIL = re.compile(r"available HBM \(([\d.]+)([KMGT])\)")
+_UNIT = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+@dataclasses.dataclass
+class Plan:
+    """Everything the report says about one recipe on one topology (bytes are per device)."""
+    topology: str
+    num_chips: int
+    num_devices: int
+    mesh: dict[str, int]
+    dcn: dict[str, int]
+    ici: dict[str, int]
+    overrides: list[str]
+    recipe: dict[str, Any]          # the resolved keys the report quotes
+    fits: bool
+    param_count: int
+    param_bytes_total: int          # eval_shape count × dtype size, whole model
+    param_bytes: int                # this device's shard
+    optimizer_bytes: int
+    batch_bytes: int
+    state_bytes_total: int          # params + gradients + optimizer, whole model
+    peak_bytes: float | None        # compiler's peak (fits) or its "Used" figure (does not fit)
+    usable_bytes: float | None      # what the compiler may use (libtpu's HBM limit, from its error)
+    temp_bytes: float | None        # temporaries at peak: activations, gradients, gathered weights
+    flops_formula: float            # training FLOPs per step, all devices (MaxText formula)
+    flops_compiler: float | None    # per device, XLA's count (a scanned layer body counted once)
+    bytes_accessed: float | None    # per device, XLA's count (same caveat)
+    hbm_bytes: float | None = None  # per device, from the HLO with loops unrolled (hlo.hbm_bytes)
+    collectives: dict[str, dict] = dataclasses.field(default_factory=dict)
+    param_shardings: dict[str, str] = dataclasses.field(default_factory=dict)
+    data_axis_slices: list[list[int]] = dataclasses.field(default_factory=list)
+    error: str = ""
+    compile_seconds: float = 0.0
+    estimate: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def over_bytes(self) -> float:
+        if self.fits or self.peak_bytes is None or self.usable_bytes is None:
+            return 0.0
+        return self.peak_bytes - self.usable_bytes
+
+
+def resolve(args: list[str], topology: Topology, overrides: list[str] = ()) -> C.Config:
+    """The recipe (YAML + key=value + planner overrides) resolved for the topology's devices."""
+    cfg = C.load([*args, *overrides, f"num_slices={topology.num_slices}"])
+    # one JAX device per chip (v4 / v5p are planned in megacore mode); one planning process
+    return C.resolve(cfg, topology.num_chips, topology.num_slices, 1)
+
+
+def _shard_bytes(abstract, shardings) -> int:
+    import jax
+    import numpy as np
+
+    total = 0
+    for a, s in zip(jax.tree.leaves(abstract), jax.tree.leaves(shardings)):
+        total += math.prod(s.shard_shape(a.shape)) * np.dtype(a.dtype).itemsize
+    return total
+
+
+def _nbytes(tree) -> int:
+    import jax
+    import numpy as np
+
+    return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def _spec_table(abstract_params, shardings) -> dict[str, str]:
+    import jax
+
+    flat_a = jax.tree_util.tree_flatten_with_path(abstract_params)[0]
+    flat_s = jax.tree.leaves(shardings)
+    out = {}
+    for (path, a), s in zip(flat_a, flat_s):
+        name = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+        name = name.removesuffix("/value").removesuffix("/.value")
+        out[name] = f"{list(a.shape)} {tuple(s.spec)}"
+    return out
+
+
+def _data_axis_slices(mesh) -> list[list[int]]:
+    """For each position along `data`, the slice indices of its devices (one each when data spans slices)."""
+    import numpy as np
+
+    grid = np.vectorize(lambda d: getattr(d, "slice_index", 0))(mesh.devices)
+    return [sorted(set(grid[i].ravel().tolist())) for i in range(grid.shape[0])]
+
+
+def _oom(message: str) -> tuple[float | None, float | None]:
+    used, avail = _OOM_USED.search(message), _OOM_AVAIL.search(message)
+    peak = float(used.group(1)) * _UNIT[used.group(2)] if used else None
+    usable = (float(used.group(3)) * _UNIT[used.group(4)] if used else
+              float(avail.group(1)) * _UNIT[avail.group(2)] if avail else None)
+    return peak, usable
+
+
+def compile_plan(args: list[str], topology: Topology, overrides: list[str] = ()) -> Plan:
+    """Resolve, build the mesh on the topology's devices, lower and compile the train step."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from maxlite import mesh as mesh_lib, optim, state as state_lib, step as step_lib
+    from maxlite.models.flops import train_flops_per_step
+
+    cfg = resolve(args, topology, overrides)
+    devs = topology_devices(topology)
+    mesh = mesh_lib.make_mesh(cfg, devices=devs)
+    tx, schedule = optim.make_optimizer(cfg), optim.learning_rate_schedule(cfg)
+    graphdef, abstract, shardings = state_lib.abstract_state(cfg, mesh, tx)
+    batch_sharding = mesh_lib.batch_sharding(mesh)
+    B, T = cfg.global_batch_size, cfg.max_target_length
+    batch = {k: jax.ShapeDtypeStruct((B, T), jnp.float32 if k == "weights" else jnp.int32,
+                                     sharding=batch_sharding) for k in _BATCH_KEYS}
+    state_in = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                            abstract, shardings)
+    param_total = _nbytes(abstract.params)
+    plan = Plan(
+        topology=topology.describe(), num_chips=topology.num_chips, num_devices=len(devs),
+        mesh=dict(zip(mesh.axis_names, mesh.devices.shape)),
+        dcn=dict(zip(C.MESH_AXES, cfg.parallelism("dcn"))),
+        ici=dict(zip(C.MESH_AXES, cfg.parallelism("ici"))), overrides=list(overrides),
+        recipe={k: getattr(cfg, k) for k in _RECIPE_KEYS} | {"global_batch_size": cfg.global_batch_size},
+        fits=False,
+        param_count=sum(math.prod(x.shape) for x in jax.tree.leaves(abstract.params)),
+        param_bytes_total=param_total,
+        param_bytes=_shard_bytes(abstract.params, shardings.params),
+        optimizer_bytes=_shard_bytes(abstract.opt_state, shardings.opt_state),
+        batch_bytes=sum(math.prod(batch_sharding.shard_shape((B, T))) * 4 for _ in _BATCH_KEYS),
+        state_bytes_total=2 * param_total + _nbytes(abstract.opt_state),
+        peak_bytes=None, usable_bytes=None, temp_bytes=None,
+        flops_formula=train_flops_per_step(cfg), flops_compiler=None, bytes_accessed=None,
+        param_shardings=_spec_table(abstract.params, shardings.params),
+        data_axis_slices=_data_axis_slices(mesh))
+
+    step = step_lib.jit_train_step(cfg, graphdef, tx, schedule, shardings, batch_sharding)
+    started = time.perf_counter()
+    try:
+        with jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.RULES):
+            compiled = step.lower(state_in, batch).compile()
+    except Exception as e:  # XlaRuntimeError RESOURCE_EXHAUSTED: the program does not fit
+        message = str(e)
+        if "RESOURCE_EXHAUSTED" not in message and "exceeds available" not in message:
+            raise
+        plan.compile_seconds = time.perf_counter() - started
+        plan.peak_bytes, plan.usable_bytes = _oom(message)
+        plan.error = next((ln.strip() for ln in message.splitlines() if "RESOURCE_EXHAUSTED" in ln),
+                          message.splitlines()[0])[:300]
+        return plan
+    plan.compile_seconds = time.perf_counter() - started
+    plan.fits = True
+    memory = compiled.memory_analysis()
+    plan.peak_bytes = float(memory.peak_memory_in_bytes)
+    plan.temp_bytes = max(0.0, plan.peak_bytes - memory.argument_size_in_bytes)
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    plan.flops_compiler = float(cost.get("flops", 0.0))
+    plan.bytes_accessed = float(cost.get("bytes accessed", 0.0))
+    text = compiled.as_text()
+    plan.collectives = {k: c.to_dict() for k, c in hlo.collectives(text).items()}
+    plan.hbm_bytes = hlo.hbm_bytes(text)
+    plan.estimate = estimate_lib.estimate(plan, cfg, topology.chip, topology.num_slices)
+    return plan

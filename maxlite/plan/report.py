@@ -1,0 +1,131 @@
+"""The plan as text for people and as JSON for machines."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from maxlite.plan.compile import Plan
+from maxlite.plan.topology import GIB, Chip
+
+
+def _gib(x: float | None) -> str:
+    if x is None:
+        return "?"
+    return f"{x / GIB:,.2f} GiB" if abs(x) >= GIB / 10 else f"{x / 2**20:,.2f} MiB"
+
+
+def _s(x: float) -> str:
+    return f"{x:.3f} s" if x >= 0.1 else f"{x * 1e3:.3f} ms"
+
+
+def _si(x: float, unit: str) -> str:
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:,.2f} {prefix}{unit}"
+    return f"{x:,.0f} {unit}"
+
+
+def _mesh(plan: Plan) -> str:
+    axes = " × ".join(f"{a} {n}" for a, n in plan.mesh.items())
+    dcn = [f"{a} {n}" for a, n in plan.dcn.items() if n > 1]
+    where = f"  (across slices/dcn: {', '.join(dcn)})" if dcn else ""
+    return axes + where
+
+
+def memory_lines(plan: Plan, chip: Chip) -> list[str]:
+    lines = [f"  HBM per device     parameters {_gib(plan.param_bytes)}, optimizer state "
+             f"{_gib(plan.optimizer_bytes)}, batch {_gib(plan.batch_bytes)}"]
+    if plan.fits:
+        share = plan.peak_bytes / chip.hbm_bytes
+        lines.append(f"                     temporaries at peak {_gib(plan.temp_bytes)} "
+                     f"(activations, gradients, gathered weights)")
+        lines.append(f"                     peak {_gib(plan.peak_bytes)} of {_gib(chip.hbm_bytes)} "
+                     f"{chip.name} HBM ({share:.0%}); headroom {_gib(chip.hbm_bytes - plan.peak_bytes)}")
+    else:
+        state = plan.state_bytes_total / plan.num_devices
+        lines.append(f"                     compiler needs {_gib(plan.peak_bytes)}, usable "
+                     f"{_gib(plan.usable_bytes)}: over by {_gib(plan.over_bytes)}"
+                     + (f" ({plan.peak_bytes / plan.usable_bytes:.1f}×)"
+                        if plan.peak_bytes and plan.usable_bytes else ""))
+        lines.append(f"                     params + gradients + optimizer alone: {_gib(state)} "
+                     f"per device ({_si(plan.state_bytes_total, 'B')} in all)")
+    return lines
+
+
+def text(plan: Plan, chip: Chip, shardings: bool = False) -> str:
+    r = plan.recipe
+    verdict = "FITS" if plan.fits else "DOES NOT FIT"
+    lines = [f"maxlite plan: {r['model_name']} on {plan.topology}: {verdict}",
+             f"  mesh               {_mesh(plan)}",
+             f"  batch              {r['global_batch_size']} sequences × {r['max_target_length']} tokens "
+             f"(per_device_batch_size={r['per_device_batch_size']:g}, gradient_accumulation_steps="
+             f"{r['gradient_accumulation_steps']}); remat_policy={r['remat_policy']}, "
+             f"weights {r['weight_dtype']}, compute {r['dtype']}",
+             f"  parameters         {plan.param_count / 1e9:,.3f} B = {_si(plan.param_bytes_total, 'B')}"
+             f" ({r['weight_dtype']})"]
+    lines += memory_lines(plan, chip)
+    per_device = plan.flops_formula / plan.num_devices
+    flops = f"  FLOPs per step     {_si(plan.flops_formula, 'FLOP')} (MaxText formula) = " \
+            f"{_si(per_device, 'FLOP')} per device"
+    if plan.flops_compiler is not None:
+        flops += f"; XLA counts {_si(plan.flops_compiler, 'FLOP')} per device (a scanned layer body once)"
+    lines.append(flops)
+    if plan.collectives:
+        parts = [f"{k} {c['count']}× {_si(c['bytes'], 'B')}" for k, c in plan.collectives.items()
+                 if c["count"]]
+        lines.append(f"  collectives/step   {', '.join(parts) or 'none'} (per device, loops unrolled)")
+    e = plan.estimate
+    if e:
+        lines.append(f"  ESTIMATE (roofline from {chip.name}'s published peak and bandwidths; a real step is slower)")
+        lines.append(f"                     step ≈ {_s(e['step_seconds'])} = max(compute "
+                     f"{_s(e['compute_seconds'])}, HBM {_s(e['memory_seconds'])}) + ICI "
+                     f"{_s(e['ici_seconds'])} + DCN {_s(e['dcn_seconds'])}; {e['bound']}-bound")
+        lines.append(f"                     MFU ≤ {e['mfu']:.0%}, {e['tflops_per_device']:,.0f} TFLOP/s/device, "
+                     f"{e['tokens_per_second_per_device']:,.0f} tokens/s/device")
+    if not plan.fits and plan.error:
+        lines.append(f"  compiler           {plan.error}")
+    if shardings:
+        lines.append("  parameter shardings (shape, mesh axes per dim)")
+        lines += [f"    {name:32s} {spec}" for name, spec in plan.param_shardings.items()]
+    lines.append(f"  compiled in {plan.compile_seconds:.1f} s on this machine, nothing allocated")
+    return "\n".join(lines)
+
+
+def suggestion_lines(suggestions: list[dict]) -> list[str]:
+    if not suggestions:
+        return []
+    lines = ["suggestions (each checked by compiling it):"]
+    for s in suggestions:
+        mark = "fits" if s["fits"] else ("skipped" if s.get("skipped") else "does not fit")
+        lines.append(f"  [{mark:12s}] {s['change']}: {s['detail']}")
+    best = next((s for s in suggestions if s["fits"]), None)
+    if best:
+        lines.append(f"→ try: {best['command']}")
+    else:
+        lines.append("→ none of these fits alone; combine them or pick a larger topology")
+    return lines
+
+
+def sweep_lines(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    lines = ["sweep: meshes × remat policies (estimated step time; fitting ones ranked first)",
+             f"  {'rank':>4}  {'data':>4} {'fsdp':>4} {'tensor':>6}  {'remat':9s}  {'peak':>10}  "
+             f"{'est. step':>9}  {'MFU≤':>5}"]
+    for i, r in enumerate(rows, 1):
+        rank = str(i) if r["fits"] else "-"
+        step = _s(r["step_seconds"]) if r["fits"] else "no fit"
+        mfu = f"{r['mfu']:.0%}" if r["fits"] else ""
+        lines.append(f"  {rank:>4}  {r['mesh']['data']:>4} {r['mesh']['fsdp']:>4} {r['mesh']['tensor']:>6}"
+                     f"  {r['remat_policy']:9s}  {_gib(r['peak_bytes']):>10}  {step:>9}  {mfu:>5}")
+    return lines
+
+
+def to_json(plan: Plan, suggestions: list[dict] | None = None, sweep: list[dict] | None = None) -> str:
+    out = {"plan": dataclasses.asdict(plan), "over_bytes": plan.over_bytes}
+    if suggestions is not None:
+        out["suggestions"] = suggestions
+    if sweep is not None:
+        out["sweep"] = sweep
+    return json.dumps(out, indent=1)

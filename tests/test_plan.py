@@ -1,0 +1,214 @@
+"""maxlite.plan: the real train step compiled for TPU topologies on this CPU machine (needs libtpu)."""
+
+import importlib.util
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from maxlite.plan import hlo, topology as T
+
+HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
+needs_libtpu = pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu not installed: pip install 'maxlite[tpu]'")
+GIB = 2**30
+
+
+# ---- no compiler needed ----
+
+def test_topology_names_and_hints():
+    t = T.parse("v6e:4x4")
+    assert (t.chip.name, t.num_chips, t.chips_per_slice) == ("v6e", 16, 16)
+    assert T.parse("v5p:4x4x4", 2).num_chips == 128
+    with pytest.raises(T.TopologyError, match=r"e\.g\. v6e:4x4"):
+        T.parse("v6e-16")
+    with pytest.raises(T.TopologyError, match=r"v5p:2x2x2"):
+        T.parse("v5p-16")  # v5p-N counts TensorCores
+    with pytest.raises(T.TopologyError, match="only TPU topologies are planned"):
+        T.parse("h100:8")
+    with pytest.raises(T.TopologyError, match="3 dimensions"):
+        T.parse("v4:4x4")
+    assert [x.name for x in T.bigger(T.parse("v6e:4x4"))][:3] == ["v6e:4x8", "v6e:8x8", "v6e:8x16"]
+
+
+HLO = """HloModule m
+
+%cond (p: (s32[], bf16[8,16])) -> pred[] {
+  %p = (s32[], bf16[8,16]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[]{:T(128)} constant(6)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%body (p: (s32[], bf16[8,16])) -> (s32[], bf16[8,16]) {
+  %p = (s32[], bf16[8,16]) parameter(0)
+  %x = bf16[2,16]{1,0} get-tuple-element(%p), index=1
+  %stk = bf16[6,16]{1,0} get-tuple-element(%p), index=2
+  %ds = bf16[1,16]{1,0} dynamic-slice(%stk, %x), dynamic_slice_sizes={1,16}
+  %all-gather.1 = bf16[8,16]{1,0} all-gather(%x), channel_id=1, replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_0'}, dimensions={0}
+  %cp = (bf16[8,16]{1,0}, bf16[8,16]{1,0}, u32[]) collective-permute-start(%all-gather.1), source_target_pairs={{0,1},{1,0}}
+  %cpd = bf16[8,16]{1,0} collective-permute-done(%cp)
+  ROOT %t = (s32[], bf16[8,16]) tuple(%i, %cpd)
+}
+
+ENTRY %main (a: bf16[8,16]) -> f32[4] {
+  %w = (s32[], bf16[8,16]) while(%init), condition=%cond, body=%body
+  %all-reduce.2 = f32[4]{0} all-reduce(%y), channel_id=2, replica_groups={{0,1,2,3},{4,5,6,7}}, to_apply=%add
+}
+"""
+
+
+def test_collectives_count_loop_iterations_and_bytes():
+    c = hlo.collectives(HLO)
+    gather = c["all-gather"]
+    assert (gather.static, gather.count, gather.bytes) == (1, 6, 6 * 8 * 16 * 2)
+    assert gather.moved == pytest.approx(6 * 8 * 16 * 2 * 3 / 4)  # group of 4 along axis_0
+    assert (c["collective-permute"].count, c["collective-permute"].bytes) == (6, 6 * 256)
+    reduce = c["all-reduce"]
+    assert (reduce.count, reduce.bytes, reduce.moved) == (1, 16, 2 * 16 * 3 / 4)
+    assert c["reduce-scatter"].count == 0
+    # HBM traffic: operands + results of top-level ops, × 6 in the loop; the stacked [6, 16] buffer
+    # is read one layer slice (32 B) per iteration
+    gather, permute, dslice = 64 + 256, 256 + (256 + 256 + 4), (32 + 32 + 64)
+    assert hlo.hbm_bytes(HLO) == 6 * (gather + permute + dslice) + 16
+
+
+def test_without_libtpu_one_line_install_hint():
+    code = ("import sys; sys.modules['libtpu'] = None\n"
+            "from maxlite.plan.__main__ import main\n"
+            "sys.exit(main(['base.yml', 'model_name=tiny', '--topology', 'v6e:2x2']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip() == "maxlite: error: planning for TPU needs libtpu: pip install 'maxlite[tpu]'"
+
+
+def test_bad_topology_is_one_line_exit_2():
+    r = subprocess.run([sys.executable, "-m", "maxlite.plan", "base.yml", "model_name=tiny",
+                        "--topology", "v6e-16"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "maxlite: error: topology 'v6e-16': name the chip and its slice shape, e.g. v6e:4x4"]
+
+
+# ---- compiled for TPU (libtpu) ----
+
+@pytest.fixture(scope="module")
+def tiny_plan():
+    from maxlite.plan.compile import compile_plan
+    return compile_plan(["base.yml", "model_name=tiny", "ici_fsdp_parallelism=8",
+                         "ici_tensor_parallelism=2"], T.parse("v6e:4x4"))
+
+
+@needs_libtpu
+def test_tiny_fits_v6e_4x4_with_expected_shardings(tiny_plan):
+    p = tiny_plan
+    assert p.fits and p.num_devices == 16
+    assert p.mesh == {"data": 1, "fsdp": 8, "tensor": 2}
+    s = p.param_shardings
+    assert s["layers/attn/q"] == "[4, 256, 4, 64] (None, 'fsdp', 'tensor', None)"
+    assert s["layers/mlp/down"] == "[4, 768, 256] (None, 'tensor', 'fsdp')"
+    assert s["embedding"] == "[4096, 256] ('tensor', 'fsdp')"
+    assert 0 < p.peak_bytes < T.CHIPS["v6e"].hbm_bytes
+    assert p.collectives["all-gather"]["count"] > p.collectives["all-gather"]["static"]  # per layer
+    assert p.estimate["is_estimate"] and p.estimate["step_seconds"] > 0
+
+
+@needs_libtpu
+def test_parameter_bytes_equal_eval_shape_count_times_dtype(tiny_plan):
+    from maxlite import config as C
+    from maxlite.state import abstract_params
+
+    cfg = C.load(["base.yml", "model_name=tiny"])
+    _, params = abstract_params(cfg)
+    leaves = [x for x in __import__("jax").tree.leaves(params)]
+    count = sum(math.prod(x.shape) for x in leaves)
+    assert tiny_plan.param_count == count
+    assert tiny_plan.param_bytes_total == count * np.dtype(cfg.weight_dtype).itemsize == count * 4
+    # each device holds a 1/16 shard of every matrix (norm scales are replicated: a little more)
+    assert count * 4 / 16 <= tiny_plan.param_bytes < count * 4 / 16 * 1.05
+    assert tiny_plan.optimizer_bytes >= 2 * tiny_plan.param_bytes  # AdamW mu + nu
+
+
+@needs_libtpu
+def test_two_slices_put_data_across_dcn():
+    from maxlite.plan.compile import compile_plan
+
+    p = compile_plan(["base.yml", "model_name=tiny", "weight_dtype=bfloat16"], T.parse("v6e:2x2", 2))
+    assert p.fits and p.num_devices == 8
+    assert p.dcn == {"data": 2, "fsdp": 1, "tensor": 1} and p.ici == {"data": 1, "fsdp": 4, "tensor": 1}
+    assert p.mesh == {"data": 2, "fsdp": 4, "tensor": 1}
+    assert p.data_axis_slices == [[0], [1]]  # each data row lies in one slice: data crosses slices
+    assert p.param_bytes_total == p.param_count * 2  # bfloat16 weights
+    assert p.estimate["dcn_seconds"] > 0
+
+
+@needs_libtpu
+def test_405b_on_v6e_2x2_does_not_fit_with_numbers(capsys):
+    from maxlite.plan.__main__ import main
+
+    assert main(["base.yml", "model_name=llama3.1-405b", "--topology", "v6e:2x2", "--no-suggest"]) == 1
+    out = capsys.readouterr().out
+    assert "llama3.1-405b on v6e:2x2 (4 chips): DOES NOT FIT" in out
+    assert "usable 31.25 GiB: over by" in out
+    assert "params + gradients + optimizer alone: 1,511.92 GiB per device" in out
+
+
+@needs_libtpu
+def test_json_output(capsys):
+    import json
+
+    from maxlite.plan.__main__ import main
+
+    assert main(["base.yml", "model_name=tiny", "--topology", "v5e:2x2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["plan"]["fits"] and out["plan"]["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
+    assert out["plan"]["estimate"]["is_estimate"] is True
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_llama3_8b_fits_v6e_4x4_tutorial_mesh():
+    from maxlite.plan.compile import compile_plan
+
+    p = compile_plan(["base.yml", "model_name=llama3-8b", "per_device_batch_size=1",
+                      "max_target_length=4096", "ici_fsdp_parallelism=4", "ici_tensor_parallelism=4"],
+                     T.parse("v6e:4x4"))
+    assert p.fits and p.mesh == {"data": 1, "fsdp": 4, "tensor": 4}
+    assert p.param_shardings["layers/attn/k"] == "[32, 4096, 8, 128] (None, 'fsdp', 'tensor', None)"
+    assert p.param_shardings["unembedding"] == "[4096, 128256] ('fsdp', 'tensor')"
+    assert 8.0e9 < p.param_count < 8.1e9
+    assert p.peak_bytes < 31.25 * GIB
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_sweep_ranks_fitting_meshes():
+    from maxlite.plan import search
+
+    rows = search.sweep(["base.yml", "model_name=tiny"], T.parse("v6e:2x2"), ("full", "save_dots"),
+                        progress=lambda _: None)
+    meshes = {(r["mesh"]["data"], r["mesh"]["fsdp"], r["mesh"]["tensor"]) for r in rows}
+    assert meshes == {(1, 4, 1), (1, 2, 2), (2, 2, 1)}
+    steps = [r["step_seconds"] for r in rows if r["fits"]]
+    assert len(steps) == 6 and steps == sorted(steps)
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_suggestions_are_compiled_and_the_smaller_micro_batch_fits():
+    from maxlite.plan import search
+    from maxlite.plan.compile import compile_plan
+
+    args = ["base.yml", "model_name=tiny", "per_device_batch_size=8", "max_target_length=8192"]
+    topology = T.parse("v5e:2x2")
+    base = compile_plan(args, topology)
+    assert not base.fits and base.usable_bytes == pytest.approx(15.75 * GIB)
+    assert base.over_bytes > 0
+    rows = search.suggest(args, topology, base, progress=lambda _: None)
+    batch = next(r for r in rows if r["change"].startswith("per_device_batch_size=4"))
+    assert batch["fits"] and batch["peak_bytes"] < base.usable_bytes
+    assert "per_device_batch_size=4 gradient_accumulation_steps=2" in batch["command"]
+    more_chips = [r for r in rows if r["change"].startswith("topology")]
+    assert len(more_chips) == 1 and not more_chips[0]["fits"]  # the per-device batch is the problem
+
