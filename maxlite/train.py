@@ -23,12 +23,23 @@ def _global_batch(local: dict, sharding) -> dict:
 
 
 def train(cfg: C.Config, on_metrics: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Train as configured on every process of the job; returns the summary.
+    """Train as configured on every process of the job; returns the summary (with `exit_code`).
 
     `on_metrics(record)` runs on every process after each step's metrics are read (launchers use it,
     e.g. to report to Ray); it must not block for long.
     """
+    from maxlite.resilience import Resilience
+
     started = time.perf_counter()
+    res = Resilience(cfg)  # first: a SIGTERM during setup or compilation is caught from here on
+    try:
+        return _train(cfg, res, started, on_metrics)
+    except BaseException:
+        res.close()  # stops the watchdog thread, gives the signals back; in-memory snapshots stay
+        raise
+
+
+def _train(cfg: C.Config, res, started: float, on_metrics) -> dict[str, Any]:
     from maxlite import mesh as mesh_lib
 
     mesh_lib.initialize_distributed()  # before any other JAX call
@@ -61,9 +72,17 @@ def train(cfg: C.Config, on_metrics: Callable[[dict[str, Any]], None] | None = N
     if primary:
         n_params = sum(x.size for x in jax.tree.leaves(abstract.params))
         print(f"maxlite: model {cfg.model_name}: {n_params / 1e6:,.2f}M parameters", flush=True)
+    # after initialize_distributed, which installs its own SIGTERM handler: attach puts ours back
+    res.attach(run.path, mesh, shardings, primary, on_status=run.set_status)
     ckpt = Checkpointer(cfg, primary, state_lib.nbytes(abstract)) if cfg.enable_checkpointing else None
     batches = data.make_iterator(cfg, "train", jax.process_index(), jax.process_count())
-    state = initial_state(cfg, ckpt, mesh, tx, abstract, shardings, batches, jax.process_index(), primary)
+    disk_step = ckpt.latest_step if ckpt is not None and ckpt.latest_step is not None else -1
+    restored = res.restore(abstract, newer_than=disk_step)  # collective: every host calls it
+    if restored is not None:  # newest snapshot complete on all hosts (own shards or peer replicas)
+        state = restored.state
+        batches.set_state(restored.data_state)
+    else:  # logs "resumed from step N (...) in <dir> in S s" when it reads the disk checkpoint
+        state = initial_state(cfg, ckpt, mesh, tx, abstract, shardings, batches, jax.process_index(), primary)
     batch_sharding = mesh_lib.batch_sharding(mesh)
     train_step = step_lib.jit_train_step(cfg, graphdef, tx, schedule, shardings, batch_sharding)
     evaluator = Evaluator(cfg, graphdef, shardings.params, batch_sharding, jax.process_index(),
@@ -71,48 +90,75 @@ def train(cfg: C.Config, on_metrics: Callable[[dict[str, Any]], None] | None = N
     first_step = int(state.step)
     logger = MetricsLogger(cfg, run.path, primary, first_step)
     run.set_status("running", step=first_step)
+    res.setup_end()
 
     def read(pending) -> None:
         step, metrics, dispatched = pending
-        values = {k: float(v) for k, v in jax.device_get(metrics).items()}  # waits for that step
+        with res.device_wait():  # waits for that step (and, through it, for the other hosts)
+            values = {k: float(v) for k, v in jax.device_get(metrics).items()}
         done = time.perf_counter()
         if not values.pop("finite"):
             raise FloatingPointError(f"loss is {values['loss']} at step {step}: stopping")
-        logger.log_step(step, done - dispatched[0], values)
+        logger.log_step(step, done - dispatched[0], {**values, **res.metrics()})
         dispatched[0] = done
         if on_metrics is not None:
             on_metrics(logger.history[-1])
 
+    reason = None
     try:
         with jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.RULES):
             pending, clock = None, [time.perf_counter()]
             for step in range(first_step, cfg.steps):
-                batch = _global_batch(next(batches), batch_sharding)
-                state, metrics = train_step(state, batch)
+                res.step_begin(step)
+                with res.data_wait():
+                    local = next(batches)
+                batch = _global_batch(local, batch_sharding)
+                with res.device_wait():  # on CPU a dispatch may run the step inline, waiting for peers
+                    state, metrics = train_step(state, batch)
                 if pending is not None:
                     read(pending)
                 pending = (step + 1, metrics, clock)
                 if evaluator is not None and evaluator.due(step + 1):
-                    values = evaluator.run(state.params)
+                    with res.section("eval"):
+                        values = evaluator.run(state.params)
                     logger.log_eval(step + 1, {k: values[k] for k in ("loss", "perplexity")})
                     if ckpt is not None:
                         ckpt.note_eval(values["loss"])
                 if ckpt is not None:
-                    ckpt.maybe_save(step + 1, state, batches)  # async: waits only for the device→host copy
-                    ckpt.poll()
+                    with res.section("checkpoint"):
+                        ckpt.maybe_save(step + 1, state, batches)  # async: waits only for the device→host copy
+                        ckpt.poll()
+                # may snapshot into host memory; the stop reason is the same on every host, same step
+                reason = res.step_end(step + 1, state, batches.get_state)
+                if reason:
+                    break
             if pending is not None:
                 read(pending)
-            if ckpt is not None and cfg.save_checkpoint_on_completion:
-                ckpt.maybe_save(int(state.step), state, batches)  # e.g. steps was lowered on resume
+            if ckpt is not None and (reason in ("preempted", "max_time") or cfg.save_checkpoint_on_completion):
+                with res.section("checkpoint"):  # preempted: the final save, finished before we exit
+                    if reason:
+                        print_primary(primary, f"maxlite: {reason}: saving step {int(state.step)} before exiting")
+                        if int(state.step) not in ckpt.mngr.all_steps():
+                            ckpt.save(int(state.step), state, batches)
+                        ckpt.poll(wait=True)
+                    else:
+                        ckpt.maybe_save(int(state.step), state, batches)  # e.g. steps was lowered on resume
         summary = logger.summary(time.perf_counter() - started, None)
-        if primary and "tokens_per_second" in summary:
+        if primary and "tokens_per_second" in summary and not reason:  # preempted: exit fast, no peak probe
             peak, source = peak_tflops_per_device()
             if jax.devices()[0].platform == "cpu":
                 peak /= jax.local_device_count()  # simulated CPU devices share the host's cores
             summary = logger.summary(time.perf_counter() - started, peak)
             summary["peak_source"] = source
+        if ckpt is not None:
+            ckpt.poll(wait=True)  # the last save is part of the run: goodput counts it
+        code, status, fields = res.finish(reason)
+        summary.update(res.scores)
+        summary.update({("goodput_" + k if k in ("wall_seconds", "attempt") else k): v for k, v in fields.items()})
+        summary["exit_code"] = code
         logger.print_summary(summary)
-        run.set_status("finished", step=int(state.step), summary=summary)
+        print_primary(primary, _badput_line(summary, status, int(state.step)))
+        run.set_status(status, step=int(state.step), summary=summary, exit_code=code)
         return summary
     except BaseException as e:
         try:
@@ -130,6 +176,22 @@ def train(cfg: C.Config, on_metrics: Callable[[dict[str, Any]], None] | None = N
             batches_close()
 
 
+def print_primary(primary: bool, line: str) -> None:
+    if primary:
+        print(line, flush=True)
+
+
+def _badput_line(summary: dict, status: str, step: int) -> str:
+    """Where the wall time went, across restarts (goodput.json keeps the totals)."""
+    causes = [(k[len("badput_"):-len("_seconds")], v) for k, v in summary.items()
+              if k.startswith("badput_") and v >= 0.005]
+    bad = ", ".join(f"{name} {v:.2f}s" for name, v in sorted(causes, key=lambda kv: -kv[1])) or "none"
+    return (f"maxlite: {status} at step {step} (exit {summary['exit_code']}); goodput "
+            f"{summary.get('goodput', 0.0):.3f} ({summary.get('productive_seconds', 0.0):.2f}s productive of "
+            f"{summary.get('goodput_wall_seconds', 0.0):.2f}s wall, attempt {summary.get('goodput_attempt', 1)}); "
+            f"badput: {bad}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
@@ -137,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "keys, defaults and comments: maxlite/configs/base.yml", file=sys.stderr)
         return 0 if argv else 2
     try:
-        train(C.load(argv))
+        summary = train(C.load(argv))
     except C.ConfigError as e:
         print(f"maxlite: error: {e}", file=sys.stderr)
         return 2
@@ -148,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
-    return 0
+    return int(summary.get("exit_code", 0))  # 0 finished/preempted (status.json tells them apart), 76 straggler
 
 
 if __name__ == "__main__":

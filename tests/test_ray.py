@@ -163,13 +163,13 @@ def test_job_submit_trains_on_two_workers(uninterrupted):
 def test_killed_worker_restarts_and_ends_at_the_same_loss(head, uninterrupted, tmp_path):
     _, whole_dir = uninterrupted
     done = head.submit(["base.yml", *RECIPE, f"base_output_directory={tmp_path}", "run_name=killed",
-                        "ray_test_crash_at_step=5", "ray_test_crash_rank=1",
+                        "fault_type=crash", "fault_step=5", "fault_process=1",
                         "async_checkpointing=false"])  # step 3 is on disk before the crash
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
-    assert "killing worker rank 1" in out
+    assert "fault injection: crash at step 5" in out
     assert "maxlite: Ray run finished: 8 steps (the last attempt ran 5), final loss" in out
-    assert (tmp_path / "killed" / "ray_test_crash.done").exists()
+    assert (tmp_path / "killed" / ".fault_crash_5_p1").exists()  # fired once: the restart ran through
     assert re.search(r"resumed from step 3\b", out), out[-4000:]  # the checkpoint before the crash
     whole, killed = _metrics(whole_dir), _metrics(tmp_path / "killed")
     assert sorted(killed) == list(range(1, STEPS + 1))

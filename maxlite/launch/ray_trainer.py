@@ -14,7 +14,6 @@ import contextlib
 import math
 import os
 import shutil
-import signal
 import socket
 import tempfile
 from typing import Any, Iterator
@@ -146,27 +145,6 @@ def _setup_cpu_distributed(rank: int, world: int) -> None:
                       MAXLITE_PROCESS_ID=str(rank))
 
 
-def _crash_marker(cfg: C.Config) -> str:
-    return f"{cfg.run_dir}/ray_test_crash.done"
-
-
-def _maybe_crash(cfg: C.Config, rank: int, step: int) -> None:
-    """Fault injection for tests: hard-kill this worker once, at the configured step."""
-    if cfg.ray_test_crash_at_step <= 0 or step != cfg.ray_test_crash_at_step \
-            or rank != cfg.ray_test_crash_rank:
-        return
-    import fsspec
-
-    fs, _, _ = fsspec.get_fs_token_paths(cfg.run_dir)
-    if fs.exists(_crash_marker(cfg)):
-        return  # already crashed once: the restarted group must run through
-    with fsspec.open(_crash_marker(cfg), "w") as f:
-        f.write(f"rank {rank} killed itself at step {step}\n")
-    print(f"maxlite: ray_test_crash_at_step={step}: killing worker rank {rank} (pid {os.getpid()})",
-          flush=True)
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
 def _worker_loop(loop_config: dict[str, Any]) -> dict[str, Any]:
     """Runs on every worker; rank 0's return value (the summary) reaches the driver."""
     import logging
@@ -186,12 +164,15 @@ def _worker_loop(loop_config: dict[str, Any]) -> dict[str, Any]:
 
     def on_metrics(record: dict[str, Any]) -> None:
         step = record["step"]
-        _maybe_crash(cfg, rank, step)
         # ray.train.report is a barrier: every worker reports at the same steps.
         if step % cfg.log_period == 0 or step == cfg.steps:
             ray.train.report({k: v for k, v in record.items() if isinstance(v, (int, float))})
 
-    return train_lib.train(cfg, on_metrics=on_metrics)
+    summary = train_lib.train(cfg, on_metrics=on_metrics)  # faults (fault_*) fire inside the loop
+    if summary.get("exit_code", 0):  # 76: stop_if_straggler; Ray restarts the whole group (max_failures)
+        raise RuntimeError(f"maxlite: training stopped with exit code {summary['exit_code']} "
+                           f"({summary.get('reason', '')}): restart requested")
+    return summary
 
 
 # ---------------------------------------------------------------- the driver

@@ -105,7 +105,10 @@ class Resilience:
         got = self.snapshots.restore(self.vote, abstract_state)
         if got is None or got[2] < newer_than:
             where = "none complete on all hosts" if got is None else f"step {got[2]} older than disk"
-            self._log(f"maxlite: in-memory snapshot: {where}; restoring from disk")
+            if self.primary:
+                self._log(f"maxlite: in-memory snapshot: {where}; starting from the disk checkpoint "
+                          f"(step {newer_than})" if newer_than >= 0 else
+                          f"maxlite: in-memory snapshot: {where}; no disk checkpoint either: a fresh start")
             return None
         import jax
         state, data_state, step, detail = got
