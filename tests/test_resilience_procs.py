@@ -122,7 +122,6 @@ def _complete_checkpoint(run_dir, name, step):
         n for n in os.listdir(ckpts) if "tmp" in n]
 
 
-@pytest.mark.slow
 def test_sigterm_during_compilation_saves_exits_0_and_resumes(run_dir):
     procs, logs = start(run_dir, "c", ["steps=6"])
     # status `running` is written just before the first step, whose call compiles
@@ -167,7 +166,6 @@ def test_hang_is_detected_with_stacks_and_exit_75(run_dir):
     assert st["state"] == "failed" and st["exit_code"] == exit_codes.HANG and "hang" in st["error"]
 
 
-@pytest.mark.slow
 def test_slowed_process_is_scored_below_threshold(run_dir):
     codes, texts = run(run_dir, "s", ["steps=24", "fault_type=slow", "fault_process=1", "fault_step=0",
                                        "fault_slowdown_factor=4", "straggler_report_interval=2",
@@ -181,7 +179,7 @@ def test_slowed_process_is_scored_below_threshold(run_dir):
     assert "straggler_min_relative_score" in status(run_dir, "s")["summary"]  # scores reach the outputs
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # ~2 min: two plain runs + a crashed one; the Ray crash test covers memory recovery by default
 def test_crash_recovers_from_peer_memory_like_an_uninterrupted_run(run_dir):
     args = ["steps=12", "inmemory_snapshot_period=2"]
     codes, _ = run(run_dir, "ref", args, processes=2)
@@ -203,7 +201,6 @@ def test_crash_recovers_from_peer_memory_like_an_uninterrupted_run(run_dir):
     assert not os.path.exists(shm) or not os.listdir(shm)  # finished: the keeper was cleared
 
 
-@pytest.mark.slow
 def test_crash_during_snapshot_falls_back_to_disk(run_dir):
     args = ["steps=8", "inmemory_snapshot_period=4", "fault_type=crash_in_snapshot", "fault_step=4",
             "checkpoint_period=3", "async_checkpointing=false"]
@@ -240,7 +237,6 @@ print("KEEPER-OK")
 """
 
 
-@pytest.mark.slow
 @pytest.mark.ray
 def test_ray_keeper_outlives_the_worker(tmp_path):
     tmp = f"/tmp/ray_res_{os.getpid()}"
