@@ -53,7 +53,6 @@ def _kill(emulator) -> None:
     emulator.proc = None
 
 
-@pytest.mark.slow  # dominated by the GCS clients' retry back-off (~1 min per failed save)
 def test_storage_down_fails_the_save_cleanly(tmp_path, gcs_emulator, capsys):  # noqa: F811
     """The endpoint is down when a save starts: the error is printed, step 1 stays, policy decides."""
     bucket = make_bucket(gcs_emulator.url, "ckpt-fail")

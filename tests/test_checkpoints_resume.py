@@ -106,7 +106,6 @@ def test_kill_during_save_then_resume_is_bitwise_identical_local(tmp_path):
 
 
 @pytest.mark.gcs
-@pytest.mark.slow  # three trainer subprocesses; tests/test_checkpoints_gcs.py covers gs:// resume fast
 def test_kill_then_resume_is_bitwise_identical_on_gcs(tmp_path, gcs_emulator):  # noqa: F811
     bucket = make_bucket(gcs_emulator.url, "resume-test")
     base = f"base_output_directory={bucket}/runs"
@@ -133,7 +132,6 @@ def test_bad_bucket_is_one_line_error(tmp_path, gcs_emulator):  # noqa: F811
 
 
 @pytest.mark.gcs
-@pytest.mark.slow  # waits out the GCS clients' retries (~1 min)
 def test_policy_stop_ends_the_run_cleanly_when_storage_dies(tmp_path, gcs_emulator):  # noqa: F811
     bucket = make_bucket(gcs_emulator.url, "stop-test")
     env = _env(emulator_env(gcs_emulator.url, str(tmp_path / "gcloud")))

@@ -176,7 +176,6 @@ def _trainer_pids(marker: str) -> list[int]:
     return pids
 
 
-@pytest.mark.slow  # two full trainings (~2 min); test_requeues_stop_after_the_retries covers the requeue path
 @pytest.mark.slurm
 def test_crashed_attempt_is_requeued_and_finishes(tmp_path, cluster_env):
     info = submit(tmp_path, "crash", cluster_env, *TINY, "steps=4", "--retries", "1")

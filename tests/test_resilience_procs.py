@@ -179,7 +179,6 @@ def test_slowed_process_is_scored_below_threshold(run_dir):
     assert "straggler_min_relative_score" in status(run_dir, "s")["summary"]  # scores reach the outputs
 
 
-@pytest.mark.slow  # ~2 min: two plain runs + a crashed one; the Ray crash test covers memory recovery by default
 def test_crash_recovers_from_peer_memory_like_an_uninterrupted_run(run_dir):
     args = ["steps=12", "inmemory_snapshot_period=2"]
     codes, _ = run(run_dir, "ref", args, processes=2)
