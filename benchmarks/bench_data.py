@@ -21,6 +21,7 @@ import time
 os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per preprocess worker
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from benchmarks._results import write_result  # noqa: E402
 from maxlite import config as C  # noqa: E402
 from maxlite.data import make_iterator  # noqa: E402
 from maxlite.data.preprocess import preprocess  # noqa: E402
@@ -104,10 +105,7 @@ def main() -> None:
         result["step_tokens_per_s"] = a.step_tokens_per_s
         for k in ("loader_indexed", "loader_text"):
             result[k]["x_step_consumption"] = round(result[k]["tokens_per_s"] / a.step_tokens_per_s, 1)
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result, indent=1))
-    print(f"wrote {OUT}")
+    write_result(result, OUT, indent=1)
 
 
 if __name__ == "__main__":

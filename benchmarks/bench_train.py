@@ -10,7 +10,6 @@ On a GPU/TPU the same script uses every local device and also reports the publis
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import platform
@@ -21,6 +20,8 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+from benchmarks._results import write_result  # noqa: E402
 
 
 def time_to_first_step(overrides: list[str], out_dir: str) -> dict:
@@ -89,10 +90,7 @@ def main() -> None:
                                     "mfu": summary["tflops_per_device"] / published}
     name = next((o.split("=", 1)[1] for o in overrides if o.startswith("model_name=")), "custom")
     out = pathlib.Path(args.out or ROOT / "benchmarks" / "results" / f"train_{name}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
-    print(f"wrote {out}")
+    write_result(result, out)
 
 
 if __name__ == "__main__":

@@ -21,14 +21,7 @@ from maxlite.state import abstract_params
 
 T = 40
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models: one thread. On a shared 2-core machine torch's default threads contend
-    (8 tiny steps took 67 s with 2 threads, 3 s with 1)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 CASES = {
     # tiny: GQA (4 query heads, 2 kv heads), untied, stacked layers

@@ -48,6 +48,12 @@ def same(hf: str, path: tuple[str, ...], shape: tuple[int, ...], hf_shape: tuple
                      lambda t: (t.reshape(shape),), layer)
 
 
+def config_tail(dtype: str, bos_id: int | None, eos_id: int | None) -> dict:
+    """The keys every architecture's config.json ends with (4.x reads `torch_dtype`, 5.x `dtype`)."""
+    return {"use_cache": True, "bos_token_id": bos_id, "eos_token_id": eos_id,
+            "torch_dtype": dtype, "dtype": dtype}
+
+
 def expand(maps: list[TensorMap], num_layers: int) -> Iterator[tuple[str, TensorMap, int | None]]:
     """(HF name, map, layer index or None): globals first, then layer by layer."""
     for t in maps:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from maxlite.bridge.hf_convert import TensorMap, same
+from maxlite.bridge.hf_convert import TensorMap, config_tail, same
 
 ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh")  # both are GELU's tanh approximation
 
@@ -83,11 +83,7 @@ def hf_config(cfg, dtype: str = "float32", bos_id: int | None = None, eos_id: in
         "scale_attn_by_inverse_layer_idx": False,
         "reorder_and_upcast_attn": False,
         "tie_word_embeddings": bool(cfg.logits_via_embedding),
-        "use_cache": True,
-        "bos_token_id": bos_id,
-        "eos_token_id": eos_id,
-        "torch_dtype": dtype,
-        "dtype": dtype,
+        **config_tail(dtype, bos_id, eos_id),
     }
 
 

@@ -14,7 +14,7 @@ Conventions (checked against transformers by tests/test_bridge_hf.py, not assume
 
 from __future__ import annotations
 
-from maxlite.bridge.hf_convert import TensorMap, linear, same
+from maxlite.bridge.hf_convert import TensorMap, config_tail, linear, same
 
 
 def check_supported(cfg) -> None:
@@ -98,11 +98,7 @@ def hf_config(cfg, dtype: str = "float32", bos_id: int | None = None, eos_id: in
         "mlp_bias": False,
         "initializer_range": cfg.init_scale,
         "pretraining_tp": 1,
-        "use_cache": True,
-        "bos_token_id": bos_id,
-        "eos_token_id": eos_id,
-        "torch_dtype": dtype,
-        "dtype": dtype,
+        **config_tail(dtype, bos_id, eos_id),
     }
 
 
