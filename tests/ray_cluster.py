@@ -63,25 +63,31 @@ def stop_session(sid: int, grace_s: float = 20.0) -> None:
             return
 
 
+def _ports(*flags: str) -> list[str]:
+    return [f"{flag}={free_port()}" for flag in flags]
+
+
+_NODE_PORTS = ("--node-manager-port", "--object-manager-port", "--metrics-export-port",
+               "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port")
+
+
 class RayHead:
-    """`with RayHead(num_cpus=4) as head:` → head.dashboard_url, head.submit(args)."""
+    """`with RayHead(num_cpus=4) as head:` → head.dashboard_url, head.submit(args); more nodes on
+    this machine with head.add_node(name, num_cpus) (a real raylet each: drains, node failures)."""
 
     def __init__(self, num_cpus: int = 4):
         self.num_cpus = num_cpus
+        self.nodes: dict[str, subprocess.Popen] = {}
         self.temp_dir = tempfile.mkdtemp(prefix="ray_mlt_", dir="/tmp")  # short: holds unix sockets
         self.dashboard_port = free_port()
         self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> "RayHead":
-        ports = {"--port": free_port(), "--dashboard-port": self.dashboard_port,
-                 "--ray-client-server-port": free_port(), "--dashboard-agent-listen-port": free_port(),
-                 "--dashboard-agent-grpc-port": free_port(), "--runtime-env-agent-port": free_port(),
-                 "--metrics-export-port": free_port(), "--node-manager-port": free_port(),
-                 "--object-manager-port": free_port()}
+        self.gcs_port = free_port()
         cmd = [str(VENV_BIN / "ray"), "start", "--head", "--block", f"--num-cpus={self.num_cpus}",
-               f"--temp-dir={self.temp_dir}", "--disable-usage-stats",
-               *(f"{k}={v}" for k, v in ports.items())]
+               f"--temp-dir={self.temp_dir}", "--disable-usage-stats", f"--port={self.gcs_port}",
+               f"--dashboard-port={self.dashboard_port}", *_ports("--ray-client-server-port", *_NODE_PORTS)]
         self.log = open(f"{self.temp_dir}/ray_start.log", "w")
         # An empty TPU_LOG_DIR: else Ray streams any /tmp/tpu_logs on the machine into job logs.
         os.makedirs(f"{self.temp_dir}/tpu_logs", exist_ok=True)
@@ -108,6 +114,45 @@ class RayHead:
                 time.sleep(1)
         raise TimeoutError(f"Ray head not ready after {timeout_s} s")
 
+    @property
+    def gcs_address(self) -> str:
+        """host:port of the GCS (RAY_ADDRESS for drivers, --address for more nodes)."""
+        from ray._private.services import get_node_ip_address  # the IP `ray start` binds to
+
+        return f"{get_node_ip_address()}:{self.gcs_port}"
+
+    def add_node(self, name: str, num_cpus: int, timeout_s: float = 120) -> str:
+        """Start another raylet on this machine (its own session, stopped with the head); its node id."""
+        log = open(f"{self.temp_dir}/node_{name}.log", "w")
+        cmd = [str(VENV_BIN / "ray"), "start", f"--address={self.gcs_address}", "--block",
+               f"--num-cpus={num_cpus}", f"--node-name={name}", *_ports(*_NODE_PORTS)]
+        self.nodes[name] = subprocess.Popen(cmd, env=ray_env(TPU_LOG_DIR=f"{self.temp_dir}/tpu_logs"),
+                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            node_id = self.node_id(name)
+            if node_id:
+                return node_id
+            time.sleep(1)
+        raise TimeoutError(f"Ray node {name} did not join in {timeout_s} s")
+
+    def node_id(self, name: str) -> str | None:
+        import json
+
+        done = subprocess.run([str(VENV_BIN / "ray"), "list", "nodes", "--address", self.dashboard_url,
+                               "--filter", f"node_name={name}", "--filter", "state=ALIVE", "--format", "json"],
+                              env=ray_env(), capture_output=True, text=True, timeout=60)
+        text = done.stdout.strip()
+        rows = json.loads(text) if done.returncode == 0 and text.startswith("[") else []  # or "No resource ..."
+        return rows[0]["node_id"] if rows else None
+
+    def drain_for_preemption(self, node_id: str, deadline_s: int) -> None:
+        """What the autoscaler / KubeRay do on a spot reclaim or maintenance event."""
+        subprocess.run([str(VENV_BIN / "ray"), "drain-node", f"--address={self.gcs_address}",
+                        f"--node-id={node_id}", "--reason=DRAIN_NODE_REASON_PREEMPTION",
+                        "--reason-message=test: spot reclaim", f"--deadline-remaining-seconds={deadline_s}"],
+                       env=ray_env(), check=True, capture_output=True, text=True, timeout=60)
+
     def submit(self, args: list[str], timeout_s: float = 480) -> subprocess.CompletedProcess:
         """`ray job submit --working-dir <repo> -- python -m ray_entry.train ARGS`, waits for the end."""
         cmd = [str(VENV_BIN / "ray"), "job", "submit", "--address", self.dashboard_url,
@@ -116,6 +161,9 @@ class RayHead:
                               timeout=timeout_s)
 
     def __exit__(self, *exc) -> None:
+        for node in self.nodes.values():
+            stop_session(node.pid)
+            node.wait(timeout=10)
         if self.proc is not None:
             stop_session(self.proc.pid)
             self.proc.wait(timeout=10)

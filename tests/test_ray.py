@@ -12,12 +12,13 @@ import pathlib
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
 from maxlite import config as C
 from maxlite.launch import ray_trainer as RT
-from tests.ray_cluster import REPO, RayHead, ray_env
+from tests.ray_cluster import REPO, RayHead, ray_env, stop_session
 
 # One recipe for every real run here: two processes × two devices, checkpoints every 3 steps.
 STEPS = 8
@@ -222,3 +223,63 @@ def _cmdline(proc: pathlib.Path) -> bytes:
         return (proc / "cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def _attempts(path: pathlib.Path) -> list[dict[int, float]]:
+    """metrics.jsonl split into attempts (a resumed attempt starts again below the last step)."""
+    attempts: list[dict[int, float]] = []
+    last = None
+    for line in path.read_text().splitlines() if path.exists() else []:
+        record = json.loads(line)
+        if "loss" not in record or "step" not in record:
+            continue
+        if last is None or record["step"] <= last:
+            attempts.append({})
+        attempts[-1][record["step"]] = record["loss"]
+        last = record["step"]
+    return attempts
+
+
+@pytest.mark.ray
+def test_drained_node_saves_at_once_and_the_restarted_group_repeats_the_same_losses(tmp_path):
+    """A node drained for preemption (what KubeRay / the autoscaler do on a spot reclaim): every
+    worker saves at the same step and trains on; at the drain deadline Ray restarts the group on
+    another node, which resumes from that save and recomputes the same losses, bit for bit."""
+    with RayHead(num_cpus=0) as head:  # the workers can only go where we put CPUs
+        node_a = head.add_node("a", num_cpus=2)
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "ray_entry.train", "base.yml", *RECIPE, "steps=100000",
+             "checkpoint_period=0", "save_checkpoint_on_completion=false", f"base_output_directory={tmp_path}",
+             "run_name=drained"],
+            env=ray_env(RAY_ADDRESS=head.gcs_address), cwd=REPO, stdout=open(tmp_path / "driver.log", "w"),
+            stderr=subprocess.STDOUT, start_new_session=True)
+        log, metrics = tmp_path / "driver.log", tmp_path / "drained" / "metrics.jsonl"
+
+        def wait_for(what, timeout_s=300):
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                assert driver.poll() is None, log.read_text()[-4000:]
+                found = what()
+                if found:
+                    return found
+                time.sleep(0.5)
+            raise AssertionError(f"timed out; driver log:\n{log.read_text()[-4000:]}")
+
+        try:
+            wait_for(lambda: len(_attempts(metrics)) == 1 and max(_attempts(metrics)[0]) >= 3)
+            head.add_node("b", num_cpus=2)  # where the restarted group can go
+            head.drain_for_preemption(node_a, deadline_s=8)
+            saved = int(wait_for(lambda: re.search(r"preemption notice: saving step (\d+)", log.read_text())).group(1))
+            wait_for(lambda: re.search(rf"resumed from step {saved}\b", log.read_text()))
+            # the new group trains past what the drained one reached (or 20 steps)
+            wait_for(lambda: len(_attempts(metrics)) == 2 and
+                     max(_attempts(metrics)[1]) >= min(max(_attempts(metrics)[0]), saved + 20))
+        finally:
+            stop_session(driver.pid)
+    out = log.read_text()
+    assert "is being drained for preemption" in out, out[-4000:]
+    first, second = _attempts(metrics)
+    assert min(second) == saved + 1  # nothing lost: it went on from the save
+    redone = sorted(set(first) & set(second))
+    assert len(redone) >= 2, (first, second)  # the drained group trained on after its save
+    assert [second[s] for s in redone] == [first[s] for s in redone]  # same state, same data: same numbers

@@ -39,6 +39,24 @@ def test_signal_and_max_time_set_the_reason():
         p.restore_handlers()
 
 
+def test_signal_before_the_loop_is_handed_to_it_and_one_after_is_only_noted():
+    original = signal.getsignal(signal.SIGUSR2)
+    try:
+        preemption.catch_outside_the_loop("SIGUSR2")  # what `python -m maxlite.train` does first
+        os.kill(os.getpid(), signal.SIGUSR2)  # during start-up, before the loop's handlers exist
+        time.sleep(0.05)
+        p = preemption.Preemption("SIGUSR2", "", 5)
+        assert p.reason() == "preempted"  # the run stops at its first safe point
+        p.restore_handlers()  # the run ended
+        assert preemption.noted_signal() is None
+        os.kill(os.getpid(), signal.SIGUSR2)  # after it: noted, the process lives on
+        time.sleep(0.05)
+        assert preemption.noted_signal() == "SIGUSR2"
+    finally:
+        signal.signal(signal.SIGUSR2, original)
+        preemption._noted.clear()
+
+
 def test_straggler_scores_and_report():
     current = np.array([0.10, 0.10, 0.30, 0.11])
     best = np.array([0.10, 0.05, 0.0, 0.11])

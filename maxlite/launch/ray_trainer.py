@@ -16,6 +16,7 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 from typing import Any, Iterator
 
 from maxlite import config as C
@@ -145,6 +146,26 @@ def _setup_cpu_distributed(rank: int, world: int) -> None:
                       MAXLITE_PROCESS_ID=str(rank))
 
 
+def _preemption_notice() -> str | None:
+    """Ray Train's drain notice for this worker group, or None; read locally, without a barrier.
+
+    Ray Train's PreemptionWatcher (on by default) polls Ray Core for nodes being drained for
+    preemption (KubeRay / the autoscaler on a spot or maintenance event, or `ray drain-node`) and
+    marks every worker. The public `ray.train.get_preemption_info()` reads the same field but is a
+    ~10 ms barrier across workers; maxlite's own cross-host vote already makes every host act at the
+    same step, so the local field is read (pinned Ray: see pyproject.toml; tests/test_ray.py drains a
+    real node)."""
+    from ray.train.v2._internal.execution.context import get_train_context
+
+    info = get_train_context().preemption_context.preemption_info
+    if info is None:
+        return None
+    deadline = (f", to be reclaimed at {time.strftime('%H:%M:%S', time.localtime(info.deadline_ms / 1000))}"
+                if info.deadline_ms else "")
+    nodes = ", ".join(n[:12] for n in info.preempted_node_ids)
+    return f"Ray: node {nodes} is being drained for preemption (ranks {info.preempted_ranks}{deadline})"
+
+
 def _worker_loop(loop_config: dict[str, Any]) -> dict[str, Any]:
     """Runs on every worker; rank 0's return value (the summary) reaches the driver."""
     import logging
@@ -168,7 +189,11 @@ def _worker_loop(loop_config: dict[str, Any]) -> dict[str, Any]:
         if step % cfg.log_period == 0 or step == cfg.steps:
             ray.train.report({k: v for k, v in record.items() if isinstance(v, (int, float))})
 
-    summary = train_lib.train(cfg, on_metrics=on_metrics)  # faults (fault_*) fire inside the loop
+    # Signals cannot reach this thread (Ray Train runs it off the main thread; a SIGTERM to the
+    # worker process ends it and Ray restarts the group from the newest checkpoint); a preemption
+    # shows up as Ray's drain notice instead: save at once, train on until Ray restarts the group.
+    summary = train_lib.train(cfg, on_metrics=on_metrics,  # faults (fault_*) fire inside the loop
+                              preemption_notice=_preemption_notice)
     if summary.get("exit_code", 0):  # 76: stop_if_straggler; Ray restarts the whole group (max_failures)
         raise RuntimeError(f"maxlite: training stopped with exit code {summary['exit_code']} "
                            f"({summary.get('reason', '')}): restart requested")

@@ -25,6 +25,7 @@ from maxlite.resilience.watchdog import Watchdog
 
 STOP_CODES = {0: None, 1: "max_time", 2: "preempted", 3: "straggler"}
 _CODE_OF = {v: k for k, v in STOP_CODES.items() if v}
+SAVE_NOW = "save_now"  # step_end's answer to a preemption notice: checkpoint now, keep training
 
 
 @dataclass
@@ -44,8 +45,13 @@ def _host_memory() -> int:
 class Resilience:
     """Create first thing in `train()` (signals are caught from then on, setup is watched)."""
 
-    def __init__(self, cfg, started: float | None = None, log: Callable[[str], None] | None = None):
+    def __init__(self, cfg, started: float | None = None, log: Callable[[str], None] | None = None,
+                 notice: Callable[[], str | None] | None = None):
+        """`notice()`: a launcher's polled preemption notice (e.g. Ray's node-drain info) — a line
+        describing it, or None. Unlike a signal it does not stop the run: every host saves a
+        checkpoint at the same step and trains on until the launcher restarts the job elsewhere."""
         self.cfg = cfg
+        self._notice, self._notice_seen = notice, False
         self.started = time.monotonic() if started is None else started
         self._log = log or (lambda m: print(m, flush=True))
         self.preemption = Preemption(cfg.preemption_signals, cfg.max_time, cfg.preemption_grace_seconds, self.started)
@@ -157,7 +163,8 @@ class Resilience:
 
         Takes a due snapshot of `state` (+ data state, a dict or a callable returning it), fires
         injected faults, and returns the stop reason every host agreed on at this step (or None):
-        'preempted', 'max_time' (save, exit 0) or 'straggler' (exit 76)."""
+        'preempted', 'max_time' (save, exit 0) or 'straggler' (exit 76) — or SAVE_NOW after a
+        launcher's preemption notice (save at this step and go on)."""
         cfg = self.cfg
         self._steps_this_attempt += 1
         compiling = self._steps_this_attempt == 1
@@ -182,6 +189,18 @@ class Resilience:
         longest = self.watchdog.longest if self.watchdog else {}
         return 2 * longest.get("step", 0.0) * max(1, self.cfg.resilience_sync_period) + longest.get("checkpoint", 60.0)
 
+    def _noticed(self, step: int) -> float:
+        """1.0 the first time the launcher's notice is seen on this host, else 0.0."""
+        if self._notice is None or self._notice_seen:
+            return 0.0
+        text = self._notice()
+        if not text:
+            return 0.0
+        self._notice_seen = True
+        self._log(f"maxlite: {text}: saving a checkpoint at the next agreed step (after step {step}); "
+                  f"training goes on until the job is restarted")
+        return 1.0
+
     def _sync(self, step: int) -> str | None:
         local = self.preemption.reason(self._reserve_seconds())
         due = self.process_index == 0 and time.monotonic() - self._last_report >= self.cfg.straggler_report_interval
@@ -189,12 +208,16 @@ class Resilience:
             self._last_report = time.monotonic()  # ask once; the report comes one sync step later
         best = self.timer.best_median or 0.0
         with self.device_wait():  # reading the last vote waits for the slowest host: not own work
-            table = self.vote.post([_CODE_OF.get(local, 0), float(due), self.timer.median(), best, 0, 0, 0, 0])
+            table = self.vote.post([_CODE_OF.get(local, 0), float(due), self.timer.median(), best,
+                                    self._noticed(step), 0, 0, 0])
         if table is None:
             return None
         code = int(table[:, 0].max())
         if table[:, 1].max() > 0:
             code = max(code, self._straggler_report(step, table))
+        if code == 0 and table[:, 4].max() > 0:  # a host got the notice: every host saves at this step
+            self._notice_seen = True  # one notice-save per attempt (a restart starts afresh)
+            return SAVE_NOW
         return STOP_CODES[code]
 
     def _straggler_report(self, step: int, table) -> int:

@@ -40,6 +40,27 @@ def parse_signals(text: str) -> list[signal.Signals]:
     return out
 
 
+_noted: list[tuple[int, float]] = []  # (signal, when) caught by `catch_outside_the_loop`
+
+
+def catch_outside_the_loop(signals: str) -> None:
+    """For a process that is only a training (`python -m maxlite.train`), from its first line: a
+    signal before the loop's own handlers exist is handed to them (the run stops at its first safe
+    point), and one after the run ended is noted instead of killing the finished process (143)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def note(signum, frame) -> None:
+        _noted.append((signum, time.monotonic()))
+
+    for sig in parse_signals(signals):
+        signal.signal(sig, note)
+
+
+def noted_signal() -> str | None:
+    return signal.Signals(_noted[-1][0]).name if _noted else None
+
+
 class Preemption:
     """Catches the configured signals; knows when `max_time` is about to run out."""
 
@@ -52,6 +73,9 @@ class Preemption:
         self._previous: dict[int, object] = {}
         self._signals = parse_signals(signals)
         self.arm()
+        if _noted:  # it came before these handlers did (process start-up): act on it now
+            self._handle(_noted[-1][0], None)
+            _noted.clear()
 
     def arm(self) -> None:
         """(Re)install the handlers. `jax.distributed.initialize` installs its own SIGTERM handler
