@@ -12,6 +12,7 @@ A save killed half-way leaves `<step>.orbax-checkpoint-tmp*` (local) or a step w
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sys
@@ -23,7 +24,7 @@ import fsspec
 from maxlite import config as C
 
 ITEMS = ("params", "optimizer", "data", "meta")
-_TMP = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
+TMP_STEP = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
 
 
 def checkpoint_dir(cfg) -> str:
@@ -52,7 +53,7 @@ def validate(cfg) -> None:
         raise C.ConfigError("set load_parameters_path or load_full_state_path, not both")
 
 
-def _fs(path: str):
+def fs_of(path: str):
     """The filesystem of `path`, with no stale listing (gcsfs caches directory listings)."""
     fs, _, _ = fsspec.get_fs_token_paths(path)
     fs.invalidate_cache()
@@ -119,7 +120,7 @@ def check_path(path: str, must_exist: bool = False) -> None:
         check_bucket(path)
     elif "://" in path:
         raise C.ConfigError(f"{path}: checkpoints support local paths and gs:// only")
-    fs = _fs(path)
+    fs = fs_of(path)
     if must_exist and not fs.exists(path):
         raise C.ConfigError(f"{path}: no such checkpoint directory")
     if not path.startswith("gs://") and not must_exist:
@@ -137,7 +138,7 @@ def check_path(path: str, must_exist: bool = False) -> None:
 
 def clean_leftovers(path: str) -> list[str]:
     """Delete what killed saves left behind: local tmp dirs, GCS steps without commit_success.txt."""
-    fs = _fs(path)
+    fs = fs_of(path)
     removed = []
     if not fs.exists(path):
         return removed
@@ -146,7 +147,7 @@ def clean_leftovers(path: str) -> list[str]:
     newest = max(complete_steps(path), default=-1)
     for entry in fs.ls(path, detail=False):
         name = entry.rstrip("/").rsplit("/", 1)[-1]
-        incomplete = bool(_TMP.match(name)) or (
+        incomplete = bool(TMP_STEP.match(name)) or (
             name.isdigit() and int(name) > newest and path.startswith("gs://")
             and not fs.exists(f"{entry}/commit_success.txt"))
         if incomplete:
@@ -176,13 +177,32 @@ def manager_options(cfg=None, read_only: bool = False, async_save: bool = True):
     return ocp.CheckpointManagerOptions(
         enable_async_checkpointing=cfg.async_checkpointing and async_save, preservation_policy=policy,
         # Directories made inside save(): a failed mkdir then fails that save at once, instead of
-        # leaving writer threads waiting (up to 20 min) for a signal that never comes.
+        # leaving writer threads waiting (up to 20 min) for a signal that never comes. It costs
+        # the loop ~1 ms per local save (benchmarks/bench_checkpoint.py, docs/checkpoints.md).
         async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
         best_fn=best_fn, best_mode="min", cleanup_tmp_directories=True)
 
 
+@functools.cache
+def _register_array_handler() -> None:
+    """Replica-parallel saving splits every replicated array between its replicas with one jitted
+    slice per shape. For our replicated leaves (norm scales, step: a few KiB) that split buys
+    nothing and costs ~0.6 s of XLA compiles inside the first save's blocking part (then a dispatch
+    per slice on every save); only arrays whose per-replica part is >= 1 MiB (pure data
+    parallelism's big replicated arrays) are still split. Orbax offers this knob only through its
+    type-handler registry; the array metadata store is the one its default jax.Array handler has."""
+    import jax
+    import orbax.checkpoint as ocp
+    from orbax.checkpoint._src.metadata import array_metadata_store  # pinned: orbax <0.13
+
+    ocp.type_handlers.register_type_handler(jax.Array, ocp.type_handlers.ArrayHandler(
+        array_metadata_store=array_metadata_store.Store(), min_slice_bytes_for_replica_parallel=1 << 20),
+        override=True)
+
+
 def open_manager(path: str, options):
     import orbax.checkpoint as ocp
+    _register_array_handler()
     handlers = {"params": ocp.StandardCheckpointHandler(), "optimizer": ocp.StandardCheckpointHandler(),
                 "data": ocp.JsonCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
     try:
@@ -195,7 +215,7 @@ def resolve_step_dir(path: str, step: int | None = None) -> tuple[str, int]:
     """(checkpoint root, step) for a run's checkpoint dir (latest step unless given) or one step dir."""
     path = path.rstrip("/")
     check_path(path, must_exist=True)
-    fs = _fs(path)
+    fs = fs_of(path)
     head, _, tail = path.rpartition("/")
     if tail.isdigit() and fs.exists(f"{path}/_CHECKPOINT_METADATA"):
         return head, int(tail)
@@ -211,7 +231,7 @@ def resolve_step_dir(path: str, step: int | None = None) -> tuple[str, int]:
 
 
 def complete_steps(path: str) -> list[int]:
-    fs = _fs(path)
+    fs = fs_of(path)
     steps = []
     for entry in fs.ls(path, detail=False) if fs.exists(path) else []:
         name = entry.rstrip("/").rsplit("/", 1)[-1]
@@ -263,7 +283,7 @@ def restore_items(root: str, step: int, targets: dict[str, Any]) -> dict[str, An
     """Restore the named items; array targets are ShapeDtypeStructs (with shardings) or numpy arrays."""
     import orbax.checkpoint as ocp
 
-    fs = _fs(root)
+    fs = fs_of(root)
     missing = [name for name in targets if not fs.exists(f"{root}/{step}/{name}")]
     if missing:
         raise C.ConfigError(
@@ -342,55 +362,11 @@ def checkpoint_name(meta: dict[str, Any], step: int) -> str:
     return name
 
 
-def list_checkpoints(path: str) -> list[dict[str, Any]]:
-    path = path.rstrip("/")
-    fs = _fs(path)
-    if not fs.exists(path):
-        raise C.ConfigError(f"{path}: no such checkpoint directory")
-    complete = set(complete_steps(path))
-    rows = []
-    for entry in fs.ls(path, detail=False):
-        name = entry.rstrip("/").rsplit("/", 1)[-1]
-        tmp = _TMP.match(name)
-        if not (name.isdigit() or tmp):
-            continue
-        step = int(tmp.group(1) if tmp else name)
-        ok = bool(not tmp and step in complete)
-        meta = read_meta(path, step) if ok else {}
-        rows.append({"step": step, "name": checkpoint_name(meta, step), "dir": name,
-                     "bytes": fs.du(entry), "complete": ok, **{k: meta.get(k) for k in
-                     ("consumed_samples", "tokens_seen", "val_loss")}})
-    return sorted(rows, key=lambda r: (r["step"], r["complete"]))
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:,.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
-
-
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2 or argv[0] != "list":
-        print("usage: python -m maxlite.checkpoints list PATH   (a checkpoint dir, local or gs://)",
-              file=sys.stderr)
-        return 2
-    try:
-        rows = list_checkpoints(argv[1])
-    except C.ConfigError as e:
-        print(f"maxlite: error: {e}", file=sys.stderr)
-        return 2
-    except Exception as e:  # noqa: BLE001
-        print(f"maxlite: error: {storage_error(argv[1], e)}", file=sys.stderr)
-        return 2
-    if not rows:
-        print(f"no checkpoints in {argv[1]}")
-    for r in rows:
-        state = "complete" if r["complete"] else "INCOMPLETE (ignored; removed at the next start)"
-        print(f"{r['name']:<56} {_human(r['bytes']):>11}  {state}  [{r['dir']}]")
-    return 0
+    """`python -m maxlite.checkpoints list PATH` (maxlite/checkpointing/listing.py)."""
+    from maxlite.checkpointing.listing import main as list_main
+
+    return list_main(argv)
 
 
 if __name__ == "__main__":

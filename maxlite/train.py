@@ -206,7 +206,7 @@ def _save_and_wait(run: _Run, res, step: int, why: str) -> None:
         return
     with res.section("checkpoint"):
         print_primary(run.primary, f"maxlite: {why}: saving step {step} and waiting for it")
-        if step not in run.ckpt.mngr.all_steps():
+        if not run.ckpt.has(step):
             run.ckpt.save(step, run.state, run.batches)
         run.ckpt.poll(wait=True)
 
