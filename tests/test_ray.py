@@ -181,6 +181,26 @@ def test_killed_worker_restarts_and_ends_at_the_same_loss(head, uninterrupted, t
 
 
 @pytest.mark.ray
+def test_hung_worker_is_detected_restarted_and_ends_at_the_same_loss(head, uninterrupted, tmp_path):
+    """Rank 1 hangs after step 5: the watchdog dumps the stacks and exits 75, Ray restarts the
+    group, which resumes from step 3 and ends at the uninterrupted losses."""
+    _, whole_dir = uninterrupted
+    done = head.submit(["base.yml", *RECIPE, f"base_output_directory={tmp_path}", "run_name=hung",
+                        "fault_type=hang", "fault_step=5", "fault_process=1", "async_checkpointing=false",
+                        "watchdog_min_timeout=5", "watchdog_factor=3"])
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert "fault injection: hang at step 5" in out
+    assert "maxlite: hang detected in section 'step'" in out and "exiting with code 75" in out
+    assert os.path.exists(tmp_path / "hung" / "hang_p1.log")  # the stacks, kept in the run dir
+    assert re.search(r"resumed from step 3\b", out), out[-4000:]
+    whole, hung = _metrics(whole_dir), _metrics(tmp_path / "hung")
+    assert sorted(hung) == list(range(1, STEPS + 1))
+    for step in range(4, STEPS + 1):
+        assert hung[step] == pytest.approx(whole[step], rel=1e-6), step
+
+
+@pytest.mark.ray
 def test_two_workers_match_one_process_with_the_same_global_batch(uninterrupted, tmp_path):
     """Each worker reads its own half of the global batch; together they equal one process's."""
     _, whole_dir = uninterrupted
