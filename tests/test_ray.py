@@ -201,6 +201,27 @@ def test_hung_worker_is_detected_restarted_and_ends_at_the_same_loss(head, unint
 
 
 @pytest.mark.ray
+def test_sigterm_to_a_worker_saves_on_every_host_restarts_and_ends_at_the_same_loss(head, uninterrupted, tmp_path):
+    """A real SIGTERM to rank 1 after step 4 (what a node shutdown sends): Ray runs the loop off the
+    main thread, so JAX's preemption service catches it and both hosts stop at one step; that step
+    is saved, Ray restarts the group, which resumes there and ends at the uninterrupted losses."""
+    _, whole_dir = uninterrupted
+    done = head.submit(["base.yml", *RECIPE, f"base_output_directory={tmp_path}", "run_name=termed",
+                        "fault_type=sigterm", "fault_step=4", "fault_process=1", "checkpoint_period=0"])
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert "fault injection: SIGTERM to this process at step 4" in out
+    stop = int(re.search(r"got SIGTERM \(JAX's preemption service\): every host stops at step (\d+)", out).group(1))
+    assert 4 <= stop < STEPS
+    assert f"preempted: saving step {stop} and waiting for it" in out
+    assert re.search(rf"resumed from step {stop}\b", out), out[-4000:]  # nothing recomputed
+    whole, termed = _metrics(whole_dir), _metrics(tmp_path / "termed")
+    assert sorted(termed) == list(range(1, STEPS + 1))
+    for step in range(1, STEPS + 1):
+        assert termed[step] == pytest.approx(whole[step], rel=1e-6), step
+
+
+@pytest.mark.ray
 def test_two_workers_match_one_process_with_the_same_global_batch(uninterrupted, tmp_path):
     """Each worker reads its own half of the global batch; together they equal one process's."""
     _, whole_dir = uninterrupted

@@ -189,15 +189,18 @@ def _worker_loop(loop_config: dict[str, Any]) -> dict[str, Any]:
         if step % cfg.log_period == 0 or step == cfg.steps:
             ray.train.report({k: v for k, v in record.items() if isinstance(v, (int, float))})
 
-    # Signals cannot reach this thread (Ray Train runs it off the main thread; a SIGTERM to the
-    # worker process ends it and Ray restarts the group from the newest checkpoint); a preemption
-    # shows up as Ray's drain notice instead: save at once, train on until Ray restarts the group.
+    # Python signal handlers cannot be installed from this thread (Ray Train runs the loop off the
+    # main thread). With 2+ workers JAX's own SIGTERM handler (jax.distributed) catches a SIGTERM
+    # to any worker and every host stops at one step with a final save (see resilience); a planned
+    # preemption also comes as Ray's drain notice: save at once and train on.
     summary = train_lib.train(cfg, on_metrics=on_metrics,  # faults (fault_*) fire inside the loop
                               preemption_notice=_preemption_notice)
-    if summary.get("exit_code", 0):  # 76: stop_if_straggler; Ray restarts the whole group (max_failures)
+    if summary.get("exit_code", 0) or summary.get("reason") == "preempted":
+        # 76 (stop_if_straggler) or saved on SIGTERM: not finished, so fail this attempt and Ray
+        # restarts the whole group (max_failures), which resumes from the checkpoint just written
         raise RuntimeError(f"maxlite: training stopped with exit code {summary['exit_code']} "
                            f"({summary.get('reason', '')}): restart requested")
-    return summary
+    return summary  # finished, or max_time (the time budget the recipe set: stop, do not restart)
 
 
 # ---------------------------------------------------------------- the driver

@@ -52,6 +52,7 @@ class Resilience:
         checkpoint at the same step and trains on until the launcher restarts the job elsewhere."""
         self.cfg = cfg
         self._notice, self._notice_seen = notice, False
+        self._jax_sync = False
         self.started = time.monotonic() if started is None else started
         self._log = log or (lambda m: print(m, flush=True))
         self.preemption = Preemption(cfg.preemption_signals, cfg.max_time, cfg.preemption_grace_seconds, self.started)
@@ -88,6 +89,10 @@ class Resilience:
         self.preemption.arm()  # after jax.distributed.initialize, which takes SIGTERM for itself
         self.run_dir, self.primary, self.on_status = run_dir, primary, on_status
         self.process_index = jax.process_index()
+        # With jax.distributed up and our handlers not installable (Ray Train runs the loop off the
+        # main thread), JAX's own SIGTERM handler stays: its coordination service then picks a
+        # step every host stops at (`reached_preemption_sync_point`, asked every step).
+        self._jax_sync = jax.process_count() > 1 and not self.preemption.armed
         local = "://" not in run_dir
         if local:
             os.makedirs(run_dir, exist_ok=True)
@@ -181,6 +186,8 @@ class Resilience:
         if self.snapshots is not None and state is not None and self.snapshots.due(step):
             ds = data_state() if callable(data_state) else data_state
             self.snapshots.take(step, state, ds)
+        if self._jax_sync and self._jax_preempted(step):
+            return "preempted"
         if self.vote is None or step % max(1, cfg.resilience_sync_period):
             return None
         return self._sync(step)
@@ -188,6 +195,16 @@ class Resilience:
     def _reserve_seconds(self) -> float:
         longest = self.watchdog.longest if self.watchdog else {}
         return 2 * longest.get("step", 0.0) * max(1, self.cfg.resilience_sync_period) + longest.get("checkpoint", 60.0)
+
+    def _jax_preempted(self, step: int) -> bool:
+        from jax.experimental import multihost_utils
+
+        if not multihost_utils.reached_preemption_sync_point(step):
+            return False
+        self._log(f"maxlite: a process of this job got SIGTERM (JAX's preemption service): every host "
+                  f"stops at step {step}")
+        self.preemption.signal_time = self.preemption.signal_time or time.monotonic()  # the grace counts
+        return True
 
     def _noticed(self, step: int) -> float:
         """1.0 the first time the launcher's notice is seen on this host, else 0.0."""

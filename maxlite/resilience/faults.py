@@ -1,31 +1,34 @@
-"""Fault injection from the config, for tests and demos: crash, hang, slow-down or a crash in the
-middle of an in-memory snapshot, at `fault_step` on process `fault_process`.
+"""Fault injection from the config, for tests and demos: crash, hang, slow-down, a SIGTERM to the
+process itself (what a scheduler sends on preemption) or a crash in the middle of an in-memory
+snapshot, at `fault_step` on process `fault_process`.
 
-A crash or hang fires once per run directory (a marker file), so the restarted job runs through.
+A crash, hang or SIGTERM fires once per run directory (a marker file), so the restarted job runs through.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
 from maxlite.config import ConfigError
 
-TYPES = ("", "crash", "hang", "slow", "crash_in_snapshot")
+TYPES = ("", "crash", "hang", "slow", "sigterm", "crash_in_snapshot")
+_ONCE = ("crash", "hang", "sigterm", "crash_in_snapshot")
 
 
 class Faults:
     def __init__(self, cfg, run_dir: str, process_index: int):
         if cfg.fault_type not in TYPES:
-            raise ConfigError(f"fault_type={cfg.fault_type!r}: expected one of crash, hang, slow, crash_in_snapshot")
+            raise ConfigError(f"fault_type={cfg.fault_type!r}: expected one of {', '.join(TYPES[1:])}")
         if cfg.fault_type == "slow" and cfg.fault_slowdown_factor < 1.0:
             raise ConfigError("fault_slowdown_factor must be >= 1.0")
         mine = bool(cfg.fault_type) and cfg.fault_step >= 0 and cfg.fault_process == process_index
         self.type = cfg.fault_type if mine else ""
         self.step, self.factor = cfg.fault_step, cfg.fault_slowdown_factor
         self.marker = os.path.join(run_dir, f".fault_{cfg.fault_type}_{cfg.fault_step}_p{process_index}")
-        if self.type in ("crash", "hang", "crash_in_snapshot") and os.path.exists(self.marker):
+        if self.type in _ONCE and os.path.exists(self.marker):
             self.type = ""  # already fired in an earlier attempt
 
     def _fire_once(self) -> None:
@@ -38,6 +41,10 @@ class Faults:
             self._fire_once()
             print(f"maxlite: fault injection: crash at step {step}", file=sys.stderr, flush=True)
             os._exit(1)  # like a killed process: no cleanup, no final save
+        if self.type == "sigterm" and step == self.step:
+            self._fire_once()
+            print(f"maxlite: fault injection: SIGTERM to this process at step {step}", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)  # handled like a scheduler's: a save at an agreed step
         if self.type == "hang" and step == self.step:
             self._fire_once()
             print(f"maxlite: fault injection: hang at step {step}", file=sys.stderr, flush=True)

@@ -71,6 +71,7 @@ class Preemption:
         self.signum: int | None = None
         self.signal_time: float | None = None
         self._previous: dict[int, object] = {}
+        self.armed = False  # our handlers are installed (only possible from the main thread)
         self._signals = parse_signals(signals)
         self.arm()
         if _noted:  # it came before these handlers did (process start-up): act on it now
@@ -85,6 +86,7 @@ class Preemption:
         for sig in self._signals:
             previous = signal.signal(sig, self._handle)
             self._previous.setdefault(sig, previous)
+        self.armed = True
 
     def _handle(self, signum, frame) -> None:
         if self.signum is None:
