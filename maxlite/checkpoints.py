@@ -195,9 +195,16 @@ def _register_array_handler() -> None:
     import orbax.checkpoint as ocp
     from orbax.checkpoint._src.metadata import array_metadata_store  # pinned: orbax <0.13
 
-    ocp.type_handlers.register_type_handler(jax.Array, ocp.type_handlers.ArrayHandler(
-        array_metadata_store=array_metadata_store.Store(), min_slice_bytes_for_replica_parallel=1 << 20),
-        override=True)
+    from absl import logging as absl_logging
+
+    level = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.ERROR)  # the "overriding jax.Array" warning is this, on purpose
+    try:
+        ocp.type_handlers.register_type_handler(jax.Array, ocp.type_handlers.ArrayHandler(
+            array_metadata_store=array_metadata_store.Store(), min_slice_bytes_for_replica_parallel=1 << 20),
+            override=True)
+    finally:
+        absl_logging.set_verbosity(level)
 
 
 def open_manager(path: str, options):
