@@ -309,7 +309,7 @@ def test_drained_node_saves_at_once_and_the_restarted_group_repeats_the_same_los
         try:
             wait_for(lambda: len(_attempts(metrics)) == 1 and max(_attempts(metrics)[0]) >= 3)
             head.add_node("b", num_cpus=2)  # where the restarted group can go
-            head.drain_for_preemption(node_a, deadline_s=8)
+            head.drain_for_preemption(node_a, deadline_s=20)  # Ray polls drains every 5 s: time to train on
             saved = int(wait_for(lambda: re.search(r"preemption notice: saving step (\d+)", log.read_text())).group(1))
             wait_for(lambda: re.search(rf"resumed from step {saved}\b", log.read_text()))
             # the new group trains past what the drained one reached (or 20 steps)
