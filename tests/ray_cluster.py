@@ -78,6 +78,7 @@ class RayHead:
     def __init__(self, num_cpus: int = 4):
         self.num_cpus = num_cpus
         self.nodes: dict[str, subprocess.Popen] = {}
+        self._node_logs: list = []
         self.temp_dir = tempfile.mkdtemp(prefix="ray_mlt_", dir="/tmp")  # short: holds unix sockets
         self.dashboard_port = free_port()
         self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
@@ -124,6 +125,7 @@ class RayHead:
     def add_node(self, name: str, num_cpus: int, timeout_s: float = 120) -> str:
         """Start another raylet on this machine (its own session, stopped with the head); its node id."""
         log = open(f"{self.temp_dir}/node_{name}.log", "w")
+        self._node_logs.append(log)
         cmd = [str(VENV_BIN / "ray"), "start", f"--address={self.gcs_address}", "--block",
                f"--num-cpus={num_cpus}", f"--node-name={name}", *_ports(*_NODE_PORTS)]
         self.nodes[name] = subprocess.Popen(cmd, env=ray_env(TPU_LOG_DIR=f"{self.temp_dir}/tpu_logs"),
@@ -164,6 +166,8 @@ class RayHead:
         for node in self.nodes.values():
             stop_session(node.pid)
             node.wait(timeout=10)
+        for log in self._node_logs:
+            log.close()
         if self.proc is not None:
             stop_session(self.proc.pid)
             self.proc.wait(timeout=10)
