@@ -40,9 +40,7 @@ def maxlite_version() -> str:
 
 
 def validate(cfg) -> None:
-    """Checks of the checkpoint and eval keys (config.py knows no policy names)."""
-    if cfg.checkpoint_error_policy not in ("continue", "stop"):
-        raise C.ConfigError(f"checkpoint_error_policy={cfg.checkpoint_error_policy!r}: choose continue or stop")
+    """Checks across the checkpoint and eval keys (config.py checks each name's choices)."""
     for key in ("checkpoint_period", "max_num_checkpoints_to_keep", "checkpoint_keep_best_k",
                 "eval_interval", "eval_steps"):
         if getattr(cfg, key) < 0:
@@ -346,7 +344,7 @@ def save_params(path: str, cfg, params, step: int = 0) -> str:
     check_path(path)
     mngr = open_manager(path, manager_options(async_save=False))
     meta = {"step": step, "consumed_samples": 0, "tokens_seen": 0, "val_loss": None,
-            "config": C.yaml.safe_load(C.to_yaml(cfg)), "maxlite_version": maxlite_version(),
+            "config": C.to_plain_dict(cfg), "maxlite_version": maxlite_version(),
             "params_only": True}
     try:
         mngr.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
@@ -369,11 +367,55 @@ def checkpoint_name(meta: dict[str, Any], step: int) -> str:
     return name
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m maxlite.checkpoints list PATH` (maxlite/checkpointing/listing.py)."""
-    from maxlite.checkpointing.listing import main as list_main
+def list_checkpoints(path: str) -> list[dict[str, Any]]:
+    path = path.rstrip("/")
+    fs = fs_of(path)
+    if not fs.exists(path):
+        raise C.ConfigError(f"{path}: no such checkpoint directory")
+    complete = set(complete_steps(path))
+    rows = []
+    for entry in fs.ls(path, detail=False):
+        name = entry.rstrip("/").rsplit("/", 1)[-1]
+        tmp = TMP_STEP.match(name)
+        if not (name.isdigit() or tmp):
+            continue
+        step = int(tmp.group(1) if tmp else name)
+        ok = bool(not tmp and step in complete)
+        meta = read_meta(path, step) if ok else {}
+        rows.append({"step": step, "name": checkpoint_name(meta, step), "dir": name,
+                     "bytes": fs.du(entry), "complete": ok, **{k: meta.get(k) for k in
+                     ("consumed_samples", "tokens_seen", "val_loss")}})
+    return sorted(rows, key=lambda r: (r["step"], r["complete"]))
 
-    return list_main(argv)
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:,.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2 or argv[0] != "list":
+        print("usage: python -m maxlite.checkpoints list PATH   (a checkpoint dir, local or gs://)",
+              file=sys.stderr)
+        return 2
+    try:
+        rows = list_checkpoints(argv[1])
+    except C.ConfigError as e:
+        print(f"maxlite: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001
+        print(f"maxlite: error: {storage_error(argv[1], e)}", file=sys.stderr)
+        return 2
+    if not rows:
+        print(f"no checkpoints in {argv[1]}")
+    for r in rows:
+        state = "complete" if r["complete"] else "INCOMPLETE (ignored; removed at the next start)"
+        print(f"{r['name']:<56} {_human(r['bytes']):>11}  {state}  [{r['dir']}]")
+    return 0
 
 
 if __name__ == "__main__":

@@ -221,6 +221,9 @@ _CHOICES = {
     "weight_dtype": ("float32", "bfloat16"),
     "remat_policy": ("none", "full", "minimal", "save_dots"),
     "lr_schedule_type": ("cosine", "linear", "constant"),
+    "checkpoint_error_policy": ("continue", "stop"),
+    "fault_type": ("", "crash", "hang", "slow", "sigterm", "crash_in_snapshot"),
+    "inmemory_snapshot_keeper": ("auto", "shm", "ray"),
 }
 
 
@@ -228,7 +231,8 @@ def _validate(c: Config) -> None:
     """Checks that need no device count."""
     for key, choices in _CHOICES.items():
         if getattr(c, key) not in choices:
-            raise ConfigError(f"{key}={getattr(c, key)!r}: choose one of {', '.join(choices)}")
+            names = ", ".join(x or '""' for x in choices)
+            raise ConfigError(f"{key}={getattr(c, key)!r}: choose one of {names}")
     positive = ("steps", "max_target_length", "base_emb_dim", "base_num_decoder_layers",
                 "base_num_query_heads", "base_num_kv_heads", "base_mlp_dim", "head_dim",
                 "vocab_size", "gradient_accumulation_steps", "log_period")
@@ -302,6 +306,10 @@ def resolve(config: Config, num_devices: int, num_slices: int = 1, num_processes
     return c
 
 
+def to_plain_dict(config: Config) -> dict[str, Any]:
+    """Keys → plain YAML/JSON values (tuples as lists): what config.yml and checkpoint meta hold."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in config.to_dict().items()}
+
+
 def to_yaml(config: Config) -> str:
-    values = {k: list(v) if isinstance(v, tuple) else v for k, v in config.to_dict().items()}
-    return yaml.safe_dump(values, sort_keys=False)
+    return yaml.safe_dump(to_plain_dict(config), sort_keys=False)

@@ -8,12 +8,19 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from typing import Any
 
 import fsspec
 
 from maxlite import config as C
+
+
+def print_primary(primary: bool, line: str, err: bool = False) -> None:
+    """A progress line from process 0 only (an error line from every process, to stderr)."""
+    if primary or err:
+        print(line, file=sys.stderr if err else sys.stdout, flush=True)
 
 
 def write_text(path: str, text: str) -> None:

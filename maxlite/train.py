@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from maxlite import config as C
-from maxlite.rundir import RunDir
+from maxlite.rundir import RunDir, print_primary
 
 
 def _global_batch(local: dict, sharding) -> dict:
@@ -235,11 +235,6 @@ def _finish(run: _Run, res, state, reason: str | None, started: float) -> dict[s
     print_primary(primary, _badput_line(summary, status, int(state.step)))
     run.dir.set_status(status, step=int(state.step), summary=summary, exit_code=code)
     return summary
-
-
-def print_primary(primary: bool, line: str) -> None:
-    if primary:
-        print(line, flush=True)
 
 
 def _badput_line(summary: dict, status: str, step: int) -> str:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from maxlite import checkpoints as ck, config as C, optim, state as state_lib
-from maxlite.checkpointing import Checkpointer, initial_state, listing
+from maxlite.checkpointing import Checkpointer, initial_state
 from maxlite.data.synthetic import make_synthetic_iterator
 from tests.helpers import build
 
@@ -111,7 +111,7 @@ def test_best_k_plus_latest_retention_survives_restart(tmp_path, capsys):
     saver.save(5, state, data)
     saver.close()
     assert ck.complete_steps(saver.path) == [2, 5]
-    rows = listing.list_checkpoints(saver.path)
+    rows = ck.list_checkpoints(saver.path)
     assert [r["name"] for r in rows] == ["step=2-consumed_samples=2-val_loss=1.00",
                                          "step=5-consumed_samples=5-val_loss=1.50"]
 

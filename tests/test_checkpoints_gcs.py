@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from maxlite import checkpoints as ck, state as state_lib
-from maxlite.checkpointing import Checkpointer, listing
+from maxlite.checkpointing import Checkpointer
 from maxlite.checkpointing.manager import CheckpointSaveError
 from tests.gcs_emulator import gcs_emulator, make_bucket  # noqa: F401
 from tests.test_checkpoints import _start, _trained
@@ -25,7 +25,7 @@ def test_save_list_resume_and_leftovers_on_gcs(tmp_path, gcs_emulator, capsys): 
     # A save killed half-way on GCS: objects written, no commit_success.txt (there is no rename).
     fs.copy(f"{bucket}/run/ckpt/1", f"{bucket}/run/ckpt/5", recursive=True)
     fs.rm(f"{bucket}/run/ckpt/5/commit_success.txt")
-    rows = listing.list_checkpoints(f"{bucket}/run/ckpt")
+    rows = ck.list_checkpoints(f"{bucket}/run/ckpt")
     assert [(r["step"], r["complete"]) for r in rows] == [(1, True), (5, False)]
     assert rows[0]["name"] == "step=1-consumed_samples=1" and rows[0]["bytes"] > 0
     capsys.readouterr()

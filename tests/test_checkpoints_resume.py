@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 from maxlite import checkpoints as ck
-from maxlite.checkpointing import listing
 from tests.gcs_emulator import gcs_emulator, emulator_env, make_bucket  # noqa: F401
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -87,7 +86,7 @@ def test_kill_during_save_then_resume_is_bitwise_identical_local(tmp_path):
     # SIGKILL as the step-4 save starts: its partial write must never be picked, and goes away.
     out = train([base, "run_name=cut"], env, kill_on=r"saving checkpoint step=4-")
     assert "saved checkpoint step 2" in out or "saving checkpoint step=2" in out
-    rows = listing.list_checkpoints(f"{tmp_path}/runs/cut/checkpoints")
+    rows = ck.list_checkpoints(f"{tmp_path}/runs/cut/checkpoints")
     assert any(r["step"] == 2 and r["complete"] for r in rows)
     out = train([base, "run_name=cut"], env)
     resumed = re.search(r"resumed from step (\d+)", out)
@@ -117,7 +116,7 @@ def test_kill_then_resume_is_bitwise_identical_on_gcs(tmp_path, gcs_emulator):  
     out = train([base, "run_name=cut"], env)
     assert re.search(r"resumed from step [24] ", out), out[-2000:]
     _assert_same(_final(f"{bucket}/runs/ref"), _final(f"{bucket}/runs/cut"))
-    rows = listing.list_checkpoints(f"{bucket}/runs/cut/checkpoints")
+    rows = ck.list_checkpoints(f"{bucket}/runs/cut/checkpoints")
     assert [r["step"] for r in rows if r["complete"]][-1] == 6 and all(r["complete"] for r in rows)
 
 

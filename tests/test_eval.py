@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 
 import jax
 import numpy as np
@@ -49,21 +48,3 @@ def test_eval_in_the_loop_reaches_metrics_and_checkpoint_names(tmp_path, capsys)
     assert all(np.isclose(r["eval_perplexity"], math.exp(r["eval_loss"])) for r in evals)
     assert f"val_loss={evals[-1]['eval_loss']:.2f}" in out  # the step-4 checkpoint is named by it
 
-
-def test_preemption_notice_saves_at_once_and_training_goes_on(tmp_path, capsys):
-    """A launcher's notice (Ray: a node drain) → a checkpoint at the agreed step, then the run goes on."""
-    calls = []
-
-    def notice():
-        calls.append(len(calls))
-        return "test: node n1 is being drained" if len(calls) >= 3 else None
-
-    cfg = C.load([*SMALL, "steps=6", "checkpoint_period=0", "run_name=nt", f"base_output_directory={tmp_path}"])
-    summary = train(cfg, preemption_notice=notice)
-    out = capsys.readouterr().out
-    assert len(calls) == 3  # polled each step until seen, then never again in this attempt
-    assert "maxlite: test: node n1 is being drained: saving a checkpoint at the next agreed step" in out
-    assert "maxlite: preemption notice: saving step 4 and waiting for it" in out  # read one sync step late
-    assert summary["exit_code"] == 0 and summary["steps"] == 6
-    assert json.load(open(f"{tmp_path}/nt/status.json"))["state"] == "finished"
-    assert sorted(int(d) for d in os.listdir(f"{tmp_path}/nt/checkpoints") if d.isdigit()) == [4, 6]

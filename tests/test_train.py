@@ -4,6 +4,10 @@ import re
 import subprocess
 import sys
 
+from maxlite import config as C
+from maxlite.train import train
+from tests.test_checkpoints import SMALL
+
 LINE = re.compile(r"^completed step: (\d+), seconds: [\d.]+, TFLOP/s/device: [\d.]+, "
                   r"Tokens/s/device: [\d.]+, total_weights: (\d+), loss: [\d.]+$")
 
@@ -25,3 +29,22 @@ def test_cli_trains_sharded_and_fills_the_run_directory(run_dir):
     assert [rec["step"] for rec in records if "loss" in rec] == [1, 2, 3, 4]
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(out, "tensorboard")))
     assert json.load(open(os.path.join(out, "status.json")))["state"] == "finished"
+
+
+def test_preemption_notice_saves_at_once_and_training_goes_on(tmp_path, capsys):
+    """A launcher's notice (Ray: a node drain) → a checkpoint at the agreed step, then the run goes on."""
+    calls = []
+
+    def notice():
+        calls.append(len(calls))
+        return "test: node n1 is being drained" if len(calls) >= 3 else None
+
+    cfg = C.load([*SMALL, "steps=6", "checkpoint_period=0", "run_name=nt", f"base_output_directory={tmp_path}"])
+    summary = train(cfg, preemption_notice=notice)
+    out = capsys.readouterr().out
+    assert len(calls) == 3  # polled each step until seen, then never again in this attempt
+    assert "maxlite: test: node n1 is being drained: saving a checkpoint at the next agreed step" in out
+    assert "maxlite: preemption notice: saving step 4 and waiting for it" in out  # read one sync step late
+    assert summary["exit_code"] == 0 and summary["steps"] == 6
+    assert json.load(open(f"{tmp_path}/nt/status.json"))["state"] == "finished"
+    assert sorted(int(d) for d in os.listdir(f"{tmp_path}/nt/checkpoints") if d.isdigit()) == [4, 6]

@@ -1,5 +1,4 @@
-"""Checkpointing inside the training loop (manager.py) and the `list` CLI (listing.py); storage and the
-bridge API are in `maxlite.checkpoints`."""
+"""Checkpointing inside the training loop; storage, listing and the bridge API are in `maxlite.checkpoints`."""
 
 from maxlite.checkpointing.manager import Checkpointer, initial_state
 

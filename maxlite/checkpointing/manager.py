@@ -8,21 +8,16 @@ resume: state, step, data position), else `load_full_state_path`, else `load_par
 from __future__ import annotations
 
 import json
-import sys
 import time
 from typing import Any
 
 from maxlite import checkpoints as ck
 from maxlite import config as C
+from maxlite.rundir import print_primary
 
 
 class CheckpointSaveError(RuntimeError):
     """A save failed and checkpoint_error_policy=stop: the run ends (status failed), earlier checkpoints intact."""
-
-
-def _log(primary: bool, line: str, err: bool = False) -> None:
-    if primary or err:
-        print(line, file=sys.stderr if err else sys.stdout, flush=True)
 
 
 def gather_json(obj: Any) -> list[Any]:
@@ -51,10 +46,9 @@ class Checkpointer:
             ck.check_path(self.path)
             removed = ck.clean_leftovers(self.path)
             if removed:
-                _log(True, f"maxlite: removed incomplete checkpoint(s) left by a killed save: {', '.join(removed)}")
+                print_primary(True, f"maxlite: removed incomplete checkpoint(s) left by a killed save: {', '.join(removed)}")
         self.mngr = ck.open_manager(self.path, ck.manager_options(cfg))
-        # The resolved config every save records; made once (a YAML round trip is ~8 ms of the loop's wait).
-        self.config_dict = C.yaml.safe_load(C.to_yaml(cfg))
+        self.config_dict = C.to_plain_dict(cfg)  # the resolved config every save records
         self.val_loss: float | None = None
         self.pending: tuple[int, float, float] | None = None  # step, start time, seconds blocked
         self.blocked_seconds: list[float] = []
@@ -102,7 +96,7 @@ class Checkpointer:
             optimizer=ocp.args.StandardSave({"step": state.step, "opt_state": state.opt_state}),
             data=ocp.args.JsonSave(data), meta=ocp.args.JsonSave(meta))
         metrics = {"val_loss": self.val_loss} if self.val_loss is not None else None
-        _log(self.primary, f"maxlite: saving checkpoint {ck.checkpoint_name(meta, step)} "
+        print_primary(self.primary, f"maxlite: saving checkpoint {ck.checkpoint_name(meta, step)} "
                            f"({self.state_bytes / 2**20:,.1f} MiB) → {self.path}")
         start = time.perf_counter()
         try:
@@ -129,7 +123,7 @@ class Checkpointer:
             self._failed(step, e)
             return
         seconds = time.perf_counter() - start
-        _log(self.primary, f"maxlite: saved checkpoint step {step}: {self.state_bytes / 2**20:,.1f} MiB "
+        print_primary(self.primary, f"maxlite: saved checkpoint step {step}: {self.state_bytes / 2**20:,.1f} MiB "
                            f"in {seconds:.2f} s ({self.state_bytes / 2**20 / max(seconds, 1e-9):,.0f} MiB/s; "
                            f"the loop waited {blocked:.2f} s)")
 
@@ -140,9 +134,9 @@ class Checkpointer:
         line = (f"maxlite: checkpoint save at step {step} to {self.path} failed: {type(e).__name__}: "
                 f"{text}; {intact}")
         if self.cfg.checkpoint_error_policy == "stop":
-            _log(self.primary, line + "; stopping (checkpoint_error_policy=stop)", err=True)
+            print_primary(self.primary, line + "; stopping (checkpoint_error_policy=stop)", err=True)
             raise CheckpointSaveError(line) from None
-        _log(self.primary, line + "; training continues (checkpoint_error_policy=continue)", err=True)
+        print_primary(self.primary, line + "; training continues (checkpoint_error_policy=continue)", err=True)
 
     def close(self) -> None:
         try:
@@ -209,19 +203,19 @@ def initial_state(cfg, checkpointer: Checkpointer | None, mesh, tx, abstract, sh
         meta = ck.read_meta(checkpointer.path, step) if primary else {}
         if meta.get("val_loss") is not None:
             checkpointer.note_eval(meta["val_loss"])
-        _log(primary, f"maxlite: resumed from step {step} ({ck.checkpoint_name(meta, step)}) in "
+        print_primary(primary, f"maxlite: resumed from step {step} ({ck.checkpoint_name(meta, step)}) in "
                       f"{checkpointer.path} in {time.perf_counter() - start:.1f} s")
         if step >= cfg.steps:
-            _log(primary, f"maxlite: already at step {step} of steps={cfg.steps}: nothing to train; "
+            print_primary(primary, f"maxlite: already at step {step} of steps={cfg.steps}: nothing to train; "
                           f"raise steps= to train further")
         return state
     if cfg.load_full_state_path:
         root, step = ck.resolve_step_dir(cfg.load_full_state_path)
         state = _restore_full(root, step, abstract, shardings, data_iterator, process_index)
-        _log(primary, f"maxlite: loaded the full state of step {step} from {root}")
+        print_primary(primary, f"maxlite: loaded the full state of step {step} from {root}")
         return state
     if cfg.load_parameters_path:
         state, where = _params_only(cfg, mesh, tx, abstract, shardings)
-        _log(primary, f"maxlite: loaded parameters from {where}; fresh optimizer, starting at step 0")
+        print_primary(primary, f"maxlite: loaded parameters from {where}; fresh optimizer, starting at step 0")
         return state
     return create_state(cfg, mesh, tx, shardings)

@@ -83,13 +83,6 @@ def _shard_bytes(abstract, shardings) -> int:
     return total
 
 
-def _nbytes(tree) -> int:
-    import jax
-    import numpy as np
-
-    return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
-
-
 def _spec_table(abstract_params, shardings) -> dict[str, str]:
     import jax
 
@@ -126,7 +119,7 @@ def compile_plan(args: list[str], topology: Topology, overrides: list[str] = ())
     from flax import nnx
 
     from maxlite import mesh as mesh_lib, optim, state as state_lib, step as step_lib
-    from maxlite.models.flops import train_flops_per_step
+    from maxlite.models.flops import param_count, train_flops_per_step
 
     cfg = resolve(args, topology, overrides)
     devs = topology_devices(topology)
@@ -139,7 +132,7 @@ def compile_plan(args: list[str], topology: Topology, overrides: list[str] = ())
                                      sharding=batch_sharding) for k in _BATCH_KEYS}
     state_in = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             abstract, shardings)
-    param_total = _nbytes(abstract.params)
+    param_total = state_lib.nbytes(abstract.params)
     plan = Plan(
         topology=topology.describe(), num_chips=topology.num_chips, num_devices=len(devs),
         mesh=dict(zip(mesh.axis_names, mesh.devices.shape)),
@@ -147,12 +140,12 @@ def compile_plan(args: list[str], topology: Topology, overrides: list[str] = ())
         ici=dict(zip(C.MESH_AXES, cfg.parallelism("ici"))), overrides=list(overrides),
         recipe={k: getattr(cfg, k) for k in _RECIPE_KEYS} | {"global_batch_size": cfg.global_batch_size},
         fits=False,
-        param_count=sum(math.prod(x.shape) for x in jax.tree.leaves(abstract.params)),
+        param_count=param_count(abstract.params),
         param_bytes_total=param_total,
         param_bytes=_shard_bytes(abstract.params, shardings.params),
         optimizer_bytes=_shard_bytes(abstract.opt_state, shardings.opt_state),
         batch_bytes=sum(math.prod(batch_sharding.shard_shape((B, T))) * 4 for _ in _BATCH_KEYS),
-        state_bytes_total=2 * param_total + _nbytes(abstract.opt_state),
+        state_bytes_total=2 * param_total + state_lib.nbytes(abstract.opt_state),
         peak_bytes=None, usable_bytes=None, temp_bytes=None,
         flops_formula=train_flops_per_step(cfg), flops_compiler=None, bytes_accessed=None,
         param_shardings=_spec_table(abstract.params, shardings.params),

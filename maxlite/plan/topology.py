@@ -20,6 +20,8 @@ import math
 import os
 import re
 
+from maxlite.metrics import PEAK_TFLOPS
+
 GIB = 2**30
 
 
@@ -42,10 +44,10 @@ class Chip:
 
 
 CHIPS: dict[str, Chip] = {
-    "v4": Chip("v4", 32 * GIB, 275.0, 1200.0, 540.0, 6, 6.25, 3, True),
-    "v5e": Chip("v5e", 16 * GIB, 197.0, 819.0, 400.0, 4, 3.125, 2, False),
-    "v5p": Chip("v5p", 95 * GIB, 459.0, 2765.0, 1200.0, 6, 6.25, 3, True),
-    "v6e": Chip("v6e", 32 * GIB, 918.0, 1638.0, 800.0, 4, 12.5, 2, False),
+    "v4": Chip("v4", 32 * GIB, PEAK_TFLOPS["TPU v4"], 1200.0, 540.0, 6, 6.25, 3, True),
+    "v5e": Chip("v5e", 16 * GIB, PEAK_TFLOPS["TPU v5e"], 819.0, 400.0, 4, 3.125, 2, False),
+    "v5p": Chip("v5p", 95 * GIB, PEAK_TFLOPS["TPU v5p"], 2765.0, 1200.0, 6, 6.25, 3, True),
+    "v6e": Chip("v6e", 32 * GIB, PEAK_TFLOPS["TPU v6e"], 1638.0, 800.0, 4, 12.5, 2, False),
 }
 
 # Slice shapes offered for each chip family, smallest first (the "bigger topology" ladder).

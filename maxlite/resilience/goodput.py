@@ -13,6 +13,8 @@ import json
 import os
 import time
 
+from maxlite.rundir import write_text
+
 CAUSES = ("startup", "compilation", "data_wait", "checkpoint", "eval", "restart", "recomputed")
 
 
@@ -85,10 +87,7 @@ class Goodput:
         record = {"wall_seconds": self.wall(), "productive_seconds": self.productive,
                   "badput_seconds": self.badput, "max_step": self.max_step, "attempt": self.attempt,
                   "last_alive": time.time()}
-        tmp = f"{self.path}.tmp{os.getpid()}"
         try:
-            with open(tmp, "w") as f:
-                json.dump(record, f)
-            os.replace(tmp, self.path)
+            write_text(self.path, json.dumps(record))
         except OSError:
             pass
