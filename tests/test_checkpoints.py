@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from maxlite import checkpoints as ck, config as C, optim, state as state_lib
-from maxlite.checkpointing import Checkpointer, initial_state
+from maxlite.checkpointing import Checkpointer, initial_state, offload
 from maxlite.data.synthetic import make_synthetic_iterator
 from tests.helpers import build
 
@@ -149,6 +149,31 @@ def test_user_errors_are_one_line(tmp_path, capsys):
     assert "maxlite: error:" in capsys.readouterr().err
     with pytest.raises(C.ConfigError, match="checkpoint_error_policy"):
         ck.validate(C.load([*SMALL, "checkpoint_error_policy=maybe"]))
+
+
+def test_async_save_keeps_its_step_while_the_loop_donates_the_state_at_once(tmp_path, monkeypatch):
+    """save() returns before the host copy is made; the steps that follow donate (overwrite) the
+    very buffers being copied. The checkpoint must still hold the saved step's values, with the
+    writer thread (pinned host memory) and with Orbax's own async save (no pinned host memory)."""
+    mesh = ["ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"]
+    for writer in (True, False):
+        monkeypatch.setattr(offload, "host_kind_available", lambda: writer)
+        run = f"run_name=w{writer}"
+        cfg, _, state, step, sharding = build([*SMALL, *mesh, f"base_output_directory={tmp_path}/runs", run], 8)
+        data = make_synthetic_iterator(cfg, "train", 0, 1)
+        batches = [{k: jax.device_put(v, sharding) for k, v in next(data).items()} for _ in range(4)]
+        state, _ = step(state, batches[0])
+        want, want_params = _host(state), _host(state.params)
+        saver = Checkpointer(cfg, True, state_lib.nbytes(state))
+        assert (saver.writer is not None) == writer
+        assert saver.save(1, state, data)
+        for batch in batches[1:]:
+            state, _ = step(state, batch)  # donates the buffers being saved, right away
+        saver.close()
+        assert not any(np.array_equal(a, b) for a, b in zip(_host(state.params), want_params))  # moved on
+        _, restored, _, c = _start(tmp_path, [run, *mesh], 8)
+        c.close()
+        assert int(restored.step) == 1 and all(np.array_equal(a, b) for a, b in zip(_host(restored), want))
 
 
 def test_async_save_compiles_nothing_while_the_loop_waits(tmp_path):

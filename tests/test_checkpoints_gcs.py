@@ -54,7 +54,8 @@ def _kill(emulator) -> None:
 
 
 def test_storage_down_fails_the_save_cleanly(tmp_path, gcs_emulator, capsys):  # noqa: F811
-    """The endpoint is down when a save starts: the error is printed, step 1 stays, policy decides."""
+    """The endpoint is down when a save starts: the writer thread fails, the next poll prints it, step 1
+    stays, policy decides."""
     bucket = make_bucket(gcs_emulator.url, "ckpt-fail")
     for policy in ("continue", "stop"):
         extra = [f"checkpoint_dir={bucket}/{policy}", f"checkpoint_error_policy={policy}"]
@@ -64,11 +65,12 @@ def test_storage_down_fails_the_save_cleanly(tmp_path, gcs_emulator, capsys):  #
         saver.poll(wait=True)
         _kill(gcs_emulator)
         try:
+            assert saver.save(2, state, _Data())  # handed to the writer thread: the loop goes on
             if policy == "stop":
                 with pytest.raises(CheckpointSaveError, match="previous checkpoint \\(step 1\\) is intact"):
-                    saver.save(2, state, _Data())
+                    saver.poll(wait=True)
             else:
-                assert not saver.save(2, state, _Data())
+                saver.poll(wait=True)  # reports, and training continues
         finally:
             gcs_emulator.start()
         err = capsys.readouterr().err

@@ -156,6 +156,31 @@ def test_sigterm_mid_run_saves_at_the_same_step_on_both_processes_and_resumes(ru
     assert status(run_dir, "m")["state"] == "finished"
 
 
+def test_two_processes_saving_every_step_killed_and_rerun_end_at_the_uninterrupted_losses(run_dir):
+    """Async saves run Orbax on a writer thread (coordination-service barriers) while the loop's own
+    gloo collectives go on: saving at every step must neither hang nor change training, a SIGKILL of
+    both hosts mid-run leaves only complete checkpoints behind, and the rerun ends bit-identical."""
+    from maxlite import checkpoints as ck
+
+    codes, _ = run(run_dir, "ref", ["steps=10"], processes=2)
+    assert codes == [0, 0]
+    args = ["steps=10", "checkpoint_period=1", "max_num_checkpoints_to_keep=2"]
+    procs, logs = start(run_dir, "x", args, processes=2)
+    wait_for(lambda: steps_logged(run_dir, "x") >= 5, procs[0])
+    for p in procs:
+        p.kill()
+    finish(procs, logs)
+    saved = ck.complete_steps(os.path.join(run_dir, "x", "checkpoints"))
+    assert saved and max(saved) < 10
+    codes, texts = run(run_dir, "x", args, processes=2)
+    assert codes == [0, 0], texts[0][-3000:] + texts[1][-3000:]
+    resumed = re.search(r"resumed from step (\d+) ", texts[0])
+    assert resumed and int(resumed.group(1)) == max(saved), texts[0][-3000:]
+    assert "saved checkpoint step 10:" in texts[0]
+    assert losses(run_dir, "x") == losses(run_dir, "ref")  # all 10 steps, bit-identical
+    assert sorted(ck.complete_steps(os.path.join(run_dir, "x", "checkpoints")))[-2:] == [9, 10]
+
+
 def test_hang_is_detected_with_stacks_and_exit_75(run_dir):
     codes, texts = run(run_dir, "h", ["steps=50", "fault_type=hang", "fault_step=6", "enable_checkpointing=false",
                                        "watchdog_min_timeout=3", "watchdog_factor=2"])

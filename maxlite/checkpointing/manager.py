@@ -13,6 +13,7 @@ from typing import Any
 
 from maxlite import checkpoints as ck
 from maxlite import config as C
+from maxlite.checkpointing import offload
 from maxlite.rundir import print_primary
 
 
@@ -40,14 +41,22 @@ class Checkpointer:
     """Periodic + final saves of (params, optimizer, data states, meta) into `checkpoint_dir(cfg)`."""
 
     def __init__(self, cfg, primary: bool, state_bytes: int):
+        import jax
+
         self.cfg, self.primary, self.state_bytes = cfg, primary, state_bytes
+        self.process_bytes = state_bytes // jax.process_count()  # what this process writes, about
         self.path = ck.checkpoint_dir(cfg)
         if primary:
             ck.check_path(self.path)
             removed = ck.clean_leftovers(self.path)
             if removed:
                 print_primary(True, f"maxlite: removed incomplete checkpoint(s) left by a killed save: {', '.join(removed)}")
-        self.mngr = ck.open_manager(self.path, ck.manager_options(cfg))
+        # Async saves: a host copy written by our writer thread (offload.py); Orbax's own async
+        # path only where the backend has no pinned host memory.
+        self.writer = offload.Writer() if cfg.async_checkpointing and offload.host_kind_available() else None
+        if self.writer is not None and jax.process_count() > 1:
+            offload.use_coordination_barriers()
+        self.mngr = ck.open_manager(self.path, ck.manager_options(cfg, async_save=self.writer is None))
         self.config_dict = C.to_plain_dict(cfg)  # the resolved config every save records
         self.val_loss: float | None = None
         self.pending: tuple[int, float, float] | None = None  # step, start time, seconds blocked
@@ -59,7 +68,7 @@ class Checkpointer:
 
     def has(self, step: int) -> bool:
         """A save of `step` exists or is under way (Orbax's own record: no listing of the storage)."""
-        return step in self.mngr.all_steps()
+        return (self.pending is not None and self.pending[0] == step) or step in self.mngr.all_steps()
 
     def note_eval(self, loss: float) -> None:
         """The val loss the next save records (and best-k retention ranks by)."""
@@ -80,8 +89,12 @@ class Checkpointer:
         import jax
         import orbax.checkpoint as ocp
 
-        self.poll(wait=True)  # Orbax would wait for the previous save anyway; report it first
-        jax.block_until_ready(state)  # the step in flight must finish anyway; time the save alone
+        self.poll(wait=True)  # one save at a time: report the previous one first
+        if self.writer is None:
+            jax.block_until_ready(state)  # Orbax's copy waits for the step in flight; time the save alone
+        start = time.perf_counter()
+        if self.writer is not None:
+            state = offload.to_host(state)  # enqueued: the loop goes on while it copies
         cfg = self.cfg
         data = {"process_count": None, "states": gather_json(data_iterator.get_state())}
         data["process_count"] = len(data["states"])
@@ -92,18 +105,20 @@ class Checkpointer:
                 "process_count": data["process_count"], "maxlite_version": ck.maxlite_version(),
                 "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         args = ocp.args.Composite(
-            params=ocp.args.StandardSave(state.params),
-            optimizer=ocp.args.StandardSave({"step": state.step, "opt_state": state.opt_state}),
+            params=ck.array_save(state.params, self.process_bytes),
+            optimizer=ck.array_save({"step": state.step, "opt_state": state.opt_state}, self.process_bytes),
             data=ocp.args.JsonSave(data), meta=ocp.args.JsonSave(meta))
         metrics = {"val_loss": self.val_loss} if self.val_loss is not None else None
         print_primary(self.primary, f"maxlite: saving checkpoint {ck.checkpoint_name(meta, step)} "
                            f"({self.state_bytes / 2**20:,.1f} MiB) → {self.path}")
-        start = time.perf_counter()
-        try:
-            self.mngr.save(step, args=args, metrics=metrics)
-        except Exception as e:  # noqa: BLE001 — storage failures are reported, then policy decides
-            self._failed(step, e)
-            return False
+        if self.writer is not None:
+            self.writer.submit(lambda: self._write(step, args, metrics))
+        else:
+            try:
+                self.mngr.save(step, args=args, metrics=metrics)
+            except Exception as e:  # noqa: BLE001 — storage failures are reported, then policy decides
+                self._failed(step, e)
+                return False
         blocked = time.perf_counter() - start
         self.blocked_seconds.append(blocked)
         self.pending = (step, start, blocked)
@@ -111,13 +126,21 @@ class Checkpointer:
             self.poll(wait=True)
         return True
 
+    def _write(self, step: int, args, metrics) -> None:
+        """On the writer thread: the whole Orbax save of the host copy, until it is durable."""
+        self.mngr.save(step, args=args, metrics=metrics)
+        self.mngr.wait_until_finished()
+
     def poll(self, wait: bool = False) -> None:
         """Report a finished save (or its failure); never waits unless `wait`."""
-        if self.pending is None or (not wait and self.mngr.is_saving_in_progress()):
+        if self.pending is None or (not wait and (self.writer.busy() if self.writer is not None
+                                                  else self.mngr.is_saving_in_progress())):
             return
         step, start, blocked = self.pending
         self.pending = None
         try:
+            if self.writer is not None:
+                self.writer.wait()
             self.mngr.wait_until_finished()
         except Exception as e:  # noqa: BLE001
             self._failed(step, e)
@@ -142,6 +165,8 @@ class Checkpointer:
         try:
             self.poll(wait=True)  # reports the last save's outcome
         finally:
+            if self.writer is not None:
+                self.writer.close()
             try:
                 self.mngr.close()
             except Exception:  # noqa: BLE001 — a failed save was already reported by poll()
