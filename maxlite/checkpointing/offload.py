@@ -1,9 +1,8 @@
 """What an async save holds the loop for: enqueueing one device→host copy, nothing more.
 
 Orbax's own async save blocks the caller for its device→host copy plus its per-save Python
-(barriers, directories, a host copy per shard, a dozen thread starts): 30-50 ms for a 240 MiB
-state on a 2-core host, more for bigger trees, and on CPU the copy alone is ~7% of a whole save.
-Instead the loop enqueues one `jax.device_put` of the state into pinned host memory, which
+(barriers, directories, a host transfer per shard, a dozen thread starts): 40-50 ms for a 240 MiB
+state on a 2-core host, more for bigger trees. Instead the loop enqueues one `jax.device_put` of the state into pinned host memory, which
 returns at once (the runtime finishes that copy before any later step that donates the same
 buffers may overwrite them), and one writer thread runs Orbax's save on the host copy.
 
@@ -22,7 +21,7 @@ HOST_KIND = "pinned_host"
 
 
 def host_kind_available() -> bool:
-    """Whether this backend has pinned host memory (TPU, GPU and CPU in jax 0.10 do)."""
+    """Whether this backend has pinned host memory (jax 0.10's CPU, GPU and TPU backends have it)."""
     import jax
     return any(m.kind == HOST_KIND for m in jax.local_devices()[0].addressable_memories())
 
