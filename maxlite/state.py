@@ -90,7 +90,11 @@ def check_fits(cfg, abstract: TrainState) -> None:
     devices = jax.local_devices()
     n_params = sum(x.size for x in jax.tree.leaves(abstract.params))
     gib = 2**30
+    what = "parameters, gradients and optimizer state"
     if devices[0].platform == "cpu":
+        if cfg.enable_checkpointing and cfg.async_checkpointing:  # an async save copies the state
+            state_bytes += nbytes(abstract)                         # (checkpointing/offload.py)
+            what += ", plus its copy while an async checkpoint is written,"
         need = state_bytes * len(devices) / jax.device_count()  # this host's share
         have = _host_memory_bytes()
         where = "this host has"
@@ -104,6 +108,6 @@ def check_fits(cfg, abstract: TrainState) -> None:
     if need > 0.9 * have:
         raise ConfigError(
             f"model_name={cfg.model_name} ({n_params / 1e9:.2f}B params) needs ~{need / gib:,.1f} GiB "
-            f"for parameters, gradients and optimizer state per host, but {where} "
+            f"for {what} per host, but {where} "
             f"{have / gib:,.1f} GiB; use more devices/hosts, a smaller model, or check the fit "
             f"first with `python -m maxlite.plan`")

@@ -110,3 +110,20 @@ def test_cli_model_too_big_for_host_exits_2_with_one_line(run_dir):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr
     assert "405.85B params" in lines[0] and "GiB" in lines[0] and "maxlite.plan" in lines[0]
+
+
+def test_fit_check_on_cpu_counts_the_copy_an_async_checkpoint_makes(monkeypatch):
+    import dataclasses
+
+    import jax
+    from maxlite import mesh as mesh_lib, optim, state as state_lib
+
+    cfg = C.resolve(C.load(["base.yml", "model_name=tiny"]), 1)
+    _, abstract, _ = state_lib.abstract_state(cfg, mesh_lib.make_mesh(cfg, jax.devices()[:1]),
+                                              optim.make_optimizer(cfg))
+    alone = state_lib.nbytes(abstract) + state_lib.nbytes(abstract.params)  # state + gradients
+    monkeypatch.setattr(state_lib, "_host_memory_bytes", lambda: int(alone * 1.5))  # not for a 2nd state
+    with pytest.raises(C.ConfigError, match="plus its copy while an async checkpoint is written"):
+        state_lib.check_fits(cfg, abstract)
+    state_lib.check_fits(dataclasses.replace(cfg, async_checkpointing=False), abstract)
+    state_lib.check_fits(dataclasses.replace(cfg, enable_checkpointing=False), abstract)
