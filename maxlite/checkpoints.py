@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import re
 import sys
 from typing import Any
@@ -135,23 +136,48 @@ def check_path(path: str, must_exist: bool = False) -> None:
                                 f"set checkpoint_dir= or base_output_directory= to a writable path") from None
 
 
-def clean_leftovers(path: str) -> list[str]:
-    """Delete what killed saves left behind: local tmp dirs, GCS steps without commit_success.txt."""
-    fs = fs_of(path)
-    removed = []
-    if not fs.exists(path):
-        return removed
-    # Saves run one after another, so a killed one is newer than every complete step; never touch
-    # an older step (a transient storage error could make a complete one look incomplete).
-    newest = max(complete_steps(path), default=-1)
+def _incomplete(path: str, fs, newest: int) -> list[tuple[str, str, int]]:
+    """(entry, name, step) of every incomplete step: local tmp dirs, GCS steps without commit_success.txt.
+
+    Saves run one after another, so an incomplete one is newer than every complete step; an older
+    step is never called incomplete (a transient storage error could make a complete one look so)."""
+    out = []
     for entry in fs.ls(path, detail=False):
         name = entry.rstrip("/").rsplit("/", 1)[-1]
-        incomplete = bool(TMP_STEP.match(name)) or (
-            name.isdigit() and int(name) > newest and path.startswith("gs://")
-            and not fs.exists(f"{entry}/commit_success.txt"))
-        if incomplete:
-            fs.rm(entry, recursive=True)
-            removed.append(name)
+        tmp = TMP_STEP.match(name)
+        if tmp or (name.isdigit() and int(name) > newest and path.startswith("gs://")
+                   and not fs.exists(f"{entry}/commit_success.txt")):
+            out.append((entry, name, int(tmp.group(1) if tmp else name)))
+    return out
+
+
+def remove_failed_save(path: str, step: int) -> bool:
+    """Delete what a failed save of `step` left behind; False when the storage will not let us."""
+    try:
+        fs = fs_of(path)
+        for entry, _, s in _incomplete(path, fs, max(complete_steps(path), default=-1)):
+            if s == step:
+                fs.rm(entry, recursive=True)
+        return True
+    except Exception:  # noqa: BLE001 — the storage that failed the save may still be down
+        return False
+
+
+def clean_leftovers(path: str, failed: dict[int, str] | None = None) -> list[tuple[str, str]]:
+    """Delete incomplete steps; returns (directory name, what left it) for each.
+
+    `failed` maps the steps whose saves an earlier attempt reported as failed (status.json's
+    `checkpoint_failures`) to their error; any other incomplete step was being written when its
+    process ended (killed, crashed, or lost its machine)."""
+    fs = fs_of(path)
+    if not fs.exists(path):
+        return []
+    removed = []
+    for entry, name, step in _incomplete(path, fs, max(complete_steps(path), default=-1)):
+        fs.rm(entry, recursive=True)
+        why = (f"a save that failed ({failed[step]})" if failed and step in failed
+               else "a save whose process ended while writing it (killed or crashed)")
+        removed.append((name, why))
     return removed
 
 
@@ -163,7 +189,8 @@ def manager_options(cfg=None, read_only: bool = False, async_save: bool = True):
 
     if read_only or cfg is None:
         return ocp.CheckpointManagerOptions(read_only=read_only, enable_async_checkpointing=async_save,
-                                            create=not read_only)
+                                            create=not read_only,
+                                            save_interval_steps=0 if read_only else 1)  # else Orbax warns
     latest = pol.LatestN(cfg.max_num_checkpoints_to_keep or None)  # 0 → keep all
     policy, best_fn = latest, None
     if cfg.checkpoint_keep_best_k > 0:
@@ -234,9 +261,28 @@ def array_restore(target):
     return ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target))
 
 
+class _OrbaxNoise(logging.Filter):
+    """Orbax log records that tell a maxlite user nothing: the read-only notices of every load and
+    export, and the tracebacks of a failed save, which the Checkpointer reports itself in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "orbax" not in record.pathname:
+            return True
+        text = record.getMessage()
+        if record.levelno == logging.WARNING and ("read_only" in text or "read only" in text):
+            return False
+        return not (record.levelno >= logging.ERROR and (record.exc_info or "raised an exception" in text))
+
+
+@functools.cache
+def _quiet_orbax() -> None:
+    logging.getLogger("absl").addFilter(_OrbaxNoise())
+
+
 def open_manager(path: str, options):
     import orbax.checkpoint as ocp
     _register_array_handler()
+    _quiet_orbax()
     arrays = lambda: ocp.PyTreeCheckpointHandler(use_zarr3=True, use_compression=False)  # noqa: E731
     handlers = {"params": arrays(), "optimizer": arrays(),
                 "data": ocp.JsonCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
@@ -248,7 +294,7 @@ def open_manager(path: str, options):
 
 def resolve_step_dir(path: str, step: int | None = None) -> tuple[str, int]:
     """(checkpoint root, step) for a run's checkpoint dir (latest step unless given) or one step dir."""
-    path = path.rstrip("/")
+    path = C.resolve_path(path).rstrip("/")
     check_path(path, must_exist=True)
     fs = fs_of(path)
     head, _, tail = path.rpartition("/")
@@ -371,7 +417,7 @@ def save_params(path: str, cfg, params, step: int = 0) -> str:
     import orbax.checkpoint as ocp
     from maxlite.state import nbytes
 
-    path = path.rstrip("/")
+    path = C.resolve_path(path).rstrip("/")
     check_path(path)
     mngr = open_manager(path, manager_options(async_save=False))
     meta = {"step": step, "consumed_samples": 0, "tokens_seen": 0, "val_loss": None,
@@ -399,7 +445,7 @@ def checkpoint_name(meta: dict[str, Any], step: int) -> str:
 
 
 def list_checkpoints(path: str) -> list[dict[str, Any]]:
-    path = path.rstrip("/")
+    path = C.resolve_path(path).rstrip("/")
     fs = fs_of(path)
     if not fs.exists(path):
         raise C.ConfigError(f"{path}: no such checkpoint directory")

@@ -12,6 +12,7 @@ import dataclasses
 import datetime
 import difflib
 import math
+import os
 import pathlib
 from typing import Any, Sequence
 
@@ -180,6 +181,13 @@ def parse_cli(argv: Sequence[str]) -> tuple[str | None, dict[str, str]]:
     return path, overrides
 
 
+def user_keys(argv: Sequence[str]) -> set[str]:
+    """The keys a user set in `[file.yml] key=value ...` (the YAML's base_config chain included)."""
+    path, cli = parse_cli(argv)
+    chain = _load_chain(_find_yaml(path)) if path is not None else {}
+    return (set(chain) | set(cli)) - set(_SPECIAL_KEYS)
+
+
 def load(argv: Sequence[str] = (), **overrides: Any) -> Config:
     """Build a Config from command-line style arguments and keyword overrides (not yet resolved)."""
     path, cli = parse_cli(argv)
@@ -210,9 +218,59 @@ def load(argv: Sequence[str] = (), **overrides: Any) -> Config:
             values[key] = _coerce(key, value, from_cli)
     if not values["run_name"]:
         values["run_name"] = "maxlite_" + datetime.datetime.now().strftime("%Y%m%d_%H%M%S")
+    _resolve_paths(values)
     config = Config(**values)
     _validate(config)
     return config
+
+
+# Every key that names a file or directory. Each is resolved here, once, so that every part of
+# maxlite (the loop, Orbax's background threads, Ray workers, the bridge) sees the same absolute
+# path whatever the working directory: Orbax refuses relative paths, and a worker's cwd differs.
+PATH_KEYS = ("base_output_directory", "checkpoint_dir", "load_parameters_path", "load_full_state_path",
+             "tokenizer_path", "data_cache_dir")
+PATH_LIST_KEYS = ("dataset_path", "eval_dataset_path")  # comma-separated files, directories, globs
+BLEND_KEYS = ("data_prefix", "eval_data_prefix")  # prefix, [prefix, ...] or [w1, prefix1, ...]
+
+
+def resolve_path(path: str) -> str:
+    """A user's path as maxlite uses it: URLs (gs://...) as given; local paths absolute, `~` expanded.
+
+    Every CLI path argument and Python API entry point goes through this as well."""
+    path = str(path).strip()
+    if not path or "://" in path:
+        return path
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def _resolve_blend(spec: str) -> str:
+    text = spec.strip()
+    if not text:
+        return spec
+    try:
+        items = yaml.safe_load(text) if text.startswith("[") else text.replace(",", " ").split()
+    except yaml.YAMLError:
+        return spec  # data.gpt_dataset.parse_blend reports it in its own words
+    if not isinstance(items, list):
+        return spec
+
+    def one(item):
+        try:
+            float(item)
+            return item  # a weight
+        except (TypeError, ValueError):
+            return resolve_path(str(item))
+    return yaml.safe_dump([one(x) for x in items], default_flow_style=True).strip()
+
+
+def _resolve_paths(values: dict[str, Any]) -> None:
+    for key in PATH_KEYS:
+        values[key] = resolve_path(values[key])
+    for key in PATH_LIST_KEYS:
+        items = [s.strip() for s in values[key].split(",") if s.strip()]
+        values[key] = ",".join(resolve_path(s) for s in items)
+    for key in BLEND_KEYS:
+        values[key] = _resolve_blend(values[key])
 
 
 _CHOICES = {

@@ -72,7 +72,8 @@ class _Run:
 
         try:
             step = int(jax.device_get(self.state.step)) if self.state is not None else None
-            self.dir.set_status("failed", step=step, error=f"{type(e).__name__}: {e}")
+            failures = {"checkpoint_failures": self.ckpt.failures} if self.ckpt and self.ckpt.failures else {}
+            self.dir.set_status("failed", step=step, error=f"{type(e).__name__}: {e}", **failures)
         except Exception as status_error:  # noqa: BLE001 — the storage may be what failed; keep `e`
             print(f"maxlite: could not write status.json: {type(status_error).__name__}", file=sys.stderr)
 
@@ -216,6 +217,7 @@ def _finish(run: _Run, res, state, reason: str | None, started: float) -> dict[s
     import jax
 
     from maxlite.peak import peak_tflops_per_device
+    from maxlite.resilience import exit_codes
 
     logger, primary = run.logger, run.primary
     summary = logger.summary(time.perf_counter() - started, None)
@@ -228,12 +230,24 @@ def _finish(run: _Run, res, state, reason: str | None, started: float) -> dict[s
     if run.ckpt is not None:
         run.ckpt.poll(wait=True)  # the last save is part of the run: goodput counts it
     code, status, fields = res.finish(reason)
+    failures = run.ckpt.failures if run.ckpt is not None else []
+    lost = run.ckpt.unrecovered_failures() if run.ckpt is not None else []
+    if lost:  # a failed save is never success, whatever the policy let the loop do
+        code, status = exit_codes.CHECKPOINT_FAILED, "failed"
+        fields = {**fields, "reason": "checkpoint_failed"}
     summary.update(res.scores)
     summary.update({("goodput_" + k if k in ("wall_seconds", "attempt") else k): v for k, v in fields.items()})
     summary["exit_code"] = code
+    summary["checkpoint_saves_failed"] = len(failures)
     logger.print_summary(summary)
     print_primary(primary, _badput_line(summary, status, int(state.step)))
-    run.dir.set_status(status, step=int(state.step), summary=summary, exit_code=code)
+    if lost:
+        steps = ", ".join(str(f["step"]) for f in lost)
+        print_primary(primary, f"maxlite: error: {len(lost)} checkpoint save(s) failed with no complete save "
+                      f"after them (step(s) {steps}; first error: {lost[0]['error']}); exit "
+                      f"{code}: the run's progress since its last complete checkpoint is not kept", err=True)
+    extra = {"checkpoint_failures": failures} if failures else {}
+    run.dir.set_status(status, step=int(state.step), summary=summary, exit_code=code, **extra)
     return summary
 
 
@@ -242,7 +256,9 @@ def _badput_line(summary: dict, status: str, step: int) -> str:
     causes = [(k[len("badput_"):-len("_seconds")], v) for k, v in summary.items()
               if k.startswith("badput_") and v >= 0.005]
     bad = ", ".join(f"{name} {v:.2f}s" for name, v in sorted(causes, key=lambda kv: -kv[1])) or "none"
-    return (f"maxlite: {status} at step {step} (exit {summary['exit_code']}); goodput "
+    failed = summary.get("checkpoint_saves_failed", 0)
+    saves = f"; {failed} checkpoint save(s) failed" if failed else ""
+    return (f"maxlite: {status} at step {step} (exit {summary['exit_code']}){saves}; goodput "
             f"{summary.get('goodput', 0.0):.3f} ({summary.get('productive_seconds', 0.0):.2f}s productive of "
             f"{summary.get('goodput_wall_seconds', 0.0):.2f}s wall, attempt {summary.get('goodput_attempt', 1)}); "
             f"badput: {bad}")
@@ -255,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "keys, defaults and comments: maxlite/configs/base.yml", file=sys.stderr)
         return 0 if argv else 2
     from maxlite.checkpointing.manager import CheckpointSaveError
-    from maxlite.resilience import preemption
+    from maxlite.resilience import exit_codes, preemption
 
     try:
         cfg = C.load(argv)
@@ -270,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # hold the interpreter's exit: leave now (outputs are flushed and closed).
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(1)
+        os._exit(exit_codes.CHECKPOINT_FAILED)
     if preemption.noted_signal():  # e.g. Slurm's SIGTERM at the time limit, just after the last step
         print(f"maxlite: got {preemption.noted_signal()} after the run ended; its outcome stands", flush=True)
     return int(summary.get("exit_code", 0))  # 0 finished/preempted (status.json tells them apart), 76 straggler

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -133,8 +134,18 @@ def test_listing_and_leftovers_of_a_killed_save(tmp_path, capsys):
     _, restored, _, c = _start(tmp_path, ["run_name=src"], 1)
     c.close()
     out = capsys.readouterr().out
-    assert "removed incomplete checkpoint(s) left by a killed save: 6.orbax-checkpoint-tmp-1234" in out
+    assert ("removed incomplete checkpoint 6.orbax-checkpoint-tmp-1234, left by a save whose process "
+            "ended while writing it (killed or crashed)") in out
     assert "resumed from step 3 " in out and not os.path.exists(f"{root}/6.orbax-checkpoint-tmp-1234")
+    # A save that failed (and could not clean up after itself) is named as such at the next start:
+    # status.json of the earlier attempt lists it.
+    shutil.copytree(f"{root}/3", f"{root}/9.orbax-checkpoint-tmp-77")
+    with open(f"{cfg.run_dir}/status.json", "w") as f:
+        json.dump({"state": "failed", "checkpoint_failures": [{"step": 9, "error": "OSError: disk full"}]}, f)
+    _, _, _, c = _start(tmp_path, ["run_name=src"], 1)
+    c.close()
+    assert ("removed incomplete checkpoint 9.orbax-checkpoint-tmp-77, left by a save that failed "
+            "(OSError: disk full)") in capsys.readouterr().out
 
 
 def test_user_errors_are_one_line(tmp_path, capsys):

@@ -32,7 +32,8 @@ def test_save_list_resume_and_leftovers_on_gcs(tmp_path, gcs_emulator, capsys): 
     _, restored, data2, c = _start(tmp_path, extra, 1)
     c.close()
     out = capsys.readouterr().out
-    assert "removed incomplete checkpoint(s) left by a killed save: 5" in out and "resumed from step 1 " in out
+    assert "removed incomplete checkpoint 5, left by a save whose process ended while writing it" in out
+    assert "resumed from step 1 " in out
     assert int(restored.step) == 1 and data2.get_state() == {"step": 1}
     assert not fs.exists(f"{bucket}/run/ckpt/5")
 

@@ -154,9 +154,10 @@ def test_policy_stop_ends_the_run_cleanly_when_storage_dies(tmp_path, gcs_emulat
         if gcs_emulator.proc is None:
             gcs_emulator.start()
     out = "".join(lines)
-    assert proc.returncode == 1, out[-3000:]
+    assert proc.returncode == 74, out[-3000:]
     assert "previous checkpoint (step 2) is intact; stopping (checkpoint_error_policy=stop)" in out
     assert "completed step: 40" not in out and "Traceback" not in out.split("stopping")[-1]
     status = json.load(open(f"{tmp_path}/runs/s/status.json"))
     assert status["state"] == "failed" and "CheckpointSaveError" in status["error"]
+    assert [f["step"] for f in status["checkpoint_failures"]] == [4]
     assert ck.complete_steps(f"{bucket}/s") == [2]

@@ -47,16 +47,27 @@ def _progress(total: int, every: int = 50):
 
 
 def _tokenizer(cfg, spec: str):
-    """(tokenizer or None): `auto` uses the recipe's tokenizer unless it trains on synthetic data."""
-    if spec == "none" or (spec == "auto" and cfg.dataset_type == "synthetic"):
+    """(tokenizer or None): `auto` is the model's own tokenizer — the recipe's `tokenizer_path` (an
+    imported model's is its HF directory's), or the bundled one it trained on from text data; a
+    model trained on synthetic data with no tokenizer named has none."""
+    if spec == "none" or (spec == "auto" and cfg.dataset_type == "synthetic" and not cfg.tokenizer_path):
         return None
     from maxlite.data.tokenizer import load_tokenizer
 
-    tok = load_tokenizer(cfg.tokenizer_path if spec == "auto" else spec, cfg.bos_id, cfg.eos_id)
-    if tok.vocab_size > cfg.vocab_size:
-        raise ValueError(f"tokenizer {tok.path} has {tok.vocab_size} ids but the model only "
-                         f"{cfg.vocab_size}; pass --tokenizer none or the model's tokenizer")
+    tok = load_tokenizer(cfg.tokenizer_path if spec == "auto" else C.resolve_path(spec), cfg.bos_id, cfg.eos_id)
+    check_vocab(tok, cfg.vocab_size, "--tokenizer none")
     return tok
+
+
+def check_vocab(tok, vocab_size: int, escape: str) -> None:
+    """A tokenizer belongs to a model only when their vocabularies are the same size."""
+    if tok.vocab_size != vocab_size:
+        raise ValueError(f"tokenizer {tok.path} has {tok.vocab_size} ids but the model's vocab_size is "
+                         f"{vocab_size}: not this model's tokenizer; give the right one or {escape}")
+
+
+# Files beside an HF tokenizer.json that carry its special tokens and chat template.
+TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 
 
 def export_hf(cfg, params, out_dir: str, dtype: str = "float32", max_shard_size: str | int = "5GB",
@@ -70,7 +81,7 @@ def export_hf(cfg, params, out_dir: str, dtype: str = "float32", max_shard_size:
     tok = _tokenizer(cfg, tokenizer)
     bos = cfg.bos_id if cfg.bos_id >= 0 else (tok.bos_id if tok else None)
     eos = cfg.eos_id if cfg.eos_id >= 0 else (tok.eos_id if tok else None)
-    out = pathlib.Path(out_dir)
+    out = pathlib.Path(C.resolve_path(out_dir))
     stale = sorted(p.name for p in out.glob("*.safetensors*")) if out.is_dir() else []
     if stale:  # transformers would pick up a stale model.safetensors or index over the new files
         raise ValueError(f"{out_dir} already holds {stale[0]}: export into a new or empty directory")
@@ -83,10 +94,16 @@ def export_hf(cfg, params, out_dir: str, dtype: str = "float32", max_shard_size:
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     if tok is not None and tok.path.endswith(".json") and not tok.path.endswith("vocab.json"):
         shutil.copyfile(tok.path, out / "tokenizer.json")
-        (out / "tokenizer_config.json").write_text(json.dumps({
-            "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.max_target_length,
-            **{k: tok._backend.id_to_token(i) for k, i in (("bos_token", bos), ("eos_token", eos))
-               if i is not None}}, indent=2) + "\n")
+        source = pathlib.Path(tok.path).parent
+        if (source / "tokenizer_config.json").is_file():  # an imported model's own: chat template and all
+            for name in TOKENIZER_FILES:
+                if (source / name).is_file():
+                    shutil.copyfile(source / name, out / name)
+        else:
+            (out / "tokenizer_config.json").write_text(json.dumps({
+                "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.max_target_length,
+                **{k: tok._backend.id_to_token(i) for k, i in (("bos_token", bos), ("eos_token", eos))
+                   if i is not None}}, indent=2) + "\n")
     return names
 
 
@@ -94,7 +111,18 @@ def read_hf_config(hf_dir: str) -> dict:
     path = pathlib.Path(hf_dir) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{hf_dir}: no config.json (is this a Hugging Face model directory?)")
-    return json.loads(path.read_text())
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+
+def _own_tokenizer(hf_dir: str) -> str | None:
+    """The HF directory's tokenizer, if it ships one."""
+    for name in ("tokenizer.json", "tokenizer.model"):
+        if (pathlib.Path(hf_dir) / name).is_file():
+            return hf_dir
+    return None
 
 
 def import_hf(hf_dir: str, argv: Sequence[str] = (), verbose: bool = False):
@@ -102,12 +130,24 @@ def import_hf(hf_dir: str, argv: Sequence[str] = (), verbose: bool = False):
 
     `argv` is a maxlite recipe and/or key=value (training keys); the model keys come from config.json.
     """
+    hf_dir = C.resolve_path(hf_dir)
     hf_cfg = read_hf_config(hf_dir)
     arch = MODEL_TYPES.get(hf_cfg.get("model_type"))
     if arch is None:
         raise ValueError(f"{hf_dir}: config.json model_type={hf_cfg.get('model_type')!r} has no maxlite "
                          f"equivalent (supported: {', '.join(MODEL_TYPES)})")
-    cfg = C.load(list(argv), **arch.config_overrides(hf_cfg))
+    try:
+        overrides = arch.config_overrides(hf_cfg)
+    except KeyError as e:
+        raise ValueError(f"{hf_dir}/config.json: required key {e.args[0]!r} is missing") from None
+    own = _own_tokenizer(hf_dir)
+    if own and "tokenizer_path" not in C.user_keys(argv):  # the model's own tokenizer, unless told otherwise
+        overrides["tokenizer_path"] = own
+    cfg = C.load(list(argv), **overrides)
+    if cfg.tokenizer_path:
+        from maxlite.data.tokenizer import load_tokenizer
+        check_vocab(load_tokenizer(cfg.tokenizer_path, cfg.bos_id, cfg.eos_id), cfg.vocab_size,
+                    "pass tokenizer_path= for this model")
     source = SafetensorsDir(hf_dir)
     if arch is hf_gpt2 and "wte.weight" in source:  # the original GPT-2 checkpoints have no prefix
         maps = hf_gpt2.tensor_maps(cfg, prefix="")
@@ -118,12 +158,15 @@ def import_hf(hf_dir: str, argv: Sequence[str] = (), verbose: bool = False):
     return cfg, pure
 
 
-def write_recipe(cfg, checkpoint: str) -> str:
-    """CKPT/recipe.yml: the imported model's keys + load_parameters_path, a ready `maxlite.train` recipe."""
+def write_recipe(cfg, checkpoint: str, argv: Sequence[str] = ()) -> str:
+    """CKPT/recipe.yml, a ready `maxlite.train` recipe: load_parameters_path, the imported model's keys,
+    its tokenizer, and every key the user passed to the import (recipe file and key=value)."""
     import yaml
 
-    keys = MODEL_KEYS + ("dtype", "weight_dtype", "max_target_length", "scan_layers")
-    recipe = {"load_parameters_path": checkpoint, **{k: getattr(cfg, k) for k in keys}}
+    keys = MODEL_KEYS + ("dtype", "weight_dtype", "max_target_length", "scan_layers", "tokenizer_path")
+    keys += tuple(sorted(C.user_keys(argv) - set(keys) - {"load_parameters_path"}))
+    recipe = {"load_parameters_path": checkpoint,
+              **{k: list(v) if isinstance(v, tuple) else v for k, v in ((k, getattr(cfg, k)) for k in keys)}}
     path = f"{checkpoint.rstrip('/')}/recipe.yml"
     text = "# written by `python -m maxlite.bridge.hf import`: the model of this checkpoint\n"
     if "://" in checkpoint:  # gs:// and friends: through the same client stack as the checkpoint
@@ -161,6 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     load_params, save_params = _checkpoints()
     try:
+        if args.command == "import":
+            args.checkpoint = C.resolve_path(args.checkpoint)
         if args.command == "export":
             cfg, params = load_params(args.checkpoint, step=args.step)
             names = export_hf(cfg, params, args.out_dir, args.dtype, args.max_shard_size,
@@ -169,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             cfg, pure = import_hf(args.hf_dir, args.recipe, verbose=True)
             save_params(args.checkpoint, cfg, P.to_state(cfg, P.to_jax_inplace(pure)))
-            recipe = write_recipe(cfg, args.checkpoint)
+            recipe = write_recipe(cfg, args.checkpoint, args.recipe)
             print(f"wrote {args.checkpoint}; train from it with: python -m maxlite.train {recipe} [key=value ...]")
     except (ValueError, FileNotFoundError) as e:  # ConfigError is a ValueError
         print(f"maxlite: error: {str(e).splitlines()[0]}", file=sys.stderr)

@@ -74,8 +74,10 @@ def hf_config(cfg, dtype: str = "float32", bos_id: int | None = None, eos_id: in
                 "low_freq_factor": cfg.rope_low_freq_factor,
                 "high_freq_factor": cfg.rope_high_freq_factor,
                 "original_max_position_embeddings": cfg.rope_original_max_position}
-        # HF requires the scaled context to exceed the original one (informational for llama3 RoPE).
-        max_pos = max(max_pos, int(cfg.rope_original_max_position * cfg.rope_scaling_factor))
+        # HF wants the context to exceed the original one (informational for llama3 RoPE); a model's
+        # own value (an imported Llama 3.1's 131072) is kept as it is.
+        if max_pos <= cfg.rope_original_max_position:
+            max_pos = int(cfg.rope_original_max_position * cfg.rope_scaling_factor)
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",

@@ -14,7 +14,7 @@ from typing import Any
 from maxlite import checkpoints as ck
 from maxlite import config as C
 from maxlite.checkpointing import offload
-from maxlite.rundir import print_primary
+from maxlite.rundir import print_primary, read_status
 
 
 class CheckpointSaveError(RuntimeError):
@@ -48,9 +48,10 @@ class Checkpointer:
         self.path = ck.checkpoint_dir(cfg)
         if primary:
             ck.check_path(self.path)
-            removed = ck.clean_leftovers(self.path)
-            if removed:
-                print_primary(True, f"maxlite: removed incomplete checkpoint(s) left by a killed save: {', '.join(removed)}")
+            earlier = read_status(cfg.run_dir) or {}
+            failed = {f["step"]: f["error"] for f in earlier.get("checkpoint_failures", [])}
+            for name, why in ck.clean_leftovers(self.path, failed):
+                print_primary(True, f"maxlite: removed incomplete checkpoint {name}, left by {why}")
         # Async saves: a host copy written by our writer thread (offload.py); Orbax's own async
         # path only where the backend has no pinned host memory.
         self.writer = offload.Writer() if cfg.async_checkpointing and offload.host_kind_available() else None
@@ -61,6 +62,13 @@ class Checkpointer:
         self.val_loss: float | None = None
         self.pending: tuple[int, float, float] | None = None  # step, start time, seconds blocked
         self.blocked_seconds: list[float] = []
+        self.failures: list[dict[str, Any]] = []  # {step, error} of every failed save of this attempt
+        self.saved: list[int] = []  # steps this attempt saved completely
+
+    def unrecovered_failures(self) -> list[dict[str, Any]]:
+        """Failed saves with no complete save after them: the run has not kept what they held."""
+        last_ok = max(self.saved, default=-1)
+        return [f for f in self.failures if f["step"] > last_ok]
 
     @property
     def latest_step(self) -> int | None:
@@ -146,6 +154,7 @@ class Checkpointer:
             self._failed(step, e)
             return
         seconds = time.perf_counter() - start
+        self.saved.append(step)
         print_primary(self.primary, f"maxlite: saved checkpoint step {step}: {self.state_bytes / 2**20:,.1f} MiB "
                            f"in {seconds:.2f} s ({self.state_bytes / 2**20 / max(seconds, 1e-9):,.0f} MiB/s; "
                            f"the loop waited {blocked:.2f} s)")
@@ -154,8 +163,11 @@ class Checkpointer:
         earlier = [s for s in self.mngr.all_steps() if s != step]  # cached: the storage may be down
         intact = f"the previous checkpoint (step {earlier[-1]}) is intact" if earlier else "no earlier checkpoint"
         text = (str(e).splitlines() or [""])[0][:300]
-        line = (f"maxlite: checkpoint save at step {step} to {self.path} failed: {type(e).__name__}: "
-                f"{text}; {intact}")
+        error = f"{type(e).__name__}: {text}"
+        self.failures.append({"step": step, "error": error})
+        if self.primary:
+            ck.remove_failed_save(self.path, step)  # best effort: the storage may still be down
+        line = f"maxlite: checkpoint save at step {step} to {self.path} failed: {error}; {intact}"
         if self.cfg.checkpoint_error_policy == "stop":
             print_primary(self.primary, line + "; stopping (checkpoint_error_policy=stop)", err=True)
             raise CheckpointSaveError(line) from None

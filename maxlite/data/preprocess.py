@@ -23,7 +23,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from maxlite.config import ConfigError
+from maxlite.config import ConfigError, resolve_path
 from maxlite.data import indexed, sources
 from maxlite.data.tokenizer import Tokenizer, load_gpt2, load_tokenizer
 
@@ -98,7 +98,7 @@ def preprocess(inputs: Sequence[str], out: str, tok: Tokenizer, keys: Sequence[s
         raise ConfigError(f"--append-eod: tokenizer {tok.path} has no end-of-document token")
     files, stride, offset = _shard(sources.expand_paths(inputs, "--input"), rank, world)
     keys = list(keys)
-    bad = sources.BadRecords(bad_policy)
+    bad = sources.BadRecords(bad_policy, hold=True)  # released at the first good document
     dtype = indexed.best_dtype(tok.vocab_size)
     prefixes = [output_prefix(out, k, rank, world) for k in keys]
     writers = [indexed.IndexedWriter(p, dtype) for p in prefixes]
@@ -120,6 +120,8 @@ def preprocess(inputs: Sequence[str], out: str, tok: Tokenizer, keys: Sequence[s
                 writer.add_documents_flat(tokens, lengths)
                 stats["empty"] += empty
             stats["docs"] += len(encoded[0][1]) + encoded[0][2]
+            if stats["docs"]:
+                bad.release()
             stats["tokens"] = sum(w.num_tokens for w in writers)
             now = time.perf_counter()
             if progress and now - last > 2:
@@ -142,6 +144,9 @@ def preprocess(inputs: Sequence[str], out: str, tok: Tokenizer, keys: Sequence[s
         for p in prefixes:
             for f in (indexed.bin_path(p), indexed.idx_path(p)):
                 os.remove(f)
+        if bad.count and not stats["docs"]:
+            raise ConfigError(f"every record of {', '.join(files[:3])} is malformed ({bad.count} records; "
+                              f"first: {bad.first[0]})")
         raise ConfigError(f"no documents in {', '.join(files[:3])} ({bad.summary()})")
     if progress:
         _report(stats, stats["seconds"], end="\n")
@@ -211,6 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = ap.parse_args(argv)
         if args.workers < 1:
             raise ConfigError("--workers must be >= 1")
+        args.input = [resolve_path(p) for p in args.input]
+        args.output_prefix = resolve_path(args.output_prefix)
         stats = preprocess(args.input, args.output_prefix, _tokenizer_from_args(args), args.json_keys,
                            args.append_eod, args.workers, args.rank, args.world_size,
                            args.bad_record_policy, not args.quiet)

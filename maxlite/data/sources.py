@@ -72,12 +72,21 @@ class Bad:
 class BadRecords:
     """Counts malformed records; reports the first few; raises under policy `error`."""
 
-    def __init__(self, policy: str = "skip", stream=None):
+    def __init__(self, policy: str = "skip", stream=None, hold: bool = False):
         if policy not in ("skip", "error"):
             raise ConfigError(f"data_bad_record_policy={policy!r}: choose skip or error")
         self.policy, self.count, self.first = policy, 0, []
         self.silent = False  # set while re-reading records already counted (restore)
         self._stream = stream if stream is not None else sys.stderr
+        # hold: keep the report lines until release(); when no record at all was good, the caller
+        # says so in one line instead of a line per record
+        self._held: list[str] | None = [] if hold else None
+
+    def release(self) -> None:
+        """Print the held lines (a good record was seen); report directly from now on."""
+        held, self._held = self._held, None
+        for line in held or ():
+            print(line, file=self._stream)
 
     def add(self, path: str, line: int, reason: str) -> None:
         where = f"{path}:{line}" if line > 0 else path
@@ -89,7 +98,11 @@ class BadRecords:
         self.count += 1
         if len(self.first) < MAX_REPORTED:
             self.first.append(f"{where}: {reason}")
-            print(f"maxlite: data: skipping malformed record {where}: {reason}", file=self._stream)
+            line = f"maxlite: data: skipping malformed record {where}: {reason}"
+            if self._held is not None:
+                self._held.append(line)
+            else:
+                print(line, file=self._stream)
 
     def summary(self) -> str:
         return f"{self.count} malformed record(s) skipped" + (

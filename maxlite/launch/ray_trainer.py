@@ -257,23 +257,18 @@ def _first_cause(error: Exception) -> str:
     return f"{type(cause).__name__}: {lines[-1] if lines else ''}"[:300]
 
 
-def _absolute(cfg: C.Config) -> C.Config:
-    """Workers may run in another directory (job working dirs): pin a local run dir to an absolute path."""
-    import dataclasses
-
-    if "://" in cfg.base_output_directory or os.path.isabs(cfg.base_output_directory):
-        return cfg
-    path = os.path.abspath(cfg.base_output_directory)
-    if "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ:  # we are a `ray job submit` entry point
-        print(f"maxlite: warning: base_output_directory={cfg.base_output_directory} is relative: in a "
-              f"Ray job it means {path}, inside Ray's copy of the working dir, which goes away with "
-              f"the cluster; pass an absolute path or gs://...", flush=True)
-    return dataclasses.replace(cfg, base_output_directory=path)
+def _warn_if_inside_job_copy(cfg: C.Config) -> None:
+    """Config paths are absolute (config.resolve_path); under `ray job submit` a relative one lands in
+    Ray's temporary copy of the working dir, which goes away with the cluster."""
+    path = cfg.base_output_directory
+    if "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ and path.startswith(os.getcwd() + os.sep):
+        print(f"maxlite: warning: base_output_directory is {path}, inside Ray's copy of the job's "
+              f"working dir, which goes away with the cluster; pass an absolute path or gs://...", flush=True)
 
 
 def run(cfg: C.Config) -> dict[str, Any]:
     """Train on a Ray cluster; returns rank 0's run summary."""
-    cfg = _absolute(cfg)
+    _warn_if_inside_job_copy(cfg)
     check(cfg)  # fail on recipe mistakes before starting anything
     from ray.train import TrainingFailedError
 

@@ -11,6 +11,7 @@ FINISHED = 0  # steps done; status.json state=finished
 PREEMPTED = 0  # signal or max_time: final checkpoint written; status.json state=preempted → requeue
 FAILED = 1  # an uncaught error (also an injected crash); restart from the newest snapshot/checkpoint
 CONFIG_ERROR = 2  # the recipe is wrong: fix it, never retry
+CHECKPOINT_FAILED = 74  # a checkpoint save failed and no later save succeeded (EX_IOERR); restart
 HANG = 75  # the watchdog saw a section exceed its timeout (EX_TEMPFAIL: "try again")
 STRAGGLER = 76  # stop_if_straggler: a process scored below straggler_threshold; restart elsewhere
 PREEMPT_TIMEOUT = 77  # preemption signal but no safe point within preemption_grace_seconds

@@ -1,0 +1,162 @@
+"""Every path form a user types works the same: relative (from the working directory), `./x`,
+`~/x`, absolute and gs:// — for training, resume, listing, HF export and import, params-only
+loads and the Python API. And a run whose saves fail never reports success.
+
+Orbax refuses relative paths inside its background threads, so before paths were resolved where
+the config is resolved, a default run (`base_output_directory=runs`) wrote no checkpoint and
+finished with exit 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from maxlite import checkpoints as ck, config as C
+from maxlite.bridge import hf
+from maxlite.train import train
+from tests.gcs_emulator import gcs_emulator, make_bucket  # noqa: F401
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = ["base.yml", "model_name=tiny", "base_emb_dim=64", "base_mlp_dim=128", "base_num_query_heads=2",
+         "base_num_kv_heads=2", "head_dim=32", "base_num_decoder_layers=2", "vocab_size=256",
+         "max_target_length=16", "per_device_batch_size=1", "enable_tensorboard=false",
+         "ici_fsdp_parallelism=-1", "checkpoint_period=1"]
+
+
+def _steps_logged(run_dir: str) -> list[int]:
+    import fsspec
+    with fsspec.open(f"{run_dir}/metrics.jsonl", "r") as f:
+        return [json.loads(x)["step"] for x in f.read().splitlines() if '"loss"' in x]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compilation_cache(tmp_path_factory):
+    """Each train() compiles the same small step again: let the forms share one compilation."""
+    import jax
+    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+            "jax_persistent_cache_min_entry_size_bytes")
+    before = {k: getattr(jax.config, k) for k in keys}
+    for k, v in zip(keys, (str(tmp_path_factory.mktemp("jax-cache")), 0, 0)):
+        jax.config.update(k, v)
+    yield
+    for k, v in before.items():
+        jax.config.update(k, v)
+
+
+@pytest.mark.parametrize("form", ["relative", "dot", "home", "absolute", "gs"])
+def test_train_resume_list_export_import_load_with_each_path_form(form, tmp_path, monkeypatch, request):
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HOME", str(home))
+    if form == "gs":
+        bucket = make_bucket(request.getfixturevalue("gcs_emulator").url, "paths")
+    base = {"relative": "runs", "dot": "./runs", "home": "~/runs", "absolute": str(tmp_path / "abs" / "runs"),
+            "gs": f"{bucket}/runs" if form == "gs" else ""}[form]
+    where = {"relative": work / "runs", "dot": work / "runs", "home": home / "runs",
+             "absolute": tmp_path / "abs" / "runs"}.get(form)
+    run = [*SMALL, f"base_output_directory={base}", "run_name=r"]
+
+    assert train(C.load([*run, "steps=2"]))["exit_code"] == 0
+    ckpts = f"{base}/r/checkpoints"  # as the user types it
+    if where is not None:  # the checkpoints are where the user meant, complete
+        assert sorted(os.listdir(where / "r" / "checkpoints")) == ["1", "2"]
+    assert [r["step"] for r in ck.list_checkpoints(ckpts) if r["complete"]] == [1, 2]
+
+    summary = train(C.load([*run, "steps=3"]))
+    assert summary["exit_code"] == 0 and summary["steps"] == 1  # resumed: this attempt ran step 3 only
+    assert _steps_logged(C.load(run).run_dir)[-1] == 3
+    assert [r["step"] for r in ck.list_checkpoints(ckpts) if r["complete"]][-1] == 3
+
+    # the CLIs, as typed: export to a relative HF dir, import into the same path form, load it
+    assert ck.main(["list", ckpts]) == 0
+    assert hf.main(["export", ckpts, "hf_out"]) == 0
+    assert (work / "hf_out" / "model.safetensors").is_file()
+    imported = f"{base}/imported"
+    assert hf.main(["import", "hf_out", imported]) == 0
+    cfg, params = ck.load_params(imported)  # the Python API with the same path
+    _, trained = ck.load_params(ckpts)
+    assert np.array_equal(np.asarray(params["embedding"][...]), np.asarray(trained["embedding"][...]))
+
+    # a params-only start from the imported checkpoint, path as typed
+    summary = train(C.load([*run, "run_name=ft", "steps=1", f"load_parameters_path={imported}"]))
+    assert summary["exit_code"] == 0
+    assert [r["step"] for r in ck.list_checkpoints(f"{base}/ft/checkpoints") if r["complete"]] == [1]
+
+
+def _env() -> dict:
+    return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1",
+                PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+
+
+def test_default_relative_run_killed_resumes_and_exports_from_the_cli(tmp_path):
+    """The issue's own session, in an empty directory with the default base_output_directory."""
+    def cli(*args, kill_on=None):
+        proc = subprocess.Popen([sys.executable, "-m", *args], cwd=tmp_path, env=_env(), text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=1)
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if kill_on and kill_on in line:
+                proc.send_signal(signal.SIGKILL)
+                break
+        proc.wait(timeout=600)
+        return proc.returncode, "".join(lines)
+
+    run = ["maxlite.train", *SMALL, "steps=4", "run_name=r"]
+    code, out = cli(*run, kill_on="saved checkpoint step 2")
+    assert code == -signal.SIGKILL, out[-3000:]
+    code, out = cli(*run)
+    assert code == 0 and "resumed from step 2 " in out, out[-3000:]
+    assert "Traceback" not in out and "ERROR:absl" not in out
+    assert _steps_logged(str(tmp_path / "runs" / "r"))[-2:] == [3, 4]
+    code, out = cli("maxlite.checkpoints", "list", "runs/r/checkpoints")
+    assert code == 0 and "step=4-consumed_samples=4 " in out and "INCOMPLETE" not in out, out
+    code, out = cli("maxlite.bridge.hf", "export", "runs/r/checkpoints", "hf_llama/")
+    assert code == 0 and (tmp_path / "hf_llama" / "config.json").is_file(), out
+    assert "WARNING" not in out
+
+
+def test_a_run_whose_saves_all_fail_exits_non_zero(tmp_path, monkeypatch, capsys):
+    """Policy continue: training goes on, but the run ends failed (exit 74) and says which saves."""
+    def refuse(self, step, args, metrics):
+        raise OSError(f"injected: storage refuses step {step}")
+
+    from maxlite.checkpointing.manager import Checkpointer
+    monkeypatch.setattr(Checkpointer, "_write", refuse)
+    monkeypatch.chdir(tmp_path)
+    summary = train(C.load([*SMALL, "steps=2", "run_name=f", "checkpoint_error_policy=continue"]))
+    captured = capsys.readouterr()
+    assert summary["exit_code"] == 74 and summary["checkpoint_saves_failed"] == 2
+    status = json.load(open(tmp_path / "runs" / "f" / "status.json"))
+    assert status["state"] == "failed" and status["exit_code"] == 74
+    assert [f["step"] for f in status["checkpoint_failures"]] == [1, 2]
+    assert "2 checkpoint save(s) failed" in captured.out
+    errors = [x for x in captured.err.splitlines() if "checkpoint save(s) failed with no complete save" in x]
+    assert len(errors) == 1 and "step(s) 1, 2" in errors[0]
+
+
+def test_a_later_successful_save_recovers_the_run(tmp_path, monkeypatch):
+    from maxlite.checkpointing.manager import Checkpointer
+    real = Checkpointer._write
+
+    def flaky(self, step, args, metrics):
+        if step == 1:
+            raise OSError("injected: a transient storage error")
+        return real(self, step, args, metrics)
+
+    monkeypatch.setattr(Checkpointer, "_write", flaky)
+    monkeypatch.chdir(tmp_path)
+    summary = train(C.load([*SMALL, "steps=2", "run_name=g", "checkpoint_error_policy=continue"]))
+    assert summary["exit_code"] == 0 and summary["checkpoint_saves_failed"] == 1
+    status = json.load(open(tmp_path / "runs" / "g" / "status.json"))
+    assert status["state"] == "finished" and [f["step"] for f in status["checkpoint_failures"]] == [1]
+    assert ck.complete_steps(str(tmp_path / "runs" / "g" / "checkpoints")) == [2]
