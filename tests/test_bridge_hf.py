@@ -274,3 +274,62 @@ def test_export_memory_stays_near_one_tensor(tmp_path):
     r = json.loads(out.strip().splitlines()[-1])
     assert r["model_mib"] > 3 * r["largest_tensor_mib"]  # a model where one tensor ≠ the model
     assert r["peak_added_beyond_result_mib"] < 1.3 * r["largest_tensor_mib"], r
+
+
+def _hf_dir_with_tokenizer(path: pathlib.Path, vocab_size: int) -> pathlib.Path:
+    """A transformers-written Llama 3.2-style model (long context) with its own tokenizer and chat template."""
+    from maxlite.data.tokenizer import BUNDLED_DIR
+
+    config = transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, vocab_size=vocab_size, max_position_embeddings=131072,
+        rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    transformers.LlamaForCausalLM(config).save_pretrained(str(path))
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(BUNDLED_DIR / "tokenizer.json"),
+                                               eos_token="<|endoftext|>")
+    tok.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    tok.save_pretrained(str(path))
+    return path
+
+
+def test_import_keeps_the_model_tokenizer_and_keys_and_export_ships_them_back(tmp_path, monkeypatch):
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    src = _hf_dir_with_tokenizer(tmp_path / "hf_src", 4096)
+    assert hf.main(["import", "hf_src", "ckpt", "dataset_type=text", "learning_rate=1e-5"]) == 0
+    recipe = yaml.safe_load((tmp_path / "ckpt" / "recipe.yml").read_text())
+    assert recipe["tokenizer_path"] == str(src)  # the model's own tokenizer, as an absolute path
+    assert (recipe["dataset_type"], recipe["learning_rate"]) == ("text", 1e-5)  # what the user passed
+    assert recipe["load_parameters_path"] == str(tmp_path / "ckpt")
+    assert hf.main(["export", "ckpt", "hf_back"]) == 0
+    back = tmp_path / "hf_back"
+    assert (back / "tokenizer.json").read_bytes() == (src / "tokenizer.json").read_bytes()
+    assert json.loads((back / "config.json").read_text())["max_position_embeddings"] == 131072
+    theirs = transformers.AutoTokenizer.from_pretrained(str(back))
+    mine = transformers.AutoTokenizer.from_pretrained(str(src))
+    chat = [{"role": "user", "content": "In the beginning"}]
+    assert theirs.apply_chat_template(chat, tokenize=False) == "user: In the beginning\n"
+    assert theirs.apply_chat_template(chat) == mine.apply_chat_template(chat)
+
+
+def test_a_tokenizer_of_another_vocabulary_is_refused(tmp_path, capsys):
+    _hf_dir_with_tokenizer(tmp_path / "big", 4200)  # model vocab 4200, tokenizer 4096 ids
+    capsys.readouterr()  # transformers' own progress bar
+    assert hf.main(["import", str(tmp_path / "big"), str(tmp_path / "ckpt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has 4096 ids but the model's vocab_size is 4200" in err[0]
+    assert not (tmp_path / "ckpt").exists()  # refused before anything was written
+    cfg = C.load(["base.yml", "model_name=tiny", "vocab_size=4200", "dataset_type=text"])
+    with pytest.raises(ValueError, match="has 4096 ids but the model's vocab_size is 4200"):
+        hf.export_hf(cfg, P.random_params(cfg), str(tmp_path / "out"))
+
+
+def test_a_config_json_missing_a_key_is_one_line(tmp_path, capsys):
+    config = {"model_type": "llama", "num_hidden_layers": 1, "num_attention_heads": 2,
+              "intermediate_size": 64, "vocab_size": 256}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert hf.main(["import", str(tmp_path), str(tmp_path / "ckpt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"maxlite: error: {tmp_path}/config.json: required key 'hidden_size' is missing"]

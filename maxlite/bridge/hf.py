@@ -67,7 +67,7 @@ def check_vocab(tok, vocab_size: int, escape: str) -> None:
 
 
 # Files beside an HF tokenizer.json that carry its special tokens and chat template.
-TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json")
 
 
 def export_hf(cfg, params, out_dir: str, dtype: str = "float32", max_shard_size: str | int = "5GB",
