@@ -46,7 +46,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from maxlite import config as C, mesh as mesh_lib, optim, state as state_lib  # noqa: E402
-from maxlite.checkpointing import Checkpointer, initial_state  # noqa: E402
+from maxlite import resume  # noqa: E402
+from maxlite.checkpointing import Checkpointer  # noqa: E402
 from benchmarks._results import write_result  # noqa: E402
 
 
@@ -176,7 +177,7 @@ def main() -> None:
         os.sync()
         ck = checkpointer("true")  # a fresh start resuming from the latest save, as after a restart
         start = time.perf_counter()
-        restored = initial_state(ck.cfg, ck, mesh, tx, abstract, shardings, _Data(), 0, False)
+        restored = resume.decide(ck.cfg, ck, mesh, tx, abstract, shardings, _Data(), 0, False).state
         jax.block_until_ready(restored)
         restore_s.append(time.perf_counter() - start)
         ck.close()

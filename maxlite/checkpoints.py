@@ -41,18 +41,6 @@ def maxlite_version() -> str:
         return "dev"
 
 
-def validate(cfg) -> None:
-    """Checks across the checkpoint and eval keys (config.py checks each name's choices)."""
-    for key in ("checkpoint_period", "max_num_checkpoints_to_keep", "checkpoint_keep_best_k",
-                "eval_interval", "eval_steps"):
-        if getattr(cfg, key) < 0:
-            raise C.ConfigError(f"{key}={getattr(cfg, key)} must be >= 0")
-    if cfg.checkpoint_keep_best_k and not cfg.eval_interval:
-        raise C.ConfigError("checkpoint_keep_best_k needs eval_interval > 0 (it ranks by eval loss)")
-    if cfg.load_parameters_path and cfg.load_full_state_path:
-        raise C.ConfigError("set load_parameters_path or load_full_state_path, not both")
-
-
 def fs_of(path: str):
     """The filesystem of `path`, with no stale listing (gcsfs caches directory listings)."""
     fs, _, _ = fsspec.get_fs_token_paths(path)

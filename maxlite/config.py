@@ -282,7 +282,28 @@ _CHOICES = {
     "checkpoint_error_policy": ("continue", "stop"),
     "fault_type": ("", "crash", "hang", "slow", "sigterm", "crash_in_snapshot"),
     "inmemory_snapshot_keeper": ("auto", "shm", "ray"),
+    "dataset_type": ("synthetic", "text", "indexed"),
+    "data_bad_record_policy": ("skip", "error"),
 }
+
+# Legal types, nonsense values: inclusive [low, high] (None: unbounded). `_POSITIVE` keys must be > 0.
+_RANGES: dict[str, tuple[float | None, float | None]] = {
+    "learning_rate": (0, None), "learning_rate_final_fraction": (0, 1), "warmup_steps_fraction": (0, 1),
+    "adam_b1": (0, 1), "adam_b2": (0, 1), "adam_weight_decay": (0, None),
+    "gradient_clipping_threshold": (0, None), "z_loss_weight": (0, None), "seed": (0, None),
+    "checkpoint_period": (0, None), "max_num_checkpoints_to_keep": (0, None),
+    "checkpoint_keep_best_k": (0, None), "eval_interval": (0, None), "eval_steps": (0, None),
+    "max_failures": (-1, None), "max_restarts": (0, None), "data_shuffle_window": (1, None),
+    "packing_bins": (1, None), "grain_worker_count": (0, None), "grain_threads": (0, None),
+    "grain_prefetch": (0, None), "straggler_threshold": (0, 1), "watchdog_factor": (1, None),
+    "watchdog_min_timeout": (0, None), "watchdog_initial_timeout": (0, None),
+    "preemption_grace_seconds": (0, None), "resilience_sync_period": (1, None),
+    "inmemory_snapshot_period": (0, None), "inmemory_snapshot_max_bytes": (0, None),
+}
+_POSITIVE = ("steps", "max_target_length", "base_emb_dim", "base_num_decoder_layers",
+             "base_num_query_heads", "base_num_kv_heads", "base_mlp_dim", "head_dim",
+             "vocab_size", "gradient_accumulation_steps", "log_period", "per_device_batch_size",
+             "adam_eps", "normalization_layer_epsilon", "rope_max_timescale", "init_scale")
 
 
 def _validate(c: Config) -> None:
@@ -291,14 +312,18 @@ def _validate(c: Config) -> None:
         if getattr(c, key) not in choices:
             names = ", ".join(x or '""' for x in choices)
             raise ConfigError(f"{key}={getattr(c, key)!r}: choose one of {names}")
-    positive = ("steps", "max_target_length", "base_emb_dim", "base_num_decoder_layers",
-                "base_num_query_heads", "base_num_kv_heads", "base_mlp_dim", "head_dim",
-                "vocab_size", "gradient_accumulation_steps", "log_period")
-    for key in positive:
+    for key in _POSITIVE:
         if getattr(c, key) <= 0:
             raise ConfigError(f"{key}={getattr(c, key)} must be positive")
-    if c.per_device_batch_size <= 0:
-        raise ConfigError(f"per_device_batch_size={c.per_device_batch_size} must be positive")
+    for key, (low, high) in _RANGES.items():
+        value = getattr(c, key)
+        if (low is not None and value < low) or (high is not None and value > high):
+            where = f">= {low}" if high is None else f"in [{low}, {high}]"
+            raise ConfigError(f"{key}={value} must be {where}")
+    if c.checkpoint_keep_best_k and not c.eval_interval:
+        raise ConfigError("checkpoint_keep_best_k needs eval_interval > 0 (it ranks by eval loss)")
+    if c.load_parameters_path and c.load_full_state_path:
+        raise ConfigError("set load_parameters_path or load_full_state_path, not both")
     if c.base_num_query_heads % c.base_num_kv_heads:
         raise ConfigError(
             f"base_num_query_heads={c.base_num_query_heads} must be a multiple of "
@@ -307,8 +332,6 @@ def _validate(c: Config) -> None:
         raise ConfigError(
             f"max_target_length={c.max_target_length} exceeds max_position_embeddings="
             f"{c.max_position_embeddings} of this gpt3 model")
-    if not 0 <= c.warmup_steps_fraction <= 1:
-        raise ConfigError(f"warmup_steps_fraction={c.warmup_steps_fraction} must be in [0, 1]")
     for prefix in ("ici", "dcn"):
         values = c.parallelism(prefix)
         if values.count(-1) > 1:

@@ -60,6 +60,32 @@ def initialize_distributed() -> None:
             jax.distributed.initialize()
     elif env.get("TPU_WORKER_HOSTNAMES", "").count(",") >= 1:
         jax.distributed.initialize()
+    if jax.process_count() > 1 and jax.devices()[0].platform == "cpu":
+        _connect_gloo_quietly()
+
+
+def _connect_gloo_quietly() -> None:
+    """Open the CPU (gloo) collectives between processes and across all devices now, with stdout
+    silenced: gloo prints `[Gloo] Rank N is connected to ...` from C++ for every new group, once per
+    local device, into the user's log. Groups of a subset of devices (e.g. data × fsdp meshes)
+    still connect, and print, when first used."""
+    import sys
+
+    from jax.experimental import multihost_utils
+
+    sys.stdout.flush()
+    saved, null = os.dup(1), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    try:
+        multihost_utils.sync_global_devices("maxlite: connect")  # one device per process
+        mesh = Mesh(np.asarray(jax.devices()), ("all",))
+        ones = jax.make_array_from_process_local_data(
+            NamedSharding(mesh, P("all")), np.ones(jax.local_device_count(), np.float32))
+        jax.block_until_ready(jax.jit(lambda x: x.sum(), out_shardings=NamedSharding(mesh, P()))(ones))
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(null)
 
 
 def num_slices_of(devices) -> int:

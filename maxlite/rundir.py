@@ -38,6 +38,7 @@ def write_text(path: str, text: str) -> None:
 class RunDir:
     def __init__(self, cfg, primary: bool):
         self.path, self.primary = cfg.run_dir, primary
+        self.sticky: dict[str, Any] = {}  # fields every later status.json of this attempt repeats
         if not primary:
             return
         fs, _, _ = fsspec.get_fs_token_paths(self.path)
@@ -50,7 +51,8 @@ class RunDir:
     def set_status(self, state: str, **fields: Any) -> None:
         if not self.primary:
             return
-        record = {"state": state, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **fields}
+        record = {"state": state, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                  **self.sticky, **fields}
         write_text(f"{self.path}/status.json", json.dumps(record, indent=1, default=str))
 
 

@@ -94,14 +94,13 @@ def _setup(cfg: C.Config, res) -> _Run:
 
     import jax
 
-    from maxlite import checkpoints, data, optim, state as state_lib, step as step_lib
-    from maxlite.checkpointing import Checkpointer, initial_state
+    from maxlite import checkpoints, data, optim, resume, state as state_lib, step as step_lib
+    from maxlite.checkpointing import Checkpointer
     from maxlite.evaluation import Evaluator
     from maxlite.metrics import MetricsLogger
 
     cfg = C.resolve(cfg, jax.device_count(), mesh_lib.num_slices_of(jax.devices()), jax.process_count())
     primary = jax.process_index() == 0
-    checkpoints.validate(cfg)
     if primary:
         checkpoints.check_storage(cfg)  # a missing bucket or no permission: one line, before any write
     run_dir = RunDir(cfg, primary)
@@ -122,18 +121,15 @@ def _setup(cfg: C.Config, res) -> _Run:
     res.attach(run_dir.path, mesh, shardings, primary, on_status=run_dir.set_status)
     ckpt = Checkpointer(cfg, primary, state_lib.nbytes(abstract)) if cfg.enable_checkpointing else None
     batches = data.make_iterator(cfg, "train", jax.process_index(), jax.process_count())
-    disk_step = ckpt.latest_step if ckpt is not None and ckpt.latest_step is not None else -1
-    restored = res.restore(abstract, newer_than=disk_step)  # collective: every host calls it
-    if restored is not None:  # newest snapshot complete on all hosts (own shards or peer replicas)
-        state = restored.state
-        batches.set_state(restored.data_state)
-    else:  # logs "resumed from step N (...) in <dir> in S s" when it reads the disk checkpoint
-        state = initial_state(cfg, ckpt, mesh, tx, abstract, shardings, batches, jax.process_index(), primary)
+    start = resume.decide(cfg, ckpt, mesh, tx, abstract, shardings, batches, jax.process_index(), primary,
+                          memory=res.restore)  # collective: every host calls it
+    state = start.state
     batch_sharding = mesh_lib.batch_sharding(mesh)
     train_step = step_lib.jit_train_step(cfg, graphdef, tx, schedule, shardings, batch_sharding)
     evaluator = Evaluator(cfg, graphdef, shardings.params, batch_sharding, jax.process_index(),
                           jax.process_count()) if cfg.eval_interval > 0 else None
     logger = MetricsLogger(cfg, run_dir.path, primary, int(state.step))
+    run_dir.sticky["resumed_from"] = start.record()
     run_dir.set_status("running", step=int(state.step))
     res.setup_end()
     return _Run(cfg, primary, run_dir, mesh, state, train_step, batches, batch_sharding, logger, ckpt, evaluator)

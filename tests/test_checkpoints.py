@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from maxlite import checkpoints as ck, config as C, optim, state as state_lib
-from maxlite.checkpointing import Checkpointer, initial_state, offload
+from maxlite import resume
+from maxlite.checkpointing import Checkpointer, offload
 from maxlite.data.synthetic import make_synthetic_iterator
 from tests.helpers import build
 
@@ -44,7 +45,7 @@ def _start(tmp_path, argv, devices, ckpt=True):
     _, abstract, shardings = state_lib.abstract_state(cfg, mesh, tx)
     checkpointer = Checkpointer(cfg, True, state_lib.nbytes(abstract)) if ckpt else None
     data = make_synthetic_iterator(cfg, "train", 0, 1)
-    state = initial_state(cfg, checkpointer, mesh, tx, abstract, shardings, data, 0, True)
+    state = resume.decide(cfg, checkpointer, mesh, tx, abstract, shardings, data, 0, True).state
     return cfg, state, data, checkpointer
 
 
@@ -159,7 +160,7 @@ def test_user_errors_are_one_line(tmp_path, capsys):
     assert ck.main(["list", str(tmp_path / "nothing")]) == 2
     assert "maxlite: error:" in capsys.readouterr().err
     with pytest.raises(C.ConfigError, match="checkpoint_error_policy"):
-        ck.validate(C.load([*SMALL, "checkpoint_error_policy=maybe"]))
+        C.load([*SMALL, "checkpoint_error_policy=maybe"])
 
 
 def test_async_save_keeps_its_step_while_the_loop_donates_the_state_at_once(tmp_path, monkeypatch):

@@ -1,3 +1,4 @@
+import re
 import subprocess
 import sys
 
@@ -127,3 +128,22 @@ def test_fit_check_on_cpu_counts_the_copy_an_async_checkpoint_makes(monkeypatch)
         state_lib.check_fits(cfg, abstract)
     state_lib.check_fits(dataclasses.replace(cfg, async_checkpointing=False), abstract)
     state_lib.check_fits(dataclasses.replace(cfg, enable_checkpointing=False), abstract)
+
+
+def test_legal_types_with_nonsense_values_are_refused():
+    for arg, message in (("learning_rate=-1", "learning_rate=-1.0 must be >= 0"),
+                         ("adam_b2=1.5", "adam_b2=1.5 must be in [0, 1]"),
+                         ("adam_eps=0", "adam_eps=0.0 must be positive"),
+                         ("checkpoint_period=-5", "checkpoint_period=-5 must be >= 0")):
+        with pytest.raises(C.ConfigError, match=re.escape(message)):
+            C.load(["base.yml", arg])
+
+
+def test_a_bad_recipe_fails_before_anything_is_written(tmp_path, capsys):
+    from maxlite.train import main
+
+    out = tmp_path / "runs"
+    assert main(["base.yml", "model_name=tiny", "dataset_type=txt", f"base_output_directory={out}"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "maxlite: error: dataset_type='txt': choose one of synthetic, text, indexed"]
+    assert not out.exists()

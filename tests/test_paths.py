@@ -74,6 +74,11 @@ def test_train_resume_list_export_import_load_with_each_path_form(form, tmp_path
     summary = train(C.load([*run, "steps=3"]))
     assert summary["exit_code"] == 0 and summary["steps"] == 1  # resumed: this attempt ran step 3 only
     assert _steps_logged(C.load(run).run_dir)[-1] == 3
+    import fsspec
+    with fsspec.open(f"{C.load(run).run_dir}/status.json", "r") as f:
+        resumed = json.load(f)["resumed_from"]
+    assert (resumed["source"], resumed["step"]) == ("checkpoint", 2)
+    assert resumed["where"] == f"{C.load(run).run_dir}/checkpoints/2"  # absolute, whatever was typed
     assert [r["step"] for r in ck.list_checkpoints(ckpts) if r["complete"]][-1] == 3
 
     # the CLIs, as typed: export to a relative HF dir, import into the same path form, load it
@@ -89,6 +94,8 @@ def test_train_resume_list_export_import_load_with_each_path_form(form, tmp_path
     # a params-only start from the imported checkpoint, path as typed
     summary = train(C.load([*run, "run_name=ft", "steps=1", f"load_parameters_path={imported}"]))
     assert summary["exit_code"] == 0
+    with fsspec.open(f"{C.load([*run, 'run_name=ft']).run_dir}/status.json", "r") as f:
+        assert json.load(f)["resumed_from"]["source"] == "params"
     assert [r["step"] for r in ck.list_checkpoints(f"{base}/ft/checkpoints") if r["complete"]] == [1]
 
 
@@ -115,7 +122,9 @@ def test_default_relative_run_killed_resumes_and_exports_from_the_cli(tmp_path):
     code, out = cli(*run, kill_on="saved checkpoint step 2")
     assert code == -signal.SIGKILL, out[-3000:]
     code, out = cli(*run)
-    assert code == 0 and "resumed from step 2 " in out, out[-3000:]
+    assert code == 0, out[-3000:]
+    resumed = json.load(open(tmp_path / "runs" / "r" / "status.json"))["resumed_from"]
+    assert (resumed["source"], resumed["step"]) == ("checkpoint", 2)
     assert "Traceback" not in out and "ERROR:absl" not in out
     assert _steps_logged(str(tmp_path / "runs" / "r"))[-2:] == [3, 4]
     code, out = cli("maxlite.checkpoints", "list", "runs/r/checkpoints")

@@ -1,8 +1,7 @@
 """The loop's checkpointer: owns its schedule, saves asynchronously, surfaces storage failures.
 
-`initial_state` decides where a run starts: its own latest complete checkpoint (automatic
-resume: state, step, data position), else `load_full_state_path`, else `load_parameters_path`
-(weights only: fresh optimizer at step 0), else a fresh sharded init.
+Where a run starts (its own checkpoint, an in-memory snapshot, another run's state) is decided
+in `maxlite.resume`.
 """
 
 from __future__ import annotations
@@ -69,10 +68,6 @@ class Checkpointer:
         """Failed saves with no complete save after them: the run has not kept what they held."""
         last_ok = max(self.saved, default=-1)
         return [f for f in self.failures if f["step"] > last_ok]
-
-    @property
-    def latest_step(self) -> int | None:
-        return self.mngr.latest_step()
 
     def has(self, step: int) -> bool:
         """A save of `step` exists or is under way (Orbax's own record: no listing of the storage)."""
@@ -165,8 +160,10 @@ class Checkpointer:
         text = (str(e).splitlines() or [""])[0][:300]
         error = f"{type(e).__name__}: {text}"
         self.failures.append({"step": step, "error": error})
-        if self.primary:
-            ck.remove_failed_save(self.path, step)  # best effort: the storage may still be down
+        if self.primary and "://" not in self.path:
+            # Local: remove the tmp dir now. Remote storage that just failed would make the loop wait
+            # through the client's retries (minutes); the next start removes it, naming this failure.
+            ck.remove_failed_save(self.path, step)
         line = f"maxlite: checkpoint save at step {step} to {self.path} failed: {error}; {intact}"
         if self.cfg.checkpoint_error_policy == "stop":
             print_primary(self.primary, line + "; stopping (checkpoint_error_policy=stop)", err=True)
@@ -183,76 +180,3 @@ class Checkpointer:
                 self.mngr.close()
             except Exception:  # noqa: BLE001 — a failed save was already reported by poll()
                 pass
-
-
-def _restore_full(root: str, step: int, abstract, shardings, data_iterator, process_index: int):
-    from maxlite.state import TrainState
-
-    targets = {"params": ck.sharded_target(abstract.params, shardings.params),
-               "optimizer": ck.sharded_target({"step": abstract.step, "opt_state": abstract.opt_state},
-                                              {"step": shardings.step, "opt_state": shardings.opt_state}),
-               "data": None}
-    restored = ck.restore_items(root, step, targets)
-    states = (restored.get("data") or {}).get("states") or []
-    if states:
-        if len(states) > process_index and (len(states) == _process_count() or _all_same(states)):
-            data_iterator.set_state(states[process_index] if len(states) == _process_count() else states[0])
-        else:
-            raise C.ConfigError(f"{root}/{step}: its data position was saved by {len(states)} processes, "
-                                f"this run has {_process_count()}; resume with the same number of hosts")
-    opt = restored["optimizer"]
-    return TrainState(step=opt["step"], params=restored["params"], opt_state=opt["opt_state"])
-
-
-def _process_count() -> int:
-    import jax
-    return jax.process_count()
-
-
-def _all_same(states: list) -> bool:
-    return all(json.dumps(s, sort_keys=True) == json.dumps(states[0], sort_keys=True) for s in states)
-
-
-def _params_only(cfg, mesh, tx, abstract, shardings):
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-    from maxlite.mesh import RULES
-    from maxlite.state import TrainState
-
-    root, step = ck.resolve_step_dir(cfg.load_parameters_path)
-    params = ck.restore_items(root, step, {"params": ck.sharded_target(abstract.params, shardings.params)})["params"]
-    with jax.set_mesh(mesh), nnx.logical_axis_rules(RULES):
-        opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
-        zero = jax.device_put(jnp.zeros((), jnp.int32), shardings.step)
-    return TrainState(step=zero, params=params, opt_state=opt_state), f"{root}/{step}"
-
-
-def initial_state(cfg, checkpointer: Checkpointer | None, mesh, tx, abstract, shardings, data_iterator,
-                  process_index: int, primary: bool):
-    """The state the run starts from, restoring onto this run's mesh whatever mesh saved it."""
-    from maxlite.state import create_state
-
-    if checkpointer is not None and checkpointer.latest_step is not None:
-        step = checkpointer.latest_step
-        start = time.perf_counter()
-        state = _restore_full(checkpointer.path, step, abstract, shardings, data_iterator, process_index)
-        meta = ck.read_meta(checkpointer.path, step) if primary else {}
-        if meta.get("val_loss") is not None:
-            checkpointer.note_eval(meta["val_loss"])
-        print_primary(primary, f"maxlite: resumed from step {step} ({ck.checkpoint_name(meta, step)}) in "
-                      f"{checkpointer.path} in {time.perf_counter() - start:.1f} s")
-        if step >= cfg.steps:
-            print_primary(primary, f"maxlite: already at step {step} of steps={cfg.steps}: nothing to train; "
-                          f"raise steps= to train further")
-        return state
-    if cfg.load_full_state_path:
-        root, step = ck.resolve_step_dir(cfg.load_full_state_path)
-        state = _restore_full(root, step, abstract, shardings, data_iterator, process_index)
-        print_primary(primary, f"maxlite: loaded the full state of step {step} from {root}")
-        return state
-    if cfg.load_parameters_path:
-        state, where = _params_only(cfg, mesh, tx, abstract, shardings)
-        print_primary(primary, f"maxlite: loaded parameters from {where}; fresh optimizer, starting at step 0")
-        return state
-    return create_state(cfg, mesh, tx, shardings)
