@@ -21,7 +21,7 @@ What is compared with what, and why:
 - Blocking is what the loop waits for: `Checkpointer.save()` as the train loop calls it, on one
   Checkpointer kept across saves (as in a run). The first save of a process is reported apart
   from the steady state (median of the later ones). An async save returns once the host copy is
-  enqueued (maxlite/checkpointing/offload.py); that copy and the writer thread then share the CPU
+  enqueued (maxlite/checkpoints/offload.py); that copy and the writer thread then share the CPU
   with the loop, so the step right after the save (a donated update of the whole state) is timed
   too, against the same step with no save running.
 """
@@ -47,7 +47,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from maxlite import config as C, mesh as mesh_lib, optim, state as state_lib  # noqa: E402
 from maxlite import resume  # noqa: E402
-from maxlite.checkpointing import Checkpointer  # noqa: E402
+from maxlite.checkpoints.saver import Checkpointer  # noqa: E402
 from benchmarks._results import write_result  # noqa: E402
 
 

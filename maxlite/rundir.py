@@ -1,7 +1,8 @@
 """The run directory `{base_output_directory}/{run_name}/`: resolved config and status.json.
 
-status.json tells launchers (Slurm requeue, `maxlite.launch status`) what happened:
-state = running | finished | preempted | failed, with the step reached.
+status.json tells launchers (Slurm requeue, Ray restarts, `maxlite.launch status`) what happened:
+state = running | finished | preempted | failed, with the step reached, and once the attempt ends
+its exit code and `next` (done | requeue | restart | fail: `resilience.exit_codes.next_action`).
 """
 
 from __future__ import annotations
@@ -53,7 +54,14 @@ class RunDir:
             return
         record = {"state": state, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                   **self.sticky, **fields}
-        write_text(f"{self.path}/status.json", json.dumps(record, indent=1, default=str))
+        if "exit_code" in fields:  # what every launcher does next: the one rule, answered here
+            from maxlite.resilience import exit_codes  # (the resilience package imports this module)
+            record["next"] = exit_codes.next_action(fields["exit_code"], record)
+        text = json.dumps(record, indent=1, default=str)
+        write_text(f"{self.path}/status.json", text)
+        launch_dir = os.environ.get("MAXLITE_EXPERIMENT_DIR")  # set by the Slurm launcher's batch script
+        if launch_dir:  # a local copy it reads with bash, wherever the run directory is (gs:// too)
+            write_text(f"{launch_dir}/run_status.json", text)
 
 
 def read_status(run_dir: str) -> dict[str, Any] | None:

@@ -93,7 +93,7 @@ def check_fits(cfg, abstract: TrainState) -> None:
     what = "parameters, gradients and optimizer state"
     if devices[0].platform == "cpu":
         if cfg.enable_checkpointing and cfg.async_checkpointing:  # an async save copies the state
-            state_bytes += nbytes(abstract)                         # (checkpointing/offload.py)
+            state_bytes += nbytes(abstract)                         # (checkpoints/offload.py)
             what += ", plus its copy while an async checkpoint is written,"
         need = state_bytes * len(devices) / jax.device_count()  # this host's share
         have = _host_memory_bytes()

@@ -23,19 +23,22 @@ def _global_batch(local: dict, sharding) -> dict:
 
 
 def train(cfg: C.Config, on_metrics: Callable[[dict[str, Any]], None] | None = None,
-          preemption_notice: Callable[[], str | None] | None = None) -> dict[str, Any]:
+          preemption_notice: Callable[[], str | None] | None = None,
+          snapshot_keeper: Callable | None = None) -> dict[str, Any]:
     """Train as configured on every process of the job; returns the summary (with `exit_code`).
 
     `on_metrics(record)` runs on every process after each step's metrics are read (launchers use it,
     e.g. to report to Ray); it must not block for long. `preemption_notice()` is a launcher's polled
     notice that this job's machines are about to be taken (Ray: a node drain): a line describing it,
     or None; on a notice every host saves a checkpoint at the same step and training goes on.
+    `snapshot_keeper(run_dir, rank)`: where a launcher keeps in-memory snapshots (Ray: actors that
+    outlive the workers); /dev/shm otherwise. Launchers hand these in; the loop knows no launcher.
     """
     from maxlite.resilience import Resilience
 
     started = time.perf_counter()
     # first: a SIGTERM during setup or compilation is caught from here on
-    res = Resilience(cfg, notice=preemption_notice)
+    res = Resilience(cfg, notice=preemption_notice, keeper=snapshot_keeper)
     try:
         run = _setup(cfg, res)
         try:
@@ -64,8 +67,8 @@ class _Run:
     batches: Any
     batch_sharding: Any
     logger: Any
+    hooks: list  # periodic work (maxlite/hooks.py), called in order after every step
     ckpt: Any = None  # Checkpointer, or None with enable_checkpointing=false
-    evaluator: Any = None  # Evaluator, or None with eval_interval=0
 
     def failed(self, e: BaseException) -> None:
         import jax
@@ -73,7 +76,8 @@ class _Run:
         try:
             step = int(jax.device_get(self.state.step)) if self.state is not None else None
             failures = {"checkpoint_failures": self.ckpt.failures} if self.ckpt and self.ckpt.failures else {}
-            self.dir.set_status("failed", step=step, error=f"{type(e).__name__}: {e}", **failures)
+            self.dir.set_status("failed", step=step, error=f"{type(e).__name__}: {e}",
+                                exit_code=exit_code_of(e), **failures)
         except Exception as status_error:  # noqa: BLE001 — the storage may be what failed; keep `e`
             print(f"maxlite: could not write status.json: {type(status_error).__name__}", file=sys.stderr)
 
@@ -86,6 +90,16 @@ class _Run:
             batches_close()
 
 
+def exit_code_of(e: BaseException) -> int:
+    """The exit code `main` gives an error that ends the run."""
+    from maxlite.checkpoints.saver import CheckpointSaveError
+    from maxlite.resilience import exit_codes
+
+    if isinstance(e, C.ConfigError):
+        return exit_codes.CONFIG_ERROR
+    return exit_codes.CHECKPOINT_FAILED if isinstance(e, CheckpointSaveError) else exit_codes.FAILED
+
+
 def _setup(cfg: C.Config, res) -> _Run:
     """config → distributed → mesh → state (memory snapshot, checkpoint or init) → data → step."""
     from maxlite import mesh as mesh_lib
@@ -94,8 +108,8 @@ def _setup(cfg: C.Config, res) -> _Run:
 
     import jax
 
-    from maxlite import checkpoints, data, optim, resume, state as state_lib, step as step_lib
-    from maxlite.checkpointing import Checkpointer
+    from maxlite import checkpoints, data, hooks, optim, resume, state as state_lib, step as step_lib
+    from maxlite.checkpoints.saver import Checkpointer
     from maxlite.evaluation import Evaluator
     from maxlite.metrics import MetricsLogger
 
@@ -129,83 +143,66 @@ def _setup(cfg: C.Config, res) -> _Run:
     evaluator = Evaluator(cfg, graphdef, shardings.params, batch_sharding, jax.process_index(),
                           jax.process_count()) if cfg.eval_interval > 0 else None
     logger = MetricsLogger(cfg, run_dir.path, primary, int(state.step))
+    run_hooks = hooks.standard(cfg, primary, res, logger, batches, ckpt, evaluator)
     run_dir.sticky["resumed_from"] = start.record()
     run_dir.set_status("running", step=int(state.step))
     res.setup_end()
-    return _Run(cfg, primary, run_dir, mesh, state, train_step, batches, batch_sharding, logger, ckpt, evaluator)
+    return _Run(cfg, primary, run_dir, mesh, state, train_step, batches, batch_sharding, logger, run_hooks, ckpt)
 
 
 def _loop(run: _Run, res, on_metrics) -> tuple[Any, str | None]:
-    """The steps, metrics read one step late; returns the last state and the agreed stop reason."""
+    """The steps, metrics read one step late, hooks after each; returns the last state and the
+    agreed stop reason."""
     import jax
     from flax import nnx
 
     from maxlite import mesh as mesh_lib
     from maxlite.resilience import SAVE_NOW
 
-    cfg, ckpt, logger, batches = run.cfg, run.ckpt, run.logger, run.batches
-
-    def read(pending) -> None:
-        step, metrics, dispatched = pending
-        with res.device_wait():  # waits for that step (and, through it, for the other hosts)
-            values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        done = time.perf_counter()
-        if not values.pop("finite"):
-            raise FloatingPointError(f"loss is {values['loss']} at step {step}: stopping")
-        logger.log_step(step, done - dispatched[0], {**values, **res.metrics()})
-        dispatched[0] = done
-        if on_metrics is not None:
-            on_metrics(logger.history[-1])
-
-    reason = None
+    reason, pending = None, None
     with jax.set_mesh(run.mesh), nnx.logical_axis_rules(mesh_lib.RULES):
-        pending, clock = None, [time.perf_counter()]
-        for step in range(int(run.state.step), cfg.steps):
+        clock = [time.perf_counter()]
+        for step in range(int(run.state.step), run.cfg.steps):
             res.step_begin(step)
             with res.data_wait():
-                local = next(batches)
+                local = next(run.batches)
             batch = _global_batch(local, run.batch_sharding)
             with res.device_wait():  # on CPU a dispatch may run the step inline, waiting for peers
                 run.state, metrics = run.train_step(run.state, batch)
             if pending is not None:
-                read(pending)
+                _read(run, res, pending, on_metrics)
             pending = (step + 1, metrics, clock)
-            if run.evaluator is not None and run.evaluator.due(step + 1):
-                with res.section("eval"):
-                    values = run.evaluator.run(run.state.params)
-                logger.log_eval(step + 1, {k: values[k] for k in ("loss", "perplexity")})
-                if ckpt is not None:
-                    ckpt.note_eval(values["loss"])
-            if ckpt is not None:
-                with res.section("checkpoint"):
-                    ckpt.maybe_save(step + 1, run.state, batches)  # async: waits only for the device→host copy
-                    ckpt.poll()
+            for hook in run.hooks:
+                hook.after_step(step + 1, run.state)
             # may snapshot into host memory; the answer is the same on every host, at the same step
-            reason = res.step_end(step + 1, run.state, batches.get_state)
+            reason = res.step_end(step + 1, run.state, run.batches.get_state)
             if reason == SAVE_NOW:  # a preemption notice: a complete checkpoint now, then train on
                 reason = None
-                _save_and_wait(run, res, step + 1, "preemption notice")
+                for hook in run.hooks:
+                    hook.save_now(step + 1, run.state, "preemption notice")
             elif reason:
                 break
         if pending is not None:
-            read(pending)
-        if reason:  # preempted, max_time, straggler: the final save, finished before we exit
-            _save_and_wait(run, res, int(run.state.step), reason)
-        elif ckpt is not None and cfg.save_checkpoint_on_completion:
-            with res.section("checkpoint"):
-                ckpt.maybe_save(int(run.state.step), run.state, batches)  # e.g. steps was lowered on resume
+            _read(run, res, pending, on_metrics)
+        for hook in run.hooks:
+            hook.at_end(int(run.state.step), run.state, reason)
     return run.state, reason
 
 
-def _save_and_wait(run: _Run, res, step: int, why: str) -> None:
-    if run.ckpt is None:
-        print_primary(run.primary, f"maxlite: {why} at step {step}, but enable_checkpointing=false: nothing saved")
-        return
-    with res.section("checkpoint"):
-        print_primary(run.primary, f"maxlite: {why}: saving step {step} and waiting for it")
-        if not run.ckpt.has(step):
-            run.ckpt.save(step, run.state, run.batches)
-        run.ckpt.poll(wait=True)
+def _read(run: _Run, res, pending, on_metrics) -> None:
+    """A step's metrics, one step late: the host never waits for the step it just dispatched."""
+    import jax
+
+    step, metrics, dispatched = pending
+    with res.device_wait():  # waits for that step (and, through it, for the other hosts)
+        values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    done = time.perf_counter()
+    if not values.pop("finite"):
+        raise FloatingPointError(f"loss is {values['loss']} at step {step}: stopping")
+    run.logger.log_step(step, done - dispatched[0], {**values, **res.metrics()})
+    dispatched[0] = done
+    if on_metrics is not None:
+        on_metrics(run.logger.history[-1])
 
 
 def _finish(run: _Run, res, state, reason: str | None, started: float) -> dict[str, Any]:
@@ -243,6 +240,9 @@ def _finish(run: _Run, res, state, reason: str | None, started: float) -> dict[s
                       f"after them (step(s) {steps}; first error: {lost[0]['error']}); exit "
                       f"{code}: the run's progress since its last complete checkpoint is not kept", err=True)
     extra = {"checkpoint_failures": failures} if failures else {}
+    if "reason" in fields:
+        extra["reason"] = fields["reason"]
+    summary["next"] = exit_codes.next_action(code, {"state": status, **extra})  # what status.json says too
     run.dir.set_status(status, step=int(state.step), summary=summary, exit_code=code, **extra)
     return summary
 
@@ -266,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("usage: python -m maxlite.train [base.yml|your.yml] key=value ...\n"
               "keys, defaults and comments: maxlite/configs/base.yml", file=sys.stderr)
         return 0 if argv else 2
-    from maxlite.checkpointing.manager import CheckpointSaveError
+    from maxlite.checkpoints.saver import CheckpointSaveError
     from maxlite.resilience import exit_codes, preemption
 
     try:

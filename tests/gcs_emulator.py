@@ -15,7 +15,6 @@ settings for subprocesses.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import tempfile
 import time
@@ -23,6 +22,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from tests.ports import free_port
 
 
 def _binary() -> Path:
@@ -32,12 +32,6 @@ def _binary() -> Path:
     if not path.exists():
         pytest.skip(f"fake-gcs-server binary not found at {path}")
     return path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def emulator_env(url: str, config_dir: str | None = None) -> dict[str, str]:
@@ -60,7 +54,7 @@ class Emulator:
     """The server process; `stop()`/`start()` simulate the storage endpoint dying and coming back."""
 
     def __init__(self, root: Path, port: int | None = None):
-        self.root, self.port = root, port or _free_port()
+        self.root, self.port = root, port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
 

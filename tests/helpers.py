@@ -6,8 +6,13 @@ import jax
 import numpy as np
 from flax import nnx
 
-from maxlite import config as C, mesh as mesh_lib, optim, state as state_lib, step as step_lib
+from maxlite import config as C, mesh as mesh_lib, optim, resume, state as state_lib, step as step_lib
 from maxlite.data.synthetic import make_synthetic_iterator
+
+# A very small llama: compiles fast on 2 busy cores.
+SMALL = ["base.yml", "model_name=tiny", "base_emb_dim=64", "base_mlp_dim=128", "base_num_query_heads=2",
+         "base_num_kv_heads=2", "head_dim=32", "base_num_decoder_layers=2", "vocab_size=256",
+         "max_target_length=16", "per_device_batch_size=1", "enable_tensorboard=false"]
 
 
 def build(argv, num_devices: int):
@@ -32,3 +37,27 @@ def train_losses(argv, num_devices: int, steps: int):
             state, metrics = step(state, batch)
             losses.append(float(metrics["loss"]))
     return np.array(losses), jax.device_get(state)
+
+
+def trained(tmp_path, extra=(), steps=2, devices=8, mesh=("ici_fsdp_parallelism=4", "ici_tensor_parallelism=2")):
+    """A SMALL state trained a few steps (fsdp=4 × tensor=2 by default), its config and data iterator."""
+    argv = [*SMALL, *mesh, f"base_output_directory={tmp_path}/runs", "run_name=src", *extra]
+    cfg, _, state, step, sharding = build(argv, devices)
+    data = make_synthetic_iterator(cfg, "train", 0, 1)
+    for _ in range(steps):
+        state, _ = step(state, {k: jax.device_put(v, sharding) for k, v in next(data).items()})
+    return cfg, state, data
+
+
+def start(tmp_path, argv, devices, ckpt=True):
+    """What train() does up to the first step: (cfg, the state the run starts from, data, checkpointer)."""
+    from maxlite.checkpoints.saver import Checkpointer
+
+    cfg = C.resolve(C.load([*SMALL, f"base_output_directory={tmp_path}/runs", *argv]), devices)
+    mesh = mesh_lib.make_mesh(cfg, jax.devices()[:devices])
+    tx = optim.make_optimizer(cfg)
+    _, abstract, shardings = state_lib.abstract_state(cfg, mesh, tx)
+    checkpointer = Checkpointer(cfg, True, state_lib.nbytes(abstract)) if ckpt else None
+    data = make_synthetic_iterator(cfg, "train", 0, 1)
+    state = resume.decide(cfg, checkpointer, mesh, tx, abstract, shardings, data, 0, True).state
+    return cfg, state, data, checkpointer

@@ -10,21 +10,15 @@ from __future__ import annotations
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from tests.ports import free_port
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 VENV_BIN = pathlib.Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def ray_env(**extra: str) -> dict[str, str]:
@@ -64,7 +58,7 @@ def stop_session(sid: int, grace_s: float = 20.0) -> None:
 
 
 def _ports(*flags: str) -> list[str]:
-    return [f"{flag}={free_port()}" for flag in flags]
+    return [f"{flag}={free_port('')}" for flag in flags]
 
 
 _NODE_PORTS = ("--node-manager-port", "--object-manager-port", "--metrics-export-port",
@@ -80,12 +74,12 @@ class RayHead:
         self.nodes: dict[str, subprocess.Popen] = {}
         self._node_logs: list = []
         self.temp_dir = tempfile.mkdtemp(prefix="ray_mlt_", dir="/tmp")  # short: holds unix sockets
-        self.dashboard_port = free_port()
+        self.dashboard_port = free_port('')
         self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> "RayHead":
-        self.gcs_port = free_port()
+        self.gcs_port = free_port('')
         cmd = [str(VENV_BIN / "ray"), "start", "--head", "--block", f"--num-cpus={self.num_cpus}",
                f"--temp-dir={self.temp_dir}", "--disable-usage-stats", f"--port={self.gcs_port}",
                f"--dashboard-port={self.dashboard_port}", *_ports("--ray-client-server-port", *_NODE_PORTS)]

@@ -12,12 +12,12 @@ import os
 import pathlib
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 
 import pytest
+from tests.ports import free_port
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
 TOOLS = ["slurmctld", "slurmd", "sbatch", "srun", "sinfo", "squeue", "scontrol", "scancel", "munged"]
@@ -41,12 +41,6 @@ def ensure_installed() -> None:
     missing = [t for t in TOOLS if not shutil.which(t)]
     if missing:
         pytest.skip(f"Slurm installed but {', '.join(missing)} not found")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _pid(path: pathlib.Path) -> int | None:
@@ -108,8 +102,8 @@ class SlurmCluster:
             f"SlurmctldHost={name}(127.0.0.1)",
             "SlurmUser=root",
             "SlurmdUser=root",
-            f"SlurmctldPort={_free_port()}",
-            f"SlurmdPort={_free_port()}",
+            f"SlurmctldPort={free_port()}",
+            f"SlurmdPort={free_port()}",
             "AuthType=auth/munge",
             "CredType=cred/munge",
             # cred_expire=10: a requeued job is held back cred_expire seconds (120 by default).

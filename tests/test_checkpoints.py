@@ -10,44 +10,15 @@ import jax
 import numpy as np
 import pytest
 
-from maxlite import checkpoints as ck, config as C, optim, state as state_lib
-from maxlite import resume
-from maxlite.checkpointing import Checkpointer, offload
+from maxlite import checkpoints as ck, config as C, state as state_lib
+from maxlite.checkpoints import offload
+from maxlite.checkpoints.saver import Checkpointer
 from maxlite.data.synthetic import make_synthetic_iterator
-from tests.helpers import build
-
-# A very small llama: compiles fast on 2 busy cores.
-SMALL = ["base.yml", "model_name=tiny", "base_emb_dim=64", "base_mlp_dim=128", "base_num_query_heads=2",
-         "base_num_kv_heads=2", "head_dim=32", "base_num_decoder_layers=2", "vocab_size=256",
-         "max_target_length=16", "per_device_batch_size=1", "enable_tensorboard=false"]
+from tests.helpers import SMALL, build, start as _start, trained as _trained
 
 
 def _host(tree):
     return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(tree))]
-
-
-def _trained(tmp_path, extra=(), steps=2, devices=8, mesh=("ici_fsdp_parallelism=4", "ici_tensor_parallelism=2")):
-    """A state trained a few steps on fsdp=4 × tensor=2, and its config."""
-    argv = [*SMALL, *mesh, f"base_output_directory={tmp_path}/runs", "run_name=src", *extra]
-    cfg, mesh_, state, step, sharding = build(argv, devices)
-    data = make_synthetic_iterator(cfg, "train", 0, 1)
-    for _ in range(steps):
-        state, _ = step(state, {k: jax.device_put(v, sharding) for k, v in next(data).items()})
-    return cfg, state, data
-
-
-def _start(tmp_path, argv, devices, ckpt=True):
-    """What train() does up to the first step: the state the run would start from."""
-    import maxlite.mesh as mesh_lib
-    cfg = C.resolve(C.load([*SMALL, f"base_output_directory={tmp_path}/runs", *argv]), devices)
-    mesh = mesh_lib.make_mesh(cfg, jax.devices()[:devices])
-    tx = optim.make_optimizer(cfg)
-    _, abstract, shardings = state_lib.abstract_state(cfg, mesh, tx)
-    checkpointer = Checkpointer(cfg, True, state_lib.nbytes(abstract)) if ckpt else None
-    data = make_synthetic_iterator(cfg, "train", 0, 1)
-    state = resume.decide(cfg, checkpointer, mesh, tx, abstract, shardings, data, 0, True).state
-    return cfg, state, data, checkpointer
-
 
 def test_restore_onto_other_meshes_bitwise(tmp_path, capsys):
     cfg, state, data = _trained(tmp_path)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from maxlite import checkpoints as ck, state as state_lib
-from maxlite.checkpointing import Checkpointer
-from maxlite.checkpointing.manager import CheckpointSaveError
+from maxlite import checkpoints as ck, config as C, state as state_lib
+from maxlite.checkpoints.saver import Checkpointer
+from maxlite.checkpoints.saver import CheckpointSaveError
 from tests.gcs_emulator import gcs_emulator, make_bucket  # noqa: F401
-from tests.test_checkpoints import _start, _trained
+from tests.helpers import start as _start, trained as _trained
 
 pytestmark = pytest.mark.gcs
 
@@ -39,7 +39,7 @@ def test_save_list_resume_and_leftovers_on_gcs(tmp_path, gcs_emulator, capsys): 
 
 
 def test_missing_bucket_is_a_config_error(gcs_emulator):  # noqa: F811
-    with pytest.raises(ck.C.ConfigError, match="gs://no-such-bucket: bucket or path does not exist"):
+    with pytest.raises(C.ConfigError, match="gs://no-such-bucket: bucket or path does not exist"):
         ck.check_path("gs://no-such-bucket/x")
 
 
@@ -91,7 +91,7 @@ def test_endpoint_dies_during_an_async_save(tmp_path, gcs_emulator, capsys):  # 
     bucket = make_bucket(gcs_emulator.url, "ckpt-outage")
     from tests.helpers import build
     argv = ["base.yml", "model_name=tiny", "ici_fsdp_parallelism=1", f"checkpoint_dir={bucket}/c",
-            "per_device_batch_size=1", "max_target_length=16"]
+            "per_device_batch_size=1", "max_target_length=16", "checkpoint_error_policy=continue"]
     cfg, _, state, _, _ = build(argv, 1)  # 60 MiB of state: the write is still running at the kill
     saver = Checkpointer(cfg, True, state_lib.nbytes(state))
     assert saver.save(1, state, _Data())

@@ -11,7 +11,7 @@ import numpy as np
 from maxlite import config as C, data, mesh as mesh_lib, optim, state as state_lib, step as step_lib
 from maxlite.evaluation import Evaluator
 from maxlite.train import train
-from tests.test_checkpoints import SMALL
+from tests.helpers import SMALL
 
 
 def test_eval_repeats_the_same_batches_and_matches_a_plain_computation():

@@ -21,13 +21,11 @@ import pytest
 from maxlite import checkpoints as ck, config as C
 from maxlite.bridge import hf
 from maxlite.train import train
+from tests import helpers
 from tests.gcs_emulator import gcs_emulator, make_bucket  # noqa: F401
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SMALL = ["base.yml", "model_name=tiny", "base_emb_dim=64", "base_mlp_dim=128", "base_num_query_heads=2",
-         "base_num_kv_heads=2", "head_dim=32", "base_num_decoder_layers=2", "vocab_size=256",
-         "max_target_length=16", "per_device_batch_size=1", "enable_tensorboard=false",
-         "ici_fsdp_parallelism=-1", "checkpoint_period=1"]
+SMALL = [*helpers.SMALL, "checkpoint_period=1"]
 
 
 def _steps_logged(run_dir: str) -> list[int]:
@@ -139,7 +137,7 @@ def test_a_run_whose_saves_all_fail_exits_non_zero(tmp_path, monkeypatch, capsys
     def refuse(self, step, args, metrics):
         raise OSError(f"injected: storage refuses step {step}")
 
-    from maxlite.checkpointing.manager import Checkpointer
+    from maxlite.checkpoints.saver import Checkpointer
     monkeypatch.setattr(Checkpointer, "_write", refuse)
     monkeypatch.chdir(tmp_path)
     summary = train(C.load([*SMALL, "steps=2", "run_name=f", "checkpoint_error_policy=continue"]))
@@ -154,7 +152,7 @@ def test_a_run_whose_saves_all_fail_exits_non_zero(tmp_path, monkeypatch, capsys
 
 
 def test_a_later_successful_save_recovers_the_run(tmp_path, monkeypatch):
-    from maxlite.checkpointing.manager import Checkpointer
+    from maxlite.checkpoints.saver import Checkpointer
     real = Checkpointer._write
 
     def flaky(self, step, args, metrics):

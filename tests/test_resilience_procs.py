@@ -240,7 +240,7 @@ def test_crash_during_snapshot_falls_back_to_disk(run_dir):
 RAY_SCRIPT = """
 import os, ray
 ray.init(address="local", num_cpus=2, include_dashboard=False, _temp_dir={tmp!r})
-from maxlite.resilience.keeper import RayKeeper
+from maxlite.launch.ray_keeper import RayKeeper
 
 @ray.remote(max_retries=0)
 def worker_puts_then_dies():

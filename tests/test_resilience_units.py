@@ -80,11 +80,16 @@ def test_step_timer_excludes_device_wait():
 
 
 def test_exit_codes_tell_requeue_from_restart():
-    assert exit_codes.should_restart(0, "preempted", 99, 3)
-    assert not exit_codes.should_restart(0, "finished", 0, 3)
-    assert exit_codes.should_restart(exit_codes.HANG, "failed", 2, 3)
-    assert not exit_codes.should_restart(exit_codes.HANG, "failed", 3, 3)
-    assert not exit_codes.should_restart(exit_codes.CONFIG_ERROR, None, 0, 3)
+    act = exit_codes.launcher_action
+    assert act(0, {"state": "preempted", "reason": "preempted"}, 99, 3) == "requeue"  # never counted
+    assert act(0, {"state": "preempted", "reason": "max_time"}, 0, 3) == "done"  # the recipe's own budget
+    assert act(0, {"state": "finished"}, 0, 3) == "done"
+    assert act(0, None, 0, 3) == "done"  # an entrypoint that writes no status.json
+    assert act(exit_codes.HANG, {"state": "failed"}, 2, 3) == "restart"
+    assert act(exit_codes.HANG, {"state": "failed"}, 3, 3) == "fail"
+    assert act(-9, None, 0, 3) == "restart" and act(137, None, 0, 3) == "restart"  # SIGKILL, bare or by a shell
+    assert act(exit_codes.CHECKPOINT_FAILED, {"state": "failed"}, 0, 3) == "restart"
+    assert act(exit_codes.CONFIG_ERROR, None, 0, 3) == "fail"
     assert len({exit_codes.HANG, exit_codes.STRAGGLER, exit_codes.PREEMPT_TIMEOUT, exit_codes.FAILED}) == 4
 
 

@@ -6,7 +6,7 @@ import sys
 
 from maxlite import config as C
 from maxlite.train import train
-from tests.test_checkpoints import SMALL
+from tests.helpers import SMALL
 
 LINE = re.compile(r"^completed step: (\d+), seconds: [\d.]+, TFLOP/s/device: [\d.]+, "
                   r"Tokens/s/device: [\d.]+, total_weights: (\d+), loss: [\d.]+$")

@@ -11,6 +11,7 @@ maxlite's own checkpoint directory (the source of truth, not Ray's reported chec
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import shutil
@@ -20,6 +21,7 @@ import time
 from typing import Any, Iterator
 
 from maxlite import config as C
+from maxlite.resilience import exit_codes
 
 RAY_RUN_NAME = "ray_train"  # Ray's own records live in {run_dir}/ray_train/
 
@@ -108,22 +110,24 @@ def worker_env(cfg: C.Config) -> dict[str, str]:
             "XLA_FLAGS": f"--xla_force_host_platform_device_count={cfg.ray_simulated_devices_per_worker}"}
 
 
-def run_config(cfg: C.Config):
+def run_config(cfg: C.Config, attempt: int = 0):
     from ray.train import FailureConfig, LoggingConfig, RunConfig
 
-    # Ray's records go inside the run directory (not ~/ray_results): one place per run.
-    return RunConfig(name=RAY_RUN_NAME, storage_path=cfg.run_dir,
+    # Ray's records go inside the run directory (not ~/ray_results): one place per run; a requeued
+    # attempt (after a preemption) is a new Ray run beside the first.
+    name = RAY_RUN_NAME if attempt == 0 else f"{RAY_RUN_NAME}-requeue{attempt}"
+    return RunConfig(name=name, storage_path=cfg.run_dir,
                      failure_config=FailureConfig(max_failures=cfg.max_failures),
                      worker_runtime_env={"env_vars": worker_env(cfg)},
                      logging_config=LoggingConfig(log_level="WARNING"))  # maxlite prints progress
 
 
-def build_trainer(cfg: C.Config):
+def build_trainer(cfg: C.Config, attempt: int = 0):
     """The JaxTrainer for this recipe (cfg already passed through `check`)."""
     from ray.train.v2.jax import JaxTrainer
 
     return JaxTrainer(_worker_loop, train_loop_config={"config": cfg.to_dict()},
-                      scaling_config=scaling_config(cfg), run_config=run_config(cfg))
+                      scaling_config=scaling_config(cfg), run_config=run_config(cfg, attempt))
 
 
 # ---------------------------------------------------------------- on each worker
@@ -155,15 +159,33 @@ def _preemption_notice() -> str | None:
     ~10 ms barrier across workers; maxlite's own cross-host vote already makes every host act at the
     same step, so the local field is read (pinned Ray: see pyproject.toml; tests/test_ray.py drains a
     real node)."""
-    from ray.train.v2._internal.execution.context import get_train_context
-
-    info = get_train_context().preemption_context.preemption_info
+    info = _ray_preemption_info()
     if info is None:
         return None
     deadline = (f", to be reclaimed at {time.strftime('%H:%M:%S', time.localtime(info.deadline_ms / 1000))}"
                 if info.deadline_ms else "")
     nodes = ", ".join(n[:12] for n in info.preempted_node_ids)
     return f"Ray: node {nodes} is being drained for preemption (ranks {info.preempted_ranks}{deadline})"
+
+
+RAY_PRIVATE_API = "2.60."  # the Ray minor whose private train context `_ray_preemption_info` reads
+
+
+def _ray_preemption_info():
+    """Ray Train's private per-worker preemption field — the one private Ray read in maxlite, checked
+    against the Ray version it was written for; on another version it warns once and sees nothing
+    (a drain then ends the attempt as a failure, and Ray restarts it)."""
+    import ray
+
+    if not ray.__version__.startswith(RAY_PRIVATE_API):
+        if not getattr(_ray_preemption_info, "warned", False):
+            _ray_preemption_info.warned = True
+            print(f"maxlite: warning: Ray {ray.__version__} is not {RAY_PRIVATE_API}x: node-drain notices "
+                  f"are not read (pin ray as pyproject.toml does)", flush=True)
+        return None
+    from ray.train.v2._internal.execution.context import get_train_context
+
+    return get_train_context().preemption_context.preemption_info
 
 
 def _worker_loop(loop_config: dict[str, Any]) -> dict[str, Any]:
@@ -193,14 +215,16 @@ def _worker_loop(loop_config: dict[str, Any]) -> dict[str, Any]:
     # main thread). With 2+ workers JAX's own SIGTERM handler (jax.distributed) catches a SIGTERM
     # to any worker and every host stops at one step with a final save (see resilience); a planned
     # preemption also comes as Ray's drain notice: save at once and train on.
+    from maxlite.launch.ray_keeper import RayKeeper
+
     summary = train_lib.train(cfg, on_metrics=on_metrics,  # faults (fault_*) fire inside the loop
-                              preemption_notice=_preemption_notice)
-    if summary.get("exit_code", 0) or summary.get("reason") == "preempted":
-        # 76 (stop_if_straggler) or saved on SIGTERM: not finished, so fail this attempt and Ray
-        # restarts the whole group (max_failures), which resumes from the checkpoint just written
+                              preemption_notice=_preemption_notice, snapshot_keeper=RayKeeper)
+    if summary.get("next") == exit_codes.RESTART:
+        # a failure (straggler, failed save): fail this attempt and Ray restarts the whole group,
+        # counted against max_failures; it resumes from the newest checkpoint or snapshot
         raise RuntimeError(f"maxlite: training stopped with exit code {summary['exit_code']} "
                            f"({summary.get('reason', '')}): restart requested")
-    return summary  # finished, or max_time (the time budget the recipe set: stop, do not restart)
+    return summary  # done, or requeue (preempted and saved): the driver starts it again, uncounted
 
 
 # ---------------------------------------------------------------- the driver
@@ -275,13 +299,18 @@ def run(cfg: C.Config) -> dict[str, Any]:
     with connect(cfg) as where:
         print(f"maxlite: Ray: {num_workers(cfg)} worker(s) × {devices_per_worker(cfg)} device(s) on "
               f"{where}; run directory {cfg.run_dir}; max_failures={cfg.max_failures}", flush=True)
-        try:
-            result = build_trainer(cfg).fit()
-        except TrainingFailedError as e:
-            raise SystemExit(f"maxlite: error: Ray training failed after {cfg.max_failures} "
-                             f"restart(s) (max_failures): {_first_cause(e)}; worker logs above, "
-                             f"status in {cfg.run_dir}/status.json") from None
-    summary = dict(result.return_value or {})
+        for attempt in itertools.count():
+            try:
+                result = build_trainer(cfg, attempt).fit()
+            except TrainingFailedError as e:
+                raise SystemExit(f"maxlite: error: Ray training failed after {cfg.max_failures} "
+                                 f"restart(s) (max_failures): {_first_cause(e)}; worker logs above, "
+                                 f"status in {cfg.run_dir}/status.json") from None
+            summary = dict(result.return_value or {})
+            if summary.get("next") != exit_codes.REQUEUE:
+                break
+            print("maxlite: Ray: run preempted and saved: starting it again (a requeue: not counted "
+                  "against max_failures)", flush=True)
     loss = f", final loss {summary['final_loss']:.4f}" if "final_loss" in summary else ""
     attempt = f" (the last attempt ran {summary.get('steps', 0)})" \
         if summary.get("steps", cfg.steps) != cfg.steps else ""

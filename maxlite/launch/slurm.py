@@ -3,8 +3,9 @@
 One task per node (`srun --ntasks-per-node`), each running `python -m maxlite.train RECIPE k=v`;
 `maxlite.mesh` initialises jax.distributed from the Slurm environment and MAXLITE_COORDINATOR.
 The batch shell asks for SIGTERM 60 s before the time limit (`--signal=B:TERM@60` reaches only the
-batch shell, so it forwards the signal to the step), then decides from the trainer's exit code and
-its `status.json` whether the run finished or should be requeued (`scontrol requeue`).
+batch shell, so it forwards the signal to the step), then follows the trainer's answer in
+`status.json` (`next`: done | requeue | restart | fail, from `resilience.exit_codes.next_action`);
+only restarts count against --retries (in EXP_DIR/failures), a requeue after a preemption does not.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import sys
 from maxlite import config as C
 from maxlite.launch import experiment
 from maxlite.launch.experiment import LaunchError
+from maxlite.resilience import exit_codes
 
 PROJECT_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -131,9 +133,16 @@ def render(job: SlurmJob, exp_dir: pathlib.Path, python: str = sys.executable) -
     command = " ".join(q(a) for a in [*srun, python, "-m", job.entrypoint, *args])
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return "\n".join(head) + "\n" + _BODY.format(
-        generated=now, exp_dir=q(str(exp_dir)), run_status=q(_run_status_path(base, run_name, workdir)),
-        retries=job.retries, exports="\n".join(exports), command=command,
+        generated=now, exp_dir=q(str(exp_dir)), run_status=q(str(exp_dir / "run_status.json")),
+        retries=job.retries, exports="\n".join(exports), command=command, fallback=_no_status_cases(),
     )
+
+
+def _no_status_cases() -> str:
+    """The bash `case` arms of `next_action(code, None)`, generated from the rule itself."""
+    codes = (exit_codes.FINISHED, exit_codes.CONFIG_ERROR)
+    arms = [f"{c}) echo {exit_codes.next_action(c, None)} ;;" for c in codes]
+    return " ".join(arms + [f"*) echo {exit_codes.next_action(exit_codes.FAILED, None)} ;;"])
 
 
 # The batch shell. Bash, not Python: it must run on a bare login image and inside no container.
@@ -154,9 +163,12 @@ record() {{  # state exit_code: the job's own record, read by `python -m maxlite
     "$SLURM_JOB_ID" "$1" "$ATTEMPT" "$2" "$SLURM_JOB_NODELIST" "$(date -u +%FT%TZ)" > "$EXP_DIR/status.json.tmp"
   mv -f "$EXP_DIR/status.json.tmp" "$EXP_DIR/status.json"
 }}
-run_state() {{  # the trainer's "state", only if written during this attempt (never a stale one)
+status_field() {{  # a field of the trainer's status.json, only if written during this attempt
   [ -r "$RUN_STATUS" ] && [ "$RUN_STATUS" -nt "$EXP_DIR/.attempt" ] || return 0
-  sed -n 's/.*"state"[[:space:]]*:[[:space:]]*"\([a-z]*\)".*/\1/p' "$RUN_STATUS" | head -n 1
+  sed -n "s/.*\"$1\"[[:space:]]*:[[:space:]]*\"\([a-z_]*\)\".*/\1/p" "$RUN_STATUS" | head -n 1
+}}
+no_status_action() {{  # resilience.exit_codes.next_action(code, None): the trainer wrote no status
+  case "$1" in {fallback} esac
 }}
 
 got_term=0 interrupted=0
@@ -178,28 +190,39 @@ while :; do  # `wait` returns early when the trap runs; wait again for the real 
   interrupted=0; wait "$pid"; s=$?; [ "$s" -ne 127 ] && rc=$s
   [ "$interrupted" = 1 ] || break
 done
-state=$(run_state)
+state=$(status_field state)
+next=$(status_field next)  # the trainer's answer (resilience/exit_codes.py next_action)
+[ -n "$next" ] || next=$(no_status_action "$rc")
 slurm_state=$(squeue -h -j "$SLURM_JOB_ID" -o %T 2>/dev/null)
-note "trainer exited with $rc; run state: ${{state:-unknown}}; job state: ${{slurm_state:-unknown}}"
-
-if [ -e "$EXP_DIR/cancelled" ] || {{ [ -n "$slurm_state" ] && [ "$slurm_state" != RUNNING ]; }}; then
-  note "job cancelled: not requeueing"; record CANCELLED "$rc"; exit "$rc"
-elif [ "$state" = finished ] || {{ [ -z "$state" ] && [ "$rc" -eq 0 ] && [ "$got_term" = 0 ]; }}; then
-  note "run finished"; record FINISHED "$rc"; exit 0
-elif [ "$rc" -eq 2 ]; then
-  note "configuration error (exit 2): not requeueing; fix the recipe and launch again"; record FAILED 2; exit 2
-elif [ "$ATTEMPT" -lt "$RETRIES" ]; then
-  note "run not finished: requeueing (retry $((ATTEMPT + 1)) of $RETRIES)"; record REQUEUED "$rc"
+failures=$(cat "$EXP_DIR/failures" 2>/dev/null || echo 0)
+note "trainer exited with $rc; run state: ${{state:-unknown}}; next: $next; job state: ${{slurm_state:-unknown}}"
+requeue() {{
   trap - TERM  # the requeue kills this shell: let it die here, not run on
   scontrol requeue "$SLURM_JOB_ID" && exec sleep 300
   note "scontrol requeue failed"; record FAILED "$rc"; exit 1
-elif [ "$state" = preempted ]; then
-  note "run saved on preemption but no retries left (--retries $RETRIES): launch again to resume"
-  record PREEMPTED "$rc"; exit 1
-else
-  note "run not finished and no retries left (--retries $RETRIES)"; record FAILED "$rc"
-  [ "$rc" -eq 0 ] && exit 1; exit "$rc"
+}}
+
+if [ -e "$EXP_DIR/cancelled" ] || {{ [ -n "$slurm_state" ] && [ "$slurm_state" != RUNNING ]; }}; then
+  note "job cancelled: not requeueing"; record CANCELLED "$rc"; exit "$rc"
 fi
+case "$next" in
+  done)
+    if [ "$state" = preempted ]; then note "run stopped at its max_time budget: launch again to continue"
+    else note "run finished"; fi
+    record FINISHED "$rc"; exit 0 ;;
+  requeue)  # preempted and saved: not a failure, not counted against --retries
+    note "run preempted and saved: requeueing"; record REQUEUED "$rc"; requeue ;;
+  restart)
+    if [ "$failures" -lt "$RETRIES" ]; then
+      echo $((failures + 1)) > "$EXP_DIR/failures"
+      note "run failed: requeueing (retry $((failures + 1)) of $RETRIES)"; record REQUEUED "$rc"; requeue
+    fi
+    note "run failed and no retries left (--retries $RETRIES)"; record FAILED "$rc"
+    [ "$rc" -eq 0 ] && exit 1; exit "$rc" ;;
+  *)
+    note "not retrying (exit $rc: a configuration error is fixed in the recipe)"; record FAILED "$rc"
+    [ "$rc" -eq 0 ] && exit 1; exit "$rc" ;;
+esac
 """
 
 

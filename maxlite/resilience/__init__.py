@@ -46,11 +46,13 @@ class Resilience:
     """Create first thing in `train()` (signals are caught from then on, setup is watched)."""
 
     def __init__(self, cfg, started: float | None = None, log: Callable[[str], None] | None = None,
-                 notice: Callable[[], str | None] | None = None):
+                 notice: Callable[[], str | None] | None = None, keeper: Callable | None = None):
         """`notice()`: a launcher's polled preemption notice (e.g. Ray's node-drain info) — a line
         describing it, or None. Unlike a signal it does not stop the run: every host saves a
-        checkpoint at the same step and trains on until the launcher restarts the job elsewhere."""
+        checkpoint at the same step and trains on until the launcher restarts the job elsewhere.
+        `keeper(run_dir, rank)`: a launcher's in-memory snapshot keeper (Ray: detached actors)."""
         self.cfg = cfg
+        self._launcher_keeper = keeper
         self._notice, self._notice_seen = notice, False
         self._jax_sync = False
         self.started = time.monotonic() if started is None else started
@@ -102,7 +104,7 @@ class Resilience:
         self.goodput = Goodput(os.path.join(run_dir, "goodput.json") if (local and primary) else None, self.started)
         self.vote = Vote(8)
         if cfg.inmemory_snapshot_period > 0 and shardings is not None:
-            keeper = make_keeper(cfg.inmemory_snapshot_keeper, run_dir, self.process_index)
+            keeper = make_keeper(cfg.inmemory_snapshot_keeper, run_dir, self.process_index, self._launcher_keeper)
             max_bytes = cfg.inmemory_snapshot_max_bytes or _host_memory() // 4
             self.snapshots = Snapshots(mesh, shardings, keeper, period=cfg.inmemory_snapshot_period,
                                        max_bytes=max_bytes, faults=self.faults, log=self._log)

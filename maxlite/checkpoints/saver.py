@@ -12,7 +12,7 @@ from typing import Any
 
 from maxlite import checkpoints as ck
 from maxlite import config as C
-from maxlite.checkpointing import offload
+from maxlite.checkpoints import offload
 from maxlite.rundir import print_primary, read_status
 
 

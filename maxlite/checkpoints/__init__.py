@@ -1,0 +1,26 @@
+"""Orbax checkpoints, local or gs://, in one package split by responsibility:
+
+    storage.py   paths' storage, its one-line errors and access checks
+    layout.py    the on-disk format: items, complete vs incomplete steps, the Orbax manager
+    restore.py   items of a step restored onto any mesh; another model's checkpoint is one line
+    saver.py     the loop's Checkpointer: its schedule, async saves (offload.py), failures
+    params.py    parameters in and out for the PyTorch bridge and Python users
+    listing.py   `python -m maxlite.checkpoints list PATH`
+
+Where a run starts from (its checkpoint, a snapshot, another run) is decided in `maxlite.resume`.
+"""
+
+from maxlite.checkpoints.layout import (ITEMS, TMP_STEP, clean_leftovers, complete_steps,
+                                        manager_options, maxlite_version, open_manager, read_meta,
+                                        remove_failed_save, resolve_step_dir, array_save)
+from maxlite.checkpoints.listing import checkpoint_name, list_checkpoints, main
+from maxlite.checkpoints.params import load_numpy, load_params, save_params
+from maxlite.checkpoints.restore import check_compatible, restore_items, sharded_target
+from maxlite.checkpoints.storage import (check_bucket, check_path, check_storage, checkpoint_dir, fs_of,
+                                         storage_error)
+
+__all__ = ["ITEMS", "TMP_STEP", "array_save", "check_bucket", "check_compatible", "check_path",
+           "check_storage", "checkpoint_dir", "checkpoint_name", "clean_leftovers", "complete_steps",
+           "fs_of", "list_checkpoints", "load_numpy", "load_params", "main", "manager_options",
+           "maxlite_version", "open_manager", "read_meta", "remove_failed_save", "resolve_step_dir",
+           "restore_items", "save_params", "sharded_target", "storage_error"]

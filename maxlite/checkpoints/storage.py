@@ -1,0 +1,98 @@
+"""Checkpoint storage, local or gs://: one-line user errors, access checks, quiet Orbax logs."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+
+import fsspec
+
+from maxlite import config as C
+
+
+def checkpoint_dir(cfg) -> str:
+    """Where a run's checkpoints go (absolute or gs://: config paths are resolved when loaded)."""
+    return cfg.checkpoint_dir.rstrip("/") or f"{cfg.run_dir}/checkpoints"
+
+
+def fs_of(path: str):
+    """The filesystem of `path`, with no stale listing (gcsfs caches directory listings)."""
+    fs, _, _ = fsspec.get_fs_token_paths(path)
+    fs.invalidate_cache()
+    return fs
+
+
+def storage_error(path: str, e: BaseException) -> C.ConfigError:
+    """The one-line user error for a storage failure at `path` (never echoes credentials)."""
+    name = type(e).__name__
+    text = str(e).splitlines()[0] if str(e) else name
+    code = getattr(e, "code", None)  # google.api_core exceptions carry the HTTP status
+    if code is None:
+        found = re.search(r"(?<![\d:.])(40[134])(?![\d.])", text)  # not inside a port or an address
+        code = int(found.group(1)) if found else None
+    if name in ("Forbidden", "PermissionError", "Unauthorized") or code in (401, 403):
+        return C.ConfigError(f"no permission to use {path}: grant the job's service account "
+                             f"storage access (roles/storage.objectAdmin) or pick another path")
+    if name == "NotFound" or code == 404 or "bucket does not exist" in text.lower():
+        return C.ConfigError(f"{path}: bucket or path does not exist; create it first "
+                             f"(gcloud storage buckets create gs://BUCKET) or fix the path")
+    return C.ConfigError(f"cannot use checkpoint path {path}: {name}: {text[:300]}")
+
+
+def check_storage(cfg) -> None:
+    """Before the run directory is made: the gs:// buckets it and the checkpoints use exist and are ours."""
+    for path in dict.fromkeys((cfg.run_dir, checkpoint_dir(cfg))):
+        if path.startswith("gs://"):
+            check_bucket(path)
+
+
+def check_bucket(path: str) -> None:
+    bucket = path[5:].split("/", 1)[0]
+    if not bucket:
+        raise C.ConfigError(f"{path}: a gs:// path needs a bucket name (gs://BUCKET/dir)")
+    try:
+        from google.cloud import storage
+        storage.Client().get_bucket(bucket)  # 404 / 403 tell the two user mistakes apart
+    except Exception as e:  # noqa: BLE001 — turned into one user-facing line
+        raise storage_error(f"gs://{bucket}", e) from None
+
+
+def check_path(path: str, must_exist: bool = False) -> None:
+    """Fail fast, before any training, when `path` cannot hold (or hold no) checkpoints."""
+    if path.startswith("gs://"):
+        check_bucket(path)
+    elif "://" in path:
+        raise C.ConfigError(f"{path}: checkpoints support local paths and gs:// only")
+    fs = fs_of(path)
+    if must_exist and not fs.exists(path):
+        raise C.ConfigError(f"{path}: no such checkpoint directory")
+    if not path.startswith("gs://") and not must_exist:
+        try:
+            os.makedirs(path, exist_ok=True)
+            probe = f"{path}/.maxlite-write-probe"
+            with open(probe, "w"):
+                pass
+            os.remove(probe)
+        except OSError as e:
+            raise C.ConfigError(f"cannot write checkpoints to {path}: {e.strerror}; "
+                                f"set checkpoint_dir= or base_output_directory= to a writable path") from None
+
+
+class _OrbaxNoise(logging.Filter):
+    """Orbax log records that tell a maxlite user nothing: the read-only notices of every load and
+    export, and the tracebacks of a failed save, which the Checkpointer reports itself in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "orbax" not in record.pathname:
+            return True
+        text = record.getMessage()
+        if record.levelno == logging.WARNING and ("read_only" in text or "read only" in text):
+            return False
+        return not (record.levelno >= logging.ERROR and (record.exc_info or "raised an exception" in text))
+
+
+@functools.cache
+def quiet_orbax() -> None:
+    logging.getLogger("absl").addFilter(_OrbaxNoise())

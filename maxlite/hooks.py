@@ -1,0 +1,98 @@
+"""Periodic work as hooks: objects the loop calls, in one list, after every step and at the end.
+
+A hook owns its own schedule (`every` steps, or its own rule, as the checkpointer does). New
+periodic work — samples during training, loss-spike checks — is a new class in the list that
+`train._setup` builds, not a change to the loop.
+
+    after_step(step, state)       after step `step` (a count of completed steps) was dispatched
+    save_now(step, state, why)    a complete save at once, waited for (preemption notice, final save)
+    at_end(step, state, reason)   after the last step; `reason` is the agreed stop reason or None
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from maxlite.rundir import print_primary
+
+
+class Hook:
+    """Does nothing; subclasses override what they need."""
+
+    def after_step(self, step: int, state) -> None:
+        pass
+
+    def save_now(self, step: int, state, why: str) -> None:
+        pass
+
+    def at_end(self, step: int, state, reason: str | None) -> None:
+        pass
+
+
+class EvalHook(Hook):
+    """Eval loss and perplexity every `eval_interval` steps, to every metric output and to listeners
+    (the checkpointer records it; best-k retention ranks by it)."""
+
+    def __init__(self, evaluator, logger, section: Callable, listeners: list[Callable[[float], None]]):
+        self.evaluator, self.logger, self.section, self.listeners = evaluator, logger, section, listeners
+
+    def after_step(self, step: int, state) -> None:
+        if not self.evaluator.due(step):
+            return
+        with self.section("eval"):
+            values = self.evaluator.run(state.params)
+        self.logger.log_eval(step, {k: values[k] for k in ("loss", "perplexity")})
+        for listen in self.listeners:
+            listen(values["loss"])
+
+
+class CheckpointHook(Hook):
+    """The checkpointer's whole schedule: periodic async saves, the save on a preemption notice,
+    the final save (at completion, or of a stopped run) — each inside the watchdog's section."""
+
+    def __init__(self, ckpt, data_iterator, section: Callable, primary: bool, on_completion: bool):
+        self.ckpt, self.data, self.section = ckpt, data_iterator, section
+        self.primary, self.on_completion = primary, on_completion
+
+    def after_step(self, step: int, state) -> None:
+        with self.section("checkpoint"):
+            self.ckpt.maybe_save(step, state, self.data)  # async: waits only to enqueue the host copy
+            self.ckpt.poll()
+
+    def save_now(self, step: int, state, why: str) -> None:
+        with self.section("checkpoint"):
+            print_primary(self.primary, f"maxlite: {why}: saving step {step} and waiting for it")
+            if not self.ckpt.has(step):
+                self.ckpt.save(step, state, self.data)
+            self.ckpt.poll(wait=True)
+
+    def at_end(self, step: int, state, reason: str | None) -> None:
+        if reason:  # preempted, max_time, straggler: the final save, finished before we exit
+            self.save_now(step, state, reason)
+        elif self.on_completion:
+            with self.section("checkpoint"):
+                self.ckpt.maybe_save(step, state, self.data)  # e.g. steps was lowered on resume
+
+
+class NoCheckpointHook(Hook):
+    """enable_checkpointing=false: say so where a save would have been the only copy."""
+
+    def __init__(self, primary: bool):
+        self.primary = primary
+
+    def save_now(self, step: int, state, why: str) -> None:
+        print_primary(self.primary, f"maxlite: {why} at step {step}, but enable_checkpointing=false: nothing saved")
+
+    def at_end(self, step: int, state, reason: str | None) -> None:
+        if reason:
+            self.save_now(step, state, reason)
+
+
+def standard(cfg, primary: bool, res, logger, batches, ckpt=None, evaluator=None) -> list[Any]:
+    """The hooks every run has, in the order they run: eval first (a save records its loss)."""
+    hooks: list[Hook] = []
+    if evaluator is not None:
+        hooks.append(EvalHook(evaluator, logger, res.section, [ckpt.note_eval] if ckpt is not None else []))
+    hooks.append(CheckpointHook(ckpt, batches, res.section, primary, cfg.save_checkpoint_on_completion)
+                 if ckpt is not None else NoCheckpointHook(primary))
+    return hooks
