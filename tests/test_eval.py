@@ -15,7 +15,8 @@ from tests.helpers import SMALL
 
 
 def test_eval_repeats_the_same_batches_and_matches_a_plain_computation():
-    cfg = C.resolve(C.load([*SMALL, "ici_fsdp_parallelism=2", "eval_steps=3"]), 2)
+    # float32: the sharded, jitted eval and the plain sums then agree to rounding (bf16 differs by ~1e-5)
+    cfg = C.resolve(C.load([*SMALL, "ici_fsdp_parallelism=2", "eval_steps=3", "dtype=float32"]), 2)
     mesh = mesh_lib.make_mesh(cfg, jax.devices()[:2])
     tx = optim.make_optimizer(cfg)
     graphdef, _, shardings = state_lib.abstract_state(cfg, mesh, tx)
