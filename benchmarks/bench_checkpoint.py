@@ -45,8 +45,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from maxlite import config as C, mesh as mesh_lib, optim, state as state_lib  # noqa: E402
+from maxlite import config as C, state as state_lib  # noqa: E402
 from maxlite import resume  # noqa: E402
+from maxlite.build import build  # noqa: E402
 from maxlite.checkpoints.saver import Checkpointer  # noqa: E402
 from benchmarks._results import write_result  # noqa: E402
 
@@ -119,11 +120,9 @@ def main() -> None:
     argv = ["base.yml", "model_name=tiny", "base_emb_dim=512", "base_mlp_dim=2048", "base_num_query_heads=8",
             "base_num_kv_heads=8", "head_dim=64", f"base_num_decoder_layers={args.layers}",
             f"base_output_directory={where}", "run_name=bench", "max_num_checkpoints_to_keep=0"]
-    cfg = C.resolve(C.load(argv), jax.device_count())
-    mesh = mesh_lib.make_mesh(cfg)
-    tx = optim.make_optimizer(cfg)
-    _, abstract, shardings = state_lib.abstract_state(cfg, mesh, tx)
-    state = trained_state(state_lib.create_state(cfg, mesh, tx, shardings), tx, shardings)
+    built = build(C.load(argv))
+    abstract, shardings, tx = built.abstract, built.shardings, built.tx
+    state = trained_state(built.init_state(), tx, shardings)
     jax.block_until_ready(state)
     nbytes = state_lib.nbytes(abstract)
     zero_bytes = sum(int(jnp.sum(x == 0)) * x.dtype.itemsize for x in jax.tree.leaves(state))
@@ -177,7 +176,7 @@ def main() -> None:
         os.sync()
         ck = checkpointer("true")  # a fresh start resuming from the latest save, as after a restart
         start = time.perf_counter()
-        restored = resume.decide(ck.cfg, ck, mesh, tx, abstract, shardings, _Data(), 0, False).state
+        restored = resume.decide(built, ck, _Data(), 0, False).state
         jax.block_until_ready(restored)
         restore_s.append(time.perf_counter() - start)
         ck.close()

@@ -27,7 +27,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from maxlite import config as C, data, mesh as mesh_lib, optim, state as state_lib, step as step_lib  # noqa: E402
+from maxlite import build as build_lib, config as C, data, mesh as mesh_lib, state as state_lib  # noqa: E402
 from maxlite.resilience import Resilience  # noqa: E402
 from maxlite.resilience.keeper import ShmKeeper  # noqa: E402
 from maxlite.resilience.snapshot import Snapshots  # noqa: E402
@@ -37,18 +37,14 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "r
 
 
 def build(argv):
-    cfg = C.resolve(C.load(argv), jax.device_count())
-    mesh = mesh_lib.make_mesh(cfg)
-    tx, schedule = optim.make_optimizer(cfg), optim.learning_rate_schedule(cfg)
-    graphdef, abstract, shardings = state_lib.abstract_state(cfg, mesh, tx)
-    state = state_lib.create_state(cfg, mesh, tx, shardings)
-    return cfg, mesh, tx, schedule, graphdef, abstract, shardings, state
+    b = build_lib.build(C.load(argv))
+    return b.cfg, b.mesh, b.tx, b.schedule, b.graphdef, b.abstract, b.shardings, b.init_state(), b
 
 
 def recovery(tmp: str, repeats: int = 3) -> dict:
     argv = ["base.yml", "model_name=tiny", "base_emb_dim=384", "base_num_decoder_layers=8", "base_mlp_dim=1536",
             "ici_fsdp_parallelism=4", "ici_tensor_parallelism=2", "check_memory_fit=false"]
-    cfg, mesh, tx, _, _, abstract, shardings, state = build(argv)
+    cfg, mesh, tx, _, _, abstract, shardings, state, _ = build(argv)
     nbytes = state_lib.nbytes(abstract)
     print(f"recovery: state of {nbytes / 2**20:.0f} MiB on {jax.device_count()} devices", flush=True)
     keeper = ShmKeeper(os.path.join(tmp, "run"))
@@ -121,9 +117,8 @@ def overhead(tmp: str, blocks: int = 4, steps_per_block: int = 10, snapshot_peri
             "max_target_length=128", "per_device_batch_size=2", f"inmemory_snapshot_period={snapshot_period}",
             "inmemory_snapshot_keeper=shm", f"base_output_directory={tmp}", "run_name=ovh",
             "straggler_report_interval=5"]
-    cfg, mesh, tx, schedule, graphdef, abstract, shardings, state = build(argv)
-    batch_sharding = mesh_lib.batch_sharding(mesh)
-    train_step = step_lib.jit_train_step(cfg, graphdef, tx, schedule, shardings, batch_sharding)
+    cfg, mesh, tx, schedule, graphdef, abstract, shardings, state, built = build(argv)
+    batch_sharding, train_step = built.batch_sharding, built.train_step
     batches = data.make_iterator(cfg, "train", 0, 1)
     res = Resilience(cfg, log=lambda m: None)
     res.attach(cfg.run_dir, mesh, shardings)

@@ -40,12 +40,11 @@ class Start:
         return {"step": self.step, "source": self.source, "where": self.where, "seconds": round(self.seconds, 3)}
 
 
-def decide(cfg, ckpt, mesh, tx, abstract, shardings, data_iterator, process_index: int,
-           primary: bool, memory=None) -> Start:
-    """Collective when `memory` (the in-memory snapshots' `restore(abstract, newer_than)`) is given:
-    every host calls it. Restores onto this run's mesh whatever mesh saved the state."""
-    from maxlite.state import create_state
-
+def decide(built, ckpt, data_iterator, process_index: int, primary: bool, memory=None) -> Start:
+    """Where the run `built` (maxlite.build) starts. Collective when `memory` (the in-memory
+    snapshots' `restore(abstract, newer_than)`) is given: every host calls it. Restores onto this
+    run's mesh whatever mesh saved the state."""
+    cfg, abstract, shardings = built.cfg, built.abstract, built.shardings
     start = time.perf_counter()
     disk_step = max(ck.complete_steps(ckpt.path), default=-1) if ckpt is not None else -1
     snapshot = memory(abstract, disk_step) if memory is not None else None
@@ -67,10 +66,10 @@ def decide(cfg, ckpt, mesh, tx, abstract, shardings, data_iterator, process_inde
         print_primary(primary, f"maxlite: loaded the full state of step {step} from {root}")
     elif cfg.load_parameters_path:
         root, step = ck.resolve_step_dir(cfg.load_parameters_path)
-        got = Start(_params_only(root, step, mesh, tx, abstract, shardings), "params", 0, f"{root}/{step}")
+        got = Start(_params_only(root, step, built.mesh, built.tx, abstract, shardings), "params", 0, f"{root}/{step}")
         print_primary(primary, f"maxlite: loaded parameters from {root}/{step}; fresh optimizer, starting at step 0")
     else:
-        got = Start(create_state(cfg, mesh, tx, shardings), "fresh", 0)
+        got = Start(built.init_state(), "fresh", 0)
     got.seconds = time.perf_counter() - start
     if got.source in ("memory", "checkpoint") and got.step >= cfg.steps:
         print_primary(primary, f"maxlite: already at step {got.step} of steps={cfg.steps}: nothing to train; "

@@ -101,53 +101,48 @@ def exit_code_of(e: BaseException) -> int:
 
 
 def _setup(cfg: C.Config, res) -> _Run:
-    """config → distributed → mesh → state (memory snapshot, checkpoint or init) → data → step."""
+    """config → distributed → the wiring (build) → run dir → state (resume) → data → hooks."""
     from maxlite import mesh as mesh_lib
 
     mesh_lib.initialize_distributed()  # before any other JAX call
 
     import jax
 
-    from maxlite import checkpoints, data, hooks, optim, resume, state as state_lib, step as step_lib
+    from maxlite import checkpoints, data, hooks, resume, state as state_lib
+    from maxlite.build import build
     from maxlite.checkpoints.saver import Checkpointer
     from maxlite.evaluation import Evaluator
     from maxlite.metrics import MetricsLogger
 
-    cfg = C.resolve(cfg, jax.device_count(), mesh_lib.num_slices_of(jax.devices()), jax.process_count())
-    primary = jax.process_index() == 0
+    built = build(cfg)
+    cfg, mesh, primary = built.cfg, built.mesh, jax.process_index() == 0
     if primary:
         checkpoints.check_storage(cfg)  # a missing bucket or no permission: one line, before any write
     run_dir = RunDir(cfg, primary)
-    mesh = mesh_lib.make_mesh(cfg)
     if primary:
         print(f"maxlite: run {cfg.run_name} → {run_dir.path}; {jax.process_count()} process(es), "
               f"mesh {dict(zip(mesh.axis_names, mesh.devices.shape))} on {jax.device_count()} "
               f"{jax.devices()[0].platform} device(s); global batch {cfg.global_batch_size} × "
               f"{cfg.max_target_length} tokens", flush=True)
-
-    tx, schedule = optim.make_optimizer(cfg), optim.learning_rate_schedule(cfg)
-    graphdef, abstract, shardings = state_lib.abstract_state(cfg, mesh, tx)
-    state_lib.check_fits(cfg, abstract)
+    state_lib.check_fits(cfg, built.abstract)
     if primary:
-        n_params = sum(x.size for x in jax.tree.leaves(abstract.params))
+        n_params = sum(x.size for x in jax.tree.leaves(built.abstract.params))
         print(f"maxlite: model {cfg.model_name}: {n_params / 1e6:,.2f}M parameters", flush=True)
     # after initialize_distributed, which installs its own SIGTERM handler: attach puts ours back
-    res.attach(run_dir.path, mesh, shardings, primary, on_status=run_dir.set_status)
-    ckpt = Checkpointer(cfg, primary, state_lib.nbytes(abstract)) if cfg.enable_checkpointing else None
+    res.attach(run_dir.path, mesh, built.shardings, primary, on_status=run_dir.set_status)
+    ckpt = Checkpointer(cfg, primary, state_lib.nbytes(built.abstract)) if cfg.enable_checkpointing else None
     batches = data.make_iterator(cfg, "train", jax.process_index(), jax.process_count())
-    start = resume.decide(cfg, ckpt, mesh, tx, abstract, shardings, batches, jax.process_index(), primary,
+    start = resume.decide(built, ckpt, batches, jax.process_index(), primary,
                           memory=res.restore)  # collective: every host calls it
-    state = start.state
-    batch_sharding = mesh_lib.batch_sharding(mesh)
-    train_step = step_lib.jit_train_step(cfg, graphdef, tx, schedule, shardings, batch_sharding)
-    evaluator = Evaluator(cfg, graphdef, shardings.params, batch_sharding, jax.process_index(),
-                          jax.process_count()) if cfg.eval_interval > 0 else None
-    logger = MetricsLogger(cfg, run_dir.path, primary, int(state.step))
+    evaluator = Evaluator(cfg, built.graphdef, built.shardings.params, built.batch_sharding,
+                          jax.process_index(), jax.process_count()) if cfg.eval_interval > 0 else None
+    logger = MetricsLogger(cfg, run_dir.path, primary, start.step)
     run_hooks = hooks.standard(cfg, primary, res, logger, batches, ckpt, evaluator)
     run_dir.sticky["resumed_from"] = start.record()
-    run_dir.set_status("running", step=int(state.step))
+    run_dir.set_status("running", step=start.step)
     res.setup_end()
-    return _Run(cfg, primary, run_dir, mesh, state, train_step, batches, batch_sharding, logger, run_hooks, ckpt)
+    return _Run(cfg, primary, run_dir, mesh, start.state, built.train_step, batches, built.batch_sharding,
+                logger, run_hooks, ckpt)
 
 
 def _loop(run: _Run, res, on_metrics) -> tuple[Any, str | None]:

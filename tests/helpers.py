@@ -6,7 +6,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from maxlite import config as C, mesh as mesh_lib, optim, resume, state as state_lib, step as step_lib
+from maxlite import build as build_lib, config as C, mesh as mesh_lib, resume, state as state_lib
 from maxlite.data.synthetic import make_synthetic_iterator
 
 # A very small llama: compiles fast on 2 busy cores.
@@ -16,14 +16,9 @@ SMALL = ["base.yml", "model_name=tiny", "base_emb_dim=64", "base_mlp_dim=128", "
 
 
 def build(argv, num_devices: int):
-    cfg = C.resolve(C.load(argv), num_devices)
-    mesh = mesh_lib.make_mesh(cfg, jax.devices()[:num_devices])
-    tx, schedule = optim.make_optimizer(cfg), optim.learning_rate_schedule(cfg)
-    graphdef, abstract, shardings = state_lib.abstract_state(cfg, mesh, tx)
-    state = state_lib.create_state(cfg, mesh, tx, shardings)
-    batch_sharding = mesh_lib.batch_sharding(mesh)
-    step = step_lib.jit_train_step(cfg, graphdef, tx, schedule, shardings, batch_sharding)
-    return cfg, mesh, state, step, batch_sharding
+    """(cfg, mesh, a fresh state, the jitted step, batch sharding) on the first `num_devices` devices."""
+    built = build_lib.build(C.load(argv), jax.devices()[:num_devices], num_processes=1)
+    return built.cfg, built.mesh, built.init_state(), built.train_step, built.batch_sharding
 
 
 def train_losses(argv, num_devices: int, steps: int):
@@ -53,11 +48,10 @@ def start(tmp_path, argv, devices, ckpt=True):
     """What train() does up to the first step: (cfg, the state the run starts from, data, checkpointer)."""
     from maxlite.checkpoints.saver import Checkpointer
 
-    cfg = C.resolve(C.load([*SMALL, f"base_output_directory={tmp_path}/runs", *argv]), devices)
-    mesh = mesh_lib.make_mesh(cfg, jax.devices()[:devices])
-    tx = optim.make_optimizer(cfg)
-    _, abstract, shardings = state_lib.abstract_state(cfg, mesh, tx)
-    checkpointer = Checkpointer(cfg, True, state_lib.nbytes(abstract)) if ckpt else None
+    built = build_lib.build(C.load([*SMALL, f"base_output_directory={tmp_path}/runs", *argv]),
+                            jax.devices()[:devices], num_processes=1)
+    cfg = built.cfg
+    checkpointer = Checkpointer(cfg, True, state_lib.nbytes(built.abstract)) if ckpt else None
     data = make_synthetic_iterator(cfg, "train", 0, 1)
-    state = resume.decide(cfg, checkpointer, mesh, tx, abstract, shardings, data, 0, True).state
+    state = resume.decide(built, checkpointer, data, 0, True).state
     return cfg, state, data, checkpointer

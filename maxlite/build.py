@@ -1,0 +1,48 @@
+"""The one wiring: config → mesh → optimizer → abstract state and shardings → jitted step.
+
+Used by the training loop, the planner, the benchmarks and the tests, so what is planned,
+benchmarked and tested is what runs. Building touches no device memory: the state itself comes
+from `maxlite.resume` (a checkpoint, a snapshot) or `Built.init_state()` (a fresh sharded init).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from maxlite import config as C
+
+
+@dataclasses.dataclass
+class Built:
+    cfg: C.Config  # resolved against the devices
+    mesh: Any
+    tx: Any  # optax transformation
+    schedule: Callable  # step → learning rate
+    graphdef: Any
+    abstract: Any  # TrainState of ShapeDtypeStructs
+    shardings: Any  # TrainState of NamedShardings
+    batch_sharding: Any
+    train_step: Callable  # jitted, state donated
+
+    def init_state(self):
+        """A fresh state, initialised sharded (never whole on one device)."""
+        from maxlite import state as state_lib
+        return state_lib.create_state(self.cfg, self.mesh, self.tx, self.shardings)
+
+
+def build(cfg: C.Config, devices=None, num_processes: int | None = None) -> Built:
+    """Wire `cfg` onto `devices` (default: all of this job's devices)."""
+    import jax
+
+    from maxlite import mesh as mesh_lib, optim, state as state_lib, step as step_lib
+
+    devices = list(jax.devices() if devices is None else devices)
+    cfg = C.resolve(cfg, len(devices), mesh_lib.num_slices_of(devices),
+                    jax.process_count() if num_processes is None else num_processes)
+    mesh = mesh_lib.make_mesh(cfg, devices)
+    tx, schedule = optim.make_optimizer(cfg), optim.learning_rate_schedule(cfg)
+    graphdef, abstract, shardings = state_lib.abstract_state(cfg, mesh, tx)
+    batch_sharding = mesh_lib.batch_sharding(mesh)
+    train_step = step_lib.jit_train_step(cfg, graphdef, tx, schedule, shardings, batch_sharding)
+    return Built(cfg, mesh, tx, schedule, graphdef, abstract, shardings, batch_sharding, train_step)
