@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from maxlite import build as build_lib, config as C, data, mesh as mesh_lib, state as state_lib  # noqa: E402
-from maxlite.resilience import Resilience  # noqa: E402
+from maxlite.resilience.core import Resilience  # noqa: E402
 from maxlite.resilience.keeper import ShmKeeper  # noqa: E402
 from maxlite.resilience.snapshot import Snapshots  # noqa: E402
 from maxlite.resilience.vote import Vote  # noqa: E402

@@ -34,7 +34,7 @@ def train(cfg: C.Config, on_metrics: Callable[[dict[str, Any]], None] | None = N
     `snapshot_keeper(run_dir, rank)`: where a launcher keeps in-memory snapshots (Ray: actors that
     outlive the workers); /dev/shm otherwise. Launchers hand these in; the loop knows no launcher.
     """
-    from maxlite.resilience import Resilience
+    from maxlite.resilience.core import Resilience
 
     started = time.perf_counter()
     # first: a SIGTERM during setup or compilation is caught from here on
@@ -152,7 +152,7 @@ def _loop(run: _Run, res, on_metrics) -> tuple[Any, str | None]:
     from flax import nnx
 
     from maxlite import mesh as mesh_lib
-    from maxlite.resilience import SAVE_NOW
+    from maxlite.resilience.stops import SAVE_NOW
 
     reason, pending = None, None
     with jax.set_mesh(run.mesh), nnx.logical_axis_rules(mesh_lib.RULES):

@@ -1,0 +1,184 @@
+"""The loop's one handle on resilience, composed of one object per idea:
+
+- `Clock` (clock.py): watchdog heartbeats, the step timer, goodput, timed sections;
+- `StopVote` (stops.py): the cross-host stop/save vote (signals, max_time, stragglers, notices);
+- `Snapshots` (snapshot.py + keeper.py): in-memory checkpointless copies, restored by
+  `maxlite.resume` through `restore()`;
+- `Faults` (faults.py): injected crashes, hangs, slow-downs for tests and demos.
+
+Exit codes: exit_codes.py.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from maxlite.resilience import exit_codes
+from maxlite.resilience.clock import Clock
+from maxlite.resilience.faults import Faults
+from maxlite.resilience.preemption import Preemption
+from maxlite.resilience.stops import StopVote
+from maxlite.resilience.watchdog import Watchdog
+
+
+@dataclass
+class Restored:
+    state: Any
+    data_state: Any
+    step: int
+    source: str  # "memory"
+    detail: str  # own shards | replica from peer host N
+    seconds: float
+
+
+def _host_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+class Resilience:
+    """Create first thing in `train()` (signals are caught from then on, setup is watched)."""
+
+    def __init__(self, cfg, started: float | None = None, log: Callable[[str], None] | None = None,
+                 notice: Callable[[], str | None] | None = None, keeper: Callable | None = None):
+        """`notice()`: a launcher's polled preemption notice (e.g. Ray's node-drain info) — a line
+        describing it, or None. Unlike a signal it does not stop the run: every host saves a
+        checkpoint at the same step and trains on until the launcher restarts the job elsewhere.
+        `keeper(run_dir, rank)`: a launcher's in-memory snapshot keeper (Ray: detached actors)."""
+        self.cfg = cfg
+        self._launcher_keeper = keeper
+        self.started = time.monotonic() if started is None else started
+        self._log = log or (lambda m: print(m, flush=True))
+        self.preemption = Preemption(cfg.preemption_signals, cfg.max_time, cfg.preemption_grace_seconds, self.started)
+        watchdog = (Watchdog(cfg.watchdog_initial_timeout, cfg.watchdog_factor, cfg.watchdog_min_timeout,
+                             on_hang=self._on_hang, deadline_fn=self.preemption.grace_left)
+                    if cfg.watchdog else None)
+        self.clock = Clock(self.started, watchdog)
+        self.stops = StopVote(cfg, self.preemption, self.clock, notice, self._log)
+        self.primary, self.run_dir, self.process_index = True, None, 0
+        self.vote = self.snapshots = self.faults = None
+        self.on_status: Callable[..., None] | None = None
+
+    # ---- setup ----
+    def attach(self, run_dir: str, mesh, shardings=None, primary: bool = True,
+               on_status: Callable[..., None] | None = None) -> None:
+        """After the mesh and run directory exist (and `jax.distributed` is up): the cross-host
+        vote, faults, and — with `inmemory_snapshot_period` > 0 — the keeper and snapshots
+        (`shardings`: the TrainState of NamedShardings)."""
+        import jax
+
+        from maxlite.resilience.keeper import make_keeper
+        from maxlite.resilience.snapshot import Snapshots
+        from maxlite.resilience.vote import Vote
+
+        cfg = self.cfg
+        self.preemption.arm()  # after jax.distributed.initialize, which takes SIGTERM for itself
+        self.run_dir, self.primary, self.on_status = run_dir, primary, on_status
+        self.process_index = jax.process_index()
+        local = "://" not in run_dir
+        if local:
+            os.makedirs(run_dir, exist_ok=True)
+        if self.clock.watchdog and local:
+            self.clock.watchdog.log_path = os.path.join(run_dir, f"hang_p{self.process_index}.log")
+        self.faults = Faults(cfg, run_dir if local else "/tmp/maxlite-faults", self.process_index)
+        self.clock.attach(run_dir, primary)
+        self.vote = Vote(8)
+        self.stops.attach(self.vote, primary, self.process_index, run_dir,
+                          jax_sync=jax.process_count() > 1 and not self.preemption.armed)
+        if cfg.inmemory_snapshot_period > 0 and shardings is not None:
+            keeper = make_keeper(cfg.inmemory_snapshot_keeper, run_dir, self.process_index, self._launcher_keeper)
+            max_bytes = cfg.inmemory_snapshot_max_bytes or _host_memory() // 4
+            self.snapshots = Snapshots(mesh, shardings, keeper, period=cfg.inmemory_snapshot_period,
+                                       max_bytes=max_bytes, faults=self.faults, log=self._log)
+
+    def restore(self, abstract_state, newer_than: int = -1) -> Restored | None:
+        """Collective. The newest in-memory snapshot complete across hosts, if newer than the disk
+        checkpoint's step `newer_than` (a tie goes to memory: it is faster); else None → use disk."""
+        if self.snapshots is None:
+            return None
+        t = time.perf_counter()
+        got = self.snapshots.restore(self.vote, abstract_state)
+        if got is None or got[2] < newer_than:
+            where = "none complete on all hosts" if got is None else f"step {got[2]} older than disk"
+            if self.primary:
+                self._log(f"maxlite: in-memory snapshot: {where}; starting from the disk checkpoint "
+                          f"(step {newer_than})" if newer_than >= 0 else
+                          f"maxlite: in-memory snapshot: {where}; no disk checkpoint either: a fresh start")
+            return None
+        import jax
+        state, data_state, step, detail = got
+        jax.block_until_ready(state)
+        r = Restored(state, data_state, step, "memory", detail, time.perf_counter() - t)
+        self._log(f"maxlite: restored step {step} from memory ({detail}, {self.snapshots.keeper.where}) "
+                  f"in {r.seconds:.2f}s")
+        return r
+
+    def setup_end(self) -> None:
+        self.clock.setup_end()
+
+    # ---- the step: the clock's parts, used by the loop by name ----
+    def step_begin(self, step: int) -> None:
+        self.clock.step_begin()
+
+    def data_wait(self):
+        return self.clock.data_wait()
+
+    def device_wait(self):
+        return self.clock.device_wait()
+
+    def section(self, name: str):
+        return self.clock.section(name)
+
+    def step_end(self, step: int, state=None, data_state: Callable[[], Any] | Any = None) -> str | None:
+        """After step `step` (= steps done) was dispatched and the previous metrics read.
+
+        Fires injected faults, times the step, takes a due snapshot of `state` (+ data state, a dict
+        or a callable returning it), and returns the vote's answer at this step (stops.py)."""
+        if self.faults:
+            self.faults.at_step(step)
+        self.clock.step_end(step, self.faults)
+        if self.snapshots is not None and state is not None and self.snapshots.due(step):
+            ds = data_state() if callable(data_state) else data_state
+            self.snapshots.take(step, state, ds)
+        return self.stops.decide(step)
+
+    @property
+    def scores(self) -> dict[str, float]:
+        return self.stops.scores
+
+    def metrics(self) -> dict[str, float]:
+        """Fields for the metrics record (straggler scores after a report; goodput so far)."""
+        out = dict(self.stops.scores)
+        if self.clock.goodput:
+            out["goodput"] = self.clock.goodput.summary()["goodput"]
+        return out
+
+    # ---- the end ----
+    def _on_hang(self, section: str, waited: float) -> None:
+        if self.on_status is not None:
+            self.on_status("failed", error=f"hang in {section}: no heartbeat for {waited:.0f}s",
+                           exit_code=exit_codes.HANG)
+
+    def finish(self, reason: str | None) -> tuple[int, str, dict]:
+        """(exit code, status.json state, summary fields); stops the watchdog; clears the keeper when
+        the run is finished (nothing left to recover)."""
+        if self.snapshots is not None:
+            self.snapshots.wait()
+            if reason is None:
+                self.snapshots.keeper.clear()
+        fields = self.clock.close()
+        self.preemption.restore_handlers()
+        if reason is None:
+            return exit_codes.FINISHED, "finished", fields
+        if reason in ("preempted", "max_time"):
+            return exit_codes.PREEMPTED, "preempted", {**fields, "reason": reason}
+        return exit_codes.STRAGGLER, "failed", {**fields, "reason": reason}
+
+    def close(self) -> None:
+        """On an exception: stop the watchdog thread and give the signals back (keeper kept)."""
+        if self.snapshots is not None:
+            self.snapshots.wait()
+        self.clock.close()
+        self.preemption.restore_handlers()
