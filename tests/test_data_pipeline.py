@@ -210,7 +210,7 @@ def test_token_ids_beyond_vocab_are_an_error(tmp_path):
     (["dataset_type=text", "tokenizer_path=/nonexistent"], "not found"),
     (["dataset_type=text", "model_name=tiny", "vocab_size=1000"], "has 4096 ids but vocab_size=1000"),
     (["dataset_type=text", "eos_id=5000"], "eos_id=5000 is outside vocab_size=4096"),
-    (["dataset_type=text", "data_bad_record_policy=drop"], "choose skip or error"),
+    (["dataset_type=text", "data_bad_record_policy=drop"], "choose one of skip, error"),
     (["dataset_type=indexed", "data_prefix=x", "data_split=a,b"], "expected three numbers"),
 ])
 def test_config_mistakes(args, message):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import pathlib
 import signal
 import subprocess
@@ -97,7 +98,9 @@ def test_container_and_gpu_options_render(tmp_path):
     srun = next(ln for ln in script.splitlines() if ln.startswith("srun "))
     assert "--container-image=/lustre/maxlite-gpu.sqsh" in srun and "/lustre/data:/lustre/data" in srun
     assert " python -m maxlite.train base.yml model_name=llama3-8b base_output_directory=/lustre/runs run_name=r1" in srun
-    assert "RUN_STATUS=/lustre/runs/r1/status.json" in script and "export NCCL_DEBUG=WARN" in script
+    # the trainer's answer is read from its local copy in the launch directory (the run dir may be gs://)
+    assert re.search(r"^RUN_STATUS=\S+/experiments/gpu/gpu_\d+/run_status\.json$", script, re.M), script
+    assert "export NCCL_DEBUG=WARN" in script
     assert "PYTHONPATH" not in script  # the image brings its own maxlite
 
 
@@ -230,9 +233,12 @@ def test_cancel_stops_the_job_without_requeue(tmp_path, cluster_env):
 @pytest.mark.slurm
 def test_sigterm_arrives_before_the_time_limit(tmp_path, cluster_env):
     # A 1-minute limit with 50 s of warning: SIGTERM comes ~10-40 s in, long before the kill.
+    # --retries 0: a run that saved on SIGTERM is requeued anyway; preemptions are not failures
+    # (resilience/exit_codes.py next_action: the trainer's `next` in status.json says "requeue").
     submit(tmp_path, "limit", cluster_env, *TINY, "steps=100000", "--time", "1", "--term-grace", "50")
-    info = wait_for(tmp_path, "limit", cluster_env, lambda i: i["status"] not in ("PENDING", "RUNNING"))
+    info = wait_for(tmp_path, "limit", cluster_env,
+                    lambda i: "run preempted and saved: requeueing" in log_text(i) or i["status"] == "FAILED")
     log = log_text(info)
     assert "SIGTERM (time limit or preemption): forwarding it to the trainer" in log, log
-    assert "trainer exited with" in log  # the batch shell outlived its trainer: not killed at the limit
-    assert info["slurm_state"] != "TIMEOUT" and info["status"] in ("PREEMPTED", "FAILED"), info
+    assert "trainer exited with 0; run state: preempted; next: requeue" in log, log  # outlived its trainer
+    assert launch(tmp_path, "cancel", "limit", env=cluster_env).returncode in (0, 2)  # it would go on

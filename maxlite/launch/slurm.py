@@ -220,7 +220,7 @@ case "$next" in
     note "run failed and no retries left (--retries $RETRIES)"; record FAILED "$rc"
     [ "$rc" -eq 0 ] && exit 1; exit "$rc" ;;
   *)
-    note "not retrying (exit $rc: a configuration error is fixed in the recipe)"; record FAILED "$rc"
+    note "configuration error (exit $rc): not requeueing; fix the recipe and launch again"; record FAILED "$rc"
     [ "$rc" -eq 0 ] && exit 1; exit "$rc" ;;
 esac
 """
