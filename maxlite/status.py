@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m maxlite.status RUN_DIR", file=sys.stderr)
         return 2
     try:
-        print(format_status(run_status(args[0])))
+        print(format_status(run_status(C.resolve_path(args[0]))))
     except C.ConfigError as e:
         print(f"maxlite: error: {e}", file=sys.stderr)
         return 2

@@ -4,10 +4,8 @@ import os
 from maxlite import config as C
 from maxlite.status import main, run_status
 from maxlite.train import train
+from tests.helpers import SMALL
 
-SMALL = ["base.yml", "model_name=tiny", "base_emb_dim=64", "base_mlp_dim=128", "base_num_query_heads=2",
-         "base_num_kv_heads=2", "head_dim=32", "base_num_decoder_layers=2", "vocab_size=256",
-         "max_target_length=16", "per_device_batch_size=1", "enable_tensorboard=false"]
 
 
 def test_status_of_a_finished_then_running_run(tmp_path, capsys):
