@@ -28,11 +28,25 @@ BLOCKWISE_MIN_LENGTH = 2048  # on CPU, dot_product's T×T scores cost more than 
 _NEG = -1e30  # masked score; finite so that a fully masked key block gives exp(0)·0, not NaN
 
 
+def target_platform() -> str:
+    """The platform the program is built for: the active mesh's devices (the planner compiles for a
+    TPU topology from a CPU process), else the default backend's."""
+    try:
+        from jax._src import mesh as mesh_src  # no public accessor for the concrete mesh in jax 0.10
+
+        mesh = mesh_src.get_concrete_mesh()
+        if mesh is not None and not mesh.empty:
+            return mesh.devices.flat[0].platform
+    except (ImportError, AttributeError):
+        pass
+    return jax.devices()[0].platform
+
+
 def select(name: str, seq_len: int, platform: str | None = None) -> str:
     """The implementation `autoselected` stands for on this platform and sequence length."""
     if name != "autoselected":
         return name
-    platform = platform or jax.devices()[0].platform
+    platform = platform or target_platform()
     if platform == "tpu":
         return "flash"
     if platform == "gpu":
@@ -212,7 +226,7 @@ def _mesh_spec(*logical):
 
 def flash(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, block_sizes):
     H = q_BTNH.shape[-1]
-    interpret = jax.devices()[0].platform != "tpu"  # the Pallas interpreter: CPU tests
+    interpret = target_platform() != "tpu"  # the Pallas interpreter: CPU tests
     q_BNTH = jnp.swapaxes(q_BTNH / jnp.asarray(math.sqrt(H), q_BTNH.dtype), 1, 2)  # the kernel does not scale
     k_BKSH, v_BKSH = jnp.swapaxes(k_BSKH, 1, 2), jnp.swapaxes(v_BSKH, 1, 2)
     local = functools.partial(_splash_local, block_sizes=block_sizes, interpret=interpret)
