@@ -97,3 +97,17 @@ def test_bad_attention_keys_are_one_line_errors():
         C.load(["base.yml", "attention=fast"])
     with pytest.raises(C.ConfigError, match="attention_block_size=100 must divide"):
         C.load(["base.yml", "attention=blockwise", "attention_block_size=100"])
+
+
+@pytest.mark.parametrize("impl", ["blockwise", pytest.param("flash", marks=pytest.mark.slow)])
+def test_recipe_switching_attention_trains_to_the_same_losses(impl):
+    """Two steps of a recipe on a 2-device fsdp mesh follow dot_product's losses (flash: the splash
+    kernel in interpret mode inside shard_map; slow)."""
+    from tests.helpers import train_losses
+
+    argv = ["base.yml", "model_name=tiny", "max_target_length=128", "base_num_decoder_layers=2",
+            "per_device_batch_size=1", "dtype=float32", "enable_checkpointing=false",
+            "attention_block_size=32"]
+    ref, _ = train_losses(argv + ["attention=dot_product"], 2, 2)
+    losses, _ = train_losses(argv + [f"attention={impl}"], 2, 2)
+    np.testing.assert_allclose(losses, ref, rtol=1e-4)

@@ -270,3 +270,34 @@ def test_suggestions_are_compiled_and_the_smaller_micro_batch_fits():
     more_chips = [r for r in rows if r["change"].startswith("topology")]
     assert len(more_chips) == 1 and not more_chips[0]["fits"]  # the per-device batch is the problem
 
+
+
+@needs_libtpu
+def test_offload_policy_moves_layer_inputs_to_host_and_flash_is_a_kernel():
+    """Lowered (not compiled) for v6e: the offload policy names pinned host memory; autoselected
+    attention is the splash kernel and no [T, T] scores appear."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from maxlite import mesh as mesh_lib, optim, state as state_lib, step as step_lib
+    from maxlite.plan.compile import resolve
+
+    topo = T.parse("v6e:2x2")
+    cfg = resolve(["base.yml", "model_name=tiny", "max_target_length=512", "base_num_decoder_layers=2",
+                   "remat_policy=offload_layer_inputs"], topo)
+    mesh = mesh_lib.make_mesh(cfg, devices=T.devices(topo))
+    tx, schedule = optim.make_optimizer(cfg), optim.learning_rate_schedule(cfg)
+    graphdef, abstract, shardings = state_lib.abstract_state(cfg, mesh, tx)
+    bs = mesh_lib.batch_sharding(mesh)
+    shape = (cfg.global_batch_size, cfg.max_target_length)
+    batch = {k: jax.ShapeDtypeStruct(shape, jnp.float32 if k == "weights" else jnp.int32, sharding=bs)
+             for k in ("inputs", "targets", "positions", "segment_ids", "weights")}
+    state_in = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                            abstract, shardings)
+    step = step_lib.jit_train_step(cfg, graphdef, tx, schedule, shardings, bs)
+    with jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.RULES):
+        text = step.lower(state_in, batch).as_text()
+    assert "pinned_host" in text
+    assert "tpu_custom_call" in text
+    assert "512x512" not in text
