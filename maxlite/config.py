@@ -228,7 +228,7 @@ def load(argv: Sequence[str] = (), **overrides: Any) -> Config:
 # maxlite (the loop, Orbax's background threads, Ray workers, the bridge) sees the same absolute
 # path whatever the working directory: Orbax refuses relative paths, and a worker's cwd differs.
 PATH_KEYS = ("base_output_directory", "checkpoint_dir", "load_parameters_path", "load_full_state_path",
-             "tokenizer_path", "data_cache_dir")
+             "tokenizer_path", "data_cache_dir", "jax_cache_dir")
 PATH_LIST_KEYS = ("dataset_path", "eval_dataset_path")  # comma-separated files, directories, globs
 BLEND_KEYS = ("data_prefix", "eval_data_prefix")  # prefix, [prefix, ...] or [w1, prefix1, ...]
 
@@ -277,7 +277,9 @@ _CHOICES = {
     "decoder_block": ("llama2", "gpt3"),
     "dtype": ("float32", "bfloat16"),
     "weight_dtype": ("float32", "bfloat16"),
-    "remat_policy": ("none", "full", "minimal", "save_dots"),
+    "remat_policy": ("none", "full", "minimal", "save_dots", "save_qkv_proj", "save_dot_except_mlp",
+                     "save_attn_mlp_proj", "offload_layer_inputs"),
+    "attention": ("autoselected", "dot_product", "blockwise", "flash", "cudnn_flash"),
     "lr_schedule_type": ("cosine", "linear", "constant"),
     "checkpoint_error_policy": ("continue", "stop"),
     "fault_type": ("", "crash", "hang", "slow", "sigterm", "crash_in_snapshot"),
@@ -332,6 +334,17 @@ def _validate(c: Config) -> None:
         raise ConfigError(
             f"max_target_length={c.max_target_length} exceeds max_position_embeddings="
             f"{c.max_position_embeddings} of this gpt3 model")
+    if c.num_vocab_tiling == 0 or c.num_vocab_tiling < -1 or (
+            c.num_vocab_tiling > 0 and c.max_target_length % c.num_vocab_tiling):
+        raise ConfigError(f"num_vocab_tiling={c.num_vocab_tiling} must be -1 (auto) or a positive "
+                          f"divisor of max_target_length={c.max_target_length}")
+    for key in ("attention_block_size", *(k for k in _DEFAULTS if k.startswith("sa_block_"))):
+        if getattr(c, key) <= 0:
+            raise ConfigError(f"{key}={getattr(c, key)} must be positive")
+    if c.attention == "blockwise" and c.max_target_length % min(c.attention_block_size,
+                                                                c.max_target_length):
+        raise ConfigError(f"attention_block_size={c.attention_block_size} must divide "
+                          f"max_target_length={c.max_target_length}")
     for prefix in ("ici", "dcn"):
         values = c.parallelism(prefix)
         if values.count(-1) > 1:

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from maxlite.models import loss as loss_lib
 from maxlite.state import TrainState
 
 Batch = dict[str, jax.Array]  # inputs, targets, positions, segment_ids: int32 [B, T]; weights: f32
@@ -17,11 +18,17 @@ Batch = dict[str, jax.Array]  # inputs, targets, positions, segment_ids: int32 [
 def loss_sums(params, graphdef, batch: Batch, z_loss_weight: float = 0.0):
     """(sum of weighted loss incl. z-loss, (sum of cross-entropy, number of real tokens))."""
     model = nnx.merge(graphdef, params)
+    weights_BT = batch["weights"]
+    n = loss_lib.num_chunks(model.cfg, batch["inputs"].shape[1])
+    if n > 1:  # never holds [B, T, V] logits
+        x_BTD = model.hidden(batch["inputs"], batch["positions"], batch["segment_ids"])
+        loss_sum, xent_sum = loss_lib.chunked_loss_sums(x_BTD, model.head_DV(), batch["targets"],
+                                                        weights_BT, float(z_loss_weight), n)
+        return loss_sum, (xent_sum, jnp.sum(weights_BT))
     logits_BTV = model(batch["inputs"], batch["positions"], batch["segment_ids"])
     log_z_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
     target_logit_BT = jnp.take_along_axis(logits_BTV, batch["targets"][..., None], axis=-1)[..., 0]
     xent_BT = log_z_BT - target_logit_BT
-    weights_BT = batch["weights"]
     xent_sum = jnp.sum(xent_BT * weights_BT)
     loss_sum = xent_sum + z_loss_weight * jnp.sum(jnp.square(log_z_BT) * weights_BT)
     return loss_sum, (xent_sum, jnp.sum(weights_BT))

@@ -105,6 +105,8 @@ def _setup(cfg: C.Config, res) -> _Run:
     from maxlite import mesh as mesh_lib
 
     mesh_lib.initialize_distributed()  # before any other JAX call
+    from maxlite.compile_cache import enable_compilation_cache
+    enable_compilation_cache(cfg)  # before anything compiles: a re-run loads its programs
 
     import jax
 

@@ -74,6 +74,61 @@ def test_collectives_count_loop_iterations_and_bytes():
     assert hlo.hbm_bytes(HLO) == 6 * (gather + permute + dslice) + 16
 
 
+KERNEL_HLO = """HloModule k
+
+%cond (p: (s32[], bf16[4,1024,128])) -> pred[] {
+  %p = (s32[], bf16[4,1024,128]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(3)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%body (p: (s32[], bf16[4,1024,128])) -> (s32[], bf16[4,1024,128]) {
+  %p = (s32[], bf16[4,1024,128]) parameter(0)
+  %q = bf16[4,1024,128]{2,1,0} get-tuple-element(%p), index=1
+  %k = bf16[2,1024,128]{2,1,0} get-tuple-element(%p), index=2
+  %v = bf16[2,1024,128]{2,1,0} get-tuple-element(%p), index=3
+  %o = bf16[4,1024,128]{2,1,0} custom-call(%q, %k, %v), custom_call_target="tpu_custom_call", backend_config={"kernel_name":"splash_mha_fwd"}
+  ROOT %t = (s32[], bf16[4,1024,128]) tuple(%i, %o)
+}
+
+ENTRY %main (a: bf16[4,1024,128]) -> bf16[4,1024,128] {
+  %w = (s32[], bf16[4,1024,128]) while(%init), condition=%cond, body=%body
+}
+"""
+
+
+def test_kernels_count_their_operands_and_results_not_scores():
+    assert hlo.custom_calls(KERNEL_HLO) == {"tpu_custom_call": 3}  # once per loop iteration
+    q = o = 4 * 1024 * 128 * 2
+    kv = 2 * 1024 * 128 * 2
+    assert hlo.hbm_bytes(KERNEL_HLO) == 3 * (q + 2 * kv + o)  # no 1024×1024 scores anywhere
+
+
+def test_hardware_flops_count_remat_recompute_and_kernel_backward():
+    from maxlite import config as C
+    from maxlite.models.flops import train_flops_per_step
+    from maxlite.plan.estimate import _per_layer_forward, hardware_flops
+
+    def hw(*keys):
+        cfg = C.resolve(C.load(["base.yml", "model_name=tiny", "max_target_length=1024", *keys]), 8)
+        return hardware_flops(cfg, train_flops_per_step(cfg), "tpu"), _per_layer_forward(cfg)
+
+    base = train_flops_per_step(C.resolve(C.load(["base.yml", "model_name=tiny",
+                                                  "max_target_length=1024"]), 8))
+    none, fwd = hw("remat_policy=none", "attention=dot_product")
+    assert none == base
+    full, _ = hw("remat_policy=full", "attention=dot_product")
+    assert full == pytest.approx(base + sum(fwd.values()))
+    assert hw("remat_policy=offload_layer_inputs", "attention=dot_product")[0] == full
+    qkv, _ = hw("remat_policy=save_qkv_proj", "attention=dot_product")
+    assert qkv == pytest.approx(full - fwd["qkv"])
+    flash, _ = hw("remat_policy=none", "attention=flash")  # S and dP recomputed in dQ and dK/dV
+    assert flash == pytest.approx(base + 1.5 * fwd["attention"])
+    auto, _ = hw("remat_policy=none")  # autoselected is flash on TPU
+    assert auto == flash
+
+
 def test_without_libtpu_one_line_install_hint():
     code = ("import sys; sys.modules['libtpu'] = None\n"
             "from maxlite.plan.__main__ import main\n"
@@ -112,6 +167,9 @@ def test_tiny_fits_v6e_4x4_with_expected_shardings(tiny_plan):
     assert 0 < p.peak_bytes < T.CHIPS["v6e"].hbm_bytes
     assert p.collectives["all-gather"]["count"] > p.collectives["all-gather"]["static"]  # per layer
     assert p.estimate["is_estimate"] and p.estimate["step_seconds"] > 0
+    # autoselected attention on TPU is the splash kernel: fwd, dQ and dK/dV per layer (4 layers)
+    assert p.recipe["attention"] == "autoselected"
+    assert p.custom_calls.get("tpu_custom_call", 0) >= 3 * 4
 
 
 @needs_libtpu
@@ -212,3 +270,34 @@ def test_suggestions_are_compiled_and_the_smaller_micro_batch_fits():
     more_chips = [r for r in rows if r["change"].startswith("topology")]
     assert len(more_chips) == 1 and not more_chips[0]["fits"]  # the per-device batch is the problem
 
+
+
+@needs_libtpu
+def test_offload_policy_moves_layer_inputs_to_host_and_flash_is_a_kernel():
+    """Lowered (not compiled) for v6e: the offload policy names pinned host memory; autoselected
+    attention is the splash kernel and no [T, T] scores appear."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from maxlite import mesh as mesh_lib, optim, state as state_lib, step as step_lib
+    from maxlite.plan.compile import resolve
+
+    topo = T.parse("v6e:2x2")
+    cfg = resolve(["base.yml", "model_name=tiny", "max_target_length=512", "base_num_decoder_layers=2",
+                   "remat_policy=offload_layer_inputs"], topo)
+    mesh = mesh_lib.make_mesh(cfg, devices=T.devices(topo))
+    tx, schedule = optim.make_optimizer(cfg), optim.learning_rate_schedule(cfg)
+    graphdef, abstract, shardings = state_lib.abstract_state(cfg, mesh, tx)
+    bs = mesh_lib.batch_sharding(mesh)
+    shape = (cfg.global_batch_size, cfg.max_target_length)
+    batch = {k: jax.ShapeDtypeStruct(shape, jnp.float32 if k == "weights" else jnp.int32, sharding=bs)
+             for k in ("inputs", "targets", "positions", "segment_ids", "weights")}
+    state_in = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                            abstract, shardings)
+    step = step_lib.jit_train_step(cfg, graphdef, tx, schedule, shardings, bs)
+    with jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.RULES):
+        text = step.lower(state_in, batch).as_text()
+    assert "pinned_host" in text
+    assert "tpu_custom_call" in text
+    assert "512x512" not in text

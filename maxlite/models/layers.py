@@ -15,6 +15,9 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+
+from maxlite.models import attention
 
 Axes = tuple[str | None, ...]
 
@@ -126,22 +129,16 @@ class Attention(nnx.Module):
             k_BSKH = apply_rope(k_BSKH, positions_BT, inv_freq)
         q_BTNH = constrain(q_BTNH, ("activation_batch", "activation_length", "activation_heads", None))
         k_BSKH = constrain(k_BSKH, ("activation_batch", "activation_length", "activation_kv_heads", None))
+        q_BTNH = checkpoint_name(q_BTNH, "query_proj")  # names the remat policies refer to
+        k_BSKH = checkpoint_name(k_BSKH, "key_proj")
+        v_BSKH = checkpoint_name(v_BSKH, "value_proj")
 
-        B, T, N, H = q_BTNH.shape
-        q_BTKGH = q_BTNH.reshape(B, T, self.num_kv, N // self.num_kv, H)
-        scores_BKGTS = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k_BSKH).astype(jnp.float32)
-        scores_BKGTS = scores_BKGTS / math.sqrt(H)
-        causal_TS = jnp.tril(jnp.ones((T, T), dtype=bool))
-        same_doc_BTS = segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :]
-        mask_B11TS = (causal_TS[None] & same_doc_BTS)[:, None, None]
-        scores_BKGTS = jnp.where(mask_B11TS, scores_BKGTS, jnp.finfo(jnp.float32).min)
-        probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(dt)
-        out_BTKGH = jnp.einsum("bkgts,bskh->btkgh", probs_BKGTS, v_BSKH)
-        out_BTNH = out_BTKGH.reshape(B, T, N, H)
+        out_BTNH = attention.attend(self.cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT)
+        out_BTNH = constrain(out_BTNH, ("activation_batch", "activation_length", "activation_heads", None))
         out_BTD = jnp.einsum("btnh,nhd->btd", out_BTNH, self.o[...].astype(dt))
         if self.use_bias:
             out_BTD = out_BTD + self.o_bias[...].astype(dt)
-        return constrain(out_BTD, BTD)
+        return constrain(checkpoint_name(out_BTD, "out_proj"), BTD)
 
 
 class SwiGLU(nnx.Module):
@@ -154,10 +151,10 @@ class SwiGLU(nnx.Module):
 
     def __call__(self, x_BTD):
         dt = self.dtype
-        gate_BTF = jax.nn.silu(x_BTD @ self.gate[...].astype(dt))
-        h_BTF = constrain(gate_BTF * (x_BTD @ self.up[...].astype(dt)),
-                          ("activation_batch", "activation_length", "activation_mlp"))
-        return constrain(h_BTF @ self.down[...].astype(dt), BTD)
+        gate_BTF = jax.nn.silu(checkpoint_name(x_BTD @ self.gate[...].astype(dt), "mlpwi_0"))
+        up_BTF = checkpoint_name(x_BTD @ self.up[...].astype(dt), "mlpwi_1")
+        h_BTF = constrain(gate_BTF * up_BTF, ("activation_batch", "activation_length", "activation_mlp"))
+        return constrain(checkpoint_name(h_BTF @ self.down[...].astype(dt), "mlpwo"), BTD)
 
 
 class GeluMLP(nnx.Module):
@@ -171,6 +168,7 @@ class GeluMLP(nnx.Module):
 
     def __call__(self, x_BTD):
         dt = self.dtype
-        h_BTF = jax.nn.gelu(x_BTD @ self.up[...].astype(dt) + self.up_bias[...].astype(dt))
-        h_BTF = constrain(h_BTF, ("activation_batch", "activation_length", "activation_mlp"))
-        return constrain(h_BTF @ self.down[...].astype(dt) + self.down_bias[...].astype(dt), BTD)
+        h_BTF = checkpoint_name(x_BTD @ self.up[...].astype(dt) + self.up_bias[...].astype(dt), "mlpwi_0")
+        h_BTF = constrain(jax.nn.gelu(h_BTF), ("activation_batch", "activation_length", "activation_mlp"))
+        out_BTD = h_BTF @ self.down[...].astype(dt) + self.down_bias[...].astype(dt)
+        return constrain(checkpoint_name(out_BTD, "mlpwo"), BTD)

@@ -10,14 +10,25 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from maxlite.models.layers import (BTD, Attention, GeluMLP, LayerNorm, RMSNorm, SwiGLU, constrain,
                                    param)
 
-REMAT_POLICIES = {
-    "full": jax.checkpoint_policies.nothing_saveable,  # recompute everything in the backward pass
-    "minimal": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep weight matmuls
-    "save_dots": jax.checkpoint_policies.dots_saveable,  # keep every matmul output
+_cp = jax.checkpoint_policies
+_QKV = ("query_proj", "key_proj", "value_proj")
+_MLP = ("mlpwi_0", "mlpwi_1", "mlpwo")
+REMAT_POLICIES = {  # names: maxlite.models.layers' checkpoint_name calls and "decoder_layer_input"
+    "full": _cp.nothing_saveable,  # recompute everything in the backward pass
+    "minimal": _cp.dots_with_no_batch_dims_saveable,  # keep weight matmuls
+    "save_dots": _cp.dots_saveable,  # keep every matmul output
+    "save_qkv_proj": _cp.save_only_these_names(*_QKV),  # keep q, k, v (after RoPE)
+    "save_dot_except_mlp": _cp.save_only_these_names(*_QKV, "out_proj"),  # attention projections
+    "save_attn_mlp_proj": _cp.save_only_these_names(*_QKV, "out_proj", *_MLP),  # every projection
+    # the layer inputs (what `full` keeps on the device) go to pinned host memory; the rest is recomputed
+    "offload_layer_inputs": _cp.save_and_offload_only_these_names(
+        names_which_can_be_saved=[], names_which_can_be_offloaded=["decoder_layer_input"],
+        offload_src="device", offload_dst="pinned_host"),
 }
 
 
@@ -67,7 +78,7 @@ class Transformer(nnx.Module):
         cfg = self.cfg
 
         def block_fn(x, layer, positions, segment_ids):
-            return layer(x, positions, segment_ids)
+            return layer(checkpoint_name(x, "decoder_layer_input"), positions, segment_ids)
 
         if cfg.remat_policy != "none":
             block_fn = nnx.remat(block_fn, policy=REMAT_POLICIES[cfg.remat_policy],
@@ -80,13 +91,21 @@ class Transformer(nnx.Module):
                            transform_metadata={nnx.PARTITION_NAME: "layers"})
         return scan_fn(x_BTD, self.layers, positions_BT, segment_ids_BT)
 
-    def __call__(self, inputs_BT, positions_BT, segment_ids_BT):
+    def hidden(self, inputs_BT, positions_BT, segment_ids_BT):
+        """The final-normed hidden states x_BTD (what the output head multiplies)."""
         dt = jnp.dtype(self.cfg.dtype)
         x_BTD = jnp.take(self.embedding[...], inputs_BT, axis=0).astype(dt)
         if self.cfg.decoder_block == "gpt3":
             x_BTD = x_BTD + jnp.take(self.positions[...], positions_BT, axis=0).astype(dt)
         x_BTD = constrain(x_BTD, BTD)
-        x_BTD = self.final_norm(self._run_layers(x_BTD, positions_BT, segment_ids_BT))
-        head_DV = (self.embedding[...].T if self.cfg.logits_via_embedding else self.unembedding[...])
-        logits_BTV = (x_BTD @ head_DV.astype(dt)).astype(jnp.float32)
+        return self.final_norm(self._run_layers(x_BTD, positions_BT, segment_ids_BT))
+
+    def head_DV(self):
+        """The output projection [D, V] in the compute dtype (tied to the embedding or not)."""
+        head_DV = self.embedding[...].T if self.cfg.logits_via_embedding else self.unembedding[...]
+        return head_DV.astype(jnp.dtype(self.cfg.dtype))
+
+    def __call__(self, inputs_BT, positions_BT, segment_ids_BT):
+        x_BTD = self.hidden(inputs_BT, positions_BT, segment_ids_BT)
+        logits_BTV = (x_BTD @ self.head_DV()).astype(jnp.float32)
         return constrain(logits_BTV, ("activation_batch", "activation_length", "activation_vocab"))

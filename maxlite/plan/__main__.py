@@ -14,6 +14,8 @@ from maxlite.plan import topology as topo_lib
 
 
 def _parser() -> argparse.ArgumentParser:
+    from maxlite.plan import search  # no JAX at import
+
     p = argparse.ArgumentParser(
         prog="python -m maxlite.plan",
         description="Compile a recipe's train step for a TPU topology on this machine (no TPU needed): "
@@ -23,7 +25,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--num-slices", type=int, default=None, help="multislice: slices joined over DCN "
                    "(default: the recipe's num_slices, else 1)")
     p.add_argument("--sweep", action="store_true", help="rank meshes × remat policies that fit")
-    p.add_argument("--sweep-remat", default="full,minimal,save_dots", help="remat policies the sweep tries")
+    p.add_argument("--sweep-remat", default=",".join(search.SWEEP_REMATS),
+                   help="remat policies the sweep tries")
     p.add_argument("--no-suggest", action="store_true", help="do not search for what would fit")
     p.add_argument("--shardings", action="store_true", help="list every parameter's sharding")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")

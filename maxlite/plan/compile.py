@@ -17,7 +17,7 @@ from maxlite.plan import estimate as estimate_lib, hlo
 from maxlite.plan.topology import Topology, devices as topology_devices
 
 _RECIPE_KEYS = ("model_name", "per_device_batch_size", "max_target_length", "gradient_accumulation_steps",
-                "remat_policy", "weight_dtype", "dtype", "scan_layers")
+                "remat_policy", "weight_dtype", "dtype", "scan_layers", "attention", "num_vocab_tiling")
 _BATCH_KEYS = ("inputs", "targets", "positions", "segment_ids", "weights")
 # libtpu 0.0.42: "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO
 # temporaries (82.77G) exceeds available HBM (31.25G)." (G = GiB); older: "Used 45.3G of 31.2G hbm"
@@ -53,6 +53,7 @@ class Plan:
     bytes_accessed: float | None    # per device, XLA's count (same caveat)
     hbm_bytes: float | None = None  # per device, from the HLO with loops unrolled (hlo.hbm_bytes)
     collectives: dict[str, dict] = dataclasses.field(default_factory=dict)
+    custom_calls: dict[str, int] = dataclasses.field(default_factory=dict)  # kernels run per step
     param_shardings: dict[str, str] = dataclasses.field(default_factory=dict)
     data_axis_slices: list[list[int]] = dataclasses.field(default_factory=list)
     error: str = ""
@@ -120,6 +121,7 @@ def compile_plan(args: list[str], topology: Topology, overrides: list[str] = ())
 
     from maxlite import mesh as mesh_lib, optim, state as state_lib, step as step_lib
     from maxlite.models.flops import param_count, train_flops_per_step
+    from maxlite.models.loss import num_chunks
 
     cfg = resolve(args, topology, overrides)
     devs = topology_devices(topology)
@@ -138,7 +140,8 @@ def compile_plan(args: list[str], topology: Topology, overrides: list[str] = ())
         mesh=dict(zip(mesh.axis_names, mesh.devices.shape)),
         dcn=dict(zip(C.MESH_AXES, cfg.parallelism("dcn"))),
         ici=dict(zip(C.MESH_AXES, cfg.parallelism("ici"))), overrides=list(overrides),
-        recipe={k: getattr(cfg, k) for k in _RECIPE_KEYS} | {"global_batch_size": cfg.global_batch_size},
+        recipe={k: getattr(cfg, k) for k in _RECIPE_KEYS} | {"global_batch_size": cfg.global_batch_size,
+                                                             "loss_chunks": num_chunks(cfg, T)},
         fits=False,
         param_count=param_count(abstract.params),
         param_bytes_total=param_total,
@@ -177,5 +180,6 @@ def compile_plan(args: list[str], topology: Topology, overrides: list[str] = ())
     text = compiled.as_text()
     plan.collectives = {k: c.to_dict() for k, c in hlo.collectives(text).items()}
     plan.hbm_bytes = hlo.hbm_bytes(text)
+    plan.custom_calls = hlo.custom_calls(text)
     plan.estimate = estimate_lib.estimate(plan, cfg, topology.chip, topology.num_slices)
     return plan

@@ -8,9 +8,13 @@
   dcn      = gradient all-reduce across slices / the chip's share of the data-centre network
   step     = max(compute, memory) + ici + dcn         (no overlap credited: XLA overlaps some)
 
-Real steps are slower: kernels do not reach peak. One calibration point: MaxText's llama3-8b,
-per_device_batch_size=1, max_target_length=4096, fsdp 4 × tensor 4 on v6e-16 (the GKE + Ray
-tutorial) measures 1.1 s/step.
+Custom calls (the splash attention kernel) count as one top-level op: they read their operands
+(Q, K, V, segment ids) and write their results (O, log-sum-exp) once; no T×T scores reach HBM.
+Their extra compute (the backward pass recomputes the scores) is in `hardware_flops`.
+
+Real steps are slower: kernels do not reach peak. Calibration (docs/plan.md): MaxText measures
+1.1 s/step for llama3-8b, batch 1 × 4096, fsdp 4 × tensor 4 on v6e-16 (estimated 0.81 s) and
+3.42 s for Llama 3.1-8B, batch 3 × 8192 on v6e-8 (estimated 2.45 s).
 """
 
 from __future__ import annotations
@@ -18,17 +22,36 @@ from __future__ import annotations
 from maxlite.plan.topology import Chip
 
 
-def hardware_flops(cfg, flops_formula: float) -> float:
-    """FLOPs the chips execute: rematerialisation re-runs (part of) the forward pass of each layer."""
-    if cfg.remat_policy in ("none", "save_dots"):
-        return flops_formula
-    B, T, V, D = cfg.global_batch_size, cfg.max_target_length, cfg.vocab_size, cfg.base_emb_dim
-    if cfg.remat_policy == "full":
-        layers = flops_formula - 3.0 * 2 * B * T * D * V  # everything but the unembedding
-        return flops_formula + layers / 3  # one more forward of every layer
-    # minimal: attention's batched dots (QKᵀ, PV) are not saved, so they run forward twice
-    attention = 3.0 * cfg.base_num_decoder_layers * 2 * B * T * T * cfg.base_num_query_heads * cfg.head_dim
-    return flops_formula + attention / 3
+def _per_layer_forward(cfg) -> dict[str, float]:
+    """Forward FLOPs of all layers by part (the terms of maxlite/models/flops.py, not × 3)."""
+    B, T, D, F = cfg.global_batch_size, cfg.max_target_length, cfg.base_emb_dim, cfg.base_mlp_dim
+    N, K, H, L = cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim, cfg.base_num_decoder_layers
+    tokens = B * T
+    return {"qkv": L * 2 * tokens * D * (N + 2 * K) * H, "out": L * 2 * tokens * N * H * D,
+            "mlp": L * 2 * tokens * D * F * (2 if cfg.decoder_block == "gpt3" else 3),
+            "attention": L * 4 * B * T * T * N * H / 2}
+
+
+def hardware_flops(cfg, flops_formula: float, platform: str = "tpu") -> float:
+    """FLOPs the chips execute: the formula, plus the forward work remat recomputes, plus the
+    score recomputation of a flash kernel's backward pass."""
+    from maxlite.models.attention import select
+
+    fwd = _per_layer_forward(cfg)
+    layers = sum(fwd.values())
+    recompute = {
+        "none": 0.0, "save_dots": 0.0,
+        "full": layers, "offload_layer_inputs": layers,  # the layer input is all that is kept
+        "minimal": fwd["attention"], "save_attn_mlp_proj": fwd["attention"],  # QKᵀ, PV re-run
+        "save_qkv_proj": layers - fwd["qkv"],
+        "save_dot_except_mlp": layers - fwd["qkv"] - fwd["out"],
+    }[cfg.remat_policy]
+    kernel = 0.0
+    if select(cfg.attention, cfg.max_target_length, platform) in ("flash", "cudnn_flash"):
+        # its backward recomputes the scores: S and dP in the dQ and the dK/dV kernels (+3 of the
+        # forward's 2 matmuls), or once with the fused backward kernel (+1)
+        kernel = fwd["attention"] * (0.5 if cfg.sa_use_fused_bwd_kernel else 1.5)
+    return flops_formula + recompute + kernel
 
 
 def estimate(plan, cfg, chip: Chip, num_slices: int) -> dict:

@@ -152,6 +152,25 @@ _FREE = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "whil
          "add-dependency"}
 
 
+_TARGET = re.compile(r'custom_call_target="([^"]+)"')
+
+
+def custom_calls(text: str) -> dict[str, int]:
+    """{custom-call target: executions per step} (e.g. tpu_custom_call: the Pallas kernels)."""
+    comps = _split(text)
+    runs = _runs(comps)
+    out: dict[str, int] = defaultdict(int)
+    for name, lines in comps.items():
+        if name.startswith("__"):
+            continue
+        for line in lines:
+            m = _INSTR.match(line)
+            if m and m.group(3) == "custom-call":
+                target = _TARGET.search(line)
+                out[target.group(1) if target else "?"] += runs(name)
+    return dict(out)
+
+
 def _loop_trips(comps) -> dict[str, int]:
     trips = {}
     for lines in comps.values():
@@ -178,7 +197,8 @@ def _sliced_bytes(shape_text: str, trips: int) -> float:
 
 def hbm_bytes(text: str) -> float:
     """Bytes read and written per step by the top-level ops (each fusion reads its operands and
-    writes its result), loops multiplied by their trip counts; an approximation of HBM traffic."""
+    writes its result), loops multiplied by their trip counts; an approximation of HBM traffic.
+    A custom call (a Pallas kernel such as splash attention) is one such op: Q, K, V in, O out."""
     comps = _split(text)
     runs, trips = _runs(comps), _loop_trips(comps)
     control = {comps["__entry_name__"][0]} if "__entry_name__" in comps else set()

@@ -53,6 +53,13 @@ def memory_lines(plan: Plan, chip: Chip) -> list[str]:
     return lines
 
 
+def _attention(r: dict) -> str:
+    from maxlite.models.attention import select
+
+    chosen = select(r["attention"], r["max_target_length"], "tpu")
+    return chosen if chosen == r["attention"] else f"{chosen} ({r['attention']})"
+
+
 def text(plan: Plan, chip: Chip, shardings: bool = False) -> str:
     r = plan.recipe
     verdict = "FITS" if plan.fits else "DOES NOT FIT"
@@ -62,6 +69,8 @@ def text(plan: Plan, chip: Chip, shardings: bool = False) -> str:
              f"(per_device_batch_size={r['per_device_batch_size']:g}, gradient_accumulation_steps="
              f"{r['gradient_accumulation_steps']}); remat_policy={r['remat_policy']}, "
              f"weights {r['weight_dtype']}, compute {r['dtype']}",
+             f"  attention          {_attention(r)}; loss over {r['loss_chunks']} sequence chunk(s) "
+             f"(num_vocab_tiling={r['num_vocab_tiling']})",
              f"  parameters         {plan.param_count / 1e9:,.3f} B = {_si(plan.param_bytes_total, 'B')}"
              f" ({r['weight_dtype']})"]
     lines += memory_lines(plan, chip)
@@ -71,6 +80,10 @@ def text(plan: Plan, chip: Chip, shardings: bool = False) -> str:
     if plan.flops_compiler is not None:
         flops += f"; XLA counts {_si(plan.flops_compiler, 'FLOP')} per device (a scanned layer body once)"
     lines.append(flops)
+    if plan.custom_calls.get("tpu_custom_call"):  # the others are XLA's own helpers (in --json)
+        lines.append(f"  kernels/step       {plan.custom_calls['tpu_custom_call']}× Pallas kernel "
+                     f"(splash attention: forward, dQ, dK/dV per layer; remat re-runs the forward); "
+                     f"in the HBM term as operands in, results out, no T×T scores")
     if plan.collectives:
         parts = [f"{k} {c['count']}× {_si(c['bytes'], 'B')}" for k, c in plan.collectives.items()
                  if c["count"]]

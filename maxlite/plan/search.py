@@ -11,6 +11,9 @@ from maxlite.plan.compile import Plan, compile_plan, resolve
 from maxlite.plan.topology import GIB, Topology, bigger
 
 Progress = Callable[[str], None]
+# from the most recomputation to the least memory saved; offloading trades HBM for host memory
+SWEEP_REMATS = ("full", "offload_layer_inputs", "save_qkv_proj", "save_dot_except_mlp",
+                "save_attn_mlp_proj", "minimal", "save_dots")
 
 
 def stderr_progress(message: str) -> None:
@@ -136,7 +139,7 @@ def sweep_candidates(args: list[str], topology: Topology, remats: tuple[str, ...
     return out
 
 
-def sweep(args: list[str], topology: Topology, remats: tuple[str, ...] = ("full", "minimal", "save_dots"),
+def sweep(args: list[str], topology: Topology, remats: tuple[str, ...] = SWEEP_REMATS,
           progress: Progress = stderr_progress) -> list[dict]:
     """Compile every candidate; fitting ones ranked by estimated step time, then the rest."""
     rows = []

@@ -1,0 +1,107 @@
+"""Cross-entropy (+ z-loss) of the output head without ever holding the [B, T, V] logits.
+
+The sequence is cut into `num_vocab_tiling` chunks (MaxText's key); a scan computes each chunk's
+logits [B, C, V], its log-partition and target logit, and keeps only sums. The backward pass (a
+custom VJP) recomputes each chunk's logits and turns them into the chunk's input gradient and its
+share of the head's gradient, so peak memory holds one chunk of logits, never T·V per sequence.
+Shape legend as in layers.py; C chunk length, n number of chunks.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from maxlite.models.layers import constrain
+
+AUTO_CHUNK = 512               # tokens per chunk when num_vocab_tiling = -1 ...
+AUTO_MIN_LOGITS = 2**27        # ... and a sequence's logits T·V reach this many values
+
+
+def num_chunks(cfg, seq_len: int) -> int:
+    """Chunks for this sequence length: the key, or (auto) 512-token chunks for large T·V."""
+    if cfg.num_vocab_tiling > 0:
+        return cfg.num_vocab_tiling
+    if seq_len * cfg.vocab_size < AUTO_MIN_LOGITS or seq_len <= AUTO_CHUNK:
+        return 1
+    n = seq_len // AUTO_CHUNK
+    while seq_len % n:
+        n -= 1
+    return n
+
+
+def _chunks(x_BT, n: int):
+    """[B, T, ...] → [n, B, T/n, ...]: the batch dim (and its sharding) stays where it was."""
+    B, T = x_BT.shape[:2]
+    return jnp.swapaxes(x_BT.reshape(B, n, T // n, *x_BT.shape[2:]), 0, 1)
+
+
+def _unchunk(x_nBC):
+    n, B, C = x_nBC.shape[:3]
+    return jnp.swapaxes(x_nBC, 0, 1).reshape(B, n * C, *x_nBC.shape[3:])
+
+
+def _logits(x_BCD, head_DV):
+    logits_BCV = (x_BCD @ head_DV).astype(jnp.float32)
+    return constrain(logits_BCV, ("activation_batch", "activation_length", "activation_vocab"))
+
+
+def _forward(x_BTD, head_DV, targets_BT, weights_BT, z_loss_weight, n):
+    def body(carry, xs):
+        loss_sum, xent_sum = carry
+        x_BCD, targets_BC, weights_BC = xs
+        logits_BCV = _logits(x_BCD, head_DV)
+        log_z_BC = jax.nn.logsumexp(logits_BCV, axis=-1)
+        target_BC = jnp.take_along_axis(logits_BCV, targets_BC[..., None], axis=-1)[..., 0]
+        xent = jnp.sum((log_z_BC - target_BC) * weights_BC)
+        z = jnp.sum(jnp.square(log_z_BC) * weights_BC)
+        return (loss_sum + xent + z_loss_weight * z, xent_sum + xent), log_z_BC
+
+    zero = jnp.zeros((), jnp.float32)
+    xs = (_chunks(x_BTD, n), _chunks(targets_BT, n), _chunks(weights_BT, n))
+    (loss_sum, xent_sum), log_z_nBC = jax.lax.scan(body, (zero, zero), xs)
+    return (loss_sum, xent_sum), log_z_nBC
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def chunked_loss_sums(x_BTD, head_DV, targets_BT, weights_BT, z_loss_weight: float, n: int):
+    """(Σ w·(xent + z_loss_weight·log_z²), Σ w·xent) over all tokens, in n sequence chunks."""
+    return _forward(x_BTD, head_DV, targets_BT, weights_BT, z_loss_weight, n)[0]
+
+
+def _fwd(x_BTD, head_DV, targets_BT, weights_BT, z_loss_weight, n):
+    sums, log_z_nBC = _forward(x_BTD, head_DV, targets_BT, weights_BT, z_loss_weight, n)
+    return sums, (x_BTD, head_DV, targets_BT, weights_BT, log_z_nBC)
+
+
+def _bwd(z_loss_weight, n, res, cotangents):
+    x_BTD, head_DV, targets_BT, weights_BT, log_z_nBC = res
+    g_loss, g_xent = cotangents
+    V = head_DV.shape[1]
+
+    def body(dhead_DV, xs):
+        x_BCD, targets_BC, weights_BC, log_z_BC = xs
+        logits_BCV = _logits(x_BCD, head_DV)
+        probs_BCV = jnp.exp(logits_BCV - log_z_BC[..., None])
+        # d/dlogits of w·xent is w·(softmax − onehot); of w·log_z² it is 2·w·log_z·softmax
+        scale_BC = weights_BC * (g_loss + g_xent + 2 * z_loss_weight * g_loss * log_z_BC)
+        onehot_BCV = jax.nn.one_hot(targets_BC, V, dtype=jnp.float32)
+        dlogits_BCV = (probs_BCV * scale_BC[..., None]
+                       - onehot_BCV * (weights_BC * (g_loss + g_xent))[..., None])
+        dlogits_BCV = dlogits_BCV.astype(head_DV.dtype)  # the forward matmul ran in head's dtype
+        dx_BCD = dlogits_BCV @ head_DV.T
+        dhead_DV = dhead_DV + jnp.einsum("bcd,bcv->dv", x_BCD, dlogits_BCV,
+                                         preferred_element_type=jnp.float32)
+        return dhead_DV, dx_BCD
+
+    xs = (_chunks(x_BTD, n), _chunks(targets_BT, n), _chunks(weights_BT, n), log_z_nBC)
+    dhead_DV, dx_nBCD = jax.lax.scan(body, jnp.zeros(head_DV.shape, jnp.float32), xs)
+    zeros_int = np.zeros(targets_BT.shape, jax.dtypes.float0)  # integer inputs: no gradient
+    return (_unchunk(dx_nBCD).astype(x_BTD.dtype), dhead_DV.astype(head_DV.dtype), zeros_int,
+            jnp.zeros_like(weights_BT))
+
+
+chunked_loss_sums.defvjp(_fwd, _bwd)

@@ -1,0 +1,114 @@
+"""Every attention implementation equals dot_product (values and gradients) with packing and GQA."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from maxlite import config as C
+from maxlite.models import attention
+
+# f32 inputs: the implementations differ only in summation order and the online softmax
+TOL = dict(rtol=2e-4, atol=2e-5)
+
+
+def _inputs(B=2, T=256, N=4, K=2, H=32, seed=0):
+    kq, kk, kv, kd = jax.random.split(jax.random.key(seed), 4)
+    q = jax.random.normal(kq, (B, T, N, H), jnp.float32)
+    k = jax.random.normal(kk, (B, T, K, H), jnp.float32)
+    v = jax.random.normal(kv, (B, T, K, H), jnp.float32)
+    dout = jax.random.normal(kd, (B, T, N, H), jnp.float32)
+    # packed rows: three documents in row 0 (boundaries not on block edges), one in row 1
+    seg = np.ones((B, T), np.int32)
+    seg[0, 70:190], seg[0, 190:] = 2, 3
+    return q, k, v, jnp.asarray(seg), dout
+
+
+def _value_and_grads(fn, q, k, v, seg, dout):
+    out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, seg), q, k, v)
+    return out, vjp(dout)
+
+
+def _check_equal(fn, inputs):
+    q, k, v, seg, dout = inputs
+    ref_out, ref_grads = _value_and_grads(attention.dot_product, q, k, v, seg, dout)
+    out, grads = _value_and_grads(fn, q, k, v, seg, dout)
+    np.testing.assert_allclose(out, ref_out, **TOL)
+    for g, ref in zip(grads, ref_grads):  # dq, dk, dv (dk, dv summed over the query group)
+        np.testing.assert_allclose(g, ref, **TOL)
+
+
+def test_dot_product_keeps_packed_documents_apart():
+    q, k, v, seg, _ = _inputs()
+    out = attention.dot_product(q, k, v, seg)
+    # the third document alone gives the same output for its tokens: nothing leaks in from before
+    alone = attention.dot_product(q[:1, 190:], k[:1, 190:], v[:1, 190:], seg[:1, 190:])
+    np.testing.assert_allclose(out[:1, 190:], alone, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("block", [64, 128])
+def test_blockwise_equals_dot_product(block):
+    _check_equal(lambda q, k, v, s: attention.blockwise(q, k, v, s, block), _inputs())
+
+
+def test_blockwise_in_bfloat16_stays_close():
+    q, k, v, seg, dout = _inputs()
+    ref = attention.dot_product(q, k, v, seg)
+    cast = [x.astype(jnp.bfloat16) for x in (q, k, v)]
+    out = attention.blockwise(*cast, seg, 64).astype(jnp.float32)
+    np.testing.assert_allclose(out, ref, rtol=0.05, atol=0.05)
+
+
+def test_blockwise_never_builds_the_full_score_matrix():
+    q, k, v, seg, dout = _inputs(T=512)
+    grad = jax.jit(jax.grad(lambda q, k, v: jnp.sum(attention.blockwise(q, k, v, seg, 64) * dout),
+                            argnums=(0, 1, 2)))
+    hlo = grad.lower(q, k, v).as_text()
+    assert "512x512" not in hlo.replace(",", "x")  # no [.., T, S] buffer, forward or backward
+    ref_hlo = jax.jit(lambda q, k, v: attention.dot_product(q, k, v, seg)).lower(q, k, v).as_text()
+    assert "512x512" in ref_hlo.replace(",", "x")  # the check would see one
+
+
+def test_flash_splash_kernel_equals_dot_product_in_interpret_mode():
+    cfg = C.load(["base.yml"] + [f"sa_{k}=128" for k in attention._SPLASH_KEYS])
+    sizes = attention.splash_block_sizes(cfg, 256)
+    _check_equal(lambda q, k, v, s: attention.flash(q, k, v, s, sizes), _inputs(B=1, N=2, K=1))
+
+
+@pytest.mark.skipif(jax.devices()[0].platform != "gpu", reason="cuDNN attention needs an NVIDIA GPU")
+def test_cudnn_flash_equals_dot_product():
+    q, k, v, seg, dout = (x.astype(jnp.bfloat16) if x.dtype == jnp.float32 else x
+                          for x in _inputs(H=64))
+    ref = attention.dot_product(q, k, v, seg).astype(jnp.float32)
+    out = attention.cudnn_flash(q, k, v, seg).astype(jnp.float32)
+    np.testing.assert_allclose(out, ref, rtol=0.02, atol=0.02)
+
+
+@pytest.mark.parametrize("platform,T,expected", [
+    ("tpu", 256, "flash"), ("gpu", 256, "cudnn_flash"), ("cpu", 256, "dot_product"),
+    ("cpu", attention.BLOCKWISE_MIN_LENGTH, "blockwise")])
+def test_autoselected_picks_per_platform(platform, T, expected):
+    assert attention.select("autoselected", T, platform) == expected
+    assert attention.select("dot_product", T, platform) == "dot_product"
+
+
+def test_bad_attention_keys_are_one_line_errors():
+    with pytest.raises(C.ConfigError, match="attention='fast'"):
+        C.load(["base.yml", "attention=fast"])
+    with pytest.raises(C.ConfigError, match="attention_block_size=100 must divide"):
+        C.load(["base.yml", "attention=blockwise", "attention_block_size=100"])
+
+
+@pytest.mark.slow  # ~40 s (blockwise) and ~2 min (flash) on 2 cores; the per-function tests above
+@pytest.mark.parametrize("impl", ["blockwise", "flash"])  # cover values and gradients in the default run
+def test_recipe_switching_attention_trains_to_the_same_losses(impl):
+    """Two steps of a recipe on a 2-device fsdp mesh follow dot_product's losses (flash: the splash
+    kernel in interpret mode inside shard_map)."""
+    from tests.helpers import train_losses
+
+    argv = ["base.yml", "model_name=tiny", "max_target_length=128", "base_num_decoder_layers=2",
+            "per_device_batch_size=1", "dtype=float32", "enable_checkpointing=false",
+            "attention_block_size=32"]
+    ref, _ = train_losses(argv + ["attention=dot_product"], 2, 2)
+    losses, _ = train_losses(argv + [f"attention={impl}"], 2, 2)
+    np.testing.assert_allclose(losses, ref, rtol=1e-4)

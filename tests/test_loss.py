@@ -1,0 +1,79 @@
+"""The chunked output head + cross-entropy equals the unchunked one (loss and gradients)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from maxlite import config as C, step as step_lib
+from maxlite.models import loss as loss_lib
+from maxlite.state import abstract_params
+
+
+def _reference(x_BTD, head_DV, targets_BT, weights_BT, z):
+    logits_BTV = (x_BTD @ head_DV).astype(jnp.float32)
+    log_z_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
+    target_BT = jnp.take_along_axis(logits_BTV, targets_BT[..., None], axis=-1)[..., 0]
+    xent = jnp.sum((log_z_BT - target_BT) * weights_BT)
+    return xent + z * jnp.sum(jnp.square(log_z_BT) * weights_BT), xent
+
+
+def _inputs(B=2, T=64, D=32, V=50):
+    k1, k2, k3 = jax.random.split(jax.random.key(1), 3)
+    x = jax.random.normal(k1, (B, T, D), jnp.float32)
+    head = 0.3 * jax.random.normal(k2, (D, V), jnp.float32)
+    targets = jax.random.randint(k3, (B, T), 0, V)
+    weights = jnp.ones((B, T)).at[0, 50:].set(0.0).at[1, :5].set(0.0)  # masked tokens
+    return x, head, targets, weights
+
+
+@pytest.mark.parametrize("n,z", [(4, 0.0), (8, 1e-2)])
+def test_chunked_loss_and_gradients_equal_unchunked(n, z):
+    x, head, targets, weights = _inputs()
+
+    def combined(fn):  # both outputs feed the gradient, with different cotangents
+        def f(x, head):
+            loss, xent = fn(x, head)
+            return loss + 0.5 * xent
+        return jax.value_and_grad(f, argnums=(0, 1))(x, head)
+
+    ref_value, ref_grads = combined(lambda x, h: _reference(x, h, targets, weights, z))
+    value, grads = combined(lambda x, h: loss_lib.chunked_loss_sums(x, h, targets, weights, z, n))
+    np.testing.assert_allclose(value, ref_value, rtol=1e-5)
+    for g, ref in zip(grads, ref_grads):
+        np.testing.assert_allclose(g, ref, rtol=1e-4, atol=1e-6)
+    assert float(jnp.abs(grads[0][0, 50:]).max()) == 0.0  # masked tokens get no gradient
+
+
+def test_num_chunks_auto_and_explicit():
+    small = C.load(["base.yml", "model_name=tiny", "max_target_length=256"])
+    assert loss_lib.num_chunks(small, 256) == 1  # 256 × 4096 logits: not worth chunking
+    big = C.load(["base.yml", "model_name=tiny", "max_target_length=8192", "vocab_size=128256"])
+    assert loss_lib.num_chunks(big, 8192) == 8192 // loss_lib.AUTO_CHUNK
+    assert loss_lib.num_chunks(C.load(["base.yml", "num_vocab_tiling=4"]), 256) == 4
+    with pytest.raises(C.ConfigError, match="num_vocab_tiling=3 must be"):
+        C.load(["base.yml", "num_vocab_tiling=3", "max_target_length=256"])
+
+
+def test_train_loss_uses_the_chunked_head_and_matches_unchunked():
+    """step.loss_sums with num_vocab_tiling=4 vs 1 on a real model: same loss, same gradients."""
+    argv = ["base.yml", "model_name=tiny", "max_target_length=64", "dtype=float32",
+            "base_num_decoder_layers=2", "z_loss_weight=1e-3", "base_emb_dim=64", "base_mlp_dim=128",
+            "vocab_size=512"]
+    cfg1, cfg4 = C.load(argv + ["num_vocab_tiling=1"]), C.load(argv + ["num_vocab_tiling=4"])
+    (graph1, shapes), (graph4, _) = abstract_params(cfg1), abstract_params(cfg4)
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(lambda a: jnp.asarray(rng.normal(0, 0.05, a.shape), a.dtype), shapes)
+    tokens = jax.random.randint(jax.random.key(2), (2, 65), 0, cfg1.vocab_size)
+    batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
+             "positions": jnp.broadcast_to(jnp.arange(64), (2, 64)),
+             "segment_ids": jnp.ones((2, 64), jnp.int32), "weights": jnp.ones((2, 64))}
+    grad = jax.value_and_grad(step_lib.loss_sums, has_aux=True)
+    (l1, (x1, _)), g1 = jax.jit(lambda p: grad(p, graph1, batch, cfg1.z_loss_weight))(params)
+    (l4, (x4, _)), g4 = jax.jit(lambda p: grad(p, graph4, batch, cfg4.z_loss_weight))(params)
+    np.testing.assert_allclose(l4, l1, rtol=1e-5)
+    np.testing.assert_allclose(x4, x1, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(g4), jax.tree.leaves(g1)):  # f32 summation order only
+        assert np.linalg.norm(a - b) <= 1e-4 * np.linalg.norm(b)
+    hlo = jax.jit(lambda p: step_lib.loss_sums(p, graph4, batch)[0]).lower(params).as_text()
+    assert f"2x64x{cfg1.vocab_size}" not in hlo.replace(",", "x")  # no [B, T, V] logits
