@@ -34,20 +34,6 @@ def _steps_logged(run_dir: str) -> list[int]:
         return [json.loads(x)["step"] for x in f.read().splitlines() if '"loss"' in x]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-    """Each train() compiles the same small step again: let the forms share one compilation."""
-    import jax
-    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-            "jax_persistent_cache_min_entry_size_bytes")
-    before = {k: getattr(jax.config, k) for k in keys}
-    for k, v in zip(keys, (str(tmp_path_factory.mktemp("jax-cache")), 0, 0)):
-        jax.config.update(k, v)
-    yield
-    for k, v in before.items():
-        jax.config.update(k, v)
-
-
 @pytest.mark.parametrize("form", ["relative", "dot", "home", "absolute", "gs"])
 def test_train_resume_list_export_import_load_with_each_path_form(form, tmp_path, monkeypatch, request):
     work, home = tmp_path / "work", tmp_path / "home"
