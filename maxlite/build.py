@@ -32,14 +32,22 @@ class Built:
 
 
 def build(cfg: C.Config, devices=None, num_processes: int | None = None) -> Built:
-    """Wire `cfg` onto `devices` (default: all of this job's devices)."""
+    """Resolve `cfg` against `devices` (default: all of this job's devices) and wire it onto them."""
     import jax
 
-    from maxlite import mesh as mesh_lib, optim, state as state_lib, step as step_lib
+    from maxlite import mesh as mesh_lib
 
     devices = list(jax.devices() if devices is None else devices)
     cfg = C.resolve(cfg, len(devices), mesh_lib.num_slices_of(devices),
                     jax.process_count() if num_processes is None else num_processes)
+    return wire(cfg, devices)
+
+
+def wire(cfg: C.Config, devices) -> Built:
+    """Wire an already resolved `cfg` onto `devices` (the planner's: a TPU topology's, compiled
+    ahead of time from this CPU)."""
+    from maxlite import mesh as mesh_lib, optim, state as state_lib, step as step_lib
+
     mesh = mesh_lib.make_mesh(cfg, devices)
     tx, schedule = optim.make_optimizer(cfg), optim.learning_rate_schedule(cfg)
     graphdef, abstract, shardings = state_lib.abstract_state(cfg, mesh, tx)

@@ -1,7 +1,7 @@
 """Compile the recipe's real train step for a topology (no TPU, nothing allocated) and read the result.
 
-The step, state, optimizer, mesh and rules are the trainer's own (`maxlite.state.abstract_state`,
-`maxlite.step.jit_train_step`, `maxlite.mesh.make_mesh`): what is planned is what would run.
+The step, state, optimizer, mesh and rules are the trainer's own (`maxlite.build.wire`): what is
+planned is what would run.
 """
 
 from __future__ import annotations
@@ -119,16 +119,15 @@ def compile_plan(args: list[str], topology: Topology, overrides: list[str] = ())
     import jax.numpy as jnp
     from flax import nnx
 
-    from maxlite import mesh as mesh_lib, optim, state as state_lib, step as step_lib
+    from maxlite import mesh as mesh_lib, state as state_lib
+    from maxlite.build import wire
     from maxlite.models.flops import param_count, train_flops_per_step
     from maxlite.models.loss import num_chunks
 
     cfg = resolve(args, topology, overrides)
     devs = topology_devices(topology)
-    mesh = mesh_lib.make_mesh(cfg, devices=devs)
-    tx, schedule = optim.make_optimizer(cfg), optim.learning_rate_schedule(cfg)
-    graphdef, abstract, shardings = state_lib.abstract_state(cfg, mesh, tx)
-    batch_sharding = mesh_lib.batch_sharding(mesh)
+    built = wire(cfg, devs)  # the trainer's own wiring: what is planned is what would run
+    mesh, abstract, shardings, batch_sharding = built.mesh, built.abstract, built.shardings, built.batch_sharding
     B, T = cfg.global_batch_size, cfg.max_target_length
     batch = {k: jax.ShapeDtypeStruct((B, T), jnp.float32 if k == "weights" else jnp.int32,
                                      sharding=batch_sharding) for k in _BATCH_KEYS}
@@ -154,7 +153,7 @@ def compile_plan(args: list[str], topology: Topology, overrides: list[str] = ())
         param_shardings=_spec_table(abstract.params, shardings.params),
         data_axis_slices=_data_axis_slices(mesh))
 
-    step = step_lib.jit_train_step(cfg, graphdef, tx, schedule, shardings, batch_sharding)
+    step = built.train_step
     started = time.perf_counter()
     try:
         with jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.RULES):
