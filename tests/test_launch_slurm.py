@@ -60,7 +60,9 @@ def submit(home, name, env, *args) -> dict:
 
 
 def log_text(info) -> str:
-    return pathlib.Path(info["log"]).read_text()
+    """The job's log so far; a job still pending (first submission or requeued) has none yet."""
+    log = pathlib.Path(info["log"])
+    return log.read_text() if log.exists() else ""
 
 
 # ---- the rendered script (no cluster needed) ----
