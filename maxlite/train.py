@@ -132,7 +132,9 @@ def _setup(cfg: C.Config, res) -> _Run:
         print(f"maxlite: model {cfg.model_name}: {n_params / 1e6:,.2f}M parameters", flush=True)
     # after initialize_distributed, which installs its own SIGTERM handler: attach puts ours back
     res.attach(run_dir.path, mesh, built.shardings, primary, on_status=run_dir.set_status)
-    ckpt = Checkpointer(cfg, primary, state_lib.nbytes(built.abstract)) if cfg.enable_checkpointing else None
+    torn_save = res.faults.in_checkpoint if res.faults.armed_in_checkpoint() else None  # tests' fault
+    ckpt = (Checkpointer(cfg, primary, state_lib.nbytes(built.abstract), before_commit=torn_save)
+            if cfg.enable_checkpointing else None)
     batches = data.make_iterator(cfg, "train", jax.process_index(), jax.process_count())
     start = resume.decide(built, ckpt, batches, jax.process_index(), primary,
                           memory=res.restore)  # collective: every host calls it

@@ -12,7 +12,8 @@ Where a run starts from (its checkpoint, a snapshot, another run) is decided in 
 
 from maxlite.checkpoints.layout import (ITEMS, TMP_STEP, clean_leftovers, complete_steps,
                                         manager_options, maxlite_version, open_manager, read_meta,
-                                        remove_failed_save, resolve_step_dir, array_save)
+                                        remove_failed_save, resolve_step_dir, array_save,
+                                        temporary_path_with_hook)
 from maxlite.checkpoints.listing import checkpoint_name, list_checkpoints, main
 from maxlite.checkpoints.params import load_numpy, load_params, save_params
 from maxlite.checkpoints.restore import check_compatible, restore_items, sharded_target
@@ -23,4 +24,4 @@ __all__ = ["ITEMS", "TMP_STEP", "array_save", "check_bucket", "check_compatible"
            "check_storage", "checkpoint_dir", "checkpoint_name", "clean_leftovers", "complete_steps",
            "fs_of", "list_checkpoints", "load_numpy", "load_params", "main", "manager_options",
            "maxlite_version", "open_manager", "read_meta", "remove_failed_save", "resolve_step_dir",
-           "restore_items", "save_params", "sharded_target", "storage_error"]
+           "restore_items", "save_params", "sharded_target", "storage_error", "temporary_path_with_hook"]

@@ -79,6 +79,25 @@ def clean_leftovers(path: str, failed: dict[int, str] | None = None) -> list[tup
     return removed
 
 
+def temporary_path_with_hook(path: str, before_commit):
+    """Orbax's own temporary-path class for `path` (rename on local disk, commit file on gs://),
+    calling `before_commit(step)` after every file of the step is written and before it is made
+    complete — through Orbax's `temporary_path_class` option, not by patching Orbax."""
+    from etils import epath
+    from orbax.checkpoint._src.path import atomicity_defaults
+
+    base = atomicity_defaults.get_default_temporary_path_class(epath.Path(path))
+
+    class HookedTemporaryPath(base):
+        async def finalize(self, *args, **kwargs):
+            name = self._final_path.name
+            if name.isdigit():
+                before_commit(int(name))
+            return await super().finalize(*args, **kwargs)
+
+    return HookedTemporaryPath
+
+
 def manager_options(cfg=None, read_only: bool = False, async_save: bool = True):
     import orbax.checkpoint as ocp
     from orbax.checkpoint import checkpoint_managers as pol

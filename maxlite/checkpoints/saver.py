@@ -39,7 +39,9 @@ def gather_json(obj: Any) -> list[Any]:
 class Checkpointer:
     """Periodic + final saves of (params, optimizer, data states, meta) into `checkpoint_dir(cfg)`."""
 
-    def __init__(self, cfg, primary: bool, state_bytes: int):
+    def __init__(self, cfg, primary: bool, state_bytes: int, before_commit=None):
+        """`before_commit(step)`: called once a save's files are written, before Orbax marks it
+        complete (fault injection: `Faults.in_checkpoint` dies there, leaving a torn save)."""
         import jax
 
         self.cfg, self.primary, self.state_bytes = cfg, primary, state_bytes
@@ -56,7 +58,10 @@ class Checkpointer:
         self.writer = offload.Writer() if cfg.async_checkpointing and offload.host_kind_available() else None
         if self.writer is not None and jax.process_count() > 1:
             offload.use_coordination_barriers()
-        self.mngr = ck.open_manager(self.path, ck.manager_options(cfg, async_save=self.writer is None))
+        options = ck.manager_options(cfg, async_save=self.writer is None)
+        if before_commit is not None:
+            options.temporary_path_class = ck.temporary_path_with_hook(self.path, before_commit)
+        self.mngr = ck.open_manager(self.path, options)
         self.config_dict = C.to_plain_dict(cfg)  # the resolved config every save records
         self.val_loss: float | None = None
         self.pending: tuple[int, float, float] | None = None  # step, start time, seconds blocked

@@ -82,7 +82,7 @@ class Resilience:
             os.makedirs(run_dir, exist_ok=True)
         if self.clock.watchdog and local:
             self.clock.watchdog.log_path = os.path.join(run_dir, f"hang_p{self.process_index}.log")
-        self.faults = Faults(cfg, run_dir if local else "/tmp/maxlite-faults", self.process_index)
+        self.faults = Faults(cfg, run_dir, self.process_index)
         self.clock.attach(run_dir, primary)
         self.vote = Vote(8)
         self.stops.attach(self.vote, primary, self.process_index, run_dir,

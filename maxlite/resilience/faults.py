@@ -1,8 +1,10 @@
 """Fault injection from the config, for tests and demos: crash, hang, slow-down, a SIGTERM to the
-process itself (what a scheduler sends on preemption) or a crash in the middle of an in-memory
-snapshot, at `fault_step` on process `fault_process`.
+process itself (what a scheduler sends on preemption), a crash in the middle of an in-memory
+snapshot or in the middle of a checkpoint save (its files half written, never renamed complete), at
+`fault_step` on process `fault_process`.
 
-A crash, hang or SIGTERM fires once per run directory (a marker file), so the restarted job runs through.
+A crash, hang or SIGTERM fires once per run directory (a marker file in the run directory, local or
+gs://), so the restarted job runs through.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ import signal
 import sys
 import time
 
+import fsspec
+
 from maxlite.config import ConfigError
 
-_ONCE = ("crash", "hang", "sigterm", "crash_in_snapshot")
+_ONCE = ("crash", "hang", "sigterm", "crash_in_snapshot", "crash_in_checkpoint")
 
 
 class Faults:
@@ -24,13 +28,14 @@ class Faults:
         mine = bool(cfg.fault_type) and cfg.fault_step >= 0 and cfg.fault_process == process_index
         self.type = cfg.fault_type if mine else ""
         self.step, self.factor = cfg.fault_step, cfg.fault_slowdown_factor
-        self.marker = os.path.join(run_dir, f".fault_{cfg.fault_type}_{cfg.fault_step}_p{process_index}")
-        if self.type in _ONCE and os.path.exists(self.marker):
+        self.marker = f"{run_dir.rstrip('/')}/.fault_{cfg.fault_type}_{cfg.fault_step}_p{process_index}"
+        if self.type in _ONCE and fsspec.url_to_fs(self.marker)[0].exists(self.marker):
             self.type = ""  # already fired in an earlier attempt
 
     def _fire_once(self) -> None:
-        os.makedirs(os.path.dirname(self.marker), exist_ok=True)
-        open(self.marker, "w").close()
+        fs, path = fsspec.url_to_fs(self.marker)
+        fs.makedirs(os.path.dirname(path), exist_ok=True)
+        fs.pipe_file(path, b"")
 
     def at_step(self, step: int) -> None:
         """After `step` was dispatched: crash or hang here."""
@@ -52,6 +57,18 @@ class Faults:
         """Stretch this step's own work to `factor` × what it took."""
         if self.type == "slow" and step >= self.step and took > 0:
             time.sleep((self.factor - 1.0) * took)
+
+    def armed_in_checkpoint(self) -> bool:
+        return self.type == "crash_in_checkpoint"
+
+    def in_checkpoint(self, step: int) -> None:
+        """A checkpoint save of `step` has written its files and is not yet complete (Orbax's
+        commit is next): dying here leaves exactly what a kill in the middle of a save leaves."""
+        if self.type == "crash_in_checkpoint" and step == self.step:
+            self._fire_once()
+            print(f"maxlite: fault injection: crash during the checkpoint save of step {step}",
+                  file=sys.stderr, flush=True)
+            os._exit(1)
 
     def in_snapshot(self, step: int) -> None:
         """While a snapshot of `step` is half written."""

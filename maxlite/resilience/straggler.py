@@ -19,7 +19,8 @@ import numpy as np
 class StepTimer:
     """Own-work time of each step on this process; a window per report interval."""
 
-    def __init__(self):
+    def __init__(self, clock=time.perf_counter):
+        self.clock = clock  # injectable: tests drive it by hand
         self.window: list[float] = []
         self.best_median: float | None = None  # lowest median of any finished window
         self._start: float | None = None
@@ -27,21 +28,21 @@ class StepTimer:
         self._wait_start: float | None = None
 
     def begin(self) -> None:
-        self._start, self._waited = time.perf_counter(), 0.0
+        self._start, self._waited = self.clock(), 0.0
 
     def wait_begin(self) -> None:
-        self._wait_start = time.perf_counter()
+        self._wait_start = self.clock()
 
     def wait_end(self) -> None:
         if self._wait_start is not None:
-            self._waited += time.perf_counter() - self._wait_start
+            self._waited += self.clock() - self._wait_start
             self._wait_start = None
 
     def end(self, skip: bool = False) -> float | None:
         """Close the step; `skip` (compiling steps) leaves it out of the statistics."""
         if self._start is None:
             return None
-        took = time.perf_counter() - self._start - self._waited
+        took = self.clock() - self._start - self._waited
         self._start = None
         if not skip:
             self.window.append(took)
