@@ -14,7 +14,7 @@ from typing import Any
 import fsspec
 import yaml
 
-from maxlite import config as C
+from maxlite import cli, config as C
 from maxlite.checkpoints import list_checkpoints
 from maxlite.rundir import read_status
 
@@ -99,16 +99,13 @@ def format_status(st: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+@cli.entry_point()
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0].startswith("-"):
         print("usage: python -m maxlite.status RUN_DIR", file=sys.stderr)
         return 2
-    try:
-        print(format_status(run_status(C.resolve_path(args[0]))))
-    except C.ConfigError as e:
-        print(f"maxlite: error: {e}", file=sys.stderr)
-        return 2
+    print(format_status(run_status(C.resolve_path(args[0]))))
     return 0
 
 

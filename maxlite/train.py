@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from maxlite import config as C
+from maxlite import cli, config as C
 from maxlite.rundir import RunDir, print_primary
 
 
@@ -259,6 +259,7 @@ def _badput_line(summary: dict, status: str, step: int) -> str:
             f"badput: {bad}")
 
 
+@cli.entry_point()
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
@@ -272,9 +273,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = C.load(argv)
         preemption.catch_outside_the_loop(cfg.preemption_signals)  # before the loop and after it
         summary = train(cfg)
-    except C.ConfigError as e:
-        print(f"maxlite: error: {e}", file=sys.stderr)
-        return 2
     except CheckpointSaveError:
         # Already reported on stderr; earlier checkpoints are intact; status.json says failed.
         # The failed save's writer threads may retry the dead storage for many minutes and would

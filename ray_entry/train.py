@@ -9,9 +9,10 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from maxlite import config as C
+from maxlite import cli, config as C
 
 
+@cli.entry_point()
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -21,11 +22,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if argv else 2
     from maxlite.launch import ray_trainer
 
-    try:
-        ray_trainer.run(C.load(argv))
-    except C.ConfigError as e:
-        print(f"maxlite: error: {e}", file=sys.stderr)
-        return 2
+    ray_trainer.run(C.load(argv))
     return 0
 
 

@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from tests.ports import free_port
+from tests.helpers import free_port
 
 
 def _binary() -> Path:

@@ -1,6 +1,11 @@
-"""Small in-process training driver for tests: the library pieces the loop wires, on a device subset."""
+"""What tests share: a small in-process training driver (the library pieces the loop wires, on a
+device subset), small configs, a free port, and polling with a deadline."""
 
 from __future__ import annotations
+
+import socket
+import time
+from typing import Callable, TypeVar
 
 import jax
 import numpy as np
@@ -55,3 +60,30 @@ def start(tmp_path, argv, devices, ckpt=True):
     data = make_synthetic_iterator(cfg, "train", 0, 1)
     state = resume.decide(built, checkpointer, data, 0, True).state
     return cfg, state, data, checkpointer
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A free TCP port on this machine (for test servers: emulator, Ray, Slurm)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+T = TypeVar("T")
+
+
+def wait_until(check: Callable[[], T], timeout: float, poll: float = 0.5,
+               alive: Callable[[], None] | None = None, context: Callable[[], str] = lambda: "") -> T:
+    """Poll `check()` until it returns something truthy, and return that. `alive()` raises (an
+    assertion) when what is awaited has died; the deadline only bounds a hung test, and its error
+    carries `context()` (a log tail)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = check()
+        if found:
+            return found
+        if alive is not None:
+            alive()
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s\n{context()}")
+        time.sleep(poll)

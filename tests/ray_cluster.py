@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from tests.ports import free_port
+from tests.helpers import free_port
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 VENV_BIN = pathlib.Path(sys.executable).parent

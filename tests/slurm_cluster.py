@@ -17,7 +17,7 @@ import tempfile
 import time
 
 import pytest
-from tests.ports import free_port
+from tests.helpers import free_port
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
 TOOLS = ["slurmctld", "slurmd", "sbatch", "srun", "sinfo", "squeue", "scontrol", "scancel", "munged"]

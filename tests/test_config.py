@@ -147,3 +147,23 @@ def test_a_bad_recipe_fails_before_anything_is_written(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines() == [
         "maxlite: error: dataset_type='txt': choose one of synthetic, text, indexed"]
     assert not out.exists()
+
+
+def test_every_entry_point_ends_a_user_error_with_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    """maxlite/cli.py: the same error tail for every command (a bad recipe, a missing path)."""
+    import importlib
+
+    monkeypatch.setenv("MAXLITE_HOME", str(tmp_path / "home"))
+    bad_model = ["base.yml", "model_name=nope"]
+    missing = str(tmp_path / "missing")
+    calls = [("maxlite.train", bad_model), ("ray_entry.train", bad_model),
+             ("maxlite.plan.__main__", [*bad_model, "--topology", "v6e:2x2"]),
+             ("maxlite.bridge.nemo", bad_model), ("maxlite.bridge.hf", ["import", missing, missing + "2"]),
+             ("maxlite.checkpoints", ["list", missing]), ("maxlite.status", [missing]),
+             ("maxlite.launch.__main__", ["status", "no-such-experiment"]),
+             ("maxlite.data.preprocess", ["--input", missing, "--output-prefix", missing, "--workers", "0"]),
+             ("maxlite.data.tokenizer", ["info", missing])]
+    for module, argv in calls:
+        assert importlib.import_module(module).main(argv) == 2, module
+        err = capsys.readouterr().err
+        assert err.startswith("maxlite: error: ") and err.count("\n") == 1, (module, err)

@@ -1,17 +1,14 @@
-"""Byte-identical with Megatron-core's own writer, reader and merge (runs where megatron-core imports).
-
-Checked by hand with megatron-core 0.16.1 (CPU torch): .idx, .bin and merged files identical.
+"""Byte-identical with Megatron-core's own writer, reader and merge (megatron-core 0.16.1, pinned in
+the `test` extra, on CPU torch): .idx, .bin and merged files identical.
 """
 
 import filecmp
 
+import megatron.core.datasets.indexed_dataset as megatron
 import numpy as np
-import pytest
+import torch
 
 from maxlite.data import indexed
-
-megatron = pytest.importorskip("megatron.core.datasets.indexed_dataset")
-torch = pytest.importorskip("torch")
 
 
 def test_files_identical_to_megatron_core(tmp_path):

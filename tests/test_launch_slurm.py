@@ -13,10 +13,10 @@ import pathlib
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
+from tests.helpers import wait_until
 from tests.slurm_cluster import slurm_cluster  # noqa: F401  (session fixture)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -40,16 +40,14 @@ def status(home, name, env) -> dict:
 
 
 def wait_for(home, name, env, done, timeout: float = 420) -> dict:
-    """Poll `status --json` until done(info); the deadline only bounds a hung test."""
-    deadline = time.monotonic() + timeout
-    while True:
-        info = status(home, name, env)
-        if done(info):
-            return info
-        if time.monotonic() > deadline:
-            log = pathlib.Path(info["log"])
-            raise AssertionError(f"{name} stuck at {info}\n{log.read_text() if log.exists() else 'no log'}")
-        time.sleep(1)
+    """Poll `status --json` until done(info)."""
+    last = {}
+
+    def check():
+        last["info"] = info = status(home, name, env)
+        return info if done(info) else None
+    return wait_until(check, timeout, poll=1, context=lambda: f"{name} stuck at {last.get('info')}\n"
+                                                              f"{log_text(last['info']) if last else ''}")
 
 
 def submit(home, name, env, *args) -> dict:

@@ -13,12 +13,12 @@ import pathlib
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 
 from maxlite import config as C
 from maxlite.launch import ray_trainer as RT
+from tests.helpers import wait_until
 from tests.ray_cluster import REPO, RayHead, ray_env, stop_session
 
 # One recipe for every real run here: two processes × two devices, checkpoints every 3 steps.
@@ -300,15 +300,11 @@ def test_drained_node_saves_at_once_and_the_restarted_group_repeats_the_same_los
             stderr=subprocess.STDOUT, start_new_session=True)
         log, metrics = tmp_path / "driver.log", tmp_path / "drained" / "metrics.jsonl"
 
+        def alive():
+            assert driver.poll() is None, log.read_text()[-4000:]
+
         def wait_for(what, timeout_s=300):
-            deadline = time.monotonic() + timeout_s
-            while time.monotonic() < deadline:
-                assert driver.poll() is None, log.read_text()[-4000:]
-                found = what()
-                if found:
-                    return found
-                time.sleep(0.5)
-            raise AssertionError(f"timed out; driver log:\n{log.read_text()[-4000:]}")
+            return wait_until(what, timeout_s, alive=alive, context=lambda: log.read_text()[-4000:])
 
         try:
             wait_for(lambda: len(_attempts(metrics)) == 1 and max(_attempts(metrics)[0]) >= 3)

@@ -15,6 +15,7 @@ import pytest
 
 from maxlite.resilience import exit_codes
 from maxlite.resilience.keeper import run_key
+from tests.helpers import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["base.yml", "model_name=tiny", "base_num_decoder_layers=2", "max_target_length=32",
@@ -85,13 +86,9 @@ def steps_logged(run_dir, name):
 
 
 def wait_for(cond, proc, timeout=300):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
+    def alive():
         assert proc.poll() is None, "the run ended before the condition was met"
-        time.sleep(0.05)
-    raise TimeoutError
+    wait_until(cond, timeout, poll=0.05, alive=alive)
 
 
 def clear_snapshots(run_dir, name):

@@ -21,7 +21,7 @@ from typing import Sequence
 import ml_dtypes
 import numpy as np
 
-from maxlite import config as C
+from maxlite import cli, config as C
 from maxlite.bridge import hf_convert, hf_gpt2, hf_llama
 from maxlite.bridge import params as P
 from maxlite.bridge.safetensors_io import SafetensorsDir, parse_size, write_sharded
@@ -187,6 +187,7 @@ def _checkpoints():
                          "available in this installation") from None
 
 
+@cli.entry_point(ValueError, FileNotFoundError)  # ConfigError is a ValueError
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m maxlite.bridge.hf", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -203,22 +204,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     im.add_argument("recipe", nargs="*", help="[RECIPE.yml] [key=value ...] training keys to store")
     args = parser.parse_args(argv)
     load_params, save_params = _checkpoints()
-    try:
-        if args.command == "import":
-            args.checkpoint = C.resolve_path(args.checkpoint)
-        if args.command == "export":
-            cfg, params = load_params(args.checkpoint, step=args.step)
-            names = export_hf(cfg, params, args.out_dir, args.dtype, args.max_shard_size,
-                              args.tokenizer, verbose=True)
-            print(f"wrote {args.out_dir} ({len(names)} safetensors file(s), {args.dtype})")
-        else:
-            cfg, pure = import_hf(args.hf_dir, args.recipe, verbose=True)
-            save_params(args.checkpoint, cfg, P.to_state(cfg, P.to_jax_inplace(pure)))
-            recipe = write_recipe(cfg, args.checkpoint, args.recipe)
-            print(f"wrote {args.checkpoint}; train from it with: python -m maxlite.train {recipe} [key=value ...]")
-    except (ValueError, FileNotFoundError) as e:  # ConfigError is a ValueError
-        print(f"maxlite: error: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 2
+    if args.command == "import":
+        args.checkpoint = C.resolve_path(args.checkpoint)
+    if args.command == "export":
+        cfg, params = load_params(args.checkpoint, step=args.step)
+        names = export_hf(cfg, params, args.out_dir, args.dtype, args.max_shard_size,
+                          args.tokenizer, verbose=True)
+        print(f"wrote {args.out_dir} ({len(names)} safetensors file(s), {args.dtype})")
+    else:
+        cfg, pure = import_hf(args.hf_dir, args.recipe, verbose=True)
+        save_params(args.checkpoint, cfg, P.to_state(cfg, P.to_jax_inplace(pure)))
+        recipe = write_recipe(cfg, args.checkpoint, args.recipe)
+        print(f"wrote {args.checkpoint}; train from it with: python -m maxlite.train {recipe} [key=value ...]")
     return 0
 
 

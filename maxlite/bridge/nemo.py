@@ -16,7 +16,7 @@ import math
 import sys
 from typing import Any, Sequence
 
-from maxlite import config as C
+from maxlite import cli, config as C
 
 # maxlite preset → the NeMo 2.0 recipe factory (`llm.<name>.pretrain_recipe`) it corresponds to.
 NEMO_FACTORIES = {
@@ -327,6 +327,7 @@ def render(m: Mapping, fmt: str) -> str:
     return "\n\n".join(parts)
 
 
+@cli.entry_point()
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m maxlite.bridge.nemo", description=__doc__.split("\n")[0])
     parser.add_argument("recipe", nargs="+", help="RECIPE.yml [key=value ...] (as for maxlite.train)")
@@ -334,13 +335,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--format", choices=("both", "megatron", "nemo", "json"), default="both")
     args = parser.parse_args(argv)
-    try:
-        if args.nodes < 1 or args.gpus_per_node < 1:
-            raise C.ConfigError("--nodes and --gpus-per-node must be positive")
-        mapping = map_recipe(C.load(args.recipe), args.nodes, args.gpus_per_node)
-    except C.ConfigError as e:
-        print(f"maxlite: error: {e}", file=sys.stderr)
-        return 2
+    if args.nodes < 1 or args.gpus_per_node < 1:
+        raise C.ConfigError("--nodes and --gpus-per-node must be positive")
+    mapping = map_recipe(C.load(args.recipe), args.nodes, args.gpus_per_node)
     print(render(mapping, args.format))
     return 0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from maxlite import config as C
+from maxlite import cli, config as C
 from maxlite.checkpoints.layout import TMP_STEP, complete_steps, read_meta
 from maxlite.checkpoints.storage import fs_of, storage_error
 
@@ -47,6 +47,7 @@ def _human(n: float) -> str:
     return str(n)
 
 
+@cli.entry_point()
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2 or argv[0] != "list":
@@ -55,12 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         rows = list_checkpoints(argv[1])
-    except C.ConfigError as e:
-        print(f"maxlite: error: {e}", file=sys.stderr)
-        return 2
-    except Exception as e:  # noqa: BLE001
-        print(f"maxlite: error: {storage_error(argv[1], e)}", file=sys.stderr)
-        return 2
+    except C.ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 — the storage's own error, as one line
+        raise storage_error(argv[1], e) from None
     if not rows:
         print(f"no checkpoints in {argv[1]}")
     for r in rows:

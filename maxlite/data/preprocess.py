@@ -23,6 +23,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from maxlite import cli
 from maxlite.config import ConfigError, resolve_path
 from maxlite.data import indexed, sources
 from maxlite.data.tokenizer import Tokenizer, load_gpt2, load_tokenizer
@@ -192,38 +193,35 @@ def _tokenizer_from_args(args) -> Tokenizer:
     return load_tokenizer(args.tokenizer or "")
 
 
+@cli.entry_point()
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker: --workers scales
-    try:
-        if argv[:1] == ["merge"]:
-            return _merge_main(argv[1:])
-        ap = argparse.ArgumentParser(prog="python -m maxlite.data.preprocess",
-                                     description=__doc__.split("\n")[0] + " (or: merge --help)")
-        ap.add_argument("--input", nargs="+", required=True, help="files, directories or globs")
-        ap.add_argument("--output-prefix", required=True)
-        ap.add_argument("--tokenizer", default="", help="tokenizer.json, .model or dir; default: bundled")
-        ap.add_argument("--vocab-file", default="", help="GPT-2 vocab.json (NeMo style, with --merge-file)")
-        ap.add_argument("--merge-file", default="")
-        ap.add_argument("--json-keys", nargs="+", default=["text"])
-        ap.add_argument("--append-eod", action="store_true")
-        ap.add_argument("--workers", type=int, default=1)
-        ap.add_argument("--rank", type=int, default=int(os.environ.get("RANK", 0)))
-        ap.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", 1)))
-        ap.add_argument("--bad-record-policy", choices=("skip", "error"), default="skip")
-        ap.add_argument("--dataset-impl", choices=("mmap",), default="mmap", help="accepted for NeMo compatibility")
-        ap.add_argument("--quiet", action="store_true")
-        args = ap.parse_args(argv)
-        if args.workers < 1:
-            raise ConfigError("--workers must be >= 1")
-        args.input = [resolve_path(p) for p in args.input]
-        args.output_prefix = resolve_path(args.output_prefix)
-        stats = preprocess(args.input, args.output_prefix, _tokenizer_from_args(args), args.json_keys,
-                           args.append_eod, args.workers, args.rank, args.world_size,
-                           args.bad_record_policy, not args.quiet)
-    except ConfigError as e:
-        print(f"maxlite: error: {e}", file=sys.stderr)
-        return 2
+    if argv[:1] == ["merge"]:
+        return _merge_main(argv[1:])
+    ap = argparse.ArgumentParser(prog="python -m maxlite.data.preprocess",
+                                 description=__doc__.split("\n")[0] + " (or: merge --help)")
+    ap.add_argument("--input", nargs="+", required=True, help="files, directories or globs")
+    ap.add_argument("--output-prefix", required=True)
+    ap.add_argument("--tokenizer", default="", help="tokenizer.json, .model or dir; default: bundled")
+    ap.add_argument("--vocab-file", default="", help="GPT-2 vocab.json (NeMo style, with --merge-file)")
+    ap.add_argument("--merge-file", default="")
+    ap.add_argument("--json-keys", nargs="+", default=["text"])
+    ap.add_argument("--append-eod", action="store_true")
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--rank", type=int, default=int(os.environ.get("RANK", 0)))
+    ap.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", 1)))
+    ap.add_argument("--bad-record-policy", choices=("skip", "error"), default="skip")
+    ap.add_argument("--dataset-impl", choices=("mmap",), default="mmap", help="accepted for NeMo compatibility")
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args(argv)
+    if args.workers < 1:
+        raise ConfigError("--workers must be >= 1")
+    args.input = [resolve_path(p) for p in args.input]
+    args.output_prefix = resolve_path(args.output_prefix)
+    stats = preprocess(args.input, args.output_prefix, _tokenizer_from_args(args), args.json_keys,
+                       args.append_eod, args.workers, args.rank, args.world_size,
+                       args.bad_record_policy, not args.quiet)
     for p in stats["outputs"]:
         print(f"wrote {p}.bin/.idx")
     return 0

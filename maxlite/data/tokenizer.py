@@ -14,6 +14,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from maxlite import cli
 from maxlite.config import ConfigError
 
 BUNDLED_DIR = pathlib.Path(__file__).parent / "bundled"
@@ -155,6 +156,7 @@ def train(files: Sequence[str], vocab_size: int, output: str, min_frequency: int
     return load_tokenizer(str(out / "tokenizer.json"))
 
 
+@cli.entry_point()
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m maxlite.data.tokenizer")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -166,14 +168,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     i = sub.add_parser("info", help="print a tokenizer's size and special ids")
     i.add_argument("path", nargs="?", default="")
     args = ap.parse_args(argv)
-    try:
-        if args.cmd == "train":
-            tok = train(args.input, args.vocab_size, args.output, args.min_frequency)
-        else:
-            tok = load_tokenizer(args.path)
-    except ConfigError as e:
-        print(f"maxlite: error: {e}", file=sys.stderr)
-        return 2
+    if args.cmd == "train":
+        tok = train(args.input, args.vocab_size, args.output, args.min_frequency)
+    else:
+        tok = load_tokenizer(args.path)
     print(f"tokenizer {tok.path}: vocab_size={tok.vocab_size} bos_id={tok.bos_id} eos_id={tok.eos_id}")
     return 0
 

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from maxlite import config as C
+from maxlite import cli
 from maxlite.launch import experiment, slurm, status
 from maxlite.launch.experiment import LaunchError
 
@@ -43,6 +43,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     return p, parsers
 
 
+@cli.entry_point(LaunchError)
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     top, parsers = _parser()
@@ -51,32 +52,28 @@ def main(argv: list[str] | None = None) -> int:
     # Options may sit among key=value overrides, as users type them: parse the subcommand intermixed.
     args = parsers[argv[0]].parse_intermixed_args(argv[1:])
     args.command = argv[0]
-    try:
-        if args.command == "slurm":
-            job = slurm.SlurmJob(
-                recipe_args=tuple(args.recipe_args), name=args.experiment_name, partition=args.partition,
-                nodes=args.nodes, gpus_per_node=args.gpus_per_node, ntasks_per_node=args.ntasks_per_node,
-                image=args.image, mounts=tuple(args.mount), time=args.time, retries=args.retries,
-                term_grace=args.term_grace, env=tuple(args.env), entrypoint=args.entrypoint,
-            )
-            exp_dir = slurm.launch(job, dry_run=args.dry_run)
-            if args.dry_run:
-                print((exp_dir / "sbatch.sh").read_text())
-                print(f"dry run: wrote {exp_dir / 'sbatch.sh'}; nothing submitted")
-            else:
-                print(status.block(status.collect(exp_dir)))
-            return 0
-        exp_dir = experiment.latest(args.name)
-        if args.command == "cancel":
-            job_id = status.cancel(exp_dir)
-            print(f"cancelled job {job_id} of {exp_dir.name}")
-            return 0
-        info = status.collect(exp_dir)
-        print(json.dumps(info, indent=2) if args.json else status.block(info))
+    if args.command == "slurm":
+        job = slurm.SlurmJob(
+            recipe_args=tuple(args.recipe_args), name=args.experiment_name, partition=args.partition,
+            nodes=args.nodes, gpus_per_node=args.gpus_per_node, ntasks_per_node=args.ntasks_per_node,
+            image=args.image, mounts=tuple(args.mount), time=args.time, retries=args.retries,
+            term_grace=args.term_grace, env=tuple(args.env), entrypoint=args.entrypoint,
+        )
+        exp_dir = slurm.launch(job, dry_run=args.dry_run)
+        if args.dry_run:
+            print((exp_dir / "sbatch.sh").read_text())
+            print(f"dry run: wrote {exp_dir / 'sbatch.sh'}; nothing submitted")
+        else:
+            print(status.block(status.collect(exp_dir)))
         return 0
-    except (LaunchError, C.ConfigError) as e:
-        print(f"maxlite: error: {e}", file=sys.stderr)
-        return 2
+    exp_dir = experiment.latest(args.name)
+    if args.command == "cancel":
+        job_id = status.cancel(exp_dir)
+        print(f"cancelled job {job_id} of {exp_dir.name}")
+        return 0
+    info = status.collect(exp_dir)
+    print(json.dumps(info, indent=2) if args.json else status.block(info))
+    return 0
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from maxlite import config as C
+from maxlite import cli, config as C
 from maxlite.plan import topology as topo_lib
 
 
@@ -68,13 +68,9 @@ def run(argv: Sequence[str]) -> int:
     return 0 if plan.fits or (sweep and any(r["fits"] for r in sweep)) else 1
 
 
+@cli.entry_point(topo_lib.TopologyError)
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        return run(argv)
-    except (C.ConfigError, topo_lib.TopologyError) as e:
-        print(f"maxlite: error: {e}", file=sys.stderr)
-        return 2
+    return run(sys.argv[1:] if argv is None else list(argv))
 
 
 if __name__ == "__main__":
