@@ -18,6 +18,8 @@ from typing import Any, Sequence
 
 import yaml
 
+from maxlite.models.families import FAMILIES
+
 CONFIG_DIR = pathlib.Path(__file__).parent / "configs"
 BASE_YML = CONFIG_DIR / "base.yml"
 MESH_AXES = ("data", "fsdp", "tensor")  # order of the device mesh axes
@@ -274,7 +276,7 @@ def _resolve_paths(values: dict[str, Any]) -> None:
 
 
 _CHOICES = {
-    "decoder_block": ("llama2", "gpt3"),
+    "decoder_block": tuple(FAMILIES),
     "dtype": ("float32", "bfloat16"),
     "weight_dtype": ("float32", "bfloat16"),
     "remat_policy": ("none", "full", "minimal", "save_dots", "save_qkv_proj", "save_dot_except_mlp",
@@ -330,10 +332,10 @@ def _validate(c: Config) -> None:
         raise ConfigError(
             f"base_num_query_heads={c.base_num_query_heads} must be a multiple of "
             f"base_num_kv_heads={c.base_num_kv_heads}")
-    if c.decoder_block == "gpt3" and c.max_target_length > c.max_position_embeddings:
+    if FAMILIES[c.decoder_block].positions == "learned" and c.max_target_length > c.max_position_embeddings:
         raise ConfigError(
             f"max_target_length={c.max_target_length} exceeds max_position_embeddings="
-            f"{c.max_position_embeddings} of this gpt3 model")
+            f"{c.max_position_embeddings} of this model (learned positions)")
     if c.num_vocab_tiling == 0 or c.num_vocab_tiling < -1 or (
             c.num_vocab_tiling > 0 and c.max_target_length % c.num_vocab_tiling):
         raise ConfigError(f"num_vocab_tiling={c.num_vocab_tiling} must be -1 (auto) or a positive "

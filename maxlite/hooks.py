@@ -88,11 +88,26 @@ class NoCheckpointHook(Hook):
             self.save_now(step, state, reason)
 
 
+class SnapshotHook(Hook):
+    """In-memory snapshots every `inmemory_snapshot_period` steps (resilience/snapshot.py): the
+    state and this process's data position, replicated to a peer host's memory."""
+
+    def __init__(self, snapshots, data_iterator):
+        self.snapshots, self.data = snapshots, data_iterator
+
+    def after_step(self, step: int, state) -> None:
+        if self.snapshots.due(step):
+            self.snapshots.take(step, state, self.data.get_state())
+
+
 def standard(cfg, primary: bool, res, logger, batches, ckpt=None, evaluator=None) -> list[Any]:
-    """The hooks every run has, in the order they run: eval first (a save records its loss)."""
+    """The hooks every run has, in the order they run: eval first (a save records its loss), the
+    checkpointer, then in-memory snapshots."""
     hooks: list[Hook] = []
     if evaluator is not None:
         hooks.append(EvalHook(evaluator, logger, res.section, [ckpt.note_eval] if ckpt is not None else []))
     hooks.append(CheckpointHook(ckpt, batches, res.section, primary, cfg.save_checkpoint_on_completion)
                  if ckpt is not None else NoCheckpointHook(primary))
+    if res.snapshots is not None:
+        hooks.append(SnapshotHook(res.snapshots, batches))
     return hooks

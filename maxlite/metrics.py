@@ -10,13 +10,6 @@ import fsspec
 
 from maxlite.models.flops import train_flops_per_step
 
-# Published dense peak TFLOP/s per chip for bf16 (per device as JAX sees it).
-PEAK_TFLOPS = {
-    "TPU v4": 275.0, "TPU v5 lite": 197.0, "TPU v5e": 197.0, "TPU v5p": 459.0, "TPU v5": 459.0,
-    "TPU v6 lite": 918.0, "TPU v6e": 918.0, "NVIDIA H100 80GB HBM3": 989.0, "NVIDIA H200": 989.0,
-    "NVIDIA A100-SXM4-80GB": 312.0, "NVIDIA A100-SXM4-40GB": 312.0,
-}
-
 
 def step_line(step: int, seconds: float, tflops_per_device: float, tokens_per_device: float,
               total_weights: float, loss: float) -> str:

@@ -7,7 +7,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from maxlite.metrics import PEAK_TFLOPS
+from maxlite.chips import PEAK_TFLOPS
 
 
 def measure_matmul_tflops(dtype: str = "float32", size: int = 2048, repeats: int = 10,

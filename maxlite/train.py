@@ -171,10 +171,10 @@ def _loop(run: _Run, res, on_metrics) -> tuple[Any, str | None]:
             if pending is not None:
                 _read(run, res, pending, on_metrics)
             pending = (step + 1, metrics, clock)
+            res.step_end(step + 1)  # injected faults; the step's own time
             for hook in run.hooks:
                 hook.after_step(step + 1, run.state)
-            # may snapshot into host memory; the answer is the same on every host, at the same step
-            reason = res.step_end(step + 1, run.state, run.batches.get_state)
+            reason = res.decide(step + 1)  # the same answer on every host, at the same step
             if reason == SAVE_NOW:  # a preemption notice: a complete checkpoint now, then train on
                 reason = None
                 for hook in run.hooks:

@@ -24,9 +24,10 @@ import numpy as np
 from maxlite import cli, config as C
 from maxlite.bridge import hf_convert, hf_gpt2, hf_llama
 from maxlite.bridge import params as P
+from maxlite.models.families import family
 from maxlite.bridge.safetensors_io import SafetensorsDir, parse_size, write_sharded
 
-ARCHITECTURES = {"llama2": hf_llama, "gpt3": hf_gpt2}  # by maxlite decoder_block
+ARCHITECTURES = {"maxlite.bridge.hf_llama": hf_llama, "maxlite.bridge.hf_gpt2": hf_gpt2}  # Family.hf_module
 MODEL_TYPES = {"llama": hf_llama, "mistral": hf_llama, "gpt2": hf_gpt2}  # by HF model_type
 MODEL_KEYS = ("decoder_block", "base_emb_dim", "base_num_decoder_layers", "base_num_query_heads",
               "base_num_kv_heads", "base_mlp_dim", "head_dim", "vocab_size", "max_position_embeddings",
@@ -73,7 +74,7 @@ TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_tem
 def export_hf(cfg, params, out_dir: str, dtype: str = "float32", max_shard_size: str | int = "5GB",
               tokenizer: str = "auto", verbose: bool = False) -> list[str]:
     """maxlite params (nnx.State or nested dict) → an HF directory (Llama or GPT-2); returns the shard names."""
-    arch = ARCHITECTURES[cfg.decoder_block]
+    arch = ARCHITECTURES[family(cfg).hf_module]
     maps = arch.tensor_maps(cfg)  # refuses what the architecture cannot hold, before writing
     if dtype not in EXPORT_DTYPES:
         raise ValueError(f"--dtype {dtype}: choose float32 or bfloat16")

@@ -17,6 +17,7 @@ import sys
 from typing import Any, Sequence
 
 from maxlite import cli, config as C
+from maxlite.models.families import family
 
 # maxlite preset → the NeMo 2.0 recipe factory (`llm.<name>.pretrain_recipe`) it corresponds to.
 NEMO_FACTORIES = {
@@ -152,7 +153,7 @@ def _optimizer(cfg, notes: list[str]) -> tuple[list[tuple[str, Any]], list[tuple
 
 def _model(cfg, tp: int, notes: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
     D, N, K, H = cfg.base_emb_dim, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
-    gpt3 = cfg.decoder_block == "gpt3"
+    fam = family(cfg)
     m = "recipe.model.config."
     max_pos = max(cfg.max_position_embeddings, cfg.max_target_length)
     mega = [("--num-layers", cfg.base_num_decoder_layers), ("--hidden-size", D),
@@ -164,7 +165,7 @@ def _model(cfg, tp: int, notes: list[str]) -> tuple[list[tuple[str, Any]], list[
         mega += [("--group-query-attention", None), ("--num-query-groups", K)]
     mega += [("--seq-length", cfg.max_target_length), ("--max-position-embeddings", max_pos)]
     nemo += [(m + "seq_length", cfg.max_target_length), ("recipe.data.seq_length", cfg.max_target_length)]
-    if gpt3:
+    if not fam.rope:  # gpt3: learned positions, LayerNorm, GELU
         mega += [("--position-embedding-type", "learned_absolute"), ("--normalization", "LayerNorm"),
                  ("--openai-gelu", None)]  # maxlite's GELU is the tanh approximation
         nemo += [(m + "position_embedding_type", "learned_absolute"), (m + "normalization", "LayerNorm"),
@@ -193,12 +194,12 @@ def _model(cfg, tp: int, notes: list[str]) -> tuple[list[tuple[str, Any]], list[
     nemo.append((m + "share_embeddings_and_output_weights", bool(cfg.logits_via_embedding)))
     if not cfg.use_bias:
         mega.append(("--disable-bias-linear", None))
-    elif not gpt3:
+    elif fam.biases == "attention":
         mega.append(("--add-qkv-bias", None))
         notes.append("use_bias=true on a llama2 block: maxlite has q/k/v/o biases and no MLP biases; "
                      "Megatron's --add-qkv-bias covers q/k/v only (no o_proj bias)")
-    nemo += [(m + "add_bias_linear", bool(cfg.use_bias and gpt3)),
-             (m + "add_qkv_bias", bool(cfg.use_bias and not gpt3))]
+    nemo += [(m + "add_bias_linear", bool(cfg.use_bias and fam.biases == "all")),
+             (m + "add_qkv_bias", bool(cfg.use_bias and fam.biases == "attention"))]
     mega += [("--init-method-std", cfg.init_scale), ("--attention-dropout", 0.0),
              ("--hidden-dropout", 0.0), ("--attention-softmax-in-fp32", None),
              # pad the vocabulary to exactly vocab_size (Megatron pads to a multiple of this × TP)
@@ -281,7 +282,7 @@ def map_recipe(cfg, nodes: int = 1, gpus_per_node: int = 8) -> Mapping:
     data_m, data_n = _data_args(cfg, notes)
     ckpt_m, ckpt_n = _eval_and_checkpoints(cfg, notes)
     factory = NEMO_FACTORIES.get(cfg.model_name)
-    closest = "gpt3_175b" if cfg.decoder_block == "gpt3" else "llama3_8b"
+    closest = family(cfg).nemo_factory
     return Mapping(megatron=model_m + par_m + opt_m + lr_m + tok_m + data_m + ckpt_m,
                    nemo=model_n + par_n + opt_n + lr_n + data_n + ckpt_n, factory=factory or closest,
                    factory_exact=factory is not None, not_mapped=notes, nodes=nodes,

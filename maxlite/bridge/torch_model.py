@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from maxlite.bridge import params as P
+from maxlite.models.families import family
 from maxlite.bridge import require
 
 torch = require("torch")
@@ -67,7 +68,7 @@ class Attention(nn.Module):
         if cfg.use_bias:
             self.q_bias, self.k_bias = nn.Parameter(torch.zeros(N, H)), nn.Parameter(torch.zeros(K, H))
             self.v_bias, self.o_bias = nn.Parameter(torch.zeros(K, H)), nn.Parameter(torch.zeros(D))
-        self.use_rope = cfg.decoder_block != "gpt3"
+        self.use_rope = family(cfg).rope
         if self.use_rope:
             from maxlite.models.layers import rope_frequencies  # one definition for both twins
 
@@ -116,15 +117,18 @@ class GeluMLP(nn.Module):
         return F.gelu(x_BTD @ self.up + self.up_bias, approximate="tanh") @ self.down + self.down_bias
 
 
+NORMS = {"rmsnorm": RMSNorm, "layernorm": LayerNorm}  # by Family.norm
+MLPS = {"swiglu": SwiGLU, "gelu": GeluMLP}  # by Family.mlp
+
+
 class Block(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        gpt3 = cfg.decoder_block == "gpt3"
-        norm = LayerNorm if gpt3 else RMSNorm
+        norm = NORMS[family(cfg).norm]
         self.attn_norm = norm(cfg.base_emb_dim, cfg.normalization_layer_epsilon)
         self.attn = Attention(cfg)
         self.mlp_norm = norm(cfg.base_emb_dim, cfg.normalization_layer_epsilon)
-        self.mlp = GeluMLP(cfg) if gpt3 else SwiGLU(cfg)
+        self.mlp = MLPS[family(cfg).mlp](cfg)
 
     def forward(self, x_BTD, positions_BT, mask_B1TS):
         x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), positions_BT, mask_B1TS)
@@ -139,10 +143,10 @@ class TorchTransformer(nn.Module):
         self.cfg = cfg
         D, V, s = cfg.base_emb_dim, cfg.vocab_size, cfg.init_scale
         self.embedding = _normal((V, D), s)
-        if cfg.decoder_block == "gpt3":
+        if family(cfg).positions == "learned":
             self.positions = _normal((cfg.max_position_embeddings, D), s)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.base_num_decoder_layers))
-        norm = LayerNorm if cfg.decoder_block == "gpt3" else RMSNorm
+        norm = NORMS[family(cfg).norm]
         self.final_norm = norm(D, cfg.normalization_layer_epsilon)
         if not cfg.logits_via_embedding:
             self.unembedding = _normal((D, V), s)
@@ -156,7 +160,7 @@ class TorchTransformer(nn.Module):
         causal_TS = torch.ones(T, T, dtype=torch.bool, device=inputs_BT.device).tril()
         mask_B1TS = (causal_TS & (segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :]))[:, None]
         x_BTD = self.embedding[inputs_BT]
-        if self.cfg.decoder_block == "gpt3":
+        if family(self.cfg).positions == "learned":
             x_BTD = x_BTD + self.positions[positions_BT]
         for layer in self.layers:
             x_BTD = layer(x_BTD, positions_BT, mask_B1TS)

@@ -12,6 +12,8 @@ recomputation is not counted (it is overhead, not useful work), as in MaxText's 
 
 from __future__ import annotations
 
+from maxlite.models.families import family
+
 
 def train_flops_per_step(cfg, batch_size: int | None = None) -> float:
     """Total (all devices) training FLOPs for one optimizer step."""
@@ -19,7 +21,7 @@ def train_flops_per_step(cfg, batch_size: int | None = None) -> float:
     T, D, F, V, L = (cfg.max_target_length, cfg.base_emb_dim, cfg.base_mlp_dim, cfg.vocab_size,
                      cfg.base_num_decoder_layers)
     N, K, H = cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
-    mlp_matrices = 2 if cfg.decoder_block == "gpt3" else 3
+    mlp_matrices = family(cfg).mlp_matrices
     tokens = B * T
     mlp = 2 * tokens * D * F * mlp_matrices
     qkv = 2 * tokens * D * (N + 2 * K) * H

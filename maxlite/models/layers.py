@@ -18,6 +18,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from maxlite.models import attention
+from maxlite.models.families import family
 
 Axes = tuple[str | None, ...]
 
@@ -110,7 +111,7 @@ class Attention(nnx.Module):
             self.k_bias = param(rngs, (K, H), ("kv_heads", "head_dim"), wd, init="zeros")
             self.v_bias = param(rngs, (K, H), ("kv_heads", "head_dim"), wd, init="zeros")
             self.o_bias = param(rngs, (D,), ("norm",), wd, init="zeros")
-        self.use_rope = cfg.decoder_block != "gpt3"
+        self.use_rope = family(cfg).rope
         self.cfg = cfg
         self.num_kv, self.dtype = K, jnp.dtype(cfg.dtype)
 

@@ -1,8 +1,8 @@
 """The decoder: embeddings, a stack of blocks (scanned or unrolled, with remat), the output head.
 
 Shape legend as in layers.py (B batch, T time, D model dim, V vocab, P max positions, L layers).
-`decoder_block` picks the block: llama2 (pre-RMSNorm, RoPE, GQA, SwiGLU; Llama 2/3/3.1/3.2 and
-Mistral) or gpt3 (pre-LayerNorm, learned positions, biases, GELU).
+`decoder_block` picks the family (maxlite/models/families.py): llama2 (pre-RMSNorm, RoPE, GQA,
+SwiGLU; Llama 2/3/3.1/3.2 and Mistral) or gpt3 (pre-LayerNorm, learned positions, biases, GELU).
 """
 
 from __future__ import annotations
@@ -12,9 +12,12 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from maxlite.models.families import family
 from maxlite.models.layers import (BTD, Attention, GeluMLP, LayerNorm, RMSNorm, SwiGLU, constrain,
                                    param)
 
+NORMS = {"rmsnorm": RMSNorm, "layernorm": LayerNorm}  # by Family.norm
+MLPS = {"swiglu": SwiGLU, "gelu": GeluMLP}  # by Family.mlp
 _cp = jax.checkpoint_policies
 _QKV = ("query_proj", "key_proj", "value_proj")
 _MLP = ("mlpwi_0", "mlpwi_1", "mlpwo")
@@ -34,13 +37,13 @@ REMAT_POLICIES = {  # names: maxlite.models.layers' checkpoint_name calls and "d
 
 class Block(nnx.Module):
     def __init__(self, cfg, *, rngs: nnx.Rngs):
-        norm = LayerNorm if cfg.decoder_block == "gpt3" else RMSNorm
+        norm = NORMS[family(cfg).norm]
         args = (cfg.base_emb_dim, cfg.normalization_layer_epsilon, jnp.dtype(cfg.dtype),
                 jnp.dtype(cfg.weight_dtype))
         self.attn_norm = norm(*args, rngs=rngs)
         self.attn = Attention(cfg, rngs=rngs)
         self.mlp_norm = norm(*args, rngs=rngs)
-        self.mlp = GeluMLP(cfg, rngs=rngs) if cfg.decoder_block == "gpt3" else SwiGLU(cfg, rngs=rngs)
+        self.mlp = MLPS[family(cfg).mlp](cfg, rngs=rngs)
 
     def __call__(self, x_BTD, positions_BT, segment_ids_BT):
         x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), positions_BT, segment_ids_BT)
@@ -55,7 +58,7 @@ class Transformer(nnx.Module):
         D, V, wd = cfg.base_emb_dim, cfg.vocab_size, jnp.dtype(cfg.weight_dtype)
         self.cfg = cfg
         self.embedding = param(rngs, (V, D), ("vocab", "embed"), wd, scale=cfg.init_scale)
-        if cfg.decoder_block == "gpt3":
+        if family(cfg).positions == "learned":
             self.positions = param(rngs, (cfg.max_position_embeddings, D), ("position", "embed"), wd,
                                    scale=cfg.init_scale)
         if cfg.scan_layers:
@@ -69,7 +72,7 @@ class Transformer(nnx.Module):
             keys = nnx.split_rngs(rngs, splits=cfg.base_num_decoder_layers,
                                   graph_updates=False).params.key[...]
             self.layers = nnx.List([Block(cfg, rngs=nnx.Rngs(params=key)) for key in keys])
-        norm = LayerNorm if cfg.decoder_block == "gpt3" else RMSNorm
+        norm = NORMS[family(cfg).norm]
         self.final_norm = norm(D, cfg.normalization_layer_epsilon, jnp.dtype(cfg.dtype), wd, rngs=rngs)
         if not cfg.logits_via_embedding:
             self.unembedding = param(rngs, (D, V), ("embed", "vocab"), wd, scale=cfg.init_scale)
@@ -95,7 +98,7 @@ class Transformer(nnx.Module):
         """The final-normed hidden states x_BTD (what the output head multiplies)."""
         dt = jnp.dtype(self.cfg.dtype)
         x_BTD = jnp.take(self.embedding[...], inputs_BT, axis=0).astype(dt)
-        if self.cfg.decoder_block == "gpt3":
+        if family(self.cfg).positions == "learned":
             x_BTD = x_BTD + jnp.take(self.positions[...], positions_BT, axis=0).astype(dt)
         x_BTD = constrain(x_BTD, BTD)
         return self.final_norm(self._run_layers(x_BTD, positions_BT, segment_ids_BT))

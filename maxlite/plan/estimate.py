@@ -19,6 +19,7 @@ Real steps are slower: kernels do not reach peak. Calibration (docs/plan.md): Ma
 
 from __future__ import annotations
 
+from maxlite.models.families import family
 from maxlite.plan.topology import Chip
 
 
@@ -28,7 +29,7 @@ def _per_layer_forward(cfg) -> dict[str, float]:
     N, K, H, L = cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim, cfg.base_num_decoder_layers
     tokens = B * T
     return {"qkv": L * 2 * tokens * D * (N + 2 * K) * H, "out": L * 2 * tokens * N * H * D,
-            "mlp": L * 2 * tokens * D * F * (2 if cfg.decoder_block == "gpt3" else 3),
+            "mlp": L * 2 * tokens * D * F * family(cfg).mlp_matrices,
             "attention": L * 4 * B * T * T * N * H / 2}
 
 

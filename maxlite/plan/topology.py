@@ -20,7 +20,7 @@ import math
 import os
 import re
 
-from maxlite.metrics import PEAK_TFLOPS
+from maxlite.chips import PEAK_TFLOPS
 
 GIB = 2**30
 

@@ -131,17 +131,16 @@ class Resilience:
     def section(self, name: str):
         return self.clock.section(name)
 
-    def step_end(self, step: int, state=None, data_state: Callable[[], Any] | Any = None) -> str | None:
-        """After step `step` (= steps done) was dispatched and the previous metrics read.
-
-        Fires injected faults, times the step, takes a due snapshot of `state` (+ data state, a dict
-        or a callable returning it), and returns the vote's answer at this step (stops.py)."""
+    def step_end(self, step: int) -> None:
+        """After step `step` (= steps done) was dispatched and the previous metrics read, before the
+        hooks (eval, checkpoint, snapshot: their time is their own): fires injected faults, times
+        the step."""
         if self.faults:
             self.faults.at_step(step)
         self.clock.step_end(step, self.faults)
-        if self.snapshots is not None and state is not None and self.snapshots.due(step):
-            ds = data_state() if callable(data_state) else data_state
-            self.snapshots.take(step, state, ds)
+
+    def decide(self, step: int) -> str | None:
+        """After the hooks: the vote's answer at this step, the same on every host (stops.py)."""
         return self.stops.decide(step)
 
     @property
