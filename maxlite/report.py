@@ -110,6 +110,7 @@ def plot(runs: Sequence[Run]) -> bytes:
 
     matplotlib.use("Agg", force=False)
     from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(13, 7), dpi=90)
     axes = fig.subplots(2, 3)
@@ -122,6 +123,7 @@ def plot(runs: Sequence[Run]) -> bytes:
                 drawn = True
         ax.set_title(title)
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         if drawn:
