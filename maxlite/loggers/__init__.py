@@ -67,7 +67,7 @@ def make_sinks(cfg, run_dir: str) -> list[Sink]:
         from maxlite.loggers.tensorboard_sink import TensorBoardSink
 
         sinks.append(TensorBoardSink(run_dir))
-    for name in cfg.loggers:
+    for name in dict.fromkeys(cfg.loggers):  # each once, in order
         if name == "wandb" and cfg.wandb_mode == "disabled":
             continue
         sink = guarded(name, lambda name=name: _extra(name, cfg, run_dir))
