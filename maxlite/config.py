@@ -288,6 +288,8 @@ _CHOICES = {
     "inmemory_snapshot_keeper": ("auto", "shm", "ray"),
     "dataset_type": ("synthetic", "text", "indexed"),
     "data_bad_record_policy": ("skip", "error"),
+    "loggers": ("wandb", "mlflow"),  # a list: each item is checked
+    "wandb_mode": ("online", "offline", "disabled"),
 }
 
 # Legal types, nonsense values: inclusive [low, high] (None: unbounded). `_POSITIVE` keys must be > 0.
@@ -313,9 +315,11 @@ _POSITIVE = ("steps", "max_target_length", "base_emb_dim", "base_num_decoder_lay
 def _validate(c: Config) -> None:
     """Checks that need no device count."""
     for key, choices in _CHOICES.items():
-        if getattr(c, key) not in choices:
-            names = ", ".join(x or '""' for x in choices)
-            raise ConfigError(f"{key}={getattr(c, key)!r}: choose one of {names}")
+        value = getattr(c, key)
+        for item in (value if isinstance(value, (list, tuple)) else (value,)):
+            if item not in choices:
+                names = ", ".join(x or '""' for x in choices)
+                raise ConfigError(f"{key}={item!r}: choose one of {names}")
     for key in _POSITIVE:
         if getattr(c, key) <= 0:
             raise ConfigError(f"{key}={getattr(c, key)} must be positive")

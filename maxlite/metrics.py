@@ -1,13 +1,12 @@
-"""Per-step metrics: MaxText's stdout line, a JSONL file, TensorBoard events, a progress bar, the summary."""
+"""Per-step metrics: MaxText's stdout line, a progress bar, the summary; records go to the sinks in
+maxlite/loggers/ (JSONL, TensorBoard, W&B, MLflow)."""
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
-import fsspec
-
+from maxlite.loggers import Sink, make_sinks, warn
 from maxlite.models.flops import train_flops_per_step
 
 
@@ -28,14 +27,12 @@ class MetricsLogger:
         self.tokens_per_step = cfg.tokens_per_step
         self.num_devices = cfg.num_devices
         self.history: list[dict[str, Any]] = []
-        self.jsonl = self.tb = self.bar = None
+        self.sinks: list[Sink] = []
+        self.bar = None
         if not primary:
             return
-        self.jsonl = fsspec.open(f"{run_dir}/metrics.jsonl", "a" if "://" not in run_dir else "w").open()
-        if cfg.enable_tensorboard and "://" not in run_dir:
-            from tensorboardX import SummaryWriter  # writes event files without TensorFlow
-
-            self.tb = SummaryWriter(f"{run_dir}/tensorboard", flush_secs=10)
+        self.sinks = make_sinks(cfg, run_dir)
+        self._each("start", cfg)
         if cfg.enable_progress_bar and sys.stdout.isatty():
             from tqdm import tqdm
 
@@ -61,17 +58,27 @@ class MetricsLogger:
         self._print(f"eval at step {step}: " + ", ".join(f"{k}: {v:.4f}" for k, v in values.items()))
 
     def _record(self, record: dict[str, Any], group: str) -> bool:
-        """Keep the record; on the primary also append it to the JSONL and TensorBoard."""
+        """Keep the record; on the primary also hand it to every sink."""
         self.history.append(record)
         if not self.primary:
             return False
-        self.jsonl.write(json.dumps(record) + "\n")
-        self.jsonl.flush()
-        if self.tb is not None:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self.tb.add_scalar(f"{group}/{key.removeprefix('eval_')}", value, record["step"])
+        self._each("write", record, group)
         return True
+
+    def _each(self, method: str, *args) -> None:
+        """Call `method` on every sink; an optional sink that fails is dropped with one line."""
+        for sink in list(self.sinks):
+            try:
+                getattr(sink, method)(*args)
+            except Exception as e:  # noqa: BLE001 — only optional sinks get here without re-raising
+                if not sink.optional:
+                    raise
+                self.sinks.remove(sink)
+                warn(sink.name, e)
+                try:
+                    sink.close()
+                except Exception:  # noqa: BLE001 — already reported; it is being dropped
+                    pass
 
     def _print(self, line: str) -> None:
         if self.bar is not None:
@@ -118,12 +125,11 @@ class MetricsLogger:
                 lines.append(f"  {key}: {summary[key]}")
         lines.append("=" * 60)
         self._print("\n".join(lines))
-        if self.jsonl is not None:
-            self.jsonl.write(json.dumps({"summary": summary}) + "\n")
+        self._each("finish", summary)
 
     def close(self) -> None:
-        for handle in (self.jsonl, self.tb, self.bar):
-            if handle is not None:
-                handle.close()
-        self.jsonl = self.tb = self.bar = None
+        self._each("close")
+        if self.bar is not None:
+            self.bar.close()
+        self.sinks, self.bar = [], None
 

@@ -208,6 +208,7 @@ def _finish(run: _Run, res, state, reason: str | None, started: float) -> dict[s
     """Summary (MFU against the measured peak), goodput, exit code, status.json."""
     import jax
 
+    from maxlite import report
     from maxlite.peak import peak_tflops_per_device
     from maxlite.resilience import exit_codes
 
@@ -243,6 +244,7 @@ def _finish(run: _Run, res, state, reason: str | None, started: float) -> dict[s
         extra["reason"] = fields["reason"]
     summary["next"] = exit_codes.next_action(code, {"state": status, **extra})  # what status.json says too
     run.dir.set_status(status, step=int(state.step), summary=summary, exit_code=code, **extra)
+    report.at_end(run.cfg, primary)  # report.html + report.png in the run directory
     return summary
 
 
