@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -261,6 +262,11 @@ def _badput_line(summary: dict, status: str, step: int) -> str:
             f"badput: {bad}")
 
 
+def _several_processes() -> bool:
+    jax = sys.modules.get("jax")
+    return jax is not None and jax.process_count() > 1
+
+
 @cli.entry_point()
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -282,6 +288,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(exit_codes.CHECKPOINT_FAILED)
+    except C.ConfigError:
+        raise  # the user's mistake: one line, exit 2 (maxlite/cli.py)
+    except Exception:  # noqa: BLE001 — a crash: its traceback, then out at once
+        if not _several_processes():
+            raise
+        # A peer may be gone (that is often why we failed): jax.distributed's exit barrier would
+        # wait for it for minutes (its heartbeat/shutdown timeouts) before the launcher may restart.
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_codes.FAILED)
     if preemption.noted_signal():  # e.g. Slurm's SIGTERM at the time limit, just after the last step
         print(f"maxlite: got {preemption.noted_signal()} after the run ended; its outcome stands", flush=True)
     return int(summary.get("exit_code", 0))  # 0 finished/preempted (status.json tells them apart), 76 straggler

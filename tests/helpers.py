@@ -17,7 +17,7 @@ from maxlite.data.synthetic import make_synthetic_iterator
 # A very small llama: compiles fast on 2 busy cores.
 SMALL = ["base.yml", "model_name=tiny", "base_emb_dim=64", "base_mlp_dim=128", "base_num_query_heads=2",
          "base_num_kv_heads=2", "head_dim=32", "base_num_decoder_layers=2", "vocab_size=256",
-         "max_target_length=16", "per_device_batch_size=1", "enable_tensorboard=false"]
+         "max_target_length=16", "per_device_batch_size=1", "enable_tensorboard=false", "write_report=false"]
 
 
 def build(argv, num_devices: int):

@@ -23,7 +23,7 @@ from tests.gcs_emulator import gcs_emulator, emulator_env, make_bucket  # noqa: 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARGS = ["base.yml", "model_name=tiny", "base_emb_dim=64", "base_mlp_dim=128", "base_num_query_heads=2",
         "base_num_kv_heads=2", "head_dim=32", "base_num_decoder_layers=2", "vocab_size=256",
-        "max_target_length=16", "per_device_batch_size=2", "enable_tensorboard=false", "steps=6",
+        "max_target_length=16", "per_device_batch_size=2", "enable_tensorboard=false", "write_report=false", "steps=6",
         "checkpoint_period=2", "max_num_checkpoints_to_keep=0", "eval_interval=3", "eval_steps=1"]
 
 

@@ -22,7 +22,7 @@ from tests.slurm_cluster import slurm_cluster  # noqa: F401  (session fixture)
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # One simulated device and a short sequence: the job's work is the launcher's, not the model's.
 TINY = ["base.yml", "model_name=tiny", "max_target_length=64", "per_device_batch_size=1",
-        "enable_tensorboard=false"]
+        "enable_tensorboard=false", "write_report=false"]
 JOB_ENV = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
 
 

@@ -24,7 +24,7 @@ from tests.ray_cluster import REPO, RayHead, ray_env, stop_session
 # One recipe for every real run here: two processes × two devices, checkpoints every 3 steps.
 STEPS = 8
 RECIPE = ["model_name=tiny", f"steps={STEPS}", "per_device_batch_size=1", "max_target_length=64",
-          "checkpoint_period=3", "enable_tensorboard=false", "ray_num_workers=2",
+          "checkpoint_period=3", "enable_tensorboard=false", "write_report=false", "ray_num_workers=2",
           "ray_simulated_devices_per_worker=2", "max_failures=1"]
 
 

@@ -15,11 +15,11 @@ import pytest
 
 from maxlite.resilience import exit_codes
 from maxlite.resilience.keeper import run_key
-from tests.helpers import wait_until
+from tests.helpers import free_port, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["base.yml", "model_name=tiny", "base_num_decoder_layers=2", "max_target_length=32",
-        "per_device_batch_size=1", "enable_tensorboard=false", "checkpoint_period=0", "log_period=1"]
+        "per_device_batch_size=1", "enable_tensorboard=false", "write_report=false", "checkpoint_period=0", "log_period=1"]
 
 
 def _env(devices: int, **extra) -> dict:
@@ -31,11 +31,7 @@ def _env(devices: int, **extra) -> dict:
 
 def start(run_dir, name, args, processes=1, devices=4):
     """Start `python -m maxlite.train` on `processes` local processes; returns (procs, log paths)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     argv = [sys.executable, "-m", "maxlite.train", *TINY,
             f"base_output_directory={run_dir}", f"run_name={name}", *args]
     procs, logs = [], []

@@ -29,6 +29,8 @@ def test_cli_trains_sharded_and_fills_the_run_directory(run_dir):
     assert [rec["step"] for rec in records if "loss" in rec] == [1, 2, 3, 4]
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(out, "tensorboard")))
     assert json.load(open(os.path.join(out, "status.json")))["state"] == "finished"
+    page = open(os.path.join(out, "report.html")).read()  # write_report: the run's own report
+    assert "run_name: t1" in page and os.path.getsize(os.path.join(out, "report.png")) > 10_000
 
 
 def test_preemption_notice_saves_at_once_and_training_goes_on(tmp_path, capsys):
