@@ -312,9 +312,9 @@ def test_drained_node_saves_at_once_and_the_restarted_group_repeats_the_same_los
             head.drain_for_preemption(node_a, deadline_s=20)  # Ray polls drains every 5 s: time to train on
             saved = int(wait_for(lambda: re.search(r"preemption notice: saving step (\d+)", log.read_text())).group(1))
             wait_for(lambda: re.search(rf"resumed from step {saved}\b", log.read_text()))
-            # the new group trains past what the drained one reached (or 20 steps)
+            # the new group trains over what the drained one did after its save (4 steps of it at most)
             wait_for(lambda: len(_attempts(metrics)) == 2 and
-                     max(_attempts(metrics)[1]) >= min(max(_attempts(metrics)[0]), saved + 20))
+                     max(_attempts(metrics)[1]) >= min(max(_attempts(metrics)[0]), saved + 4))
         finally:
             stop_session(driver.pid)
     out = log.read_text()
