@@ -115,7 +115,8 @@ class Attention(nnx.Module):
         self.cfg = cfg
         self.num_kv, self.dtype = K, jnp.dtype(cfg.dtype)
 
-    def __call__(self, x_BTD, positions_BT, segment_ids_BT):
+    def qkv(self, x_BTD, positions_BT):
+        """q_BTNH, k_BTKH, v_BTKH: projections (+ biases) and RoPE, shared by training and decoding."""
         dt = self.dtype
         q_BTNH = jnp.einsum("btd,dnh->btnh", x_BTD, self.q[...].astype(dt))
         k_BSKH = jnp.einsum("bsd,dkh->bskh", x_BTD, self.k[...].astype(dt))
@@ -128,6 +129,17 @@ class Attention(nnx.Module):
             inv_freq = jnp.asarray(rope_frequencies(self.cfg))
             q_BTNH = apply_rope(q_BTNH, positions_BT, inv_freq)
             k_BSKH = apply_rope(k_BSKH, positions_BT, inv_freq)
+        return q_BTNH, k_BSKH, v_BSKH
+
+    def out(self, out_BTNH):
+        """The output projection (+ bias): [B, T, N, H] → [B, T, D]."""
+        out_BTD = jnp.einsum("btnh,nhd->btd", out_BTNH, self.o[...].astype(self.dtype))
+        if self.use_bias:
+            out_BTD = out_BTD + self.o_bias[...].astype(self.dtype)
+        return out_BTD
+
+    def __call__(self, x_BTD, positions_BT, segment_ids_BT):
+        q_BTNH, k_BSKH, v_BSKH = self.qkv(x_BTD, positions_BT)
         q_BTNH = constrain(q_BTNH, ("activation_batch", "activation_length", "activation_heads", None))
         k_BSKH = constrain(k_BSKH, ("activation_batch", "activation_length", "activation_kv_heads", None))
         q_BTNH = checkpoint_name(q_BTNH, "query_proj")  # names the remat policies refer to
@@ -136,10 +148,7 @@ class Attention(nnx.Module):
 
         out_BTNH = attention.attend(self.cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT)
         out_BTNH = constrain(out_BTNH, ("activation_batch", "activation_length", "activation_heads", None))
-        out_BTD = jnp.einsum("btnh,nhd->btd", out_BTNH, self.o[...].astype(dt))
-        if self.use_bias:
-            out_BTD = out_BTD + self.o_bias[...].astype(dt)
-        return constrain(checkpoint_name(out_BTD, "out_proj"), BTD)
+        return constrain(checkpoint_name(self.out(out_BTNH), "out_proj"), BTD)
 
 
 class SwiGLU(nnx.Module):
