@@ -4,7 +4,7 @@ Reads each run directory's metrics.jsonl, config.yml and status.json and writes 
 (loss, eval loss, learning rate, tokens/s, MFU, goodput over steps; several runs overlaid) and
 `report.html`: one self-contained page (the PNG inlined) with each run's summary and config.
 Written by the loop at the end of every run (`write_report`) into the run directory. Needs
-matplotlib (`pip install 'maxlite[report]'`); without it the loop prints one line and goes on.
+matplotlib (`pip install matplotlib`); without it the loop prints one line and goes on.
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ def at_end(cfg, primary: bool) -> None:
         _, page_path = write([cfg.run_dir])
         print(f"maxlite: report → {page_path}", flush=True)
     except ImportError:
-        print("maxlite: no run report: matplotlib is not installed (pip install 'maxlite[report]')", flush=True)
+        print("maxlite: no run report: matplotlib is not installed (pip install matplotlib)", flush=True)
     except Exception as e:  # noqa: BLE001 — the run itself is done; the report is a courtesy
         print(f"maxlite: warning: no run report ({type(e).__name__}: {e})", file=sys.stderr, flush=True)
 
@@ -214,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"maxlite: error: {e}", file=sys.stderr)
         return 2
     except ImportError:
-        print("maxlite: error: the report needs matplotlib: pip install 'maxlite[report]'", file=sys.stderr)
+        print("maxlite: error: the report needs matplotlib: pip install matplotlib", file=sys.stderr)
         return 2
     print(f"{png}\n{page_path}")
     return 0

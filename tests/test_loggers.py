@@ -125,9 +125,6 @@ def test_wandb_mlflow_tensorboard_match_metrics_jsonl_across_a_resume(tmp_path, 
         acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]).session_start_info
     assert start.hparams["run_name"].string_value == "obs" and start.hparams["eval_interval"].number_value == 2
 
-    # the report the loop wrote at the end
-    assert os.path.getsize(f"{run_dir}/report.png") > 0 and "obs" in open(f"{run_dir}/report.html").read()
-
 
 def test_a_failing_logger_warns_once_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
     """No network for MLflow mid-run, W&B not installed: one line each; JSONL keeps every record."""

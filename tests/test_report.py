@@ -83,5 +83,5 @@ def test_no_matplotlib_costs_one_line_not_the_run(tmp_path, monkeypatch, capsys)
     fake_run(str(tmp_path), "r", [5.0, 4.0], {"steps": 2, "final_loss": 4.0})
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     report.at_end(C.load(["base.yml", "run_name=r", f"base_output_directory={tmp_path}"]), primary=True)
-    assert capsys.readouterr().out == "maxlite: no run report: matplotlib is not installed (pip install 'maxlite[report]')\n"
+    assert capsys.readouterr().out == "maxlite: no run report: matplotlib is not installed (pip install matplotlib)\n"
     assert not os.path.exists(f"{tmp_path}/r/report.html")
