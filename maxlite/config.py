@@ -305,6 +305,8 @@ _RANGES: dict[str, tuple[float | None, float | None]] = {
     "watchdog_min_timeout": (0, None), "watchdog_initial_timeout": (0, None),
     "preemption_grace_seconds": (0, None), "resilience_sync_period": (1, None),
     "inmemory_snapshot_period": (0, None), "inmemory_snapshot_max_bytes": (0, None),
+    "sample_every_steps": (0, None), "sample_max_new_tokens": (1, None), "sample_temperature": (0, None),
+    "sample_top_k": (0, None),
 }
 _POSITIVE = ("steps", "max_target_length", "base_emb_dim", "base_num_decoder_layers",
              "base_num_query_heads", "base_num_kv_heads", "base_mlp_dim", "head_dim",

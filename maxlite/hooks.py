@@ -100,7 +100,42 @@ class SnapshotHook(Hook):
             self.snapshots.take(step, state, self.data.get_state())
 
 
-def standard(cfg, primary: bool, res, logger, batches, ckpt=None, evaluator=None) -> list[Any]:
+class SampleHook(Hook):
+    """Continuations of `sample_prompts` from the model being trained, decoded with the KV cache on
+    the training mesh (every process takes part; the primary prints): every `sample_every_steps`
+    steps and at the end of a finished run."""
+
+    def __init__(self, cfg, mesh, primary: bool, section: Callable):
+        from maxlite.data.tokenizer import load_tokenizer
+        from maxlite.generate import Sampling
+
+        self.cfg, self.mesh, self.primary, self.section = cfg, mesh, primary, section
+        self.tokenizer = load_tokenizer(cfg.tokenizer_path, cfg.bos_id, cfg.eos_id)
+        self.sampling = Sampling(cfg.sample_max_new_tokens, cfg.sample_temperature, cfg.sample_top_k,
+                                 seed=cfg.seed)
+
+    def _sample(self, step: int, state) -> None:
+        from maxlite.generate import generate_text
+
+        with self.section("sample"):
+            texts, got = generate_text(self.cfg, state.params, list(self.cfg.sample_prompts), self.tokenizer,
+                                       self.sampling, self.mesh)
+        for prompt, text in zip(self.cfg.sample_prompts, texts):
+            print_primary(self.primary, f"maxlite: sample at step {step}: {prompt}{text}")
+        print_primary(self.primary, f"maxlite: sampled {sum(map(len, got.tokens))} tokens in {got.seconds:.2f} s "
+                                    f"({got.tokens_per_second:,.0f} tokens/s, KV cache)")
+
+    def after_step(self, step: int, state) -> None:
+        every = self.cfg.sample_every_steps
+        if every and step % every == 0 and step < self.cfg.steps:
+            self._sample(step, state)
+
+    def at_end(self, step: int, state, reason: str | None) -> None:
+        if reason is None:  # finished (a preempted run leaves at once)
+            self._sample(step, state)
+
+
+def standard(cfg, primary: bool, res, logger, batches, ckpt=None, evaluator=None, mesh=None) -> list[Any]:
     """The hooks every run has, in the order they run: eval first (a save records its loss), the
     checkpointer, then in-memory snapshots."""
     hooks: list[Hook] = []
@@ -110,4 +145,6 @@ def standard(cfg, primary: bool, res, logger, batches, ckpt=None, evaluator=None
                  if ckpt is not None else NoCheckpointHook(primary))
     if res.snapshots is not None:
         hooks.append(SnapshotHook(res.snapshots, batches))
+    if cfg.sample_prompts:
+        hooks.append(SampleHook(cfg, mesh, primary, res.section))
     return hooks

@@ -37,6 +37,9 @@ RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 )
 
 
+# Decoding (maxlite/generate.py): the same rules, but a few prompts are not split over the batch axes.
+DECODE_RULES = tuple((name, None if name == "activation_batch" else axes) for name, axes in RULES)
+
 def initialize_distributed() -> None:
     """Start jax.distributed when the environment describes several processes; must run first.
 

@@ -142,7 +142,7 @@ def _setup(cfg: C.Config, res) -> _Run:
     evaluator = Evaluator(cfg, built.graphdef, built.shardings.params, built.batch_sharding,
                           jax.process_index(), jax.process_count()) if cfg.eval_interval > 0 else None
     logger = MetricsLogger(cfg, run_dir.path, primary, start.step)
-    run_hooks = hooks.standard(cfg, primary, res, logger, batches, ckpt, evaluator)
+    run_hooks = hooks.standard(cfg, primary, res, logger, batches, ckpt, evaluator, mesh)
     run_dir.sticky["resumed_from"] = start.record()
     run_dir.set_status("running", step=start.step)
     res.setup_end()

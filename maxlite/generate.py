@@ -1,0 +1,215 @@
+"""Sample text from a trained model with a KV cache: `python -m maxlite.generate RUN_DIR_OR_CHECKPOINT
+--prompt "..."`, or from Python.
+
+    python -m maxlite.generate runs/demo --prompt "And God said" --max-new-tokens 40
+    python -m maxlite.generate ckpt/ --prompts-file prompts.jsonl --temperature 0.8 --top-p 0.9
+
+The source is a run directory (its checkpoints/), a checkpoint directory, or one step of it — also
+what `python -m maxlite.bridge.hf import` writes (the imported model keeps its HF tokenizer). The
+params are sharded onto the recipe's mesh over this host's devices; the prompts decode in one batch
+(right-padded; models/decode.py); each output stops at the tokenizer's end-of-text id. Texts go to
+stdout, a tokens/s line to stderr.
+
+    from maxlite.generate import generate
+    texts = generate(cfg, params, ["And God said"], max_new_tokens=20)   # greedy by default
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import sys
+import time
+from typing import Sequence
+
+import numpy as np
+
+from maxlite import cli, config as C, mesh as mesh_lib
+
+
+@dataclasses.dataclass
+class Sampling:
+    max_new_tokens: int = 64
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0  # 0: no cut
+    top_p: float = 1.0  # 1: no cut
+    seed: int = 0
+
+    def check(self) -> "Sampling":
+        if self.max_new_tokens < 1:
+            raise C.ConfigError(f"max_new_tokens={self.max_new_tokens} must be at least 1")
+        if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
+            raise C.ConfigError("temperature must be >= 0, top_k >= 0 and top_p in (0, 1]")
+        return self
+
+
+@dataclasses.dataclass
+class Generated:
+    tokens: list[list[int]]  # new tokens per prompt, up to (not including) the end-of-text id
+    seconds: float  # decoding, compile excluded
+    compile_seconds: float
+    steps: int  # decode steps run (the loop ends when every row has ended)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return sum(map(len, self.tokens)) / max(self.seconds, 1e-9)
+
+
+_compiled: dict = {}  # (graphdef, shapes, sampling) → compiled function, reused by a training hook
+
+
+def generate_ids(cfg, params, prompts: Sequence[Sequence[int]], sampling: Sampling = Sampling(),
+                 eos_id: int | None = None, mesh=None) -> Generated:
+    """New token ids for each prompt (lists of ids). `params`: an nnx.State (host arrays, or global
+    arrays already sharded, e.g. a TrainState's `.params` on the training `mesh`). With several
+    processes every one of them must call this, with the same prompts."""
+    import jax
+    from flax import nnx
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from maxlite.models import decode
+    from maxlite.state import abstract_params
+
+    sampling.check()
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise C.ConfigError("every prompt needs at least one token")
+    lengths = np.array([len(p) for p in prompts], np.int32)
+    P = int(lengths.max())
+    if P + sampling.max_new_tokens > cfg.max_position_embeddings:
+        raise C.ConfigError(f"prompt ({P} tokens) + max_new_tokens ({sampling.max_new_tokens}) exceeds "
+                            f"the model's max_position_embeddings={cfg.max_position_embeddings}")
+    prompt = np.zeros((len(prompts), P), np.int32)
+    for row, ids in zip(prompt, prompts):
+        row[:len(ids)] = ids
+    graphdef, _ = abstract_params(cfg)
+    eos = -1 if eos_id is None else int(eos_id)
+    args = (params, prompt, lengths, jax.random.key(sampling.seed))
+    if mesh is not None:  # the same value on every process: replicated global arrays
+        replicated = NamedSharding(mesh, PartitionSpec())
+        args = (params, *(jax.device_put(a, replicated) for a in args[1:3]), args[3])
+    static = (sampling.max_new_tokens, sampling.temperature, sampling.top_k, sampling.top_p, eos)
+    key = (repr(cfg), prompt.shape, static, id(mesh))
+    start = time.perf_counter()
+    if key not in _compiled:
+        fn = jax.jit(lambda p, x, n, k: decode.generate_tokens(
+            graphdef, p, x, n, k, max_new_tokens=static[0], temperature=static[1], top_k=static[2],
+            top_p=static[3], eos_id=static[4]))
+        # the training rules but for the batch: a few prompts are not split over the data axes
+        with contextlib.ExitStack() as ctx:
+            if mesh is not None:
+                ctx.enter_context(jax.set_mesh(mesh))
+            ctx.enter_context(nnx.logical_axis_rules(mesh_lib.DECODE_RULES))
+            _compiled[key] = fn.lower(*args).compile()
+    compiled = start_run = time.perf_counter()
+    out, steps = _compiled[key](*args)
+    out = np.asarray(out.addressable_data(0) if mesh is not None else out)
+    steps = int(np.asarray(steps.addressable_data(0) if mesh is not None else steps))
+    seconds = time.perf_counter() - start_run
+    tokens = []
+    for row in out.tolist():
+        tokens.append(row[:row.index(eos)] if eos in row else row)
+    return Generated(tokens, seconds, compiled - start, steps)
+
+
+def generate(cfg, params, prompts: Sequence[str], tokenizer=None, sampling: Sampling | None = None,
+             mesh=None, **kwargs) -> list[str]:
+    """Continuations of text prompts (the model's tokenizer unless one is given); keyword arguments
+    are `Sampling` fields."""
+    texts, _ = generate_text(cfg, params, prompts, tokenizer, sampling or Sampling(**kwargs), mesh)
+    return texts
+
+
+def generate_text(cfg, params, prompts: Sequence[str], tokenizer=None, sampling: Sampling = Sampling(),
+                  mesh=None) -> tuple[list[str], Generated]:
+    from maxlite.data.tokenizer import load_tokenizer
+
+    tok = tokenizer or load_tokenizer(cfg.tokenizer_path, cfg.bos_id, cfg.eos_id)
+    ids = [list(tok.encode(p)) for p in prompts]
+    if cfg.add_bos and tok.bos_id is not None:
+        ids = [[tok.bos_id, *x] for x in ids]
+    got = generate_ids(cfg, params, ids, sampling, tok.eos_id, mesh)
+    return [_continuation(tok, p, t) for p, t in zip(ids, got.tokens)], got
+
+
+def _continuation(tok, prompt: list[int], new: list[int]) -> str:
+    """The text the new tokens add to the prompt's, spaces between them included (as HF pipelines
+    do: decode prompt + new, drop the prompt's own decoding)."""
+    head, whole = tok.decode(prompt), tok.decode([*prompt, *new])
+    return whole[len(head):] if whole.startswith(head) else tok.decode(new)
+
+
+def load(source: str, step: int | None = None):
+    """(cfg, params sharded onto the recipe's mesh over this host's devices, mesh) from a run
+    directory, a checkpoint directory or a step directory."""
+    import fsspec
+    import jax
+
+    from maxlite import checkpoints as ck
+    from maxlite.build import build
+
+    source = C.resolve_path(source).rstrip("/")
+    fs = fsspec.url_to_fs(source)[0]
+    if not fs.exists(source):
+        raise C.ConfigError(f"{source}: no such run or checkpoint directory")
+    if fs.exists(f"{source}/checkpoints"):
+        source = f"{source}/checkpoints"
+    cfg, params = ck.load_params(source, step=step)
+    # this host's devices, whatever mesh the model trained on: weights sharded fsdp-style over all
+    cfg = dataclasses.replace(cfg, ici_data_parallelism=1, ici_fsdp_parallelism=-1, ici_tensor_parallelism=1,
+                              dcn_data_parallelism=-1, dcn_fsdp_parallelism=1, dcn_tensor_parallelism=1,
+                              num_slices=-1, per_device_batch_size=1, gradient_accumulation_steps=1)
+    built = build(cfg, jax.local_devices(), num_processes=1)
+    leaves = [jax.device_put(x, s) for x, s in zip(jax.tree.leaves(params), jax.tree.leaves(built.shardings.params))]
+    return built.cfg, jax.tree.unflatten(jax.tree.structure(params), leaves), built.mesh
+
+
+def _prompts(args) -> list[str]:
+    if args.prompt is not None:
+        return [args.prompt]
+    prompts = []
+    with open(C.resolve_path(args.prompts_file)) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                prompts.append(record["prompt"] if isinstance(record, dict) else str(record))
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise C.ConfigError(f"{args.prompts_file}:{n}: not a JSON object with a \"prompt\" field") from None
+    if not prompts:
+        raise C.ConfigError(f"{args.prompts_file}: no prompts in it")
+    return prompts
+
+
+@cli.entry_point(FileNotFoundError)
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m maxlite.generate", description=__doc__.split("\n")[0])
+    ap.add_argument("source", help="a run directory, a checkpoint directory or one step of it")
+    which = ap.add_mutually_exclusive_group(required=True)
+    which.add_argument("--prompt")
+    which.add_argument("--prompts-file", help="jsonl: one {\"prompt\": ...} per line, decoded as one batch")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    args = ap.parse_args(argv)
+    sampling = Sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed).check()
+    prompts = _prompts(args)
+    cfg, params, mesh = load(args.source, args.step)
+    texts, got = generate_text(cfg, params, prompts, None, sampling, mesh)
+    for prompt, text in zip(prompts, texts):
+        print(json.dumps({"prompt": prompt, "completion": text}, ensure_ascii=False) if len(prompts) > 1
+              else prompt + text, flush=True)
+    n = sum(map(len, got.tokens))
+    print(f"maxlite: generated {n} tokens for {len(prompts)} prompt(s) in {got.seconds:.2f} s "
+          f"({got.tokens_per_second:,.1f} tokens/s; {got.steps} decode steps; compiled in "
+          f"{got.compile_seconds:.1f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

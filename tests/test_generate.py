@@ -1,0 +1,154 @@
+"""Sampling with a KV cache (maxlite/models/decode.py, maxlite/generate.py): the cache decodes what
+recomputing the whole prefix decodes, batched prompts of different lengths decode as they do alone,
+greedy output equals transformers' `generate` on an imported HF model, and the CLI works on a run."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from flax import nnx
+
+from maxlite import api, config as C
+from maxlite.bridge import hf
+from maxlite.bridge import params as P
+from maxlite.generate import Sampling, generate_ids
+from tests.helpers import SMALL
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROMPTS = [[5, 17, 200, 3, 9], [40, 41, 42, 43, 44, 45, 46, 47, 48], [250, 1, 2]]
+
+
+def _model(*extra):
+    cfg = C.load([*SMALL, "dtype=float32", "init_scale=0.5", *extra])  # large weights: no near-ties
+    model = api.create_model(cfg, seed=3)
+    return cfg, model, nnx.split(model, nnx.Param)[1]
+
+
+def _recomputed_greedy(model, ids, n):
+    """The reference: the whole prefix through the training forward pass for every new token."""
+    ids = list(ids)
+    for _ in range(n):
+        logits = np.asarray(api.forward(model, np.array([ids])))[0, -1]
+        ids.append(int(np.argmax(logits)))
+    return ids[-n:]
+
+
+@pytest.mark.parametrize("scan", ["true", "false"])
+def test_cached_decoding_equals_recomputing_the_prefix_and_batching_changes_nothing(scan):
+    cfg, model, params = _model(f"scan_layers={scan}")
+    batched = generate_ids(cfg, params, PROMPTS, Sampling(max_new_tokens=8))
+    assert batched.steps == 8
+    for ids, got in zip(PROMPTS, batched.tokens):
+        assert got == _recomputed_greedy(model, ids, 8)
+        assert generate_ids(cfg, params, [ids], Sampling(max_new_tokens=8)).tokens == [got]  # alone
+
+
+def test_sampling_controls():
+    cfg, _, params = _model()
+    greedy = generate_ids(cfg, params, PROMPTS, Sampling(max_new_tokens=12)).tokens
+    assert generate_ids(cfg, params, PROMPTS, Sampling(12, temperature=1.0, top_k=1, seed=7)).tokens == greedy
+    hot = Sampling(12, temperature=1.5, seed=1)
+    first = generate_ids(cfg, params, PROMPTS, hot).tokens
+    assert generate_ids(cfg, params, PROMPTS, hot).tokens == first  # same seed, same sample
+    assert generate_ids(cfg, params, PROMPTS, Sampling(12, temperature=1.5, seed=2)).tokens != first
+    assert first != greedy
+    # a row stops at its end-of-text id; the others go on
+    eos = greedy[0][3]
+    stopped = generate_ids(cfg, params, PROMPTS, Sampling(max_new_tokens=12), eos_id=eos).tokens
+    assert stopped[0] == greedy[0][:greedy[0].index(eos)]
+    with pytest.raises(C.ConfigError, match="max_position_embeddings"):
+        generate_ids(cfg, params, PROMPTS, Sampling(max_new_tokens=cfg.max_position_embeddings))
+
+
+def _word_tokenizer(directory, size):
+    """An HF tokenizer of `size` whole-word ids (w0 ... w{size-2}, and <eos>), saved as transformers does."""
+    import tokenizers
+    vocab = {f"w{i}": i for i in range(size - 1)} | {"<eos>": size - 1}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tok.decoder = tokenizers.decoders.WordPiece(prefix="##")  # joins words with spaces
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+    fast.save_pretrained(str(directory))
+    return tok
+
+
+def test_greedy_equals_transformers_generate_on_an_imported_llama31(tmp_path):
+    config = transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, vocab_size=300, max_position_embeddings=256,
+        rope_theta=500000.0, tie_word_embeddings=False, initializer_range=0.3,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 32})
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.save_pretrained(str(tmp_path / "hf"))
+    tok = _word_tokenizer(tmp_path / "hf", 300)
+
+    def theirs(ids, n=16):
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n, min_new_tokens=n,
+                                 eos_token_id=None, pad_token_id=0)
+        return out[0, len(ids):].tolist()
+
+    # from Python: batched prompts of different lengths, token for token
+    cfg, pure = hf.import_hf(str(tmp_path / "hf"), ["dtype=float32"])
+    params = P.to_state(cfg, P.to_jax_inplace(pure))
+    prompts = [[11, 22, 33, 44, 55, 66], [7, 8, 9]]
+    ours = generate_ids(cfg, params, prompts, Sampling(max_new_tokens=16)).tokens
+    assert ours == [theirs(ids) for ids in prompts]
+
+    # from the command line: import, then generate with the model's own tokenizer
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    run = dict(cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    imp = subprocess.run([sys.executable, "-m", "maxlite.bridge.hf", "import", "hf", "ckpt", "dtype=float32"], **run)
+    assert imp.returncode == 0, imp.stderr[-3000:]
+    prompt = "w11 w22 w33 w44"
+    out = subprocess.run([sys.executable, "-m", "maxlite.generate", "ckpt", "--prompt", prompt,
+                          "--max-new-tokens", "10"], **run)
+    assert out.returncode == 0, out.stderr[-3000:]
+    ids = tok.encode(prompt).ids
+    assert out.stdout.rstrip("\n") == tok.decode([*ids, *theirs(ids, 10)])  # "w11 ... w44 w.. w.."
+
+
+def test_cli_on_a_trained_run(tmp_path):
+    argv = [a for a in SMALL if not a.startswith("vocab_size")]  # the bundled 4096-id tokenizer's model
+    from maxlite.train import train
+    train(C.load([*argv, "steps=2", "run_name=g", f"base_output_directory={tmp_path}/runs"]))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "And God said"}) + "\n\n" + json.dumps({"prompt": "In the"}) + "\n")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    out = subprocess.run([sys.executable, "-m", "maxlite.generate", "runs/g", "--prompts-file", "prompts.jsonl",
+                          "--max-new-tokens", "6", "--temperature", "0.8", "--top-p", "0.9"],
+                         cwd=tmp_path, env={**env, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["prompt"] for r in rows] == ["And God said", "In the"]
+    assert all(isinstance(r["completion"], str) and r["completion"] for r in rows)
+    assert "maxlite: generated " in out.stderr and " tokens/s; " in out.stderr
+    from maxlite.generate import main
+    assert main([str(tmp_path / "nothing"), "--prompt", "x"]) == 2
+
+
+def test_on_a_tensor_parallel_mesh_the_cache_splits_kv_heads_and_decodes_the_same():
+    import jax
+    from jax.sharding import PartitionSpec
+
+    from maxlite import mesh as mesh_lib
+    from maxlite.build import build
+    from maxlite.models import decode
+
+    cfg, _, params = _model("ici_fsdp_parallelism=2", "ici_tensor_parallelism=2")
+    built = build(cfg, jax.devices()[:4])
+    with jax.set_mesh(built.mesh), nnx.logical_axis_rules(mesh_lib.DECODE_RULES):
+        cache = jax.jit(lambda: decode.empty_cache(cfg, 3, 16))()
+    assert cache.k_LBSKH.sharding.spec == PartitionSpec(None, None, None, "tensor")  # [L, B, S, K, H]
+    leaves = map(jax.device_put, jax.tree.leaves(params), jax.tree.leaves(built.shardings.params))
+    sharded = jax.tree.unflatten(jax.tree.structure(params), list(leaves))
+    on_mesh = generate_ids(built.cfg, sharded, PROMPTS, Sampling(max_new_tokens=8), mesh=built.mesh).tokens
+    assert on_mesh == generate_ids(cfg, params, PROMPTS, Sampling(max_new_tokens=8)).tokens
