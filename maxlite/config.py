@@ -286,7 +286,8 @@ _CHOICES = {
     "checkpoint_error_policy": ("continue", "stop"),
     "fault_type": ("", "crash", "hang", "slow", "sigterm", "crash_in_snapshot", "crash_in_checkpoint"),
     "inmemory_snapshot_keeper": ("auto", "shm", "ray"),
-    "dataset_type": ("synthetic", "text", "indexed"),
+    "dataset_type": ("synthetic", "text", "indexed", "sft"),
+    "sft_template": ("auto", "llama3", "chatml"),
     "data_bad_record_policy": ("skip", "error"),
     "loggers": ("wandb", "mlflow"),  # a list: each item is checked
     "wandb_mode": ("online", "offline", "disabled"),
@@ -306,7 +307,7 @@ _RANGES: dict[str, tuple[float | None, float | None]] = {
     "preemption_grace_seconds": (0, None), "resilience_sync_period": (1, None),
     "inmemory_snapshot_period": (0, None), "inmemory_snapshot_max_bytes": (0, None),
     "sample_every_steps": (0, None), "sample_max_new_tokens": (1, None), "sample_temperature": (0, None),
-    "sample_top_k": (0, None),
+    "sample_top_k": (0, None), "sft_audit_records": (1, None), "sft_audit_examples": (0, None),
 }
 _POSITIVE = ("steps", "max_target_length", "base_emb_dim", "base_num_decoder_layers",
              "base_num_query_heads", "base_num_kv_heads", "base_mlp_dim", "head_dim",

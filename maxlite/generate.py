@@ -122,15 +122,27 @@ def generate(cfg, params, prompts: Sequence[str], tokenizer=None, sampling: Samp
 
 
 def generate_text(cfg, params, prompts: Sequence[str], tokenizer=None, sampling: Sampling = Sampling(),
-                  mesh=None) -> tuple[list[str], Generated]:
+                  mesh=None, chat: bool = False) -> tuple[list[str], Generated]:
+    """`chat`: each prompt is a user turn, rendered with the model's chat template (data/chat.py,
+    `sft_template`) and the assistant's generation prompt, as an SFT run trained it."""
     from maxlite.data.tokenizer import load_tokenizer
 
     tok = tokenizer or load_tokenizer(cfg.tokenizer_path, cfg.bos_id, cfg.eos_id)
-    ids = [list(tok.encode(p)) for p in prompts]
-    if cfg.add_bos and tok.bos_id is not None:
+    if chat:
+        from maxlite.data.chat import ChatTemplate
+        template = ChatTemplate.for_config(cfg, tok)
+        ids = [list(tok._backend.encode(template.render([{"role": "user", "content": p}], True),
+                                        add_special_tokens=False).ids) for p in prompts]
+    else:
+        ids = [list(tok.encode(p)) for p in prompts]
+    if cfg.add_bos and tok.bos_id is not None and not chat:
         ids = [[tok.bos_id, *x] for x in ids]
     got = generate_ids(cfg, params, ids, sampling, tok.eos_id, mesh)
-    return [_continuation(tok, p, t) for p, t in zip(ids, got.tokens)], got
+    texts = [_continuation(tok, p, t) for p, t in zip(ids, got.tokens)]
+    if chat:  # the answer ends at the end of its turn, a token or (in a tokenizer without it) a text
+        ends = [e for e in (template.eos_token, "<|im_end|>", "<|eot_id|>") if e]
+        texts = [min((t.split(e)[0] for e in ends), key=len) for t in texts]
+    return texts, got
 
 
 def _continuation(tok, prompt: list[int], new: list[int]) -> str:
@@ -196,11 +208,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    ap.add_argument("--chat", action="store_true",
+                    help="each prompt is a user turn in the model's chat template (models fine-tuned with dataset_type=sft)")
     args = ap.parse_args(argv)
     sampling = Sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed).check()
     prompts = _prompts(args)
     cfg, params, mesh = load(args.source, args.step)
-    texts, got = generate_text(cfg, params, prompts, None, sampling, mesh)
+    texts, got = generate_text(cfg, params, prompts, None, sampling, mesh, chat=args.chat)
     for prompt, text in zip(prompts, texts):
         print(json.dumps({"prompt": prompt, "completion": text}, ensure_ascii=False) if len(prompts) > 1
               else prompt + text, flush=True)

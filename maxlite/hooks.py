@@ -119,9 +119,10 @@ class SampleHook(Hook):
 
         with self.section("sample"):
             texts, got = generate_text(self.cfg, state.params, list(self.cfg.sample_prompts), self.tokenizer,
-                                       self.sampling, self.mesh)
+                                       self.sampling, self.mesh, chat=self.cfg.dataset_type == "sft")
+        arrow = " → " if self.cfg.dataset_type == "sft" else ""  # sft: a user turn, then the answer
         for prompt, text in zip(self.cfg.sample_prompts, texts):
-            print_primary(self.primary, f"maxlite: sample at step {step}: {prompt}{text}")
+            print_primary(self.primary, f"maxlite: sample at step {step}: {prompt}{arrow}{text}")
         print_primary(self.primary, f"maxlite: sampled {sum(map(len, got.tokens))} tokens in {got.seconds:.2f} s "
                                     f"({got.tokens_per_second:,.0f} tokens/s, KV cache)")
 

@@ -127,6 +127,10 @@ def _setup(cfg: C.Config, res) -> _Run:
               f"mesh {dict(zip(mesh.axis_names, mesh.devices.shape))} on {jax.device_count()} "
               f"{jax.devices()[0].platform} device(s); global batch {cfg.global_batch_size} × "
               f"{cfg.max_target_length} tokens", flush=True)
+    if cfg.dataset_type == "sft":  # the loss mask checked before step 0 (sft_audit.txt)
+        from maxlite.data import sft_audit
+        from maxlite.data.tokenizer import load_tokenizer
+        sft_audit.run(cfg, load_tokenizer(cfg.tokenizer_path, cfg.bos_id, cfg.eos_id), run_dir.path, primary)
     state_lib.check_fits(cfg, built.abstract)
     if primary:
         n_params = sum(x.size for x in jax.tree.leaves(built.abstract.params))

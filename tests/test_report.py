@@ -13,8 +13,6 @@ import pytest
 
 from maxlite import config as C, report
 
-pytest.importorskip("matplotlib")
-
 BLUE, ORANGE = (31, 119, 180), (255, 127, 14)  # matplotlib's first two line colours: run 1, run 2
 
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from maxlite.config import ConfigError
 
-DATASET_TYPES = ("synthetic", "text", "indexed")
+DATASET_TYPES = ("synthetic", "text", "indexed", "sft")
 
 
 class DataIterator:
@@ -95,6 +95,12 @@ def make_iterator(config, split: str, process_index: int, process_count: int):
         from maxlite.data.tokenizer import load_tokenizer
         tok = load_tokenizer(config.tokenizer_path, config.bos_id, config.eos_id)
         ds = make_text_dataset(config, split, process_index, process_count, tok)
+        return DataIterator(iter(ds), fingerprint)
+    if config.dataset_type == "sft":
+        from maxlite.data.sft_pipeline import make_sft_dataset
+        from maxlite.data.tokenizer import load_tokenizer
+        tok = load_tokenizer(config.tokenizer_path, config.bos_id, config.eos_id)
+        ds = make_sft_dataset(config, split, process_index, process_count, tok)
         return DataIterator(iter(ds), fingerprint)
     from maxlite.data.gpt_dataset import make_indexed_dataset
     from maxlite.data.stage import stager

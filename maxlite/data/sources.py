@@ -13,7 +13,7 @@ import io
 import json
 import os
 import sys
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from maxlite.config import ConfigError
 
@@ -269,10 +269,12 @@ def texts_of(record: Any, keys: Sequence[str]) -> list[str] | str:
     return out
 
 
-def iter_documents(path: str, keys: Sequence[str], bad: BadRecords) -> Iterator[tuple[int, list[str]]]:
-    """(record number, texts) of the well-formed records of one file; bad ones go to `bad`."""
+def iter_documents(path: str, keys: Sequence[str], bad: BadRecords,
+                   parse: Callable[[Any], Any] | None = None) -> Iterator[tuple[int, Any]]:
+    """(record number, texts) of the well-formed records of one file; bad ones go to `bad`.
+    `parse(record)` replaces the texts under `keys` (a string return is the reason it is bad)."""
     for n, rec in iter_records(path):
-        texts = texts_of(rec, keys)
+        texts = texts_of(rec, keys) if parse is None else (rec.reason if isinstance(rec, Bad) else parse(rec))
         if isinstance(texts, str):
             bad.add(path, n, texts)
             continue

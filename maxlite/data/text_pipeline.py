@@ -27,9 +27,9 @@ class _RecordIterator(grain.DatasetIterator):
     """Well-formed records of `files`, epoch after epoch. State: (epoch, file, record)."""
 
     def __init__(self, files: Sequence[str], keys: Sequence[str], bad: sources.BadRecords,
-                 seed: int, shuffle: bool, loop: bool):
+                 seed: int, shuffle: bool, loop: bool, parse=None):
         super().__init__()
-        self._files, self._keys, self._bad = list(files), list(keys), bad
+        self._files, self._keys, self._bad, self._parse = list(files), list(keys), bad, parse
         self._seed, self._shuffle, self._loop = seed, shuffle, loop
         self._epoch = self._file = self._record = 0
         self._gen = None
@@ -42,7 +42,7 @@ class _RecordIterator(grain.DatasetIterator):
         return self._files[order[self._file]]
 
     def _open(self) -> None:
-        self._gen = sources.iter_documents(self._path(), self._keys, self._bad)
+        self._gen = sources.iter_documents(self._path(), self._keys, self._bad, self._parse)
         # A restore skips records already read: bad ones among them were counted before.
         self._bad.silent = True
         try:

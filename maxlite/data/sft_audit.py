@@ -1,0 +1,105 @@
+"""The SFT loss-mask audit, before step 0: `sft_audit.txt` in the run directory and one line.
+
+It reads the first `sft_audit_records` records of the train files (in file order), renders them as
+training does (data/sft_pipeline.py) and counts the target tokens the loss covers. The file shows
+`sft_audit_examples` rendered conversations with the supervised spans marked [[ like this ]]. A
+mask that covers no target token, or every one (a template whose answers cannot be told from its
+prompts, the silent SFT bug), stops the run with exit 2 unless `sft_allow_degenerate_mask: true`
+(or `sft_train_on_inputs: true`, which asks for every token).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from maxlite.config import ConfigError
+from maxlite.data import chat, sources
+from maxlite.data.sft_pipeline import example, sft_files
+
+
+@dataclasses.dataclass
+class Audit:
+    template: str
+    conversations: int
+    target_tokens: int
+    supervised_tokens: int
+    truncated: int
+    bad_records: int
+    length: int
+    examples: list[str]
+
+    @property
+    def fraction(self) -> float:
+        return self.supervised_tokens / max(self.target_tokens, 1)
+
+    def line(self, path: str) -> str:
+        return (f"maxlite: sft audit: {self.conversations:,} conversations ({self.template} template), "
+                f"{self.fraction:.1%} of {self.target_tokens:,} target tokens supervised, {self.truncated} "
+                f"truncated to {self.length + 1} tokens, {self.bad_records} malformed → {path}")
+
+
+def _marked(template: chat.ChatTemplate, ids: np.ndarray, mask: np.ndarray) -> str:
+    """The tokens decoded in runs, the supervised runs between [[ and ]]."""
+    backend, out, start = template.tok._backend, [], 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or mask[i] != mask[start]:
+            text = backend.decode([int(t) for t in ids[start:i]], skip_special_tokens=False)
+            out.append(f"[[{text}]]" if mask[start] else text)
+            start = i
+    return "".join(out)
+
+
+def audit(config, tok) -> Audit:
+    template = chat.ChatTemplate.for_config(config, tok)
+    bad = sources.BadRecords(config.data_bad_record_policy)
+    n = targets = supervised = truncated = 0
+    examples = []
+    for path in sft_files(config, "train"):
+        for _, messages in sources.iter_documents(path, (), bad, chat.messages_of):
+            ex = example(template, messages, config.max_target_length, config.sft_train_on_inputs)
+            n += 1
+            targets += len(ex["targets"])
+            supervised += int(ex["weights"].sum())
+            truncated += ex["truncated"]
+            if len(examples) < config.sft_audit_examples:
+                ids = np.concatenate([ex["inputs"][:1], ex["targets"]])
+                mask = np.concatenate([[False], ex["weights"] > 0])
+                examples.append(_marked(template, ids, mask))
+            if n >= config.sft_audit_records:
+                break
+        if n >= config.sft_audit_records:
+            break
+    if n == 0:
+        raise ConfigError(f"dataset_type=sft: no well-formed conversation in {', '.join(sft_files(config, 'train'))} "
+                          f"({bad.summary()})")
+    return Audit(template.name, n, targets, supervised, truncated, bad.count, config.max_target_length, examples)
+
+
+def report(a: Audit) -> str:
+    head = [f"SFT loss-mask audit: the first {a.conversations} conversations of the train data, rendered with "
+            f"the {a.template} chat template.",
+            f"supervised target tokens: {a.supervised_tokens:,} of {a.target_tokens:,} ({a.fraction:.2%})",
+            f"truncated to {a.length + 1} tokens: {a.truncated}; malformed records skipped: {a.bad_records}",
+            "", "Examples; the loss covers the text between [[ and ]]:"]
+    body = [f"\n--- example {i + 1} ---\n{text}" for i, text in enumerate(a.examples)]
+    return "\n".join(head + body) + "\n"
+
+
+def run(config, tok, run_dir: str, primary: bool) -> Audit:
+    """Audit, write the file (primary), print the line, refuse a degenerate mask (every process)."""
+    from maxlite import rundir
+
+    a = audit(config, tok)
+    path = f"{run_dir}/sft_audit.txt"
+    if primary:
+        rundir.write_text(path, report(a))
+        print(a.line(path), flush=True)
+    degenerate = a.supervised_tokens == 0 or (a.supervised_tokens == a.target_tokens
+                                              and not config.sft_train_on_inputs)
+    if degenerate and not config.sft_allow_degenerate_mask:
+        what = "no target token" if a.supervised_tokens == 0 else "every target token"
+        raise ConfigError(f"sft audit: the loss mask covers {what} ({a.fraction:.0%}) with the {a.template} "
+                          f"template: see {path}; fix the data or template, or set sft_allow_degenerate_mask=true")
+    return a

@@ -1,0 +1,86 @@
+"""dataset_type=sft: chat records streamed → shuffled in a window → rendered and masked → packed →
+batched, as dataset_type=text does for plain text (data/text_pipeline.py), resumable the same way.
+
+Each conversation becomes one packed document: inputs = ids[:-1], targets = ids[1:], and the loss
+weight of a target is 1 when that token belongs to an assistant answer (data/chat.py), so packing
+keeps documents apart (segment ids) and the loss covers answers only (`sft_train_on_inputs: true`:
+every token). A conversation longer than `max_target_length + 1` tokens is cut to that length
+(the run's audit counts how many: data/sft_audit.py). `dataset_path` "" is the bundled chat set.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grain
+import numpy as np
+
+from maxlite.config import ConfigError
+from maxlite.data import chat, sources
+from maxlite.data.text_pipeline import _Records, check_tokenizer
+from maxlite.data.tokenizer import BUNDLED_DIR, Tokenizer
+
+BUNDLED_TRAIN = str(BUNDLED_DIR / "chat_train.jsonl.zst")
+BUNDLED_EVAL = str(BUNDLED_DIR / "chat_eval.jsonl.zst")
+
+
+def sft_files(config, split: str) -> list[str]:
+    if split == "train":
+        return sources.expand_paths(config.dataset_path or BUNDLED_TRAIN, "dataset_path")
+    if config.eval_dataset_path:
+        return sources.expand_paths(config.eval_dataset_path, "eval_dataset_path")
+    if config.dataset_path:
+        raise ConfigError("dataset_type=sft: set eval_dataset_path for evaluation on your own data")
+    return [BUNDLED_EVAL]
+
+
+def example(template: chat.ChatTemplate, messages, length: int, train_on_inputs: bool) -> dict[str, Any]:
+    """One conversation as a packable document; `truncated` says whether it was cut."""
+    ids, mask = template.encode(messages, train_on_inputs)
+    truncated = len(ids) > length + 1
+    ids, mask = ids[:length + 1], mask[:length + 1]
+    return {"inputs": ids[:-1], "targets": ids[1:], "weights": mask[1:].astype(np.float32),
+            "truncated": truncated}
+
+
+class _RenderAndMask(grain.transforms.Map):
+    def __init__(self, template: chat.ChatTemplate, length: int, train_on_inputs: bool):
+        self.template, self.length, self.train_on_inputs = template, length, train_on_inputs
+
+    def map(self, element: dict[str, Any]) -> dict[str, np.ndarray]:
+        ex = example(self.template, element["texts"], self.length, self.train_on_inputs)
+        return {k: ex[k] for k in ("inputs", "targets", "weights")}
+
+
+def _finish(row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    seg = row["inputs_segment_ids"].astype(np.int32)
+    return {"inputs": row["inputs"].astype(np.int32), "targets": row["targets"].astype(np.int32),
+            "positions": row["inputs_positions"].astype(np.int32), "segment_ids": seg,
+            "weights": row["weights"].astype(np.float32) * (seg != 0)}
+
+
+def make_sft_dataset(config, split: str, process_index: int, process_count: int,
+                     tok: Tokenizer) -> grain.IterDataset:
+    check_tokenizer(tok, config)
+    template = chat.ChatTemplate.for_config(config, tok)
+    train = split == "train"
+    shuffle = train and config.data_shuffle
+    seed = config.data_shuffle_seed
+    bad = sources.BadRecords(config.data_bad_record_policy)
+    ds: grain.IterDataset = _Records(sft_files(config, split), (), bad, seed, shuffle, True, chat.messages_of)
+    if shuffle and config.data_shuffle_window > 1:
+        ds = grain.experimental.WindowShuffleIterDataset(ds, window_size=config.data_shuffle_window, seed=seed)
+    length = config.max_target_length
+    ds = ds.map(_RenderAndMask(template, length, config.sft_train_on_inputs))
+    ds = ds.filter(lambda ex: len(ex["inputs"]) > 0)
+    ds = grain.experimental.FirstFitPackIterDataset(
+        ds, length_struct={"inputs": length, "targets": length, "weights": length},
+        num_packing_bins=config.packing_bins, seed=seed, shuffle_bins=shuffle)
+    ds = ds.map(_finish)
+    n = config.global_batch_size // process_count
+    ds = ds.batch(config.global_batch_size, drop_remainder=True)
+    lo, hi = process_index * n, (process_index + 1) * n
+    ds = ds.map(lambda b: {k: v[lo:hi] for k, v in b.items()})
+    if config.grain_prefetch > 0:
+        ds = grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=config.grain_prefetch)
+    return ds
