@@ -290,6 +290,7 @@ _CHOICES = {
     "sft_template": ("auto", "llama3", "chatml"),
     "data_bad_record_policy": ("skip", "error"),
     "loggers": ("wandb", "mlflow"),  # a list: each item is checked
+    "lora_targets": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),  # a list
     "wandb_mode": ("online", "offline", "disabled"),
 }
 
@@ -308,6 +309,7 @@ _RANGES: dict[str, tuple[float | None, float | None]] = {
     "inmemory_snapshot_period": (0, None), "inmemory_snapshot_max_bytes": (0, None),
     "sample_every_steps": (0, None), "sample_max_new_tokens": (1, None), "sample_temperature": (0, None),
     "sample_top_k": (0, None), "sft_audit_records": (1, None), "sft_audit_examples": (0, None),
+    "lora_rank": (0, None),
 }
 _POSITIVE = ("steps", "max_target_length", "base_emb_dim", "base_num_decoder_layers",
              "base_num_query_heads", "base_num_kv_heads", "base_mlp_dim", "head_dim",
@@ -354,6 +356,13 @@ def _validate(c: Config) -> None:
                                                                 c.max_target_length):
         raise ConfigError(f"attention_block_size={c.attention_block_size} must divide "
                           f"max_target_length={c.max_target_length}")
+    if c.lora_dropout != 0:
+        raise ConfigError(f"lora_dropout={c.lora_dropout}: dropout on the adapters is not implemented yet; use 0")
+    if c.lora_rank:
+        if c.decoder_block != "llama2":
+            raise ConfigError(f"lora_rank={c.lora_rank}: LoRA is available for llama2-block models, not {c.decoder_block}")
+        if c.lora_alpha <= 0 or not c.lora_targets:
+            raise ConfigError("LoRA needs lora_alpha > 0 and at least one of lora_targets")
     for prefix in ("ici", "dcn"):
         values = c.parallelism(prefix)
         if values.count(-1) > 1:

@@ -66,7 +66,7 @@ def decide(built, ckpt, data_iterator, process_index: int, primary: bool, memory
         print_primary(primary, f"maxlite: loaded the full state of step {step} from {root}")
     elif cfg.load_parameters_path:
         root, step = ck.resolve_step_dir(cfg.load_parameters_path)
-        got = Start(_params_only(root, step, built.mesh, built.tx, abstract, shardings), "params", 0, f"{root}/{step}")
+        got = Start(_params_only(root, step, built.cfg, built.mesh, built.tx, abstract, shardings), "params", 0, f"{root}/{step}")
         print_primary(primary, f"maxlite: loaded parameters from {root}/{step}; fresh optimizer, starting at step 0")
     else:
         got = Start(built.init_state(), "fresh", 0)
@@ -122,7 +122,7 @@ def _restore_full(root: str, step: int, abstract, shardings, data_iterator, proc
     return TrainState(step=opt["step"], params=restored["params"], opt_state=opt["opt_state"])
 
 
-def _params_only(root: str, step: int, mesh, tx, abstract, shardings):
+def _params_only(root: str, step: int, cfg, mesh, tx, abstract, shardings):
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -130,8 +130,16 @@ def _params_only(root: str, step: int, mesh, tx, abstract, shardings):
     from maxlite.mesh import RULES
     from maxlite.state import TrainState
 
-    params = ck.restore_items(root, step, {"params": ck.sharded_target(abstract.params, shardings.params)})["params"]
+    from maxlite.state import fresh_adapters, join, split_trainable
+
+    adapters, base = split_trainable(abstract.params)
+    base_shardings = split_trainable(shardings.params)[1]
+    if base is None:  # no LoRA: every parameter comes from the checkpoint
+        base, base_shardings = abstract.params, shardings.params
+    params = ck.restore_items(root, step, {"params": ck.sharded_target(base, base_shardings)})["params"]
+    if base is not abstract.params:  # LoRA on a base model: fresh adapters (B = 0: step 0 is the base)
+        params = join(fresh_adapters(cfg, mesh, split_trainable(shardings.params)[0]), params)
     with jax.set_mesh(mesh), nnx.logical_axis_rules(RULES):
-        opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
+        opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(split_trainable(params)[0])
         zero = jax.device_put(jnp.zeros((), jnp.int32), shardings.step)
     return TrainState(step=zero, params=params, opt_state=opt_state)

@@ -31,11 +31,34 @@ def abstract_params(cfg) -> tuple[nnx.GraphDef, nnx.State]:
     return graphdef, params
 
 
+def split_trainable(params) -> tuple[Any, Any]:
+    """(what the optimizer updates, what stays frozen or None): every parameter, or with LoRA
+    (maxlite/models/lora.py) the adapters against the frozen base weights."""
+    from maxlite.models.lora import LoRAParam
+    adapters, base = nnx.split_state(params, LoRAParam, ...)
+    return (adapters, base) if jax.tree.leaves(adapters) else (params, None)
+
+
+def join(trainable, frozen):
+    return trainable if frozen is None else nnx.merge_state(trainable, frozen)
+
+
+def fresh_adapters(cfg, mesh: Mesh, shardings):
+    """The LoRA adapters a fresh run starts with (same key as create_state), sharded; the base
+    weights' initialisation is dead code XLA drops."""
+    def init(key):
+        model = Transformer(cfg, rngs=nnx.Rngs(params=key))
+        return split_trainable(nnx.split(model, nnx.Param)[1])[0]
+    with jax.set_mesh(mesh), nnx.logical_axis_rules(RULES):
+        return jax.jit(init, out_shardings=shardings)(jax.random.key(cfg.seed))
+
+
 def _init_fn(cfg, tx):
     def init(key):
         model = Transformer(cfg, rngs=nnx.Rngs(params=key))
         _, params = nnx.split(model, nnx.Param)
-        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+        opt_state = tx.init(split_trainable(params)[0])
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
     return init
 
 
@@ -47,7 +70,7 @@ def state_shardings(abstract: TrainState, mesh: Mesh, tx) -> TrainState:
     params = jax.tree.map(lambda spec: NamedSharding(mesh, spec), params,
                           is_leaf=lambda x: isinstance(x, P))
     opt = optax.tree_map_params(
-        tx, lambda _, s: s, abstract.opt_state, params,
+        tx, lambda _, s: s, abstract.opt_state, split_trainable(params)[0],
         transform_non_params=lambda _: replicated, is_leaf=lambda x: isinstance(x, nnx.Variable))
     return TrainState(step=replicated, params=params, opt_state=opt)
 

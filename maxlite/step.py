@@ -10,7 +10,7 @@ import optax
 from flax import nnx
 
 from maxlite.models import loss as loss_lib
-from maxlite.state import TrainState
+from maxlite.state import TrainState, join, split_trainable
 
 Batch = dict[str, jax.Array]  # inputs, targets, positions, segment_ids: int32 [B, T]; weights: f32
 
@@ -42,9 +42,17 @@ def _microbatches(batch: Batch, num: int) -> Batch:
     return jax.tree.map(split, batch)
 
 
-def gradients(params, graphdef, batch: Batch, accumulation_steps: int, z_loss_weight: float):
-    """Gradient of the mean loss over all real tokens of the (possibly accumulated) batch."""
-    grad_fn = jax.value_and_grad(loss_sums, has_aux=True)
+def gradients(params, graphdef, batch: Batch, accumulation_steps: int, z_loss_weight: float, frozen=None):
+    """Gradient w.r.t. `params` of the mean loss over all real tokens of the (possibly accumulated)
+    batch; `frozen` (LoRA's base weights) takes part in the loss and gets no gradient."""
+    if frozen is None:
+        grad_fn = jax.value_and_grad(loss_sums, has_aux=True)
+    else:  # both differentiated (NNX wants one trace level); the base's gradient is unused and XLA drops it
+        both = jax.value_and_grad(lambda p, f, *a: loss_sums(join(p, f), *a), argnums=(0, 1), has_aux=True)
+
+        def grad_fn(p, *a):
+            value, (g, _) = both(p, frozen, *a)
+            return value, g
     if accumulation_steps == 1:
         (_, (xent_sum, weights)), grads = grad_fn(params, graphdef, batch, z_loss_weight)
     else:
@@ -63,9 +71,10 @@ def gradients(params, graphdef, batch: Batch, accumulation_steps: int, z_loss_we
 
 def train_step(state: TrainState, batch: Batch, *, graphdef, tx, schedule, accumulation_steps: int,
                z_loss_weight: float) -> tuple[TrainState, dict[str, jax.Array]]:
-    grads, loss, weights = gradients(state.params, graphdef, batch, accumulation_steps, z_loss_weight)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    trainable, frozen = split_trainable(state.params)
+    grads, loss, weights = gradients(trainable, graphdef, batch, accumulation_steps, z_loss_weight, frozen)
+    updates, opt_state = tx.update(grads, state.opt_state, trainable)
+    params = join(optax.apply_updates(trainable, updates), frozen)
     metrics = {
         "loss": loss,
         "total_weights": weights,

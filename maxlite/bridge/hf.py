@@ -12,6 +12,7 @@ parameters plus about one tensor of memory. The layout conventions are in hf_lla
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import pathlib
 import shutil
@@ -78,7 +79,8 @@ def export_hf(cfg, params, out_dir: str, dtype: str = "float32", max_shard_size:
     maps = arch.tensor_maps(cfg)  # refuses what the architecture cannot hold, before writing
     if dtype not in EXPORT_DTYPES:
         raise ValueError(f"--dtype {dtype}: choose float32 or bfloat16")
-    pure = P.to_pure(params)
+    from maxlite.models import lora
+    pure = lora.merged(cfg, P.to_pure(params))  # a LoRA run's adapters folded into the weights
     tok = _tokenizer(cfg, tokenizer)
     bos = cfg.bos_id if cfg.bos_id >= 0 else (tok.bos_id if tok else None)
     eos = cfg.eos_id if cfg.eos_id >= 0 else (tok.eos_id if tok else None)
@@ -204,6 +206,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ex.add_argument("--dtype", choices=sorted(EXPORT_DTYPES), default="float32")
     ex.add_argument("--max-shard-size", default="5GB")
     ex.add_argument("--tokenizer", default="auto", help="auto | none | a tokenizer path to ship along")
+    pe = sub.add_parser("export-peft", help="a LoRA run's checkpoint → PEFT adapter directory (unmerged)")
+    pe.add_argument("checkpoint")
+    pe.add_argument("out_dir")
+    pe.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    pe.add_argument("--base-model", default="", help="base_model_name_or_path for adapter_config.json")
     im = sub.add_parser("import", help="Hugging Face Llama/Mistral/GPT-2 directory → maxlite checkpoint")
     im.add_argument("hf_dir")
     im.add_argument("checkpoint")
@@ -217,9 +224,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         names = export_hf(cfg, params, args.out_dir, args.dtype, args.max_shard_size,
                           args.tokenizer, verbose=True)
         print(f"wrote {args.out_dir} ({len(names)} safetensors file(s), {args.dtype})")
+    elif args.command == "export-peft":
+        from maxlite.bridge.peft import export_peft
+        cfg, params = load_params(args.checkpoint, step=args.step)
+        out = export_peft(cfg, params, args.out_dir, args.base_model)
+        print(f"wrote {out} (PEFT LoRA adapter: r={cfg.lora_rank}, {', '.join(cfg.lora_targets)})")
     else:
         cfg, pure = import_hf(args.hf_dir, args.recipe, verbose=True)
-        save_params(args.checkpoint, cfg, P.to_state(cfg, P.to_jax_inplace(pure)))
+        base = dataclasses.replace(cfg, lora_rank=0)  # the imported weights; LoRA keys go to the recipe
+        save_params(args.checkpoint, base, P.to_state(base, P.to_jax_inplace(pure)))
         recipe = write_recipe(cfg, args.checkpoint, args.recipe)
         print(f"wrote {args.checkpoint}; train from it with: python -m maxlite.train {recipe} [key=value ...]")
     return 0

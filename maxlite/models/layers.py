@@ -17,7 +17,7 @@ from flax import linen as nn
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from maxlite.models import attention
+from maxlite.models import attention, lora
 from maxlite.models.families import family
 
 Axes = tuple[str | None, ...]
@@ -95,6 +95,26 @@ def apply_rope(x_BTNH: jax.Array, positions_BT: jax.Array, inv_freq: jax.Array) 
     return out.astype(x_BTNH.dtype)
 
 
+def _adapters(module, cfg, rngs, kernels: dict) -> None:
+    """LoRA A and B (`{kernel}_lora_a`, `{kernel}_lora_b`) beside each targeted kernel."""
+    module.lora_scale = lora.scale(cfg) if cfg.lora_rank else 0.0
+    for kernel, (shape, axes) in kernels.items():
+        if lora.enabled(cfg, kernel):
+            n_in = 2 if kernel == "o" else 1
+            a, b = lora.make(rngs, shape, axes, n_in, cfg.lora_rank, jnp.dtype(cfg.weight_dtype))
+            setattr(module, f"{kernel}_lora_a", a)
+            setattr(module, f"{kernel}_lora_b", b)
+
+
+def _adapted(module, kernel: str, x, y):
+    """y (= x @ kernel) plus the kernel's LoRA update, if it has one."""
+    a = getattr(module, f"{kernel}_lora_a", None)
+    if a is None:
+        return y
+    n_in = 2 if kernel == "o" else 1
+    return y + lora.delta(x, a, getattr(module, f"{kernel}_lora_b"), n_in, module.lora_scale, y.dtype)
+
+
 class Attention(nnx.Module):
     """Grouped-query causal attention; tokens attend only within their own segment (document)."""
 
@@ -105,6 +125,10 @@ class Attention(nnx.Module):
         self.k = param(rngs, (D, K, H), ("embed", "kv_heads", "head_dim"), wd, scale=s)
         self.v = param(rngs, (D, K, H), ("embed", "kv_heads", "head_dim"), wd, scale=s)
         self.o = param(rngs, (N, H, D), ("heads", "head_dim", "embed"), wd, scale=s)
+        _adapters(self, cfg, rngs, {"q": ((D, N, H), ("embed", "heads", "head_dim")),
+                                    "k": ((D, K, H), ("embed", "kv_heads", "head_dim")),
+                                    "v": ((D, K, H), ("embed", "kv_heads", "head_dim")),
+                                    "o": ((N, H, D), ("heads", "head_dim", "embed"))})
         self.use_bias = cfg.use_bias
         if cfg.use_bias:
             self.q_bias = param(rngs, (N, H), ("heads", "head_dim"), wd, init="zeros")
@@ -118,9 +142,9 @@ class Attention(nnx.Module):
     def qkv(self, x_BTD, positions_BT):
         """q_BTNH, k_BTKH, v_BTKH: projections (+ biases) and RoPE, shared by training and decoding."""
         dt = self.dtype
-        q_BTNH = jnp.einsum("btd,dnh->btnh", x_BTD, self.q[...].astype(dt))
-        k_BSKH = jnp.einsum("bsd,dkh->bskh", x_BTD, self.k[...].astype(dt))
-        v_BSKH = jnp.einsum("bsd,dkh->bskh", x_BTD, self.v[...].astype(dt))
+        q_BTNH = _adapted(self, "q", x_BTD, jnp.einsum("btd,dnh->btnh", x_BTD, self.q[...].astype(dt)))
+        k_BSKH = _adapted(self, "k", x_BTD, jnp.einsum("bsd,dkh->bskh", x_BTD, self.k[...].astype(dt)))
+        v_BSKH = _adapted(self, "v", x_BTD, jnp.einsum("bsd,dkh->bskh", x_BTD, self.v[...].astype(dt)))
         if self.use_bias:
             q_BTNH = q_BTNH + self.q_bias[...].astype(dt)
             k_BSKH = k_BSKH + self.k_bias[...].astype(dt)
@@ -133,7 +157,7 @@ class Attention(nnx.Module):
 
     def out(self, out_BTNH):
         """The output projection (+ bias): [B, T, N, H] → [B, T, D]."""
-        out_BTD = jnp.einsum("btnh,nhd->btd", out_BTNH, self.o[...].astype(self.dtype))
+        out_BTD = _adapted(self, "o", out_BTNH, jnp.einsum("btnh,nhd->btd", out_BTNH, self.o[...].astype(self.dtype)))
         if self.use_bias:
             out_BTD = out_BTD + self.o_bias[...].astype(self.dtype)
         return out_BTD
@@ -157,14 +181,18 @@ class SwiGLU(nnx.Module):
         self.gate = param(rngs, (D, F), ("embed", "mlp"), wd, scale=s)
         self.up = param(rngs, (D, F), ("embed", "mlp"), wd, scale=s)
         self.down = param(rngs, (F, D), ("mlp", "embed"), wd, scale=s)
+        _adapters(self, cfg, rngs, {"gate": ((D, F), ("embed", "mlp")), "up": ((D, F), ("embed", "mlp")),
+                                    "down": ((F, D), ("mlp", "embed"))})
         self.dtype = jnp.dtype(cfg.dtype)
 
     def __call__(self, x_BTD):
         dt = self.dtype
-        gate_BTF = jax.nn.silu(checkpoint_name(x_BTD @ self.gate[...].astype(dt), "mlpwi_0"))
-        up_BTF = checkpoint_name(x_BTD @ self.up[...].astype(dt), "mlpwi_1")
+        gate_BTF = jax.nn.silu(checkpoint_name(
+            _adapted(self, "gate", x_BTD, x_BTD @ self.gate[...].astype(dt)), "mlpwi_0"))
+        up_BTF = checkpoint_name(_adapted(self, "up", x_BTD, x_BTD @ self.up[...].astype(dt)), "mlpwi_1")
         h_BTF = constrain(gate_BTF * up_BTF, ("activation_batch", "activation_length", "activation_mlp"))
-        return constrain(checkpoint_name(h_BTF @ self.down[...].astype(dt), "mlpwo"), BTD)
+        return constrain(checkpoint_name(_adapted(self, "down", h_BTF, h_BTF @ self.down[...].astype(dt)),
+                                         "mlpwo"), BTD)
 
 
 class GeluMLP(nnx.Module):

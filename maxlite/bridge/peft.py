@@ -1,0 +1,57 @@
+"""A LoRA run's adapters → a PEFT adapter directory (`adapter_config.json` + `adapter_model.safetensors`).
+
+    python -m maxlite.bridge.hf export-peft RUN/checkpoints adapter/ [--base-model NAME_OR_DIR]
+
+`peft.PeftModel.from_pretrained(base, "adapter/")` on the Hugging Face model the run started from
+(the one `hf import` read, or `hf export` of the base checkpoint) computes what the LoRA run computes.
+Layout: PEFT's `...{q,k,v,o}_proj.lora_A.weight` is [r, in] and `lora_B.weight` [out, r], the
+transposes of maxlite's A [in..., r] and B [r, out...] (models/lora.py); the scale is lora_alpha / r
+in both. `hf export` of the same checkpoint writes the adapters merged into the weights instead.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+
+from maxlite import config as C
+from maxlite.bridge import hf_convert
+from maxlite.bridge import params as P
+from maxlite.bridge.safetensors_io import _write_file
+from maxlite.models import lora
+
+ADAPTER_FILE = "adapter_model.safetensors"
+
+
+def tensor_maps(cfg) -> list[hf_convert.TensorMap]:
+    D, N, K, H, F, r = (cfg.base_emb_dim, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim,
+                        cfg.base_mlp_dim, cfg.lora_rank)
+    shapes = {"q": ((D,), (N, H)), "k": ((D,), (K, H)), "v": ((D,), (K, H)), "o": ((N, H), (D,)),
+              "gate": ((D,), (F,)), "up": ((D,), (F,)), "down": ((F,), (D,))}
+    maps = []
+    for target, block, kernel, _ in lora.names(cfg):
+        name = f"base_model.model.model.layers.{{i}}.{lora.HF_BLOCK[block]}.{target}"
+        in_shape, out_shape = shapes[kernel]
+        maps += [hf_convert.linear(f"{name}.lora_A.weight", (block, f"{kernel}_lora_a"), in_shape, (r,)),
+                 hf_convert.linear(f"{name}.lora_B.weight", (block, f"{kernel}_lora_b"), (r,), out_shape)]
+    return maps
+
+
+def export_peft(cfg, params, out_dir: str, base_model: str = "") -> pathlib.Path:
+    if cfg.lora_rank == 0:
+        raise ValueError("this checkpoint has no LoRA adapters (lora_rank=0): use `hf export`")
+    if cfg.decoder_block != "llama2":
+        raise ValueError(f"PEFT export covers llama2-block models, not {cfg.decoder_block}")
+    out = pathlib.Path(C.resolve_path(out_dir))
+    out.mkdir(parents=True, exist_ok=True)
+    entries = hf_convert.export_entries(cfg, tensor_maps(cfg), P.to_pure(params), np.float32)
+    _write_file(out / ADAPTER_FILE, entries, {"format": "pt"}, None)
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": cfg.lora_rank, "lora_alpha": cfg.lora_alpha,
+              "lora_dropout": cfg.lora_dropout, "target_modules": sorted(cfg.lora_targets), "bias": "none",
+              "base_model_name_or_path": base_model or None, "fan_in_fan_out": False, "inference_mode": True,
+              "init_lora_weights": True, "use_rslora": False, "use_dora": False, "modules_to_save": None,
+              "layers_to_transform": None}
+    (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out
