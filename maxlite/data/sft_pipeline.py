@@ -15,9 +15,8 @@ from typing import Any
 import grain
 import numpy as np
 
-from maxlite.config import ConfigError
 from maxlite.data import chat, sources
-from maxlite.data.text_pipeline import _Records, check_tokenizer
+from maxlite.data.text_pipeline import _Records, check_tokenizer, process_batches, text_files
 from maxlite.data.tokenizer import BUNDLED_DIR, Tokenizer
 
 BUNDLED_TRAIN = str(BUNDLED_DIR / "chat_train.jsonl.zst")
@@ -25,13 +24,7 @@ BUNDLED_EVAL = str(BUNDLED_DIR / "chat_eval.jsonl.zst")
 
 
 def sft_files(config, split: str) -> list[str]:
-    if split == "train":
-        return sources.expand_paths(config.dataset_path or BUNDLED_TRAIN, "dataset_path")
-    if config.eval_dataset_path:
-        return sources.expand_paths(config.eval_dataset_path, "eval_dataset_path")
-    if config.dataset_path:
-        raise ConfigError("dataset_type=sft: set eval_dataset_path for evaluation on your own data")
-    return [BUNDLED_EVAL]
+    return text_files(config, split, (BUNDLED_TRAIN, BUNDLED_EVAL))
 
 
 def example(template: chat.ChatTemplate, messages, length: int, train_on_inputs: bool) -> dict[str, Any]:
@@ -76,11 +69,4 @@ def make_sft_dataset(config, split: str, process_index: int, process_count: int,
     ds = grain.experimental.FirstFitPackIterDataset(
         ds, length_struct={"inputs": length, "targets": length, "weights": length},
         num_packing_bins=config.packing_bins, seed=seed, shuffle_bins=shuffle)
-    ds = ds.map(_finish)
-    n = config.global_batch_size // process_count
-    ds = ds.batch(config.global_batch_size, drop_remainder=True)
-    lo, hi = process_index * n, (process_index + 1) * n
-    ds = ds.map(lambda b: {k: v[lo:hi] for k, v in b.items()})
-    if config.grain_prefetch > 0:
-        ds = grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=config.grain_prefetch)
-    return ds
+    return process_batches(ds.map(_finish), config, process_index, process_count)

@@ -133,14 +133,15 @@ def check_tokenizer(tok: Tokenizer, config) -> None:
             raise ConfigError(f"{name}={tid} is outside vocab_size={config.vocab_size}")
 
 
-def text_files(config, split: str) -> list[str]:
+def text_files(config, split: str, bundled: tuple[str, str] = (BUNDLED_TRAIN, BUNDLED_EVAL)) -> list[str]:
+    """The files of `split`: dataset_path / eval_dataset_path, or the bundled (train, eval) pair."""
     if split == "train":
-        return sources.expand_paths(config.dataset_path or BUNDLED_TRAIN, "dataset_path")
+        return sources.expand_paths(config.dataset_path or bundled[0], "dataset_path")
     if config.eval_dataset_path:
         return sources.expand_paths(config.eval_dataset_path, "eval_dataset_path")
     if config.dataset_path:
-        raise ConfigError("dataset_type=text: set eval_dataset_path for evaluation on your own data")
-    return [BUNDLED_EVAL]
+        raise ConfigError(f"dataset_type={config.dataset_type}: set eval_dataset_path for evaluation on your own data")
+    return [bundled[1]]
 
 
 def make_text_dataset(config, split: str, process_index: int, process_count: int,
@@ -162,7 +163,11 @@ def make_text_dataset(config, split: str, process_index: int, process_count: int
     ds = grain.experimental.FirstFitPackIterDataset(
         ds, length_struct={"inputs": length, "targets": length},
         num_packing_bins=config.packing_bins, seed=seed, shuffle_bins=shuffle)
-    ds = ds.map(_finish)
+    return process_batches(ds.map(_finish), config, process_index, process_count)
+
+
+def process_batches(ds: grain.IterDataset, config, process_index: int, process_count: int) -> grain.IterDataset:
+    """Packed rows → global batches → this process's rows of each, prefetched."""
     n = config.global_batch_size // process_count
     ds = ds.batch(config.global_batch_size, drop_remainder=True)
     lo, hi = process_index * n, (process_index + 1) * n
