@@ -138,7 +138,7 @@ class SampleHook(Hook):
 
 def standard(cfg, primary: bool, res, logger, batches, ckpt=None, evaluator=None, mesh=None) -> list[Any]:
     """The hooks every run has, in the order they run: eval first (a save records its loss), the
-    checkpointer, then in-memory snapshots."""
+    checkpointer, then in-memory snapshots, then samples (`sample_prompts`)."""
     hooks: list[Hook] = []
     if evaluator is not None:
         hooks.append(EvalHook(evaluator, logger, res.section, [ckpt.note_eval] if ckpt is not None else []))

@@ -128,12 +128,9 @@ def _params_only(root: str, step: int, cfg, mesh, tx, abstract, shardings):
     from flax import nnx
 
     from maxlite.mesh import RULES
-    from maxlite.state import TrainState
+    from maxlite.state import TrainState, fresh_adapters, join, split_trainable
 
-    from maxlite.state import fresh_adapters, join, split_trainable
-
-    adapters, base = split_trainable(abstract.params)
-    base_shardings = split_trainable(shardings.params)[1]
+    base, base_shardings = split_trainable(abstract.params)[1], split_trainable(shardings.params)[1]
     if base is None:  # no LoRA: every parameter comes from the checkpoint
         base, base_shardings = abstract.params, shardings.params
     params = ck.restore_items(root, step, {"params": ck.sharded_target(base, base_shardings)})["params"]
