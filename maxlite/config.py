@@ -356,8 +356,8 @@ def _validate(c: Config) -> None:
                                                                 c.max_target_length):
         raise ConfigError(f"attention_block_size={c.attention_block_size} must divide "
                           f"max_target_length={c.max_target_length}")
-    if c.lora_dropout != 0:
-        raise ConfigError(f"lora_dropout={c.lora_dropout}: dropout on the adapters is not implemented yet; use 0")
+    if not 0 <= c.lora_dropout < 1:
+        raise ConfigError(f"lora_dropout={c.lora_dropout} must be in [0, 1)")
     if c.lora_rank:
         if c.decoder_block != "llama2":
             raise ConfigError(f"lora_rank={c.lora_rank}: LoRA is available for llama2-block models, not {c.decoder_block}")

@@ -15,17 +15,18 @@ from maxlite.state import TrainState, join, split_trainable
 Batch = dict[str, jax.Array]  # inputs, targets, positions, segment_ids: int32 [B, T]; weights: f32
 
 
-def loss_sums(params, graphdef, batch: Batch, z_loss_weight: float = 0.0):
-    """(sum of weighted loss incl. z-loss, (sum of cross-entropy, number of real tokens))."""
+def loss_sums(params, graphdef, batch: Batch, z_loss_weight: float = 0.0, dropout_key=None):
+    """(sum of weighted loss incl. z-loss, (sum of cross-entropy, number of real tokens));
+    `dropout_key` only when training with lora_dropout > 0."""
     model = nnx.merge(graphdef, params)
     weights_BT = batch["weights"]
     n = loss_lib.num_chunks(model.cfg, batch["inputs"].shape[1])
     if n > 1:  # never holds [B, T, V] logits
-        x_BTD = model.hidden(batch["inputs"], batch["positions"], batch["segment_ids"])
+        x_BTD = model.hidden(batch["inputs"], batch["positions"], batch["segment_ids"], dropout_key)
         loss_sum, xent_sum = loss_lib.chunked_loss_sums(x_BTD, model.head_DV(), batch["targets"],
                                                         weights_BT, float(z_loss_weight), n)
         return loss_sum, (xent_sum, jnp.sum(weights_BT))
-    logits_BTV = model(batch["inputs"], batch["positions"], batch["segment_ids"])
+    logits_BTV = model(batch["inputs"], batch["positions"], batch["segment_ids"], dropout_key)
     log_z_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
     target_logit_BT = jnp.take_along_axis(logits_BTV, batch["targets"][..., None], axis=-1)[..., 0]
     xent_BT = log_z_BT - target_logit_BT
@@ -42,9 +43,11 @@ def _microbatches(batch: Batch, num: int) -> Batch:
     return jax.tree.map(split, batch)
 
 
-def gradients(params, graphdef, batch: Batch, accumulation_steps: int, z_loss_weight: float, frozen=None):
+def gradients(params, graphdef, batch: Batch, accumulation_steps: int, z_loss_weight: float, frozen=None,
+              dropout_key=None):
     """Gradient w.r.t. `params` of the mean loss over all real tokens of the (possibly accumulated)
-    batch; `frozen` (LoRA's base weights) takes part in the loss and gets no gradient."""
+    batch; `frozen` (LoRA's base weights) takes part in the loss and gets no gradient;
+    `dropout_key` (LoRA dropout) is folded with each micro-batch's index."""
     if frozen is None:
         grad_fn = jax.value_and_grad(loss_sums, has_aux=True)
     else:  # both differentiated (NNX wants one trace level); the base's gradient is unused and XLA drops it
@@ -53,26 +56,38 @@ def gradients(params, graphdef, batch: Batch, accumulation_steps: int, z_loss_we
         def grad_fn(p, *a):
             value, (g, _) = both(p, frozen, *a)
             return value, g
+    def micro_key(i):
+        return None if dropout_key is None else jax.random.fold_in(dropout_key, i)
+
     if accumulation_steps == 1:
-        (_, (xent_sum, weights)), grads = grad_fn(params, graphdef, batch, z_loss_weight)
+        (_, (xent_sum, weights)), grads = grad_fn(params, graphdef, batch, z_loss_weight, micro_key(0))
     else:
-        def body(carry, micro):
-            (_, (xent, w)), g = grad_fn(params, graphdef, micro, z_loss_weight)
+        def body(carry, micro_i):
+            micro, i = micro_i
+            (_, (xent, w)), g = grad_fn(params, graphdef, micro, z_loss_weight, micro_key(i))
             grads_acc, xent_acc, w_acc = carry
             return (jax.tree.map(jnp.add, grads_acc, g), xent_acc + xent, w_acc + w), None
 
         zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
         init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
-        (grads, xent_sum, weights), _ = jax.lax.scan(body, init, _microbatches(batch, accumulation_steps))
+        micro_i = (_microbatches(batch, accumulation_steps), jnp.arange(accumulation_steps))
+        (grads, xent_sum, weights), _ = jax.lax.scan(body, init, micro_i)
     denominator = jnp.maximum(weights, 1.0)
     grads = jax.tree.map(lambda g, p: (g / denominator).astype(p.dtype), grads, params)
     return grads, xent_sum / denominator, weights
 
 
+def dropout_key(seed: int | None, step: jax.Array):
+    """The step's dropout key, a function of (seed, step) alone (a resumed run draws the same
+    masks); None when the recipe has no dropout."""
+    return None if seed is None else jax.random.fold_in(jax.random.key(seed), step)
+
+
 def train_step(state: TrainState, batch: Batch, *, graphdef, tx, schedule, accumulation_steps: int,
-               z_loss_weight: float) -> tuple[TrainState, dict[str, jax.Array]]:
+               z_loss_weight: float, dropout_seed: int | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
     trainable, frozen = split_trainable(state.params)
-    grads, loss, weights = gradients(trainable, graphdef, batch, accumulation_steps, z_loss_weight, frozen)
+    grads, loss, weights = gradients(trainable, graphdef, batch, accumulation_steps, z_loss_weight, frozen,
+                                     dropout_key(dropout_seed, state.step))
     updates, opt_state = tx.update(grads, state.opt_state, trainable)
     params = join(optax.apply_updates(trainable, updates), frozen)
     metrics = {
@@ -94,7 +109,8 @@ def jit_train_step(cfg, graphdef, tx, schedule, state_shardings, batch_sharding)
     """The step compiled once with explicit shardings and the state donated."""
     fn = functools.partial(train_step, graphdef=graphdef, tx=tx, schedule=schedule,
                            accumulation_steps=cfg.gradient_accumulation_steps,
-                           z_loss_weight=cfg.z_loss_weight)
+                           z_loss_weight=cfg.z_loss_weight,
+                           dropout_seed=cfg.seed if cfg.lora_rank and cfg.lora_dropout > 0 else None)
     return jax.jit(fn, in_shardings=(state_shardings, batch_sharding),
                    out_shardings=(state_shardings, None), donate_argnums=0)
 

@@ -109,3 +109,55 @@ def test_merged_export_and_peft_adapter_compute_what_maxlite_computes(tmp_path):
     with_adapter = peft.PeftModel.from_pretrained(base_model, str(tmp_path / "adapter")).eval()
     with torch.no_grad():
         np.testing.assert_allclose(with_adapter(torch.tensor(ids)).logits.numpy(), ours, atol=2e-4)
+
+
+def test_dropout_is_unbiased_per_key_and_only_in_training(tmp_path):
+    """lora_dropout: at step 0 (B = 0, so the output does not depend on the mask) B's gradient is
+    linear in the dropped-out input, so its mean over many keys is the gradient without dropout;
+    each key draws its own mask; a model call without a key (eval, decoding) has no dropout."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from maxlite import step as step_lib
+    from maxlite.state import split_trainable
+
+    built = build(C.load([*LORA, "lora_dropout=0.5", "max_target_length=8"]), jax.devices()[:1], num_processes=1)
+    adapters, base = split_trainable(built.init_state().params)
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(rng.integers(0, 256, (1, 9)), jnp.int32)
+    batch = {"inputs": ids[:, :-1], "targets": ids[:, 1:], "positions": jnp.arange(8)[None],
+             "segment_ids": jnp.ones((1, 8), jnp.int32), "weights": jnp.ones((1, 8), jnp.float32)}
+
+    @jax.jit
+    def grad_b(key):
+        g, _, _ = step_lib.gradients(adapters, built.graphdef, batch, 1, 0.0, base, key)
+        return g["layers"]["mlp"]["down_lora_b"][...]
+
+    plain = np.asarray(grad_b(None))
+    draws = np.stack([np.asarray(grad_b(jax.random.key(i))) for i in range(256)])
+    assert np.abs(plain).max() > 0 and not np.allclose(draws[0], draws[1])
+    spread = draws.std(0) / np.sqrt(len(draws))  # the mean's standard error, per entry
+    assert np.all(np.abs(draws.mean(0) - plain) < 5 * spread + 1e-7)
+    assert np.abs(draws[0] - plain).max() > 10 * spread.max()  # one draw alone is not the mean
+
+    # eval with a dropout recipe computes what the same weights compute without dropout
+    trained = jax.tree.map(lambda a: a + 0.05, adapters)  # B ≠ 0: the adapters change the output
+    params = nnx.merge_state(trained, base)
+    plain_graph = build(C.load([*LORA, "max_target_length=8"]), jax.devices()[:1], num_processes=1).graphdef
+    ours = step_lib.eval_step(params, batch, graphdef=built.graphdef)["loss_sum"]
+    assert float(ours) == float(step_lib.eval_step(params, batch, graphdef=plain_graph)["loss_sum"])
+    assert float(ours) != float(step_lib.eval_step(nnx.merge_state(adapters, base), batch, graphdef=plain_graph)["loss_sum"])
+
+
+def test_dropout_run_resumes_to_the_uninterrupted_losses(tmp_path):
+    """The masks are a function of (seed, step, micro-batch): a run stopped at step 2 and resumed
+    draws the masks the uninterrupted run drew; dropout changes the trajectory."""
+    argv = [*LORA, f"base_output_directory={tmp_path}", "checkpoint_period=0", "log_period=1",
+            "per_device_batch_size=2", "gradient_accumulation_steps=2", "ici_data_parallelism=1"]
+    train(C.load([*argv, "lora_dropout=0.3", "steps=2", "run_name=a"]))
+    train(C.load([*argv, "lora_dropout=0.3", "steps=4", "run_name=a"]))
+    train(C.load([*argv, "lora_dropout=0.3", "steps=4", "run_name=b"]))
+    train(C.load([*argv, "steps=4", "run_name=c"]))
+    a, b, c = (_losses(f"{tmp_path}/{r}") for r in "abc")
+    assert [a[s] for s in (3, 4)] == [b[s] for s in (3, 4)]
+    assert b[4] != c[4]

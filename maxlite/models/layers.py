@@ -98,6 +98,7 @@ def apply_rope(x_BTNH: jax.Array, positions_BT: jax.Array, inv_freq: jax.Array) 
 def _adapters(module, cfg, rngs, kernels: dict) -> None:
     """LoRA A and B (`{kernel}_lora_a`, `{kernel}_lora_b`) beside each targeted kernel."""
     module.lora_scale = lora.scale(cfg) if cfg.lora_rank else 0.0
+    module.lora_dropout = cfg.lora_dropout
     for kernel, (shape, axes) in kernels.items():
         if lora.enabled(cfg, kernel):
             n_in = 2 if kernel == "o" else 1
@@ -106,12 +107,15 @@ def _adapters(module, cfg, rngs, kernels: dict) -> None:
             setattr(module, f"{kernel}_lora_b", b)
 
 
-def _adapted(module, kernel: str, x, y):
-    """y (= x @ kernel) plus the kernel's LoRA update, if it has one."""
+def _adapted(module, kernel: str, x, y, dropout_key=None):
+    """y (= x @ kernel) plus the kernel's LoRA update, if it has one; with `dropout_key` (training
+    with lora_dropout > 0) the update sees x through dropout, a mask of its own per kernel (PEFT's)."""
     a = getattr(module, f"{kernel}_lora_a", None)
     if a is None:
         return y
     n_in = 2 if kernel == "o" else 1
+    if dropout_key is not None and module.lora_dropout > 0:
+        x = lora.dropout(jax.random.fold_in(dropout_key, lora.KERNEL_INDEX[kernel]), x, module.lora_dropout)
     return y + lora.delta(x, a, getattr(module, f"{kernel}_lora_b"), n_in, module.lora_scale, y.dtype)
 
 
@@ -139,12 +143,12 @@ class Attention(nnx.Module):
         self.cfg = cfg
         self.num_kv, self.dtype = K, jnp.dtype(cfg.dtype)
 
-    def qkv(self, x_BTD, positions_BT):
+    def qkv(self, x_BTD, positions_BT, dropout_key=None):
         """q_BTNH, k_BTKH, v_BTKH: projections (+ biases) and RoPE, shared by training and decoding."""
-        dt = self.dtype
-        q_BTNH = _adapted(self, "q", x_BTD, jnp.einsum("btd,dnh->btnh", x_BTD, self.q[...].astype(dt)))
-        k_BSKH = _adapted(self, "k", x_BTD, jnp.einsum("bsd,dkh->bskh", x_BTD, self.k[...].astype(dt)))
-        v_BSKH = _adapted(self, "v", x_BTD, jnp.einsum("bsd,dkh->bskh", x_BTD, self.v[...].astype(dt)))
+        dt, key = self.dtype, dropout_key
+        q_BTNH = _adapted(self, "q", x_BTD, jnp.einsum("btd,dnh->btnh", x_BTD, self.q[...].astype(dt)), key)
+        k_BSKH = _adapted(self, "k", x_BTD, jnp.einsum("bsd,dkh->bskh", x_BTD, self.k[...].astype(dt)), key)
+        v_BSKH = _adapted(self, "v", x_BTD, jnp.einsum("bsd,dkh->bskh", x_BTD, self.v[...].astype(dt)), key)
         if self.use_bias:
             q_BTNH = q_BTNH + self.q_bias[...].astype(dt)
             k_BSKH = k_BSKH + self.k_bias[...].astype(dt)
@@ -155,15 +159,16 @@ class Attention(nnx.Module):
             k_BSKH = apply_rope(k_BSKH, positions_BT, inv_freq)
         return q_BTNH, k_BSKH, v_BSKH
 
-    def out(self, out_BTNH):
+    def out(self, out_BTNH, dropout_key=None):
         """The output projection (+ bias): [B, T, N, H] → [B, T, D]."""
-        out_BTD = _adapted(self, "o", out_BTNH, jnp.einsum("btnh,nhd->btd", out_BTNH, self.o[...].astype(self.dtype)))
+        out_BTD = _adapted(self, "o", out_BTNH, jnp.einsum("btnh,nhd->btd", out_BTNH,
+                                                           self.o[...].astype(self.dtype)), dropout_key)
         if self.use_bias:
             out_BTD = out_BTD + self.o_bias[...].astype(self.dtype)
         return out_BTD
 
-    def __call__(self, x_BTD, positions_BT, segment_ids_BT):
-        q_BTNH, k_BSKH, v_BSKH = self.qkv(x_BTD, positions_BT)
+    def __call__(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None):
+        q_BTNH, k_BSKH, v_BSKH = self.qkv(x_BTD, positions_BT, dropout_key)
         q_BTNH = constrain(q_BTNH, ("activation_batch", "activation_length", "activation_heads", None))
         k_BSKH = constrain(k_BSKH, ("activation_batch", "activation_length", "activation_kv_heads", None))
         q_BTNH = checkpoint_name(q_BTNH, "query_proj")  # names the remat policies refer to
@@ -172,7 +177,7 @@ class Attention(nnx.Module):
 
         out_BTNH = attention.attend(self.cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT)
         out_BTNH = constrain(out_BTNH, ("activation_batch", "activation_length", "activation_heads", None))
-        return constrain(checkpoint_name(self.out(out_BTNH), "out_proj"), BTD)
+        return constrain(checkpoint_name(self.out(out_BTNH, dropout_key), "out_proj"), BTD)
 
 
 class SwiGLU(nnx.Module):
@@ -185,13 +190,13 @@ class SwiGLU(nnx.Module):
                                     "down": ((F, D), ("mlp", "embed"))})
         self.dtype = jnp.dtype(cfg.dtype)
 
-    def __call__(self, x_BTD):
-        dt = self.dtype
+    def __call__(self, x_BTD, dropout_key=None):
+        dt, key = self.dtype, dropout_key
         gate_BTF = jax.nn.silu(checkpoint_name(
-            _adapted(self, "gate", x_BTD, x_BTD @ self.gate[...].astype(dt)), "mlpwi_0"))
-        up_BTF = checkpoint_name(_adapted(self, "up", x_BTD, x_BTD @ self.up[...].astype(dt)), "mlpwi_1")
+            _adapted(self, "gate", x_BTD, x_BTD @ self.gate[...].astype(dt), key), "mlpwi_0"))
+        up_BTF = checkpoint_name(_adapted(self, "up", x_BTD, x_BTD @ self.up[...].astype(dt), key), "mlpwi_1")
         h_BTF = constrain(gate_BTF * up_BTF, ("activation_batch", "activation_length", "activation_mlp"))
-        return constrain(checkpoint_name(_adapted(self, "down", h_BTF, h_BTF @ self.down[...].astype(dt)),
+        return constrain(checkpoint_name(_adapted(self, "down", h_BTF, h_BTF @ self.down[...].astype(dt), key),
                                          "mlpwo"), BTD)
 
 
@@ -204,7 +209,7 @@ class GeluMLP(nnx.Module):
         self.down_bias = param(rngs, (D,), ("norm",), wd, init="zeros")
         self.dtype = jnp.dtype(cfg.dtype)
 
-    def __call__(self, x_BTD):
+    def __call__(self, x_BTD, dropout_key=None):  # no adapters in this family
         dt = self.dtype
         h_BTF = checkpoint_name(x_BTD @ self.up[...].astype(dt) + self.up_bias[...].astype(dt), "mlpwi_0")
         h_BTF = constrain(jax.nn.gelu(h_BTF), ("activation_batch", "activation_length", "activation_mlp"))

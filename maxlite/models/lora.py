@@ -1,7 +1,9 @@
 """LoRA: low-rank adapters on the attention and MLP projections (`lora_rank` > 0).
 
 A projection x @ W (W [in..., out...]) becomes x @ W + (alpha / r) · (x @ A) @ B with A [in..., r]
-and B [r, out...]. A starts random, B at zero, so step 0 computes the base model. The adapters are
+and B [r, out...]. A starts random, B at zero, so step 0 computes the base model. With
+`lora_dropout` > 0 the training step feeds the adapters x through dropout (PEFT's placement), its
+mask a function of (seed, step, micro-batch, layer, kernel): a resumed run draws the same masks. The adapters are
 `LoRAParam`s (a `nnx.Param` subclass): the train step differentiates and the optimizer holds only
 them (state.trainable); the base weights are frozen and not in the optimizer state. A and B take
 their base weight's logical axes on the in and out sides (FSDP / tensor sharding follow W); the
@@ -49,6 +51,15 @@ def delta(x: jax.Array, a: nnx.Variable, b: nnx.Variable, n_in: int, scale: floa
     a_, b_ = a[...].astype(dtype), b[...].astype(dtype)
     h = jax.lax.dot_general(x, a_, (((tuple(range(x.ndim - n_in, x.ndim))), tuple(range(n_in))), ((), ())))
     return scale * jax.lax.dot_general(h, b_, (((h.ndim - 1,), (0,)), ((), ())))
+
+
+KERNEL_INDEX = {kernel: i for i, (_, kernel, _) in enumerate(TARGETS.values())}  # each its own mask
+
+
+def dropout(key: jax.Array, x: jax.Array, rate: float) -> jax.Array:
+    """Inverted dropout of the adapters' input (training only; eval and decoding pass no key)."""
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), jnp.zeros((), x.dtype)).astype(x.dtype)
 
 
 def scale(cfg) -> float:

@@ -45,14 +45,16 @@ class Block(nnx.Module):
         self.mlp_norm = norm(*args, rngs=rngs)
         self.mlp = MLPS[family(cfg).mlp](cfg, rngs=rngs)
 
-    def __call__(self, x_BTD, positions_BT, segment_ids_BT):
-        x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), positions_BT, segment_ids_BT)
-        x_BTD = x_BTD + self.mlp(self.mlp_norm(x_BTD))
+    def __call__(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None):
+        key_attn, key_mlp = (None, None) if dropout_key is None else jax.random.split(dropout_key)
+        x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), positions_BT, segment_ids_BT, key_attn)
+        x_BTD = x_BTD + self.mlp(self.mlp_norm(x_BTD), key_mlp)
         return constrain(x_BTD, BTD)
 
 
 class Transformer(nnx.Module):
-    """inputs_BT, positions_BT, segment_ids_BT → logits_BTV (float32)."""
+    """inputs_BT, positions_BT, segment_ids_BT → logits_BTV (float32). `dropout_key` (training
+    with lora_dropout > 0 only) gives each layer its own key for the adapters' dropout."""
 
     def __init__(self, cfg, *, rngs: nnx.Rngs):
         D, V, wd = cfg.base_emb_dim, cfg.vocab_size, jnp.dtype(cfg.weight_dtype)
@@ -77,38 +79,39 @@ class Transformer(nnx.Module):
         if not cfg.logits_via_embedding:
             self.unembedding = param(rngs, (D, V), ("embed", "vocab"), wd, scale=cfg.init_scale)
 
-    def _run_layers(self, x_BTD, positions_BT, segment_ids_BT):
+    def _run_layers(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None):
         cfg = self.cfg
+        keys_L = None if dropout_key is None else jax.random.split(dropout_key, cfg.base_num_decoder_layers)
 
-        def block_fn(x, layer, positions, segment_ids):
-            return layer(checkpoint_name(x, "decoder_layer_input"), positions, segment_ids)
+        def block_fn(x, layer, positions, segment_ids, key):
+            return layer(checkpoint_name(x, "decoder_layer_input"), positions, segment_ids, key)
 
         if cfg.remat_policy != "none":
             block_fn = nnx.remat(block_fn, policy=REMAT_POLICIES[cfg.remat_policy],
                                  prevent_cse=not cfg.scan_layers)
         if not cfg.scan_layers:
-            for layer in self.layers:
-                x_BTD = block_fn(x_BTD, layer, positions_BT, segment_ids_BT)
+            for i, layer in enumerate(self.layers):
+                x_BTD = block_fn(x_BTD, layer, positions_BT, segment_ids_BT, None if keys_L is None else keys_L[i])
             return x_BTD
-        scan_fn = nnx.scan(block_fn, in_axes=(nnx.Carry, 0, None, None), out_axes=nnx.Carry,
-                           transform_metadata={nnx.PARTITION_NAME: "layers"})
-        return scan_fn(x_BTD, self.layers, positions_BT, segment_ids_BT)
+        scan_fn = nnx.scan(block_fn, in_axes=(nnx.Carry, 0, None, None, None if keys_L is None else 0),
+                           out_axes=nnx.Carry, transform_metadata={nnx.PARTITION_NAME: "layers"})
+        return scan_fn(x_BTD, self.layers, positions_BT, segment_ids_BT, keys_L)
 
-    def hidden(self, inputs_BT, positions_BT, segment_ids_BT):
+    def hidden(self, inputs_BT, positions_BT, segment_ids_BT, dropout_key=None):
         """The final-normed hidden states x_BTD (what the output head multiplies)."""
         dt = jnp.dtype(self.cfg.dtype)
         x_BTD = jnp.take(self.embedding[...], inputs_BT, axis=0).astype(dt)
         if family(self.cfg).positions == "learned":
             x_BTD = x_BTD + jnp.take(self.positions[...], positions_BT, axis=0).astype(dt)
         x_BTD = constrain(x_BTD, BTD)
-        return self.final_norm(self._run_layers(x_BTD, positions_BT, segment_ids_BT))
+        return self.final_norm(self._run_layers(x_BTD, positions_BT, segment_ids_BT, dropout_key))
 
     def head_DV(self):
         """The output projection [D, V] in the compute dtype (tied to the embedding or not)."""
         head_DV = self.embedding[...].T if self.cfg.logits_via_embedding else self.unembedding[...]
         return head_DV.astype(jnp.dtype(self.cfg.dtype))
 
-    def __call__(self, inputs_BT, positions_BT, segment_ids_BT):
-        x_BTD = self.hidden(inputs_BT, positions_BT, segment_ids_BT)
+    def __call__(self, inputs_BT, positions_BT, segment_ids_BT, dropout_key=None):
+        x_BTD = self.hidden(inputs_BT, positions_BT, segment_ids_BT, dropout_key)
         logits_BTV = (x_BTD @ self.head_DV()).astype(jnp.float32)
         return constrain(logits_BTV, ("activation_batch", "activation_length", "activation_vocab"))
