@@ -286,7 +286,8 @@ _CHOICES = {
     "checkpoint_error_policy": ("continue", "stop"),
     "fault_type": ("", "crash", "hang", "slow", "sigterm", "crash_in_snapshot", "crash_in_checkpoint"),
     "inmemory_snapshot_keeper": ("auto", "shm", "ray"),
-    "dataset_type": ("synthetic", "text", "indexed", "sft"),
+    "dataset_type": ("synthetic", "text", "indexed", "sft", "preference", "prompts"),
+    "train_objective": ("lm", "dpo", "grpo"),
     "sft_template": ("auto", "llama3", "chatml"),
     "data_bad_record_policy": ("skip", "error"),
     "loggers": ("wandb", "mlflow"),  # a list: each item is checked
@@ -309,12 +310,14 @@ _RANGES: dict[str, tuple[float | None, float | None]] = {
     "inmemory_snapshot_period": (0, None), "inmemory_snapshot_max_bytes": (0, None),
     "sample_every_steps": (0, None), "sample_max_new_tokens": (1, None), "sample_temperature": (0, None),
     "sample_top_k": (0, None), "sft_audit_records": (1, None), "sft_audit_examples": (0, None),
-    "lora_rank": (0, None),
+    "lora_rank": (0, None), "alignment_sft_steps": (0, None), "dpo_beta": (0, None),
+    "dpo_label_smoothing": (0, 0.499), "grpo_beta": (0, None), "grpo_epsilon": (0, None),
 }
 _POSITIVE = ("steps", "max_target_length", "base_emb_dim", "base_num_decoder_layers",
              "base_num_query_heads", "base_num_kv_heads", "base_mlp_dim", "head_dim",
              "vocab_size", "gradient_accumulation_steps", "log_period", "per_device_batch_size",
-             "adam_eps", "normalization_layer_epsilon", "rope_max_timescale", "init_scale")
+             "adam_eps", "normalization_layer_epsilon", "rope_max_timescale", "init_scale",
+             "grpo_num_generations", "grpo_max_new_tokens", "grpo_temperature", "grpo_iterations")
 
 
 def _validate(c: Config) -> None:
@@ -356,6 +359,7 @@ def _validate(c: Config) -> None:
                                                                 c.max_target_length):
         raise ConfigError(f"attention_block_size={c.attention_block_size} must divide "
                           f"max_target_length={c.max_target_length}")
+    _validate_objective(c)
     if not 0 <= c.lora_dropout < 1:
         raise ConfigError(f"lora_dropout={c.lora_dropout} must be in [0, 1)")
     if c.lora_rank:
@@ -369,6 +373,30 @@ def _validate(c: Config) -> None:
             raise ConfigError(f"only one {prefix}_*_parallelism may be -1, got {values}")
         if any(v == 0 or v < -1 for v in values):
             raise ConfigError(f"{prefix}_*_parallelism must be positive or -1, got {values}")
+
+
+def _validate_objective(c: Config) -> None:
+    """train_objective against the data it reads and the keys it needs (maxlite/objectives/)."""
+    from maxlite.objectives import DATASET_OF  # imports no JAX
+
+    want = DATASET_OF.get(c.train_objective)
+    if want and c.dataset_type != want:
+        raise ConfigError(f"train_objective={c.train_objective} reads dataset_type={want}, not {c.dataset_type}")
+    if not want and c.dataset_type in DATASET_OF.values():
+        objective = next(k for k, v in DATASET_OF.items() if v == c.dataset_type)
+        raise ConfigError(f"dataset_type={c.dataset_type} is for train_objective={objective}")
+    if c.train_objective != "grpo":
+        return
+    if not c.reward_functions:
+        raise ConfigError("train_objective=grpo needs reward_functions, e.g. [maxlite.rewards:exact_answer]")
+    if c.reward_weights and len(c.reward_weights) != len(c.reward_functions):
+        raise ConfigError(f"reward_weights has {len(c.reward_weights)} values for "
+                          f"{len(c.reward_functions)} reward_functions")
+    if c.grpo_max_new_tokens >= c.max_target_length:
+        raise ConfigError(f"grpo_max_new_tokens={c.grpo_max_new_tokens} leaves no room for the prompt in "
+                          f"max_target_length={c.max_target_length}")
+    if c.grpo_num_generations < 2:
+        raise ConfigError("grpo_num_generations must be at least 2 (advantages are relative to the group)")
 
 
 def _fill(values: tuple[int, ...], total: int, what: str) -> tuple[int, ...]:

@@ -40,9 +40,9 @@ class EvalHook(Hook):
         if not self.evaluator.due(step):
             return
         with self.section("eval"):
-            values = self.evaluator.run(state.params)
-        self.logger.log_eval(step, {k: values[k] for k in ("loss", "perplexity")})
-        for listen in self.listeners:
+            values = self.evaluator.run(state.params, state.opt_state)
+        self.logger.log_eval(step, {k: v for k, v in values.items() if k not in ("tokens", "batches")})
+        for listen in self.listeners if "loss" in values else ():  # GRPO's eval is a reward, not a loss
             listen(values["loss"])
 
 
@@ -119,8 +119,8 @@ class SampleHook(Hook):
 
         with self.section("sample"):
             texts, got = generate_text(self.cfg, state.params, list(self.cfg.sample_prompts), self.tokenizer,
-                                       self.sampling, self.mesh, chat=self.cfg.dataset_type == "sft")
-        arrow = " → " if self.cfg.dataset_type == "sft" else ""  # sft: a user turn, then the answer
+                                       self.sampling, self.mesh, chat=self.cfg.dataset_type in ("sft", "preference", "prompts"))
+        arrow = " → " if self.cfg.dataset_type in ("sft", "preference", "prompts") else ""  # sft: a user turn, then the answer
         for prompt, text in zip(self.cfg.sample_prompts, texts):
             print_primary(self.primary, f"maxlite: sample at step {step}: {prompt}{arrow}{text}")
         print_primary(self.primary, f"maxlite: sampled {sum(map(len, got.tokens))} tokens in {got.seconds:.2f} s "

@@ -37,4 +37,8 @@ def make_optimizer(cfg) -> optax.GradientTransformation:
     parts.append(optax.adamw(learning_rate_schedule(cfg), b1=cfg.adam_b1, b2=cfg.adam_b2,
                              eps=cfg.adam_eps, weight_decay=cfg.adam_weight_decay,
                              mask=_decay_mask))
-    return optax.chain(*parts)
+    tx = optax.chain(*parts)
+    if cfg.train_objective in ("dpo", "grpo"):  # the reference policy rides in the optimizer state
+        from maxlite.objectives import reference
+        tx = reference.wrap(tx)
+    return tx

@@ -43,38 +43,65 @@ def _microbatches(batch: Batch, num: int) -> Batch:
     return jax.tree.map(split, batch)
 
 
-def gradients(params, graphdef, batch: Batch, accumulation_steps: int, z_loss_weight: float, frozen=None,
+def lm_loss(z_loss_weight: float = 0.0):
+    """The language-model objective as a `LossFn`: token-weighted cross-entropy (+ z-loss)."""
+    def fn(params, graphdef, batch: Batch, dropout_key=None):
+        loss_sum, (xent_sum, weights) = loss_sums(params, graphdef, batch, z_loss_weight, dropout_key)
+        return loss_sum, ({"loss": xent_sum}, weights)
+    return fn
+
+
+# LossFn(params, graphdef, batch, dropout_key) → (loss sum to differentiate, ({metric: sum}, denominator)):
+#   the step's loss is the sum over the (accumulated) batch divided by the denominator (real tokens,
+#   preference pairs, ...), as are the metrics. A LossFn may carry `prepare(reference, graphdef,
+#   batch) → {name: array}`: what it needs from the reference policy (log-probs), computed before
+#   differentiation, micro-batch by micro-batch, and added to the batch.
+
+
+def per_microbatch(fn, batch: Batch, num: int) -> Batch:
+    """`fn` over the micro-batches one at a time (the memory of one), its outputs put back in the
+    batch's row order."""
+    if num == 1:
+        return fn(batch)
+    out = jax.lax.map(fn, _microbatches(batch, num))
+    return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1).reshape(-1, *x.shape[2:]), out)
+
+
+def gradients(params, graphdef, batch: Batch, accumulation_steps: int, loss_fn, frozen=None,
               dropout_key=None):
-    """Gradient w.r.t. `params` of the mean loss over all real tokens of the (possibly accumulated)
-    batch; `frozen` (LoRA's base weights) takes part in the loss and gets no gradient;
-    `dropout_key` (LoRA dropout) is folded with each micro-batch's index."""
+    """(gradient w.r.t. `params` of the (possibly accumulated) batch's summed loss / its denominator,
+    {metric: sum / denominator}, denominator). `frozen` (LoRA's base weights) takes part in the
+    loss and gets no gradient; `dropout_key` (LoRA dropout) is folded with each micro-batch's index."""
     if frozen is None:
-        grad_fn = jax.value_and_grad(loss_sums, has_aux=True)
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     else:  # both differentiated (NNX wants one trace level); the base's gradient is unused and XLA drops it
-        both = jax.value_and_grad(lambda p, f, *a: loss_sums(join(p, f), *a), argnums=(0, 1), has_aux=True)
+        both = jax.value_and_grad(lambda p, f, *a: loss_fn(join(p, f), *a), argnums=(0, 1), has_aux=True)
 
         def grad_fn(p, *a):
             value, (g, _) = both(p, frozen, *a)
             return value, g
+
     def micro_key(i):
         return None if dropout_key is None else jax.random.fold_in(dropout_key, i)
 
     if accumulation_steps == 1:
-        (_, (xent_sum, weights)), grads = grad_fn(params, graphdef, batch, z_loss_weight, micro_key(0))
+        (_, (sums, denominator)), grads = grad_fn(params, graphdef, batch, micro_key(0))
     else:
         def body(carry, micro_i):
             micro, i = micro_i
-            (_, (xent, w)), g = grad_fn(params, graphdef, micro, z_loss_weight, micro_key(i))
-            grads_acc, xent_acc, w_acc = carry
-            return (jax.tree.map(jnp.add, grads_acc, g), xent_acc + xent, w_acc + w), None
+            (_, (s, d)), g = grad_fn(params, graphdef, micro, micro_key(i))
+            grads_acc, sums_acc, d_acc = carry
+            return (jax.tree.map(jnp.add, grads_acc, g), jax.tree.map(jnp.add, sums_acc, s), d_acc + d), None
 
         zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-        init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
         micro_i = (_microbatches(batch, accumulation_steps), jnp.arange(accumulation_steps))
-        (grads, xent_sum, weights), _ = jax.lax.scan(body, init, micro_i)
-    denominator = jnp.maximum(weights, 1.0)
-    grads = jax.tree.map(lambda g, p: (g / denominator).astype(p.dtype), grads, params)
-    return grads, xent_sum / denominator, weights
+        shapes = jax.eval_shape(lambda: grad_fn(params, graphdef, jax.tree.map(lambda x: x[0], micro_i[0]),
+                                                micro_key(0))[0][1][0])
+        init = (zeros, jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), shapes), jnp.zeros((), jnp.float32))
+        (grads, sums, denominator), _ = jax.lax.scan(body, init, micro_i)
+    d = jnp.maximum(denominator, 1.0)
+    grads = jax.tree.map(lambda g, p: (g / d).astype(p.dtype), grads, params)
+    return grads, jax.tree.map(lambda x: x / d, sums), denominator
 
 
 def dropout_key(seed: int | None, step: jax.Array):
@@ -84,20 +111,32 @@ def dropout_key(seed: int | None, step: jax.Array):
 
 
 def train_step(state: TrainState, batch: Batch, *, graphdef, tx, schedule, accumulation_steps: int,
-               z_loss_weight: float, dropout_seed: int | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
+               loss_fn, dropout_seed: int | None = None, set_reference: bool = False,
+               advance=1) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One optimizer update. The alignment objectives' reference policy lives in the optimizer
+    state (maxlite/objectives/reference.py): `set_reference` makes the updated weights the reference
+    (warm-up steps); `advance` is what the step counter moves by (GRPO's inner iterations: 0)."""
+    from maxlite.objectives import reference as ref_lib
+
     trainable, frozen = split_trainable(state.params)
-    grads, loss, weights = gradients(trainable, graphdef, batch, accumulation_steps, z_loss_weight, frozen,
-                                     dropout_key(dropout_seed, state.step))
+    reference = ref_lib.policy(state.opt_state, frozen)
+    if getattr(loss_fn, "prepare", None) is not None and reference is not None:
+        batch = {**batch, **per_microbatch(lambda b: loss_fn.prepare(reference, graphdef, b), batch,
+                                           accumulation_steps)}
+    grads, means, weights = gradients(trainable, graphdef, batch, accumulation_steps, loss_fn, frozen,
+                                      dropout_key(dropout_seed, state.step))
     updates, opt_state = tx.update(grads, state.opt_state, trainable)
-    params = join(optax.apply_updates(trainable, updates), frozen)
+    trainable = optax.apply_updates(trainable, updates)
+    if set_reference:
+        opt_state = ref_lib.replace(opt_state, trainable)
     metrics = {
-        "loss": loss,
+        **means,
         "total_weights": weights,
         "grad_norm": optax.tree.norm(grads),
         "learning_rate": schedule(state.step),
-        "finite": jnp.isfinite(loss),
+        "finite": jnp.isfinite(means["loss"]),
     }
-    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    return TrainState(step=state.step + advance, params=join(trainable, frozen), opt_state=opt_state), metrics
 
 
 def eval_step(params, batch: Batch, *, graphdef) -> dict[str, jax.Array]:
@@ -107,10 +146,16 @@ def eval_step(params, batch: Batch, *, graphdef) -> dict[str, jax.Array]:
 
 def jit_train_step(cfg, graphdef, tx, schedule, state_shardings, batch_sharding):
     """The step compiled once with explicit shardings and the state donated."""
+    from maxlite import objectives
+
+    return objectives.make_train_step(cfg, graphdef, tx, schedule, state_shardings, batch_sharding)
+
+
+def jit_step(cfg, graphdef, tx, schedule, state_shardings, batch_sharding, loss_fn, **kwargs):
+    """A `train_step` with `loss_fn`, compiled once with explicit shardings and the state donated."""
     fn = functools.partial(train_step, graphdef=graphdef, tx=tx, schedule=schedule,
-                           accumulation_steps=cfg.gradient_accumulation_steps,
-                           z_loss_weight=cfg.z_loss_weight,
-                           dropout_seed=cfg.seed if cfg.lora_rank and cfg.lora_dropout > 0 else None)
+                           accumulation_steps=cfg.gradient_accumulation_steps, loss_fn=loss_fn,
+                           dropout_seed=cfg.seed if cfg.lora_rank and cfg.lora_dropout > 0 else None, **kwargs)
     return jax.jit(fn, in_shardings=(state_shardings, batch_sharding),
                    out_shardings=(state_shardings, None), donate_argnums=0)
 

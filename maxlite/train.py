@@ -18,9 +18,11 @@ from maxlite.rundir import RunDir, print_primary
 
 
 def _global_batch(local: dict, sharding) -> dict:
+    """This process's rows → global arrays; `host_` entries (GRPO's records) stay host data."""
     import jax
 
-    return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local.items()}
+    return {k: v if k.startswith("host_") else jax.make_array_from_process_local_data(sharding, v)
+            for k, v in local.items()}
 
 
 def train(cfg: C.Config, on_metrics: Callable[[dict[str, Any]], None] | None = None,
@@ -144,7 +146,7 @@ def _setup(cfg: C.Config, res) -> _Run:
     start = resume.decide(built, ckpt, batches, jax.process_index(), primary,
                           memory=res.restore)  # collective: every host calls it
     evaluator = Evaluator(cfg, built.graphdef, built.shardings.params, built.batch_sharding,
-                          jax.process_index(), jax.process_count()) if cfg.eval_interval > 0 else None
+                          jax.process_index(), jax.process_count(), built.train_step) if cfg.eval_interval > 0 else None
     logger = MetricsLogger(cfg, run_dir.path, primary, start.step)
     run_hooks = hooks.standard(cfg, primary, res, logger, batches, ckpt, evaluator, mesh)
     run_dir.sticky["resumed_from"] = start.record()

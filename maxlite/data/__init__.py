@@ -4,7 +4,8 @@ Every `next()` gives this process's rows of one optimizer step's global batch as
 `[global_batch_size // process_count, max_target_length]`: inputs, targets (int32), positions,
 segment_ids (int32; 1, 2, ... per packed document, 0 = padding), weights (float32). Process p
 holds rows [p*n, (p+1)*n), so all processes together read exactly what one process would.
-`get_state()`/`set_state()` (small, JSON-serialisable) restore the exact next batch.
+`get_state()`/`set_state()` (small, JSON-serialisable) restore the exact next batch. The alignment
+data (data/preference.py) has its own row layout; its `host_` arrays stay on the host.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 
 from maxlite.config import ConfigError
 
-DATASET_TYPES = ("synthetic", "text", "indexed", "sft")
+DATASET_TYPES = ("synthetic", "text", "indexed", "sft", "preference", "prompts")
 
 
 class DataIterator:
@@ -102,6 +103,11 @@ def make_iterator(config, split: str, process_index: int, process_count: int):
         tok = load_tokenizer(config.tokenizer_path, config.bos_id, config.eos_id)
         ds = make_sft_dataset(config, split, process_index, process_count, tok)
         return DataIterator(iter(ds), fingerprint)
+    if config.dataset_type in ("preference", "prompts"):
+        from maxlite.data.preference import make_dataset
+        from maxlite.data.tokenizer import load_tokenizer
+        tok = load_tokenizer(config.tokenizer_path, config.bos_id, config.eos_id)
+        return DataIterator(iter(make_dataset(config, split, process_index, process_count, tok)), fingerprint)
     from maxlite.data.gpt_dataset import make_indexed_dataset
     from maxlite.data.stage import stager
     ds = make_indexed_dataset(config, split, process_index, process_count, stager(config))

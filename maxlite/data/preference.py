@@ -1,0 +1,178 @@
+"""Data for the alignment objectives (maxlite/objectives/): preference pairs for DPO and prompts
+for GRPO, streamed, shuffled in a window and resumable like dataset_type=sft (data/sft_pipeline.py).
+
+dataset_type=preference — one record per pair; `prompt` a string (a user turn) or a message list,
+`chosen` / `rejected` a string (the assistant's answer) or a message list (the turns after the
+prompt). Each side is rendered with the chat template (data/chat.py) into one unpacked row:
+chosen_{inputs,targets,positions,segment_ids,weights} and rejected_{...}, the weights covering
+the response's assistant tokens only.
+
+dataset_type=prompts — one record per prompt: `prompt` as above, any other fields (an `answer`
+the reward functions check, ...) passed to the reward functions as the record. Rows:
+prompt_ids [P] (rendered with the generation prompt, right-padded; P = max_target_length −
+grpo_max_new_tokens), prompt_lengths, host_records (the record as JSON, kept on the host), and
+sft_{...}: the prompt followed by the record's `answer` (or `completion`), for the warm-up steps.
+
+A response longer than its row is cut (one line on stdout the first time); one that the cut leaves
+with no token, and a prompt longer than its room, stop the run with one line (raise
+max_target_length).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import grain
+import numpy as np
+
+from maxlite.data import chat, sources
+from maxlite.data.text_pipeline import _Records, check_tokenizer, process_batches, text_files
+from maxlite.data.tokenizer import BUNDLED_DIR, Tokenizer
+
+BUNDLED = {"preference": (str(BUNDLED_DIR / "arith_pairs_train.jsonl.zst"), str(BUNDLED_DIR / "arith_pairs_eval.jsonl.zst")),
+           "prompts": (str(BUNDLED_DIR / "arith_prompts_train.jsonl.zst"), str(BUNDLED_DIR / "arith_prompts_eval.jsonl.zst"))}
+SIDES = ("chosen", "rejected")
+
+
+def _messages(value: Any, role: str) -> list[dict[str, str]] | None:
+    if isinstance(value, str):
+        return [{"role": role, "content": value}]
+    if isinstance(value, list) and value:
+        out = chat.messages_of({"messages": value})
+        return out if isinstance(out, list) else None
+    return None
+
+
+def parse_pair(record: Any) -> dict[str, Any] | str:
+    """{prompt, chosen, rejected} as message lists, or the reason the record is malformed."""
+    if not isinstance(record, dict):
+        return f"record is a {type(record).__name__}, not an object"
+    prompt = _messages(record.get("prompt"), "user")
+    if prompt is None:
+        return "'prompt' must be a string or a list of {role, content} messages"
+    out = {"prompt": prompt}
+    for side in SIDES:
+        msgs = _messages(record.get(side), "assistant")
+        if msgs is None or not any(m["role"] == "assistant" for m in msgs):
+            return f"'{side}' must be a string or a message list with an assistant turn"
+        out[side] = msgs
+    return out
+
+
+def parse_prompt(record: Any) -> dict[str, Any] | str:
+    """{prompt, answer (or None), record} or the reason the record is malformed."""
+    if not isinstance(record, dict):
+        return f"record is a {type(record).__name__}, not an object"
+    prompt = _messages(record.get("prompt"), "user")
+    if prompt is None:
+        return "'prompt' must be a string or a list of {role, content} messages"
+    answer = record.get("answer", record.get("completion"))
+    return {"prompt": prompt, "answer": str(answer) if answer is not None else None,
+            "record": json.dumps(record, ensure_ascii=False)}
+
+
+def encode_response(template: chat.ChatTemplate, prompt, response) -> tuple[np.ndarray, np.ndarray]:
+    """(ids of prompt + response, mask of the response's assistant tokens)."""
+    ids, mask = template.encode([*prompt, *response])
+    boundary = len(template.render(prompt, add_generation_prompt=True))
+    enc = template.tok._backend.encode(template.render([*prompt, *response]), add_special_tokens=False)
+    starts = np.array([s for s, _ in enc.offsets], np.int64)
+    return ids, mask & (starts >= boundary)
+
+
+def encode_prompt(template: chat.ChatTemplate, prompt) -> np.ndarray:
+    text = template.render(prompt, add_generation_prompt=True)
+    return np.asarray(template.tok._backend.encode(text, add_special_tokens=False).ids, np.int32)
+
+
+def row(ids: np.ndarray, mask: np.ndarray, length: int, prefix: str = "") -> dict[str, np.ndarray]:
+    """One unpacked row (cut to `length` + 1 tokens), padded: inputs, targets, positions,
+    segment_ids (1 = real, 0 = padding) and weights (the masked targets)."""
+    ids, mask = ids[:length + 1], mask[:length + 1]
+    n = max(len(ids) - 1, 0)
+    out = {"inputs": np.zeros(length, np.int32), "targets": np.zeros(length, np.int32),
+           "positions": np.arange(length, dtype=np.int32), "segment_ids": np.zeros(length, np.int32),
+           "weights": np.zeros(length, np.float32)}
+    out["inputs"][:n], out["targets"][:n] = ids[:-1], ids[1:]
+    out["segment_ids"][:n], out["weights"][:n] = 1, mask[1:]
+    return {prefix + k: v for k, v in out.items()}
+
+
+_warned = set()
+
+
+def checked_row(ids, mask, length: int, prefix: str, what: str) -> dict[str, np.ndarray]:
+    """`row`, saying so when the cut removes part of a response, and refusing one it removes whole."""
+    from maxlite.config import ConfigError
+
+    out = row(ids, mask, length, prefix)
+    if len(ids) > length + 1 and mask.any():
+        if not out[prefix + "weights"].any():
+            raise ConfigError(f"a {what} starts after token {length} (max_target_length={length}): "
+                              f"raise max_target_length")
+        if what not in _warned:
+            _warned.add(what)
+            print(f"maxlite: some {what}s are cut at max_target_length={length} (their loss covers "
+                  f"the part that fits)", flush=True)
+    return out
+
+
+class _PairRows(grain.transforms.Map):
+    def __init__(self, template, length):
+        self.template, self.length = template, length
+
+    def map(self, pair: dict[str, Any]) -> dict[str, np.ndarray]:
+        out = {}
+        for side in SIDES:
+            ids, mask = encode_response(self.template, pair["prompt"], pair[side])
+            out.update(checked_row(ids, mask, self.length, f"{side}_", f"{side} response"))
+        return out
+
+
+class _PromptRows(grain.transforms.Map):
+    def __init__(self, template, length: int, prompt_length: int):
+        self.template, self.length, self.prompt_length = template, length, prompt_length
+
+    def map(self, item: dict[str, Any]) -> dict[str, np.ndarray]:
+        from maxlite.config import ConfigError
+
+        ids = encode_prompt(self.template, item["prompt"])
+        if len(ids) > self.prompt_length:
+            raise ConfigError(f"a prompt has {len(ids)} tokens, more than max_target_length − "
+                              f"grpo_max_new_tokens = {self.prompt_length}: raise max_target_length "
+                              f"(record: {item['record'][:120]})")
+        padded = np.zeros(self.prompt_length, np.int32)
+        padded[:len(ids)] = ids
+        out = {"prompt_ids": padded, "prompt_lengths": np.int32(len(ids)),
+               "host_records": np.array(item["record"])}
+        if item["answer"] is not None:
+            full, mask = encode_response(self.template, item["prompt"],
+                                         [{"role": "assistant", "content": item["answer"]}])
+        else:  # nothing to warm up on: an all-padding row
+            full, mask = np.zeros(1, np.int32), np.zeros(1, bool)
+        out.update(checked_row(full, mask, self.length, "sft_", "answer"))
+        return out
+
+
+def files(config, split: str) -> list[str]:
+    return text_files(config, split, BUNDLED[config.dataset_type])
+
+
+def make_dataset(config, split: str, process_index: int, process_count: int, tok: Tokenizer) -> grain.IterDataset:
+    check_tokenizer(tok, config)
+    template = chat.ChatTemplate.for_config(config, tok)
+    shuffle = split == "train" and config.data_shuffle
+    seed = config.data_shuffle_seed
+    bad = sources.BadRecords(config.data_bad_record_policy)
+    parse = parse_pair if config.dataset_type == "preference" else parse_prompt
+    ds: grain.IterDataset = _Records(files(config, split), (), bad, seed, shuffle, True, parse)
+    if shuffle and config.data_shuffle_window > 1:
+        ds = grain.experimental.WindowShuffleIterDataset(ds, window_size=config.data_shuffle_window, seed=seed)
+    ds = ds.map(lambda element: element["texts"])
+    if config.dataset_type == "preference":
+        ds = ds.map(_PairRows(template, config.max_target_length))
+    else:
+        ds = ds.map(_PromptRows(template, config.max_target_length,
+                                config.max_target_length - config.grpo_max_new_tokens))
+    return process_batches(ds, config, process_index, process_count)

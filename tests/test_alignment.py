@@ -1,0 +1,193 @@
+"""Alignment objectives (maxlite/objectives/): DPO's loss and gradients against the published
+formula computed in torch from the torch twin's log-probabilities; GRPO's advantages, clipping and
+KL against a small numpy reference, and its reduction to the policy gradient; the preference
+rows' masks; a GRPO run stopped and resumed ends at the uninterrupted run's parameters."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from maxlite import checkpoints, config as C, data, step as step_lib
+from maxlite.bridge import params as P
+from maxlite.bridge import torch_model as TM
+from maxlite.build import build
+from maxlite.data import chat, preference
+from maxlite.data.tokenizer import load_tokenizer
+from maxlite.objectives import dpo, grpo, reference
+from maxlite.state import split_trainable
+from maxlite.train import train
+from tests.helpers import SMALL
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+TINY = [*SMALL, "vocab_size=4096", "dtype=float32"]  # the bundled tokenizer's vocabulary
+
+
+def _batch(argv, split="train"):
+    cfg = build(C.load(argv), jax.devices()[:1], num_processes=1).cfg
+    it = data.make_iterator(cfg, split, 0, 1)
+    try:
+        return next(it)
+    finally:
+        it.close()
+
+
+def test_preference_rows_supervise_the_response_only():
+    argv = [*TINY, "train_objective=dpo", "dataset_type=preference", "max_target_length=64",
+            "per_device_batch_size=4"]
+    cfg = C.load(argv)
+    tok = load_tokenizer(cfg.tokenizer_path, cfg.bos_id, cfg.eos_id)
+    template = chat.ChatTemplate.for_config(cfg, tok)
+    pair = preference.parse_pair({"prompt": "What is 2 + 3?", "chosen": "5", "rejected": "6"})
+    for side, answer in (("chosen", "5"), ("rejected", "6")):
+        ids, mask = preference.encode_response(template, pair["prompt"], pair[side])
+        assert tok.decode(ids[mask].tolist()) == f"{answer}<|im_end|>"  # ChatML: the answer and its end
+    batch = _batch(argv)
+    for side in ("chosen", "rejected"):
+        w = batch[f"{side}_weights"]
+        assert w.shape == (4, 64) and np.all(w.sum(1) == 8)  # one number token + the 7 of <|im_end|>
+        assert np.all(batch[f"{side}_segment_ids"][w > 0] == 1)
+    assert preference.parse_pair({"prompt": "q", "chosen": 3, "rejected": "x"}).startswith("'chosen' must")
+
+
+def test_dpo_loss_and_gradients_equal_the_formula_on_the_torch_twin():
+    argv = [*TINY, "train_objective=dpo", "dataset_type=preference", "max_target_length=64",
+            "per_device_batch_size=4", "dpo_beta=0.3", "dpo_label_smoothing=0.1", "scan_layers=false"]
+    built = build(C.load(argv), jax.devices()[:1], num_processes=1)
+    cfg = built.cfg
+    policy = built.init_state().params
+    ref = jax.tree.map(lambda x: x + 0.01 * jnp.sin(jnp.arange(x.size, dtype=x.dtype).reshape(x.shape)), policy)
+    batch = {k: jnp.asarray(v) for k, v in _batch(argv).items()}
+    fn = dpo.loss_fn(cfg)
+    full = {**batch, **dpo.reference_logps(ref, built.graphdef, batch)}
+    grads, means, pairs = step_lib.gradients(policy, built.graphdef, full, 1, fn)
+
+    def logps(model, side):  # the twin's Σ log p over the response tokens
+        b = {k: torch.as_tensor(np.array(v)) for k, v in dpo.view(batch, side + "_").items()}
+        logp = torch.log_softmax(model(b["inputs"].long(), b["positions"].long(), b["segment_ids"]), -1)
+        return (logp.gather(-1, b["targets"].long()[..., None])[..., 0] * b["weights"]).sum(-1)
+
+    twin, twin_ref = TM.from_maxlite(cfg, P.to_pure(policy)), TM.from_maxlite(cfg, P.to_pure(ref))
+    with torch.no_grad():
+        ref_w, ref_l = logps(twin_ref, "chosen"), logps(twin_ref, "rejected")
+    z = 0.3 * ((logps(twin, "chosen") - ref_w) - (logps(twin, "rejected") - ref_l))
+    loss = (-(0.9) * torch.nn.functional.logsigmoid(z) - 0.1 * torch.nn.functional.logsigmoid(-z)).mean()
+    loss.backward()
+    assert float(pairs) == 4
+    np.testing.assert_allclose(float(means["loss"]), loss.item(), rtol=1e-4)
+    np.testing.assert_allclose(float(means["rewards/accuracies"]), float((z > 0).float().mean()), atol=1e-6)
+    ours = dict(P.leaves(P.to_pure(grads)))
+    for name, path in TM._leaf_names(twin).items():
+        want = twin.get_parameter(name).grad.numpy()
+        got = np.asarray(P.layer_leaf(P.to_pure(grads), cfg, path[1], path[2:]) if path[0] == "layers"
+                         else ours[tuple(path)])
+        np.testing.assert_allclose(got, want, atol=2e-6, rtol=2e-3, err_msg=name)
+
+
+def test_grpo_terms_equal_a_numpy_reference():
+    rewards = np.array([[1.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5]])
+    adv = grpo.advantages(rewards)
+    want = (rewards - rewards.mean(1, keepdims=True)) / (rewards.std(1, keepdims=True) + 1e-4)
+    np.testing.assert_allclose(adv, want, rtol=1e-6)
+    assert np.all(adv[1] == 0)  # a group whose completions all score alike teaches nothing
+
+    rng = np.random.default_rng(0)
+    logp, old, ref = (rng.normal(-2, 0.3, (3, 5)) for _ in range(3))
+    a = np.array([1.5, -0.7, 0.2])
+    w = (rng.random((3, 5)) > 0.3).astype(np.float64)
+    eps, beta = 0.2, 0.05
+    ratio = np.exp(logp - old)
+    loss = np.zeros_like(logp)
+    clipped = np.zeros_like(logp)
+    for i in range(3):
+        for t in range(5):
+            r = ratio[i, t]
+            loss[i, t] = -min(r * a[i], min(max(r, 1 - eps), 1 + eps) * a[i])
+            loss[i, t] += beta * (np.exp(ref[i, t] - logp[i, t]) - (ref[i, t] - logp[i, t]) - 1)
+            clipped[i, t] = (r > 1 + eps and a[i] > 0) or (r < 1 - eps and a[i] < 0)
+    sums, total = grpo.token_terms(*(jnp.asarray(x, jnp.float32) for x in (logp, old, ref, a, w)), eps, beta)
+    np.testing.assert_allclose(float(total), (w * loss).sum(), rtol=1e-5)
+    np.testing.assert_allclose(float(sums["clip_ratio"]), (w * clipped).sum())
+    assert 0 < (w * clipped).sum() < w.sum()  # the fixture exercises both sides of the clip
+
+
+def test_grpo_without_kl_in_one_iteration_is_the_policy_gradient():
+    argv = [*TINY, "train_objective=grpo", "dataset_type=prompts", "reward_functions=[maxlite.rewards:exact_answer]",
+            "grpo_beta=0", "max_target_length=24", "grpo_max_new_tokens=4"]
+    built = build(C.load(argv), jax.devices()[:1], num_processes=1)
+    params = built.init_state().params
+    rng = np.random.default_rng(1)
+    rows = {"inputs": rng.integers(0, 4096, (4, 24)), "targets": rng.integers(0, 4096, (4, 24)),
+            "positions": np.tile(np.arange(24), (4, 1)), "segment_ids": np.ones((4, 24)),
+            "weights": (np.arange(24) >= 16) * np.ones((4, 1))}
+    rows = {k: jnp.asarray(v, jnp.float32 if k == "weights" else jnp.int32) for k, v in rows.items()}
+    adv = jnp.asarray([1.0, -1.0, 0.5, -0.5])
+    batch = {**rows, "advantages": adv, "ref_logps": jnp.zeros((4, 24))}
+    grads, _, n = step_lib.gradients(params, built.graphdef, batch, 1, grpo.loss_fn(built.cfg))
+    pg = jax.grad(lambda p: -jnp.sum(rows["weights"] * adv[:, None] * grpo.token_logps(p, built.graphdef, rows))
+                  / jnp.sum(rows["weights"]))(params)
+    assert float(n) == 32
+    for (path, g), (_, want) in zip(P.leaves(P.to_pure(grads)), P.leaves(P.to_pure(pg))):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(want), atol=1e-7, rtol=1e-4, err_msg=str(path))
+
+
+def test_reference_is_the_start_and_moves_only_in_warm_up():
+    argv = [*TINY, "train_objective=dpo", "dataset_type=preference", "max_target_length=64",
+            "per_device_batch_size=4", "alignment_sft_steps=1", "learning_rate=1e-2", "warmup_steps_fraction=0"]
+    built = build(C.load(argv), jax.devices()[:1], num_processes=1)
+    state = built.init_state()
+    start = P.to_pure(state.params)
+    assert isinstance(state.opt_state, reference.WithReference)
+    batch = {k: jax.device_put(v, built.batch_sharding) for k, v in _batch(argv).items()}
+    with jax.set_mesh(built.mesh):
+        state, warm = built.train_step(state, batch)  # warm-up: lm loss on the chosen side
+        after_warm = P.to_pure(state.params)
+        np.testing.assert_array_equal(P.to_pure(state.opt_state.ref)["embedding"], after_warm["embedding"])
+        state, m = built.train_step(state, batch)  # DPO: policy = reference at its first step
+    assert "rewards/margins" in m and "rewards/margins" not in warm
+    assert float(m["rewards/margins"]) == 0.0 and float(m["loss"]) == pytest.approx(np.log(2), rel=1e-6)
+    assert not np.array_equal(after_warm["embedding"], start["embedding"])
+    np.testing.assert_array_equal(P.to_pure(state.opt_state.ref)["embedding"], after_warm["embedding"])
+    assert not np.array_equal(P.to_pure(state.params)["embedding"], after_warm["embedding"])
+
+
+def _metrics(run_dir):
+    return [json.loads(line) for line in open(f"{run_dir}/metrics.jsonl")]
+
+
+def test_grpo_run_stopped_and_resumed_ends_at_the_uninterrupted_parameters(tmp_path):
+    argv = [*TINY, "train_objective=grpo", "dataset_type=prompts", "max_target_length=52",
+            "reward_functions=[maxlite.rewards:exact_answer, maxlite.rewards:brevity]", "reward_weights=[1, 0.5]",
+            "grpo_max_new_tokens=10", "grpo_num_generations=4", "per_device_batch_size=2", "alignment_sft_steps=2",
+            "learning_rate=1e-2", "lr_schedule_type=constant", "warmup_steps_fraction=0", "grpo_iterations=2",
+            "grpo_temperature=1.5",
+            f"base_output_directory={tmp_path}", "checkpoint_period=0", "log_period=1", "eval_interval=0"]
+    train(C.load([*argv, "steps=3", "run_name=a"]))
+    train(C.load([*argv, "steps=5", "run_name=a"]))  # resumes from step 3's checkpoint
+    train(C.load([*argv, "steps=5", "run_name=b"]))
+    _, pa = checkpoints.load_params(f"{tmp_path}/a/checkpoints")
+    _, pb = checkpoints.load_params(f"{tmp_path}/b/checkpoints")
+    for (path, x), (_, y) in zip(P.leaves(P.to_pure(pa)), P.leaves(P.to_pure(pb))):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=str(path))
+    b = [r for r in _metrics(f"{tmp_path}/b") if "reward" in r]
+    assert [r["step"] for r in b] == [3, 4, 5]  # GRPO after the two warm-up steps
+    assert all(r["completion_length"] > 0 and r["reward"] > 0 and r["reward_std"] > 0 for r in b)
+    assert any(r["kl"] > 0 for r in b) and all(r["sampling_seconds"] > 0 for r in b)
+
+
+def test_objective_config_errors_are_one_line():
+    for argv, words in (
+            (["train_objective=grpo", "dataset_type=prompts"], "needs reward_functions"),
+            (["train_objective=dpo"], "reads dataset_type=preference"),
+            (["dataset_type=preference"], "is for train_objective=dpo"),
+            (["train_objective=grpo", "dataset_type=prompts", "reward_functions=[nope]"], None)):
+        if words is None:
+            from maxlite import rewards
+            with pytest.raises(C.ConfigError, match="not 'package.module:function'"):
+                rewards.load(C.load(["base.yml", *argv]).reward_functions)
+            continue
+        with pytest.raises(C.ConfigError, match=words):
+            C.load(["base.yml", *argv])
