@@ -18,7 +18,6 @@ from maxlite.build import build
 from maxlite.data import chat, preference
 from maxlite.data.tokenizer import load_tokenizer
 from maxlite.objectives import dpo, grpo, reference
-from maxlite.state import split_trainable
 from maxlite.train import train
 from tests.helpers import SMALL
 

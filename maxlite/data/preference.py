@@ -44,13 +44,19 @@ def _messages(value: Any, role: str) -> list[dict[str, str]] | None:
     return None
 
 
-def parse_pair(record: Any) -> dict[str, Any] | str:
-    """{prompt, chosen, rejected} as message lists, or the reason the record is malformed."""
+def _prompt_of(record: Any) -> list[dict[str, str]] | str:
+    """A record's prompt as messages, or the reason it has none."""
     if not isinstance(record, dict):
         return f"record is a {type(record).__name__}, not an object"
     prompt = _messages(record.get("prompt"), "user")
-    if prompt is None:
-        return "'prompt' must be a string or a list of {role, content} messages"
+    return prompt if prompt is not None else "'prompt' must be a string or a list of {role, content} messages"
+
+
+def parse_pair(record: Any) -> dict[str, Any] | str:
+    """{prompt, chosen, rejected} as message lists, or the reason the record is malformed."""
+    prompt = _prompt_of(record)
+    if isinstance(prompt, str):
+        return prompt
     out = {"prompt": prompt}
     for side in SIDES:
         msgs = _messages(record.get(side), "assistant")
@@ -62,11 +68,9 @@ def parse_pair(record: Any) -> dict[str, Any] | str:
 
 def parse_prompt(record: Any) -> dict[str, Any] | str:
     """{prompt, answer (or None), record} or the reason the record is malformed."""
-    if not isinstance(record, dict):
-        return f"record is a {type(record).__name__}, not an object"
-    prompt = _messages(record.get("prompt"), "user")
-    if prompt is None:
-        return "'prompt' must be a string or a list of {role, content} messages"
+    prompt = _prompt_of(record)
+    if isinstance(prompt, str):
+        return prompt
     answer = record.get("answer", record.get("completion"))
     return {"prompt": prompt, "answer": str(answer) if answer is not None else None,
             "record": json.dumps(record, ensure_ascii=False)}
