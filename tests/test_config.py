@@ -145,7 +145,7 @@ def test_a_bad_recipe_fails_before_anything_is_written(tmp_path, capsys):
     out = tmp_path / "runs"
     assert main(["base.yml", "model_name=tiny", "dataset_type=txt", f"base_output_directory={out}"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        "maxlite: error: dataset_type='txt': choose one of synthetic, text, indexed, sft"]
+        "maxlite: error: dataset_type='txt': choose one of synthetic, text, indexed, sft, preference, prompts"]
     assert not out.exists()
 
 
