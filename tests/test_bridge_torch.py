@@ -14,7 +14,7 @@ from maxlite.bridge import torch_model as TM
 from maxlite.data import make_iterator
 from maxlite.optim import learning_rate_schedule, make_optimizer
 from maxlite.state import TrainState, abstract_params
-from maxlite.step import train_step
+from maxlite.step import lm_loss, train_step
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -142,7 +142,7 @@ def test_torch_steps_follow_the_jax_train_step():
     tx = make_optimizer(cfg)
     state = TrainState(step=jax.numpy.zeros((), jax.numpy.int32), params=params, opt_state=tx.init(params))
     step = jax.jit(functools.partial(train_step, graphdef=graphdef, tx=tx, schedule=learning_rate_schedule(cfg),
-                                     accumulation_steps=1, z_loss_weight=0.0))
+                                     accumulation_steps=1, loss_fn=lm_loss(0.0)))
     jax_losses = []
     for _ in range(cfg.steps):
         state, metrics = step(state, batch)

@@ -130,7 +130,7 @@ def test_dropout_is_unbiased_per_key_and_only_in_training(tmp_path):
 
     @jax.jit
     def grad_b(key):
-        g, _, _ = step_lib.gradients(adapters, built.graphdef, batch, 1, 0.0, base, key)
+        g, _, _ = step_lib.gradients(adapters, built.graphdef, batch, 1, step_lib.lm_loss(), base, key)
         return g["layers"]["mlp"]["down_lora_b"][...]
 
     plain = np.asarray(grad_b(None))
