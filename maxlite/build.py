@@ -46,11 +46,11 @@ def build(cfg: C.Config, devices=None, num_processes: int | None = None) -> Buil
 def wire(cfg: C.Config, devices) -> Built:
     """Wire an already resolved `cfg` onto `devices` (the planner's: a TPU topology's, compiled
     ahead of time from this CPU)."""
-    from maxlite import mesh as mesh_lib, optim, state as state_lib, step as step_lib
+    from maxlite import mesh as mesh_lib, objectives, optim, state as state_lib
 
     mesh = mesh_lib.make_mesh(cfg, devices)
     tx, schedule = optim.make_optimizer(cfg), optim.learning_rate_schedule(cfg)
     graphdef, abstract, shardings = state_lib.abstract_state(cfg, mesh, tx)
     batch_sharding = mesh_lib.batch_sharding(mesh)
-    train_step = step_lib.jit_train_step(cfg, graphdef, tx, schedule, shardings, batch_sharding)
+    train_step = objectives.make_train_step(cfg, graphdef, tx, schedule, shardings, batch_sharding)
     return Built(cfg, mesh, tx, schedule, graphdef, abstract, shardings, batch_sharding, train_step)

@@ -295,6 +295,9 @@ _CHOICES = {
     "wandb_mode": ("online", "offline", "disabled"),
 }
 
+OBJECTIVE_DATASET = {"dpo": "preference", "grpo": "prompts"}  # the dataset_type an alignment objective reads
+CHAT_DATASETS = ("sft", "preference", "prompts")  # rendered with the chat template (sft_template)
+
 # Legal types, nonsense values: inclusive [low, high] (None: unbounded). `_POSITIVE` keys must be > 0.
 _RANGES: dict[str, tuple[float | None, float | None]] = {
     "learning_rate": (0, None), "learning_rate_final_fraction": (0, 1), "warmup_steps_fraction": (0, 1),
@@ -377,13 +380,11 @@ def _validate(c: Config) -> None:
 
 def _validate_objective(c: Config) -> None:
     """train_objective against the data it reads and the keys it needs (maxlite/objectives/)."""
-    from maxlite.objectives import DATASET_OF  # imports no JAX
-
-    want = DATASET_OF.get(c.train_objective)
+    want = OBJECTIVE_DATASET.get(c.train_objective)
     if want and c.dataset_type != want:
         raise ConfigError(f"train_objective={c.train_objective} reads dataset_type={want}, not {c.dataset_type}")
-    if not want and c.dataset_type in DATASET_OF.values():
-        objective = next(k for k, v in DATASET_OF.items() if v == c.dataset_type)
+    if not want and c.dataset_type in OBJECTIVE_DATASET.values():
+        objective = next(k for k, v in OBJECTIVE_DATASET.items() if v == c.dataset_type)
         raise ConfigError(f"dataset_type={c.dataset_type} is for train_objective={objective}")
     if c.train_objective != "grpo":
         return

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from maxlite import config as C
 from maxlite.rundir import print_primary
 
 
@@ -119,8 +120,8 @@ class SampleHook(Hook):
 
         with self.section("sample"):
             texts, got = generate_text(self.cfg, state.params, list(self.cfg.sample_prompts), self.tokenizer,
-                                       self.sampling, self.mesh, chat=self.cfg.dataset_type in ("sft", "preference", "prompts"))
-        arrow = " → " if self.cfg.dataset_type in ("sft", "preference", "prompts") else ""  # sft: a user turn, then the answer
+                                       self.sampling, self.mesh, chat=self.cfg.dataset_type in C.CHAT_DATASETS)
+        arrow = " → " if self.cfg.dataset_type in C.CHAT_DATASETS else ""  # chat: a user turn, then the answer
         for prompt, text in zip(self.cfg.sample_prompts, texts):
             print_primary(self.primary, f"maxlite: sample at step {step}: {prompt}{arrow}{text}")
         print_primary(self.primary, f"maxlite: sampled {sum(map(len, got.tokens))} tokens in {got.seconds:.2f} s "

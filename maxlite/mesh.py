@@ -115,3 +115,11 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
+
+
+def global_batch(local: dict, sharding: NamedSharding) -> dict:
+    """This process's rows of a batch → global arrays split like `sharding`. Entries named `host_…`
+    (GRPO's records, which its reward functions read) stay host data: only the sampler's driver
+    uses them, never a compiled step."""
+    return {k: v if k.startswith("host_") else jax.make_array_from_process_local_data(sharding, v)
+            for k, v in local.items()}

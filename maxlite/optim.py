@@ -1,6 +1,18 @@
-"""The optax chain: warmup then cosine/linear/constant, global-norm clipping, AdamW."""
+"""The optax chain: warmup then cosine/linear/constant, global-norm clipping, AdamW; for the
+alignment objectives, the reference policy carried in the optimizer state.
+
+DPO and GRPO compare the policy with a frozen reference: the weights the run starts from, or those
+at the end of its warm-up steps (`alignment_sft_steps`). `with_reference(tx)` keeps a copy of the
+trainable weights in the optimizer state, so the reference is sharded like the policy (optax maps
+its shardings like Adam's moments), checkpointed, snapshotted and restored with the rest, and a
+params-only start (`load_parameters_path`) makes the loaded weights the reference. With LoRA only the
+adapters are trainable: the reference is the frozen base with the copied adapters (B = 0 at the
+start: the base model itself), at the adapters' memory cost, not the model's.
+"""
 
 from __future__ import annotations
+
+from typing import Any, NamedTuple
 
 import jax
 import optax
@@ -38,7 +50,34 @@ def make_optimizer(cfg) -> optax.GradientTransformation:
                              eps=cfg.adam_eps, weight_decay=cfg.adam_weight_decay,
                              mask=_decay_mask))
     tx = optax.chain(*parts)
-    if cfg.train_objective in ("dpo", "grpo"):  # the reference policy rides in the optimizer state
-        from maxlite.objectives import reference
-        tx = reference.wrap(tx)
-    return tx
+    return with_reference(tx) if cfg.train_objective in ("dpo", "grpo") else tx
+
+
+class WithReference(NamedTuple):
+    inner: optax.OptState
+    ref: Any  # the reference's trainable weights (the frozen ones are the policy's own)
+
+
+def with_reference(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    def init(params):
+        return WithReference(tx.init(params), jax.tree.map(lambda p: p, params))
+
+    def update(grads, state, params=None):
+        updates, inner = tx.update(grads, state.inner, params)
+        return updates, WithReference(inner, state.ref)
+
+    return optax.GradientTransformation(init, update)
+
+
+def reference_policy(opt_state, frozen):
+    """The reference's full weights (no gradient flows into them), or None without a reference."""
+    from maxlite.state import join
+
+    if not isinstance(opt_state, WithReference):
+        return None
+    return join(jax.lax.stop_gradient(opt_state.ref), frozen)
+
+
+def set_reference(opt_state, trainable):
+    """The same optimizer state with `trainable` as the reference (the end of the warm-up)."""
+    return opt_state._replace(ref=trainable) if isinstance(opt_state, WithReference) else opt_state

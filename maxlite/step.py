@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from maxlite import optim
 from maxlite.models import loss as loss_lib
 from maxlite.state import TrainState, join, split_trainable
 
@@ -26,13 +27,24 @@ def loss_sums(params, graphdef, batch: Batch, z_loss_weight: float = 0.0, dropou
         loss_sum, xent_sum = loss_lib.chunked_loss_sums(x_BTD, model.head_DV(), batch["targets"],
                                                         weights_BT, float(z_loss_weight), n)
         return loss_sum, (xent_sum, jnp.sum(weights_BT))
-    logits_BTV = model(batch["inputs"], batch["positions"], batch["segment_ids"], dropout_key)
-    log_z_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
-    target_logit_BT = jnp.take_along_axis(logits_BTV, batch["targets"][..., None], axis=-1)[..., 0]
-    xent_BT = log_z_BT - target_logit_BT
-    xent_sum = jnp.sum(xent_BT * weights_BT)
+    log_z_BT, target_logit_BT = _log_z_and_target(model, batch, dropout_key)
+    xent_sum = jnp.sum((log_z_BT - target_logit_BT) * weights_BT)
     loss_sum = xent_sum + z_loss_weight * jnp.sum(jnp.square(log_z_BT) * weights_BT)
     return loss_sum, (xent_sum, jnp.sum(weights_BT))
+
+
+def _log_z_and_target(model, rows: Batch, dropout_key=None):
+    """Each position's log-partition and target logit [B, T] (float32)."""
+    logits_BTV = model(rows["inputs"], rows["positions"], rows["segment_ids"], dropout_key)
+    log_z_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
+    return log_z_BT, jnp.take_along_axis(logits_BTV, rows["targets"][..., None], axis=-1)[..., 0]
+
+
+def token_logps(params, graphdef, rows: Batch, dropout_key=None) -> jax.Array:
+    """log p(target_t) at every position [B, T]: what the alignment objectives compare.
+    (It holds the [B, T, V] logits: the chunked head of `loss_sums` returns sums only.)"""
+    log_z_BT, target_logit_BT = _log_z_and_target(nnx.merge(graphdef, params), rows, dropout_key)
+    return target_logit_BT - log_z_BT
 
 
 def _microbatches(batch: Batch, num: int) -> Batch:
@@ -114,12 +126,10 @@ def train_step(state: TrainState, batch: Batch, *, graphdef, tx, schedule, accum
                loss_fn, dropout_seed: int | None = None, set_reference: bool = False,
                advance=1) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer update. The alignment objectives' reference policy lives in the optimizer
-    state (maxlite/objectives/reference.py): `set_reference` makes the updated weights the reference
+    state (optim.with_reference): `set_reference` makes the updated weights the reference
     (warm-up steps); `advance` is what the step counter moves by (GRPO's inner iterations: 0)."""
-    from maxlite.objectives import reference as ref_lib
-
     trainable, frozen = split_trainable(state.params)
-    reference = ref_lib.policy(state.opt_state, frozen)
+    reference = optim.reference_policy(state.opt_state, frozen)
     if getattr(loss_fn, "prepare", None) is not None and reference is not None:
         batch = {**batch, **per_microbatch(lambda b: loss_fn.prepare(reference, graphdef, b), batch,
                                            accumulation_steps)}
@@ -128,7 +138,7 @@ def train_step(state: TrainState, batch: Batch, *, graphdef, tx, schedule, accum
     updates, opt_state = tx.update(grads, state.opt_state, trainable)
     trainable = optax.apply_updates(trainable, updates)
     if set_reference:
-        opt_state = ref_lib.replace(opt_state, trainable)
+        opt_state = optim.set_reference(opt_state, trainable)
     metrics = {
         **means,
         "total_weights": weights,
@@ -145,10 +155,9 @@ def eval_step(params, batch: Batch, *, graphdef) -> dict[str, jax.Array]:
 
 
 def jit_train_step(cfg, graphdef, tx, schedule, state_shardings, batch_sharding):
-    """The step compiled once with explicit shardings and the state donated."""
-    from maxlite import objectives
-
-    return objectives.make_train_step(cfg, graphdef, tx, schedule, state_shardings, batch_sharding)
+    """The language-model step compiled once with explicit shardings and the state donated (the
+    loop's step for every objective comes from maxlite.objectives.make_train_step)."""
+    return jit_step(cfg, graphdef, tx, schedule, state_shardings, batch_sharding, lm_loss(cfg.z_loss_weight))
 
 
 def jit_step(cfg, graphdef, tx, schedule, state_shardings, batch_sharding, loss_fn, **kwargs):

@@ -17,14 +17,6 @@ from maxlite import cli, config as C
 from maxlite.rundir import RunDir, print_primary
 
 
-def _global_batch(local: dict, sharding) -> dict:
-    """This process's rows → global arrays; `host_` entries (GRPO's records) stay host data."""
-    import jax
-
-    return {k: v if k.startswith("host_") else jax.make_array_from_process_local_data(sharding, v)
-            for k, v in local.items()}
-
-
 def train(cfg: C.Config, on_metrics: Callable[[dict[str, Any]], None] | None = None,
           preemption_notice: Callable[[], str | None] | None = None,
           snapshot_keeper: Callable | None = None) -> dict[str, Any]:
@@ -113,7 +105,7 @@ def _setup(cfg: C.Config, res) -> _Run:
 
     import jax
 
-    from maxlite import checkpoints, data, hooks, resume, state as state_lib
+    from maxlite import checkpoints, data, hooks, objectives, resume, state as state_lib
     from maxlite.build import build
     from maxlite.checkpoints.saver import Checkpointer
     from maxlite.evaluation import Evaluator
@@ -146,7 +138,8 @@ def _setup(cfg: C.Config, res) -> _Run:
     start = resume.decide(built, ckpt, batches, jax.process_index(), primary,
                           memory=res.restore)  # collective: every host calls it
     evaluator = Evaluator(cfg, built.graphdef, built.shardings.params, built.batch_sharding,
-                          jax.process_index(), jax.process_count(), built.train_step) if cfg.eval_interval > 0 else None
+                          jax.process_index(), jax.process_count(),
+                          objectives.eval_score(cfg, built.graphdef, built.train_step)) if cfg.eval_interval > 0 else None
     logger = MetricsLogger(cfg, run_dir.path, primary, start.step)
     run_hooks = hooks.standard(cfg, primary, res, logger, batches, ckpt, evaluator, mesh)
     run_dir.sticky["resumed_from"] = start.record()
@@ -172,7 +165,7 @@ def _loop(run: _Run, res, on_metrics) -> tuple[Any, str | None]:
             res.step_begin(step)
             with res.data_wait():
                 local = next(run.batches)
-            batch = _global_batch(local, run.batch_sharding)
+            batch = mesh_lib.global_batch(local, run.batch_sharding)
             with res.device_wait():  # on CPU a dispatch may run the step inline, waiting for peers
                 run.state, metrics = run.train_step(run.state, batch)
             if pending is not None:

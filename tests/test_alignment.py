@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from maxlite import checkpoints, config as C, data, step as step_lib
+from maxlite import checkpoints, config as C, data, optim, step as step_lib
 from maxlite.bridge import params as P
 from maxlite.bridge import torch_model as TM
 from maxlite.build import build
 from maxlite.data import chat, preference
 from maxlite.data.tokenizer import load_tokenizer
-from maxlite.objectives import dpo, grpo, reference
+from maxlite.objectives import dpo, grpo, view
 from maxlite.train import train
 from tests.helpers import SMALL
 
@@ -65,7 +65,7 @@ def test_dpo_loss_and_gradients_equal_the_formula_on_the_torch_twin():
     grads, means, pairs = step_lib.gradients(policy, built.graphdef, full, 1, fn)
 
     def logps(model, side):  # the twin's Σ log p over the response tokens
-        b = {k: torch.as_tensor(np.array(v)) for k, v in dpo.view(batch, side + "_").items()}
+        b = {k: torch.as_tensor(np.array(v)) for k, v in view(batch, side + "_").items()}
         logp = torch.log_softmax(model(b["inputs"].long(), b["positions"].long(), b["segment_ids"]), -1)
         return (logp.gather(-1, b["targets"].long()[..., None])[..., 0] * b["weights"]).sum(-1)
 
@@ -126,7 +126,7 @@ def test_grpo_without_kl_in_one_iteration_is_the_policy_gradient():
     adv = jnp.asarray([1.0, -1.0, 0.5, -0.5])
     batch = {**rows, "advantages": adv, "ref_logps": jnp.zeros((4, 24))}
     grads, _, n = step_lib.gradients(params, built.graphdef, batch, 1, grpo.loss_fn(built.cfg))
-    pg = jax.grad(lambda p: -jnp.sum(rows["weights"] * adv[:, None] * grpo.token_logps(p, built.graphdef, rows))
+    pg = jax.grad(lambda p: -jnp.sum(rows["weights"] * adv[:, None] * step_lib.token_logps(p, built.graphdef, rows))
                   / jnp.sum(rows["weights"]))(params)
     assert float(n) == 32
     for (path, g), (_, want) in zip(P.leaves(P.to_pure(grads)), P.leaves(P.to_pure(pg))):
@@ -139,7 +139,7 @@ def test_reference_is_the_start_and_moves_only_in_warm_up():
     built = build(C.load(argv), jax.devices()[:1], num_processes=1)
     state = built.init_state()
     start = P.to_pure(state.params)
-    assert isinstance(state.opt_state, reference.WithReference)
+    assert isinstance(state.opt_state, optim.WithReference)
     batch = {k: jax.device_put(v, built.batch_sharding) for k, v in _batch(argv).items()}
     with jax.set_mesh(built.mesh):
         state, warm = built.train_step(state, batch)  # warm-up: lm loss on the chosen side

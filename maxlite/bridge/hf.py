@@ -107,7 +107,7 @@ def export_hf(cfg, params, out_dir: str, dtype: str = "float32", max_shard_size:
                 "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.max_target_length,
                 **{k: tok._backend.id_to_token(i) for k, i in (("bos_token", bos), ("eos_token", eos))
                    if i is not None}}, indent=2) + "\n")
-        if cfg.dataset_type in ("sft", "preference", "prompts"):  # the chat template the model was fine-tuned with, for apply_chat_template
+        if cfg.dataset_type in C.CHAT_DATASETS:  # the chat template the model was fine-tuned with, for apply_chat_template
             from maxlite.data.chat import template_source
             config_file = out / "tokenizer_config.json"
             config_file.write_text(json.dumps({**json.loads(config_file.read_text()),

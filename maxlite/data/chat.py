@@ -180,9 +180,13 @@ class ChatTemplate:
                 spans.append((len(before), end))
         return whole, spans
 
-    def encode(self, messages: Sequence[dict], train_on_inputs: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """(token ids int32, mask bool: the token belongs to an assistant answer, or every token)."""
+    def encode(self, messages: Sequence[dict], train_on_inputs: bool = False,
+               answers_from: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(token ids int32, mask bool: the token belongs to an assistant answer — one starting at
+        character `answers_from` or later: a preference pair's response after its prompt —, or
+        every token)."""
         text, spans = self.assistant_spans(messages)
+        spans = [(lo, hi) for lo, hi in spans if lo >= answers_from]
         enc = self.tok._backend.encode(text, add_special_tokens=False)
         ids = np.asarray(enc.ids, np.int32)
         if train_on_inputs:

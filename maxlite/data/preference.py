@@ -78,11 +78,8 @@ def parse_prompt(record: Any) -> dict[str, Any] | str:
 
 def encode_response(template: chat.ChatTemplate, prompt, response) -> tuple[np.ndarray, np.ndarray]:
     """(ids of prompt + response, mask of the response's assistant tokens)."""
-    ids, mask = template.encode([*prompt, *response])
-    boundary = len(template.render(prompt, add_generation_prompt=True))
-    enc = template.tok._backend.encode(template.render([*prompt, *response]), add_special_tokens=False)
-    starts = np.array([s for s, _ in enc.offsets], np.int64)
-    return ids, mask & (starts >= boundary)
+    return template.encode([*prompt, *response],
+                           answers_from=len(template.render(prompt, add_generation_prompt=True)))
 
 
 def encode_prompt(template: chat.ChatTemplate, prompt) -> np.ndarray:
@@ -103,40 +100,41 @@ def row(ids: np.ndarray, mask: np.ndarray, length: int, prefix: str = "") -> dic
     return {prefix + k: v for k, v in out.items()}
 
 
-_warned = set()
+class _Rows(grain.transforms.Map):
+    """Rows cut to `length`: saying so once when the cut removes part of a response, and refusing
+    one it removes whole."""
+
+    def __init__(self, template, length: int):
+        self.template, self.length, self.warned = template, length, set()
+
+    def checked_row(self, ids, mask, prefix: str, what: str) -> dict[str, np.ndarray]:
+        from maxlite.config import ConfigError
+
+        out = row(ids, mask, self.length, prefix)
+        if len(ids) > self.length + 1 and mask.any():
+            if not out[prefix + "weights"].any():
+                raise ConfigError(f"a {what} starts after token {self.length} (max_target_length="
+                                  f"{self.length}): raise max_target_length")
+            if what not in self.warned:
+                self.warned.add(what)
+                print(f"maxlite: some {what}s are cut at max_target_length={self.length} (their loss "
+                      f"covers the part that fits)", flush=True)
+        return out
 
 
-def checked_row(ids, mask, length: int, prefix: str, what: str) -> dict[str, np.ndarray]:
-    """`row`, saying so when the cut removes part of a response, and refusing one it removes whole."""
-    from maxlite.config import ConfigError
-
-    out = row(ids, mask, length, prefix)
-    if len(ids) > length + 1 and mask.any():
-        if not out[prefix + "weights"].any():
-            raise ConfigError(f"a {what} starts after token {length} (max_target_length={length}): "
-                              f"raise max_target_length")
-        if what not in _warned:
-            _warned.add(what)
-            print(f"maxlite: some {what}s are cut at max_target_length={length} (their loss covers "
-                  f"the part that fits)", flush=True)
-    return out
-
-
-class _PairRows(grain.transforms.Map):
-    def __init__(self, template, length):
-        self.template, self.length = template, length
-
+class _PairRows(_Rows):
     def map(self, pair: dict[str, Any]) -> dict[str, np.ndarray]:
         out = {}
         for side in SIDES:
             ids, mask = encode_response(self.template, pair["prompt"], pair[side])
-            out.update(checked_row(ids, mask, self.length, f"{side}_", f"{side} response"))
+            out.update(self.checked_row(ids, mask, f"{side}_", f"{side} response"))
         return out
 
 
-class _PromptRows(grain.transforms.Map):
+class _PromptRows(_Rows):
     def __init__(self, template, length: int, prompt_length: int):
-        self.template, self.length, self.prompt_length = template, length, prompt_length
+        super().__init__(template, length)
+        self.prompt_length = prompt_length
 
     def map(self, item: dict[str, Any]) -> dict[str, np.ndarray]:
         from maxlite.config import ConfigError
@@ -155,7 +153,7 @@ class _PromptRows(grain.transforms.Map):
                                          [{"role": "assistant", "content": item["answer"]}])
         else:  # nothing to warm up on: an all-padding row
             full, mask = np.zeros(1, np.int32), np.zeros(1, bool)
-        out.update(checked_row(full, mask, self.length, "sft_", "answer"))
+        out.update(self.checked_row(full, mask, "sft_", "answer"))
         return out
 
 

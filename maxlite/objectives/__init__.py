@@ -1,21 +1,25 @@
 """What a run optimises, `train_objective`: lm (next-token cross-entropy: pre-training, SFT), dpo
 (preference pairs, objectives/dpo.py) or grpo (sampled completions scored by reward functions,
 objectives/grpo.py). The alignment objectives keep their reference policy in the optimizer state
-(objectives/reference.py) and may start with `alignment_sft_steps` warm-up steps of the lm loss on
-the data's reference answers (DPO: the chosen responses; GRPO: the records' `answer`), whose end
-becomes the reference. Every objective is a `(state, batch) → (state, metrics)` step for the same
-loop, checkpoints, resume and launchers.
+(optim.with_reference) and may start with `alignment_sft_steps` warm-up steps of the lm loss on the
+data's reference answers (DPO: the chosen responses; GRPO: the records' `answer`), whose end becomes
+the reference. Every objective is a `(state, batch) → (state, metrics)` step for the same loop,
+checkpoints, resume and launchers, and supplies the Evaluator's scorer.
 """
 
 from __future__ import annotations
 
-OBJECTIVES = ("lm", "dpo", "grpo")
-DATASET_OF = {"dpo": "preference", "grpo": "prompts"}  # the dataset_type each alignment objective reads
+WARM_UP_ROWS = {"dpo": "chosen_", "grpo": "sft_"}  # the rows the warm-up's lm loss reads
+
+
+def view(batch: dict, prefix: str) -> dict:
+    """The `prefix`ed arrays of a batch under their plain names (chosen_inputs → inputs)."""
+    return {k[len(prefix):]: v for k, v in batch.items() if k.startswith(prefix)}
 
 
 class Phased:
-    """Warm-up steps (the lm loss on the chosen responses, moving the reference along), then the
-    objective's step; the host counts steps itself after reading the state's counter once."""
+    """The warm-up's compiled steps, then the objective's step. The host counts steps itself after
+    reading the state's counter once, so choosing costs no device sync."""
 
     def __init__(self, warm, main, warm_steps: int):
         self.warm, self.main, self.warm_steps, self.step = warm, main, warm_steps, None
@@ -26,23 +30,39 @@ class Phased:
         if self.step is None:
             self.step = int(jax.device_get(state.step))
         step, self.step = self.step, self.step + 1
-        return (self.warm if step < self.warm_steps else self.main)(state, batch)
+        if step >= self.warm_steps:
+            return self.main(state, batch)
+        return self.warm(state, {k: v for k, v in batch.items() if not k.startswith("host_")})
+
+    def __getattr__(self, name):  # the objective's own methods (GRPO's evaluate)
+        return getattr(self.main, name)
 
 
 def make_train_step(cfg, graphdef, tx, schedule, shardings, batch_sharding):
+    """The loop's step for `cfg.train_objective`, compiled with explicit shardings, state donated."""
     from maxlite import step as step_lib
 
     common = (cfg, graphdef, tx, schedule, shardings, batch_sharding)
+    if cfg.train_objective == "lm":
+        return step_lib.jit_train_step(*common)
     if cfg.train_objective == "grpo":
         from maxlite.objectives.grpo import GRPOStep
-        return GRPOStep(*common)
-    if cfg.train_objective == "dpo":
+        main = GRPOStep(*common)
+    else:
         from maxlite.objectives import dpo
         main = step_lib.jit_step(*common, dpo.loss_fn(cfg))
-        if not cfg.alignment_sft_steps:
-            return main
-        lm = step_lib.lm_loss(cfg.z_loss_weight)
-        warm = step_lib.jit_step(*common, lambda p, g, b, *a: lm(p, g, dpo.view(b, "chosen_"), *a),
-                                 set_reference=True)
-        return Phased(warm, main, cfg.alignment_sft_steps)
-    return step_lib.jit_step(*common, step_lib.lm_loss(cfg.z_loss_weight))
+    if not cfg.alignment_sft_steps:
+        return main
+    lm, rows = step_lib.lm_loss(cfg.z_loss_weight), WARM_UP_ROWS[cfg.train_objective]
+    warm = step_lib.jit_step(*common, lambda p, g, b, *a: lm(p, g, view(b, rows), *a), set_reference=True)
+    return Phased(warm, main, cfg.alignment_sft_steps)
+
+
+def eval_score(cfg, graphdef, train_step):
+    """The Evaluator's scorer for this objective (None: the lm loss)."""
+    if cfg.train_objective == "dpo":
+        from maxlite.objectives import dpo
+        return dpo.eval_score(cfg, graphdef)
+    if cfg.train_objective == "grpo":
+        return train_step.evaluate  # it samples with the step's compiled sampler
+    return None

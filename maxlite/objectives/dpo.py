@@ -1,7 +1,7 @@
 """Direct Preference Optimization (Rafailov et al. 2023), `train_objective: dpo`.
 
 For a pair (prompt x, chosen y_w, rejected y_l), with log π(y|x) summed over the response's
-tokens and π_ref the frozen reference (objectives/reference.py):
+tokens and π_ref the frozen reference (optim.with_reference):
 
     z = β · [(log π(y_w|x) − log π_ref(y_w|x)) − (log π(y_l|x) − log π_ref(y_l|x))]
     loss = −(1 − ε) · log σ(z) − ε · log σ(−z)        (ε = dpo_label_smoothing, cDPO)
@@ -14,25 +14,21 @@ fraction where the policy itself gives y_w the higher log-probability (what eval
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
-from flax import nnx
+
+from maxlite import optim
+from maxlite.objectives import view
+from maxlite.step import token_logps
 
 SIDES = ("chosen", "rejected")
 
 
-def view(batch: dict, prefix: str) -> dict:
-    """The `prefix`ed arrays of a batch under their plain names (chosen_inputs → inputs)."""
-    return {k[len(prefix):]: v for k, v in batch.items() if k.startswith(prefix)}
-
-
 def sequence_logps(params, graphdef, rows: dict, dropout_key=None) -> jax.Array:
     """Σ_t weights · log p(target_t): each row's log-probability of its weighted tokens [B]."""
-    model = nnx.merge(graphdef, params)
-    logits_BTV = model(rows["inputs"], rows["positions"], rows["segment_ids"], dropout_key)
-    logp_BTV = jax.nn.log_softmax(logits_BTV, axis=-1)
-    logp_BT = jnp.take_along_axis(logp_BTV, rows["targets"][..., None], axis=-1)[..., 0]
-    return jnp.sum(logp_BT * rows["weights"], axis=-1)
+    return jnp.sum(token_logps(params, graphdef, rows, dropout_key) * rows["weights"], axis=-1)
 
 
 def pair_terms(cfg, policy_w, policy_l, ref_w, ref_l, valid):
@@ -73,3 +69,20 @@ def eval_step(params, reference, batch, *, graphdef, cfg):
     batch = {**batch, **reference_logps(reference, graphdef, batch)}
     _, (sums, pairs) = loss_fn(cfg)(params, graphdef, batch)
     return {**sums, "pairs": pairs}
+
+
+def eval_score(cfg, graphdef):
+    """The Evaluator's scorer: DPO's figures over the eval pairs against the reference."""
+    from maxlite.state import split_trainable
+
+    step = jax.jit(functools.partial(eval_step, graphdef=graphdef, cfg=cfg))
+
+    def score(params, opt_state, batches) -> dict[str, float]:
+        reference = optim.reference_policy(opt_state, split_trainable(params)[1])
+        totals = {}
+        for batch in batches:
+            out = step(params, reference, batch)
+            totals = {k: totals.get(k, 0.0) + v for k, v in out.items()}
+        pairs = max(float(totals.pop("pairs", 0.0)), 1.0)
+        return {k: float(v) / pairs for k, v in totals.items() if not k.startswith("logps/")}
+    return score

@@ -1,0 +1,109 @@
+"""GRPO's rollouts: completions sampled with the KV-cache sampler on the training mesh, cut at the
+chat template's end of turn (or EOS), decoded, scored by the recipe's reward functions on the host,
+and laid out as training rows (prompt + completion, the loss on the completion's tokens).
+
+Every process samples the global batch, gathers the sampled tokens and scores its own prompts'
+completions (a prompt's G completions are on the process that holds the prompt).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class Scored(NamedTuple):
+    rewards_PG: np.ndarray  # [this process's prompts, G]
+    rows: dict  # training rows of this process (numpy): inputs, targets, positions, segment_ids, weights
+    lengths: np.ndarray  # completion tokens, per row
+    ended: np.ndarray  # whether each completion reached its end of turn / EOS
+
+
+def end_of_turn(template) -> str:
+    """What the chat template writes after an assistant answer ("<|im_end|>" for ChatML), or ""."""
+    text = template.render([{"role": "user", "content": "q"}, {"role": "assistant", "content": "\x00"}])
+    return text.split("\x00", 1)[1].strip() if "\x00" in text else ""
+
+
+def cut(tokens: list[int], decode, marker: str, eos_id: int | None) -> tuple[list[int], str, bool]:
+    """(the completion's tokens up to and including its end — the end-of-turn marker or EOS —, its
+    text without the marker, whether it ended)."""
+    for k in range(1, len(tokens) + 1):
+        if eos_id is not None and tokens[k - 1] == eos_id:
+            return tokens[:k], decode(tokens[:k - 1]), True
+        if marker:
+            text = decode(tokens[:k])
+            if marker in text:
+                return tokens[:k], text.split(marker, 1)[0], True
+    return tokens, decode(tokens), False
+
+
+def local_rows(global_array) -> np.ndarray:
+    """This process's rows of a batch-sharded array, in order."""
+    from jax.experimental import multihost_utils
+
+    full = np.asarray(multihost_utils.process_allgather(global_array, tiled=True))
+    n = full.shape[0] // jax.process_count()
+    return full[jax.process_index() * n:(jax.process_index() + 1) * n]
+
+
+def process_mean(values: dict[str, float]) -> dict[str, float]:
+    """Each figure averaged over the processes (equal shares of the global batch)."""
+    if jax.process_count() == 1:
+        return {k: float(v) for k, v in values.items()}
+    from jax.experimental import multihost_utils
+    return {k: float(np.mean(multihost_utils.process_allgather(np.float32(v)))) for k, v in values.items()}
+
+
+class Rollout:
+    def __init__(self, cfg, graphdef):
+        from maxlite import rewards
+        from maxlite.data.chat import ChatTemplate
+        from maxlite.data.tokenizer import load_tokenizer
+        from maxlite.models import decode
+
+        self.cfg = cfg
+        self.tok = load_tokenizer(cfg.tokenizer_path, cfg.bos_id, cfg.eos_id)
+        self.marker = end_of_turn(ChatTemplate.for_config(cfg, self.tok))
+        self.reward_fns = rewards.load(cfg.reward_functions)
+        self.reward_weights = list(cfg.reward_weights) or [1.0] * len(self.reward_fns)
+        eos = -1 if self.tok.eos_id is None else int(self.tok.eos_id)
+
+        def sample(params, prompt_ids, lengths, key, temperature, generations):
+            return decode.generate_tokens(
+                graphdef, params, jnp.repeat(prompt_ids, generations, 0), jnp.repeat(lengths, generations, 0),
+                key, max_new_tokens=cfg.grpo_max_new_tokens, temperature=temperature, top_k=0, top_p=1.0,
+                eos_id=eos)[0]
+
+        self._sample = {True: jax.jit(functools.partial(sample, temperature=0.0, generations=1)),
+                        False: jax.jit(functools.partial(sample, temperature=cfg.grpo_temperature,
+                                                         generations=cfg.grpo_num_generations))}
+
+    def __call__(self, params, batch, key, greedy: bool = False) -> Scored:
+        """Sample (G per prompt, or one greedy), cut, score and lay out this process's rows."""
+        from maxlite import rewards
+        from maxlite.data.preference import row
+
+        generations = 1 if greedy else self.cfg.grpo_num_generations
+        tokens = local_rows(self._sample[greedy](params, batch["prompt_ids"], batch["prompt_lengths"], key))
+        prompt_ids, lengths = local_rows(batch["prompt_ids"]), local_rows(batch["prompt_lengths"])
+        records = [json.loads(str(r)) for r in batch["host_records"]]
+        prompts, texts, rows, lens, ended = [], [], [], [], []
+        for i, toks in enumerate(tokens.tolist()):
+            prompt = prompt_ids[i // generations, :lengths[i // generations]]
+            done, text, end = cut(toks, self.tok.decode, self.marker, self.tok.eos_id)
+            prompts.append(self.tok.decode(prompt.tolist()))
+            texts.append(text)
+            lens.append(len(done))
+            ended.append(end)
+            ids = np.concatenate([prompt, np.asarray(done, np.int32)])
+            rows.append(row(ids, np.arange(len(ids)) >= len(prompt), self.cfg.max_target_length))
+        r = rewards.score(self.reward_fns, self.reward_weights, self.cfg.reward_functions, prompts, texts,
+                          [records[i // generations] for i in range(len(texts))])
+        return Scored(np.asarray(r, np.float32).reshape(-1, generations),
+                      {k: np.stack([x[k] for x in rows]) for k in rows[0]}, np.asarray(lens), np.asarray(ended))
