@@ -9,11 +9,11 @@ with the count it measured.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import difflib
 import math
 import os
 import pathlib
+import re
 from typing import Any, Sequence
 
 import yaml
@@ -219,11 +219,19 @@ def load(argv: Sequence[str] = (), **overrides: Any) -> Config:
         for key, value in layer.items():
             values[key] = _coerce(key, value, from_cli)
     if not values["run_name"]:
-        values["run_name"] = "maxlite_" + datetime.datetime.now().strftime("%Y%m%d_%H%M%S")
+        values["run_name"] = default_run_name(path, str(model_name))
     _resolve_paths(values)
     config = Config(**values)
     _validate(config)
     return config
+
+
+def default_run_name(recipe: str | None, model_name: str) -> str:
+    """The run directory's name when `run_name` is unset: the recipe's and the model's names
+    (`demo_tiny`, `base_llama3.1-8b`), the same on every re-run of the command, so a re-run resumes
+    the run (and a higher `steps` extends it); set run_name for a separate run of the same recipe."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", pathlib.Path(recipe).stem) if recipe else "run"
+    return stem if model_name in ("default", stem) else f"{stem}_{model_name}"
 
 
 # Every key that names a file or directory. Each is resolved here, once, so that every part of

@@ -89,7 +89,8 @@ def _env() -> dict:
 
 
 def test_default_relative_run_killed_resumes_and_exports_from_the_cli(tmp_path):
-    """The issue's own session, in an empty directory with the default base_output_directory."""
+    """The issue's own session, in an empty directory with the default base_output_directory and
+    the default run_name: the same command run again resumes, and a higher `steps` extends the run."""
     def cli(*args, kill_on=None):
         proc = subprocess.Popen([sys.executable, "-m", *args], cwd=tmp_path, env=_env(), text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=1)
@@ -102,18 +103,25 @@ def test_default_relative_run_killed_resumes_and_exports_from_the_cli(tmp_path):
         proc.wait(timeout=600)
         return proc.returncode, "".join(lines)
 
-    run = ["maxlite.train", *SMALL, "steps=4", "run_name=r"]
+    run = ["maxlite.train", *SMALL, "steps=4"]  # run_name unset: runs/base_tiny (recipe_model)
     code, out = cli(*run, kill_on="saved checkpoint step 2")
     assert code == -signal.SIGKILL, out[-3000:]
     code, out = cli(*run)
     assert code == 0, out[-3000:]
-    resumed = json.load(open(tmp_path / "runs" / "r" / "status.json"))["resumed_from"]
+    status = tmp_path / "runs" / "base_tiny" / "status.json"
+    resumed = json.load(open(status))["resumed_from"]
     assert (resumed["source"], resumed["step"]) == ("checkpoint", 2)
     assert "Traceback" not in out and "ERROR:absl" not in out
-    assert _steps_logged(str(tmp_path / "runs" / "r"))[-2:] == [3, 4]
-    code, out = cli("maxlite.checkpoints", "list", "runs/r/checkpoints")
-    assert code == 0 and "step=4-consumed_samples=4 " in out and "INCOMPLETE" not in out, out
-    code, out = cli("maxlite.bridge.hf", "export", "runs/r/checkpoints", "hf_llama/")
+    assert _steps_logged(str(tmp_path / "runs" / "base_tiny"))[-2:] == [3, 4]
+    code, out = cli(*run[:-1], "steps=5")  # the finished run, run again for longer: it goes on
+    assert code == 0, out[-3000:]
+    resumed = json.load(open(status))["resumed_from"]
+    assert (resumed["source"], resumed["step"]) == ("checkpoint", 4)
+    assert _steps_logged(str(tmp_path / "runs" / "base_tiny"))[-3:] == [3, 4, 5]
+    assert os.listdir(tmp_path / "runs") == ["base_tiny"]
+    code, out = cli("maxlite.checkpoints", "list", "runs/base_tiny/checkpoints")
+    assert code == 0 and "step=5-consumed_samples=5 " in out and "INCOMPLETE" not in out, out
+    code, out = cli("maxlite.bridge.hf", "export", "runs/base_tiny/checkpoints", "hf_llama/")
     assert code == 0 and (tmp_path / "hf_llama" / "config.json").is_file(), out
     assert "WARNING" not in out
 
