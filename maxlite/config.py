@@ -321,7 +321,7 @@ _RANGES: dict[str, tuple[float | None, float | None]] = {
     "inmemory_snapshot_period": (0, None), "inmemory_snapshot_max_bytes": (0, None),
     "sample_every_steps": (0, None), "sample_max_new_tokens": (1, None), "sample_temperature": (0, None),
     "sample_top_k": (0, None), "sft_audit_records": (1, None), "sft_audit_examples": (0, None),
-    "lora_rank": (0, None), "alignment_sft_steps": (0, None), "dpo_beta": (0, None),
+    "lora_rank": (0, None), "alignment_sft_steps": (0, None), "alignment_sft_learning_rate": (0, None), "dpo_beta": (0, None),
     "dpo_label_smoothing": (0, 0.499), "grpo_beta": (0, None), "grpo_epsilon": (0, None),
 }
 _POSITIVE = ("steps", "max_target_length", "base_emb_dim", "base_num_decoder_layers",
@@ -394,6 +394,8 @@ def _validate_objective(c: Config) -> None:
     if not want and c.dataset_type in OBJECTIVE_DATASET.values():
         objective = next(k for k, v in OBJECTIVE_DATASET.items() if v == c.dataset_type)
         raise ConfigError(f"dataset_type={c.dataset_type} is for train_objective={objective}")
+    if not want and (c.alignment_sft_steps or c.alignment_sft_learning_rate):
+        raise ConfigError("alignment_sft_steps and alignment_sft_learning_rate are for train_objective=dpo or grpo")
     if c.train_objective != "grpo":
         return
     if not c.reward_functions:

@@ -190,3 +190,15 @@ def test_objective_config_errors_are_one_line():
             continue
         with pytest.raises(C.ConfigError, match=words):
             C.load(["base.yml", *argv])
+
+
+def test_warm_up_has_its_own_learning_rate_and_the_schedule_spans_the_rest():
+    cfg = C.load(["base.yml", "train_objective=dpo", "dataset_type=preference", "steps=30", "alignment_sft_steps=10",
+                  "alignment_sft_learning_rate=3e-3", "learning_rate=1e-3", "warmup_steps_fraction=0.1",
+                  "lr_schedule_type=linear", "learning_rate_final_fraction=0.1"])
+    schedule = optim.learning_rate_schedule(cfg)
+    # warm-up at 3e-3; then 2 warmup steps (10% of the 20 left) up to 1e-3, linear to 1e-4 at step 30
+    for step, want in ((0, 3e-3), (9, 3e-3), (10, 0.0), (11, 5e-4), (12, 1e-3), (21, 5.5e-4), (30, 1e-4)):
+        assert float(schedule(step)) == pytest.approx(want, rel=1e-5, abs=1e-9), step
+    with pytest.raises(C.ConfigError, match="are for train_objective=dpo or grpo"):
+        C.load(["base.yml", "alignment_sft_steps=5"])
