@@ -396,6 +396,11 @@ def _validate_objective(c: Config) -> None:
         raise ConfigError(f"dataset_type={c.dataset_type} is for train_objective={objective}")
     if not want and (c.alignment_sft_steps or c.alignment_sft_learning_rate):
         raise ConfigError("alignment_sft_steps and alignment_sft_learning_rate are for train_objective=dpo or grpo")
+    if c.dpo_precompute_reference and c.train_objective != "dpo":
+        raise ConfigError("dpo_precompute_reference is for train_objective=dpo")
+    if c.dpo_precompute_reference and c.alignment_sft_steps:
+        raise ConfigError("dpo_precompute_reference computes the reference from the weights the run starts "
+                          "with: set alignment_sft_steps=0 and start from an SFT checkpoint (load_parameters_path)")
     if c.train_objective != "grpo":
         return
     if not c.reward_functions:

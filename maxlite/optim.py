@@ -61,7 +61,13 @@ def make_optimizer(cfg) -> optax.GradientTransformation:
                              eps=cfg.adam_eps, weight_decay=cfg.adam_weight_decay,
                              mask=_decay_mask))
     tx = optax.chain(*parts)
-    return with_reference(tx) if cfg.train_objective in ("dpo", "grpo") else tx
+    return with_reference(tx) if keeps_reference(cfg) else tx
+
+
+def keeps_reference(cfg) -> bool:
+    """Whether the optimizer state carries the reference's weights: DPO and GRPO, unless DPO reads
+    the reference's log-probabilities from a table computed before step 0 (dpo_precompute_reference)."""
+    return cfg.train_objective in ("dpo", "grpo") and not cfg.dpo_precompute_reference
 
 
 class WithReference(NamedTuple):

@@ -104,6 +104,7 @@ def _setup(cfg: C.Config, res) -> _Run:
     enable_compilation_cache(cfg)  # before anything compiles: a re-run loads its programs
 
     import jax
+    from flax import nnx
 
     from maxlite import checkpoints, data, hooks, objectives, resume, state as state_lib
     from maxlite.build import build
@@ -137,6 +138,8 @@ def _setup(cfg: C.Config, res) -> _Run:
     batches = data.make_iterator(cfg, "train", jax.process_index(), jax.process_count())
     start = resume.decide(built, ckpt, batches, jax.process_index(), primary,
                           memory=res.restore)  # collective: every host calls it
+    with jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.RULES):
+        objectives.before_loop(built, start.state, run_dir.path, primary)  # collective where it computes
     evaluator = Evaluator(cfg, built.graphdef, built.shardings.params, built.batch_sharding,
                           jax.process_index(), jax.process_count(),
                           objectives.eval_score(cfg, built.graphdef, built.train_step)) if cfg.eval_interval > 0 else None

@@ -178,8 +178,47 @@ def test_grpo_run_stopped_and_resumed_ends_at_the_uninterrupted_parameters(tmp_p
     assert any(r["kl"] > 0 for r in b) and all(r["sampling_seconds"] > 0 for r in b)
 
 
+def test_precomputed_dpo_reference_trains_like_the_in_step_reference(tmp_path):
+    """With dpo_precompute_reference the optimizer state holds no copy of the weights, and a run —
+    stopped and resumed from the saved table — gives the same losses, rewards and eval figures as
+    the reference computed inside every step."""
+    import os
+
+    from maxlite import state as state_lib
+    from maxlite.data import sources
+    from maxlite.objectives import dpo_reference
+
+    argv = [*TINY, "train_objective=dpo", "dataset_type=preference", "max_target_length=64",
+            "per_device_batch_size=1", "learning_rate=1e-2", "lr_schedule_type=constant",
+            "warmup_steps_fraction=0", "dpo_beta=0.5", f"base_output_directory={tmp_path}", "log_period=1",
+            "eval_interval=2", "eval_steps=2", "checkpoint_period=2"]
+    table = [*argv, "dpo_precompute_reference=true"]
+    train(C.load([*argv, "steps=4", "run_name=live"]))
+    train(C.load([*table, "steps=2", "run_name=table"]))
+    train(C.load([*table, "steps=4", "run_name=table"]))  # resumes at step 2: loads the table
+    live, tab = _metrics(f"{tmp_path}/live"), _metrics(f"{tmp_path}/table")
+    for name in ("loss", "rewards/margins", "rewards/chosen", "eval_loss", "eval_rewards/margins"):
+        a, b = [r[name] for r in live if name in r], [r[name] for r in tab if name in r]
+        assert len(a) == len(b) >= 2 and a[-1] != a[0], name  # it trained, and both runs saw each figure
+        np.testing.assert_allclose(b, a, rtol=2e-5, atol=1e-6, err_msg=name)
+    saved = np.load(f"{tmp_path}/table/{dpo_reference.FILE}")
+    pairs = sum(1 for path in preference.BUNDLED["preference"]
+                for _ in sources.iter_documents(path, (), sources.BadRecords("error"), preference.parse_pair))
+    assert saved["values"].shape == (pairs, 2) and len(set(saved["keys"])) == pairs
+    with_ref, without = (build(C.load(a), jax.devices()[:1], num_processes=1).abstract for a in (argv, table))
+    assert state_lib.nbytes(with_ref) - state_lib.nbytes(without) == state_lib.nbytes(without.params)
+    os.remove(f"{tmp_path}/table/{dpo_reference.FILE}")
+    with pytest.raises(C.ConfigError, match="dpo_reference.npz is missing"):
+        train(C.load([*table, "steps=6", "run_name=table"]))
+    with pytest.raises(C.ConfigError, match="not in the precomputed reference table"):
+        dpo_reference.Table(saved["keys"], saved["values"]).columns(np.array(["not-a-key"]), "t.npz")
+
+
 def test_objective_config_errors_are_one_line():
     for argv, words in (
+            (["dpo_precompute_reference=true"], "is for train_objective=dpo"),
+            (["train_objective=dpo", "dataset_type=preference", "dpo_precompute_reference=true",
+              "alignment_sft_steps=5"], "set alignment_sft_steps=0"),
             (["train_objective=grpo", "dataset_type=prompts"], "needs reward_functions"),
             (["train_objective=dpo"], "reads dataset_type=preference"),
             (["dataset_type=preference"], "is for train_objective=dpo"),

@@ -5,7 +5,8 @@ dataset_type=preference — one record per pair; `prompt` a string (a user turn)
 `chosen` / `rejected` a string (the assistant's answer) or a message list (the turns after the
 prompt). Each side is rendered with the chat template (data/chat.py) into one unpacked row:
 chosen_{inputs,targets,positions,segment_ids,weights} and rejected_{...}, the weights covering
-the response's assistant tokens only.
+the response's assistant tokens only. With dpo_precompute_reference each row also carries
+host_pair_key, a hash of its tokens and weights, which finds the pair in the reference table.
 
 dataset_type=prompts — one record per prompt: `prompt` as above, any other fields (an `answer`
 the reward functions check, ...) passed to the reward functions as the record. Rows:
@@ -20,8 +21,9 @@ max_target_length).
 
 from __future__ import annotations
 
+import hashlib
 import json
-from typing import Any
+from typing import Any, Iterator
 
 import grain
 import numpy as np
@@ -122,12 +124,27 @@ class _Rows(grain.transforms.Map):
         return out
 
 
+def pair_key(rows: dict[str, np.ndarray]) -> str:
+    """A pair's identity: a hash of both sides' rows (tokens, positions, weights) as trained on."""
+    h = hashlib.blake2b(digest_size=12)
+    for name in sorted(k for k in rows if k.startswith(SIDES)):
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(rows[name]).tobytes())
+    return h.hexdigest()
+
+
 class _PairRows(_Rows):
+    def __init__(self, template, length: int, keyed: bool):
+        super().__init__(template, length)
+        self.keyed = keyed
+
     def map(self, pair: dict[str, Any]) -> dict[str, np.ndarray]:
         out = {}
         for side in SIDES:
             ids, mask = encode_response(self.template, pair["prompt"], pair[side])
             out.update(self.checked_row(ids, mask, f"{side}_", f"{side} response"))
+        if self.keyed:
+            out["host_pair_key"] = np.array(pair_key(out))
         return out
 
 
@@ -173,8 +190,19 @@ def make_dataset(config, split: str, process_index: int, process_count: int, tok
         ds = grain.experimental.WindowShuffleIterDataset(ds, window_size=config.data_shuffle_window, seed=seed)
     ds = ds.map(lambda element: element["texts"])
     if config.dataset_type == "preference":
-        ds = ds.map(_PairRows(template, config.max_target_length))
+        ds = ds.map(_PairRows(template, config.max_target_length, config.dpo_precompute_reference))
     else:
         ds = ds.map(_PromptRows(template, config.max_target_length,
                                 config.max_target_length - config.grpo_max_new_tokens))
     return process_batches(ds, config, process_index, process_count)
+
+
+def every_pair(config, split: str, tok: Tokenizer) -> Iterator[dict[str, np.ndarray]]:
+    """Each well-formed pair of `split` once, in file order, as one keyed row (the reference
+    table's pass, objectives/dpo_reference.py); bad records are counted as in training."""
+    check_tokenizer(tok, config)
+    rows = _PairRows(chat.ChatTemplate.for_config(config, tok), config.max_target_length, True)
+    records = iter(_Records(files(config, split), (), sources.BadRecords(config.data_bad_record_policy),
+                            config.data_shuffle_seed, False, False, parse_pair))
+    for element in records:
+        yield rows.map(element["texts"])

@@ -1,10 +1,11 @@
 """What a run optimises, `train_objective`: lm (next-token cross-entropy: pre-training, SFT), dpo
 (preference pairs, objectives/dpo.py) or grpo (sampled completions scored by reward functions,
 objectives/grpo.py). The alignment objectives keep their reference policy in the optimizer state
-(optim.with_reference) and may start with `alignment_sft_steps` warm-up steps of the lm loss on the
-data's reference answers (DPO: the chosen responses; GRPO: the records' `answer`), whose end becomes
-the reference. Every objective is a `(state, batch) → (state, metrics)` step for the same loop,
-checkpoints, resume and launchers, and supplies the Evaluator's scorer.
+(optim.with_reference; DPO may instead read a table of its log-probabilities computed before step
+0, objectives/dpo_reference.py) and may start with `alignment_sft_steps` warm-up steps of the lm
+loss on the data's reference answers (DPO: the chosen responses; GRPO: the records' `answer`),
+whose end becomes the reference. Every objective is a `(state, batch) → (state, metrics)` step for
+the same loop, checkpoints, resume and launchers, and supplies the Evaluator's scorer.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ def make_train_step(cfg, graphdef, tx, schedule, shardings, batch_sharding):
     if cfg.train_objective == "grpo":
         from maxlite.objectives.grpo import GRPOStep
         main = GRPOStep(*common)
+    elif cfg.dpo_precompute_reference:  # config refuses it with a warm-up
+        from maxlite.objectives.dpo_reference import PrecomputedStep
+        return PrecomputedStep(*common)
     else:
         from maxlite.objectives import dpo
         main = step_lib.jit_step(*common, dpo.loss_fn(cfg))
@@ -58,8 +62,18 @@ def make_train_step(cfg, graphdef, tx, schedule, shardings, batch_sharding):
     return Phased(warm, main, cfg.alignment_sft_steps)
 
 
+def before_loop(built, state, run_dir: str, primary: bool) -> None:
+    """What the objective does once the starting state exists, before step 0 (a precomputed DPO
+    reference: the table of its log-probabilities, computed or loaded)."""
+    prepare = getattr(built.train_step, "before_loop", None)
+    if prepare is not None:
+        prepare(built, state, run_dir, primary)
+
+
 def eval_score(cfg, graphdef, train_step):
     """The Evaluator's scorer for this objective (None: the lm loss)."""
+    if cfg.train_objective == "dpo" and cfg.dpo_precompute_reference:
+        return train_step.evaluate  # it adds the table's columns
     if cfg.train_objective == "dpo":
         from maxlite.objectives import dpo
         return dpo.eval_score(cfg, graphdef)

@@ -66,13 +66,15 @@ def loss_fn(cfg):
 
 
 def eval_step(params, reference, batch, *, graphdef, cfg):
-    batch = {**batch, **reference_logps(reference, graphdef, batch)}
+    if reference is not None:  # else the batch carries them (objectives/dpo_reference.py)
+        batch = {**batch, **reference_logps(reference, graphdef, batch)}
     _, (sums, pairs) = loss_fn(cfg)(params, graphdef, batch)
     return {**sums, "pairs": pairs}
 
 
 def eval_score(cfg, graphdef):
-    """The Evaluator's scorer: DPO's figures over the eval pairs against the reference."""
+    """The Evaluator's scorer: DPO's figures over the eval pairs against the reference (the
+    optimizer state's, or the batches' precomputed columns)."""
     from maxlite.state import split_trainable
 
     step = jax.jit(functools.partial(eval_step, graphdef=graphdef, cfg=cfg))
