@@ -105,8 +105,13 @@ class _ConfigMethods:
         return self.global_batch_size * self.max_target_length
 
     @property
+    def schedule_steps(self) -> int:
+        """The learning-rate schedule's length: learning_rate_schedule_steps, or `steps` (-1)."""
+        return self.steps if self.learning_rate_schedule_steps == -1 else self.learning_rate_schedule_steps
+
+    @property
     def warmup_steps(self) -> int:
-        return int(self.warmup_steps_fraction * self.steps)
+        return int(self.warmup_steps_fraction * self.schedule_steps)
 
     @property
     def run_dir(self) -> str:
@@ -309,6 +314,7 @@ CHAT_DATASETS = ("sft", "preference", "prompts")  # rendered with the chat templ
 # Legal types, nonsense values: inclusive [low, high] (None: unbounded). `_POSITIVE` keys must be > 0.
 _RANGES: dict[str, tuple[float | None, float | None]] = {
     "learning_rate": (0, None), "learning_rate_final_fraction": (0, 1), "warmup_steps_fraction": (0, 1),
+    "learning_rate_schedule_steps": (-1, None),
     "adam_b1": (0, 1), "adam_b2": (0, 1), "adam_weight_decay": (0, None),
     "gradient_clipping_threshold": (0, None), "z_loss_weight": (0, None), "seed": (0, None),
     "checkpoint_period": (0, None), "max_num_checkpoints_to_keep": (0, None),
@@ -347,6 +353,8 @@ def _validate(c: Config) -> None:
         if (low is not None and value < low) or (high is not None and value > high):
             where = f">= {low}" if high is None else f"in [{low}, {high}]"
             raise ConfigError(f"{key}={value} must be {where}")
+    if c.learning_rate_schedule_steps == 0:
+        raise ConfigError("learning_rate_schedule_steps=0: give the schedule's length, or -1 for `steps`")
     if c.checkpoint_keep_best_k and not c.eval_interval:
         raise ConfigError("checkpoint_keep_best_k needs eval_interval > 0 (it ranks by eval loss)")
     if c.load_parameters_path and c.load_full_state_path:

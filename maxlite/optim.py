@@ -20,19 +20,20 @@ import optax
 
 
 def learning_rate_schedule(cfg) -> optax.Schedule:
-    """Linear warmup from 0 over warmup_steps, then decay to lr × final_fraction at `steps`. An
-    alignment run's `alignment_sft_steps` warm-up (a stand-in for an SFT run) trains at its own
-    constant `alignment_sft_learning_rate`; the objective's schedule then spans the steps left."""
+    """Linear warmup from 0 over warmup_steps, then decay to lr × final_fraction at the schedule's
+    end (`schedule_steps`: learning_rate_schedule_steps or `steps`), held after it. An alignment
+    run's `alignment_sft_steps` warm-up (a stand-in for an SFT run) trains at its own constant
+    `alignment_sft_learning_rate`; the objective's schedule then spans the steps left."""
     n = cfg.alignment_sft_steps  # 0 unless train_objective is dpo or grpo (config checks)
     if not n or not cfg.alignment_sft_learning_rate:
         return _schedule(cfg)
-    rest = _schedule(dataclasses.replace(cfg, steps=max(cfg.steps - n, 1)))
+    rest = _schedule(dataclasses.replace(cfg, learning_rate_schedule_steps=max(cfg.schedule_steps - n, 1)))
     return optax.join_schedules([optax.constant_schedule(cfg.alignment_sft_learning_rate), rest], [n])
 
 
 def _schedule(cfg) -> optax.Schedule:
     peak, warmup = cfg.learning_rate, cfg.warmup_steps
-    decay_steps = max(cfg.steps - warmup, 1)
+    decay_steps = max(cfg.schedule_steps - warmup, 1)
     final = peak * cfg.learning_rate_final_fraction
     if cfg.lr_schedule_type == "cosine":
         decay = optax.cosine_decay_schedule(peak, decay_steps, alpha=cfg.learning_rate_final_fraction)

@@ -101,10 +101,12 @@ def test_wrong_shapes_are_one_clear_error():
 
 def test_learning_rate_schedule_matches_optax():
     for kind in ("cosine", "linear", "constant"):
-        cfg = C.load(["base.yml", f"lr_schedule_type={kind}", "steps=50", "warmup_steps_fraction=0.2"])
-        schedule = learning_rate_schedule(cfg)
-        for step in (0, 3, 10, 11, 30, 50, 60):
-            assert TM.learning_rate(cfg, step) == pytest.approx(float(schedule(step)), rel=1e-5, abs=1e-9)
+        for length in (-1, 30):  # the schedule spans `steps`, or learning_rate_schedule_steps
+            cfg = C.load(["base.yml", f"lr_schedule_type={kind}", "steps=50", "warmup_steps_fraction=0.2",
+                          f"learning_rate_schedule_steps={length}"])
+            schedule = learning_rate_schedule(cfg)
+            for step in (0, 3, 10, 11, 30, 40, 50, 60):
+                assert TM.learning_rate(cfg, step) == pytest.approx(float(schedule(step)), rel=1e-5, abs=1e-9)
 
 
 @functools.lru_cache(maxsize=None)

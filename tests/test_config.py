@@ -167,3 +167,21 @@ def test_every_entry_point_ends_a_user_error_with_one_line_and_exit_2(tmp_path, 
         assert importlib.import_module(module).main(argv) == 2, module
         err = capsys.readouterr().err
         assert err.startswith("maxlite: error: ") and err.count("\n") == 1, (module, err)
+
+
+def test_learning_rate_schedule_steps_fixes_the_schedule_whatever_steps():
+    """The schedule's length is learning_rate_schedule_steps (-1: steps): raising `steps` (a resumed
+    run extended) leaves the past schedule as it was and trains on at the final rate."""
+    from maxlite import optim
+
+    common = ["base.yml", "lr_schedule_type=linear", "learning_rate=1e-3", "learning_rate_final_fraction=0.1",
+              "warmup_steps_fraction=0.1"]
+    # 2 warm-up steps (10% of 20) up to 1e-3, linear to 1e-4 at step 20, then held
+    for extra in (["steps=10"], ["steps=40"], ["steps=20", "learning_rate_schedule_steps=-1"], ["steps=20"]):
+        argv = [*common, *extra] + ([] if "steps=20" in extra else ["learning_rate_schedule_steps=20"])
+        cfg = C.load(argv)
+        schedule = optim.learning_rate_schedule(cfg)
+        for step, want in ((0, 0.0), (1, 5e-4), (2, 1e-3), (11, 5.5e-4), (20, 1e-4), (35, 1e-4)):
+            assert float(schedule(step)) == pytest.approx(want, rel=1e-5, abs=1e-9), (extra, step)
+    with pytest.raises(C.ConfigError, match="learning_rate_schedule_steps=0"):
+        C.load(["base.yml", "learning_rate_schedule_steps=0"])

@@ -111,20 +111,20 @@ def _schedule(cfg, notes: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[
     min_lr = cfg.learning_rate if cfg.lr_schedule_type == "constant" else final
     mega = [("--lr", cfg.learning_rate), ("--min-lr", min_lr),
             ("--lr-decay-style", cfg.lr_schedule_type), ("--lr-warmup-iters", cfg.warmup_steps),
-            ("--lr-decay-iters", cfg.steps), ("--train-iters", cfg.steps)]
+            ("--lr-decay-iters", cfg.schedule_steps), ("--train-iters", cfg.steps)]
     nemo = [("recipe.trainer.max_steps", cfg.steps), ("recipe.optim.config.lr", cfg.learning_rate)]
     scheduler = {"cosine": "CosineAnnealingScheduler", "linear": "PolynomialDecayAnnealingScheduler",
                  "constant": "WarmupHoldPolicyScheduler"}[cfg.lr_schedule_type]
     nemo.append(("recipe.optim.lr_scheduler", f"run.Config(nemo.lightning.pytorch.optim.{scheduler})"))
     nemo += [("recipe.optim.lr_scheduler.warmup_steps", cfg.warmup_steps),
-             ("recipe.optim.lr_scheduler.max_steps", cfg.steps)]
+             ("recipe.optim.lr_scheduler.max_steps", cfg.schedule_steps)]
     if cfg.lr_schedule_type == "cosine":
         nemo += [("recipe.optim.lr_scheduler.constant_steps", 0),
                  ("recipe.optim.lr_scheduler.min_lr", min_lr)]
     elif cfg.lr_schedule_type == "linear":
         nemo += [("recipe.optim.lr_scheduler.power", 1.0), ("recipe.optim.lr_scheduler.min_lr", min_lr)]
     else:
-        nemo.append(("recipe.optim.lr_scheduler.hold_steps", max(cfg.steps - cfg.warmup_steps, 0)))
+        nemo.append(("recipe.optim.lr_scheduler.hold_steps", max(cfg.schedule_steps - cfg.warmup_steps, 0)))
     return mega, nemo
 
 

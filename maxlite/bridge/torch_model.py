@@ -236,11 +236,12 @@ def from_maxlite(cfg, params=None, device: str = "cpu") -> TorchTransformer:
 # ---- training in PyTorch with maxlite's recipe ----
 
 def learning_rate(cfg, step: int) -> float:
-    """maxlite's schedule (optim.py): linear warmup from 0, then cosine/linear/constant to `steps`."""
+    """maxlite's schedule (optim.py): linear warmup from 0, then cosine/linear/constant to the
+    schedule's end (`schedule_steps`), held after it."""
     peak, warmup = cfg.learning_rate, cfg.warmup_steps
     if step < warmup:
         return peak * step / warmup
-    t = min(step - warmup, max(cfg.steps - warmup, 1)) / max(cfg.steps - warmup, 1)
+    t = min(step - warmup, max(cfg.schedule_steps - warmup, 1)) / max(cfg.schedule_steps - warmup, 1)
     final = cfg.learning_rate_final_fraction
     if cfg.lr_schedule_type == "cosine":
         return peak * ((1 - final) * 0.5 * (1 + math.cos(math.pi * t)) + final)
