@@ -297,7 +297,7 @@ _CHOICES = {
     "attention": ("autoselected", "dot_product", "blockwise", "flash", "cudnn_flash"),
     "lr_schedule_type": ("cosine", "linear", "constant"),
     "checkpoint_error_policy": ("continue", "stop"),
-    "fault_type": ("", "crash", "hang", "slow", "sigterm", "crash_in_snapshot", "crash_in_checkpoint"),
+    "fault_type": ("", "crash", "hang", "slow", "starve", "sigterm", "crash_in_snapshot", "crash_in_checkpoint"),
     "inmemory_snapshot_keeper": ("auto", "shm", "ray"),
     "dataset_type": ("synthetic", "text", "indexed", "sft", "preference", "prompts"),
     "train_objective": ("lm", "dpo", "grpo"),

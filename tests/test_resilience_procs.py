@@ -184,6 +184,22 @@ def test_hang_is_detected_with_stacks_and_exit_75(run_dir):
     assert st["state"] == "failed" and st["exit_code"] == exit_codes.HANG and "hang" in st["error"]
 
 
+@pytest.mark.parametrize("processes", [1, 2])
+def test_starved_process_is_slow_not_hung(run_dir, processes):
+    """A process that keeps computing (starved by a loaded machine, or compiling) for 3× its step
+    timeout is not killed: the watchdog sees its work, says so once, and the run finishes. With two
+    processes the last one starves and the other, waiting for it in the step's collectives, sees
+    its peer's work (without it, it was killed as hung)."""
+    codes, texts = run(run_dir, "st", ["steps=10", "fault_type=starve", "fault_step=6", f"fault_process={processes - 1}",
+                                        "enable_checkpointing=false", "watchdog_min_timeout=3", "watchdog_factor=2"],
+                       processes=processes)
+    assert codes == [0] * processes, texts[0][-3000:]
+    assert re.search(r"fault injection: starve at step 6: computing for \d+s", texts[-1])
+    for text in texts:
+        assert text.count("slow, not hung") == 1 and "hang detected" not in text, text[-3000:]
+    assert status(run_dir, "st")["state"] == "finished" and status(run_dir, "st")["step"] == 10
+
+
 def test_slowed_process_is_scored_below_threshold(run_dir):
     codes, texts = run(run_dir, "s", ["steps=24", "fault_type=slow", "fault_process=1", "fault_step=0",
                                        "fault_slowdown_factor=4", "straggler_report_interval=2",

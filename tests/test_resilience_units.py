@@ -221,3 +221,66 @@ def test_watchdog_dumps_stacks_and_exits_75(tmp_path):
     assert "hang detected in section 'step'" in text and "stuck_in_collective" in text
     assert "maxlite-watchdog" in text  # every thread's stack, the watchdog's own included
     assert open(marker).read() == "step"
+
+
+class _Fake:
+    """An injected clock and work counter for the watchdog (seconds, CPU seconds)."""
+
+    def __init__(self):
+        self.t, self.work = 0.0, 0.0
+
+
+def _watched(fake, min_span=0.0):
+    from maxlite.resilience.watchdog import Watchdog
+
+    w = Watchdog(initial_timeout=30, factor=2.0, min_timeout=1.0, clock=lambda: fake.t,
+                 progress=lambda: fake.work, start=False)
+    w.min_span = min_span  # judged over the timeout alone; the peers' lag is tested below
+    w.beat("step")
+    fake.t = 1.0
+    w.beat("step", completed="step")  # one 1 s step seen: the timeout is max(1, 2 × 1) = 2 s
+    return w
+
+
+def _poll_until(w, fake, until, work_per_second):
+    """Polls every 0.5 s up to time `until` with the work rate given; the first verdict, or None."""
+    while fake.t < until:
+        fake.t += 0.5
+        fake.work += 0.5 * work_per_second
+        verdict = w.check()
+        if verdict is not None:
+            return verdict
+    return None
+
+
+def test_watchdog_tells_a_starved_process_from_a_stuck_one(capsys):
+    from maxlite.resilience.watchdog import MIN_WORK_SHARE, SLOW_CAP
+
+    stuck = _Fake()
+    w = _watched(stuck)
+    assert _poll_until(w, stuck, 10.0, 0.0) == ("step", 2.5, 2.0)  # first look past the 2 s timeout
+
+    starved = _Fake()  # a quarter of a core: slow (compiling, or a loaded machine), not hung
+    w = _watched(starved)
+    assert _poll_until(w, starved, 12.0, 0.25) is None
+    assert capsys.readouterr().err.count("slow, not hung") == 1  # said once for this step
+    # its work stops at t = 12: hung once a whole timeout (2 s) went by without it, at t = 14
+    assert _poll_until(w, starved, 30.0, 0.0) == ("step", 13.0, 2.0)
+
+    barely = _Fake()  # below the share that counts as work
+    w = _watched(barely)
+    assert _poll_until(w, barely, 10.0, MIN_WORK_SHARE / 2)[0] == "step"
+
+    spinning = _Fake()  # working forever in one step: hung after SLOW_CAP × the timeout all the same
+    w = _watched(spinning)
+    assert _poll_until(w, spinning, 100.0, 1.0) == ("step", SLOW_CAP * 2.0 + 0.5, 2.0)
+
+    # the peers' work arrives up to 4 s late (published, then read, every 2 s): judged over 6 s, a
+    # peer's work is still seen; stopped at t = 12, hung once the 6 s span holds less than 5% of a
+    # core (0.3 CPU-s): at t = 17, when it holds only the last second's 0.25
+    from maxlite.resilience.progress import SPAN_SECONDS
+    assert SPAN_SECONDS == 6.0
+    late = _Fake()
+    w = _watched(late, SPAN_SECONDS)
+    assert _poll_until(w, late, 12.0, 0.25) is None
+    assert _poll_until(w, late, 30.0, 0.0) == ("step", 16.0, 2.0)

@@ -1,10 +1,11 @@
 """The loop's one handle on resilience, composed of one object per idea:
 
-- `Clock` (clock.py): watchdog heartbeats, the step timer, goodput, timed sections;
+- `Clock` (clock.py): watchdog heartbeats, the step timer, goodput, timed sections; the
+  watchdog judges a late section by the work done meanwhile (`Progress`, progress.py);
 - `StopVote` (stops.py): the cross-host stop/save vote (signals, max_time, stragglers, notices);
 - `Snapshots` (snapshot.py + keeper.py): in-memory checkpointless copies, restored by
   `maxlite.resume` through `restore()`;
-- `Faults` (faults.py): injected crashes, hangs, slow-downs for tests and demos.
+- `Faults` (faults.py): injected crashes, hangs, slow-downs, starvation for tests and demos.
 
 Exit codes: exit_codes.py.
 """
@@ -19,6 +20,7 @@ from typing import Any, Callable
 from maxlite.resilience import exit_codes
 from maxlite.resilience.clock import Clock
 from maxlite.resilience.faults import Faults
+from maxlite.resilience.progress import Progress
 from maxlite.resilience.preemption import Preemption
 from maxlite.resilience.stops import StopVote
 from maxlite.resilience.watchdog import Watchdog
@@ -52,8 +54,10 @@ class Resilience:
         self.started = time.monotonic() if started is None else started
         self._log = log or (lambda m: print(m, flush=True))
         self.preemption = Preemption(cfg.preemption_signals, cfg.max_time, cfg.preemption_grace_seconds, self.started)
+        self.progress = Progress()  # the watchdog's measure of work: own, and the peers' once attached
         watchdog = (Watchdog(cfg.watchdog_initial_timeout, cfg.watchdog_factor, cfg.watchdog_min_timeout,
-                             on_hang=self._on_hang, deadline_fn=self.preemption.grace_left)
+                             on_hang=self._on_hang, deadline_fn=self.preemption.grace_left,
+                             progress=self.progress)
                     if cfg.watchdog else None)
         self.clock = Clock(self.started, watchdog)
         self.stops = StopVote(cfg, self.preemption, self.clock, notice, self._log)
@@ -80,9 +84,12 @@ class Resilience:
         local = "://" not in run_dir
         if local:
             os.makedirs(run_dir, exist_ok=True)
+        self.progress.share()  # jax.distributed is connected by now
         if self.clock.watchdog and local:
             self.clock.watchdog.log_path = os.path.join(run_dir, f"hang_p{self.process_index}.log")
         self.faults = Faults(cfg, run_dir, self.process_index)
+        if self.clock.watchdog:
+            self.faults.step_timeout = lambda: self.clock.watchdog.timeout("step")
         self.clock.attach(run_dir, primary)
         self.vote = Vote(8)
         self.stops.attach(self.vote, primary, self.process_index, run_dir,

@@ -1,9 +1,10 @@
-"""Fault injection from the config, for tests and demos: crash, hang, slow-down, a SIGTERM to the
-process itself (what a scheduler sends on preemption), a crash in the middle of an in-memory
+"""Fault injection from the config, for tests and demos: crash, hang, slow-down, starve (the
+process keeps computing, as a starved or compiling one does, for 3× its watchdog's step timeout:
+slow, not hung), a SIGTERM to the process itself (what a scheduler sends on preemption), a crash in the middle of an in-memory
 snapshot or in the middle of a checkpoint save (its files half written, never renamed complete), at
 `fault_step` on process `fault_process`.
 
-A crash, hang or SIGTERM fires once per run directory (a marker file in the run directory, local or
+A crash, hang, starve or SIGTERM fires once per run directory (a marker file in the run directory, local or
 gs://), so the restarted job runs through.
 """
 
@@ -18,7 +19,7 @@ import fsspec
 
 from maxlite.config import ConfigError
 
-_ONCE = ("crash", "hang", "sigterm", "crash_in_snapshot", "crash_in_checkpoint")
+_ONCE = ("crash", "hang", "starve", "sigterm", "crash_in_snapshot", "crash_in_checkpoint")
 
 
 class Faults:
@@ -31,6 +32,7 @@ class Faults:
         self.marker = f"{run_dir.rstrip('/')}/.fault_{cfg.fault_type}_{cfg.fault_step}_p{process_index}"
         if self.type in _ONCE and fsspec.url_to_fs(self.marker)[0].exists(self.marker):
             self.type = ""  # already fired in an earlier attempt
+        self.step_timeout = lambda: 0.0  # starve: the watchdog's current step timeout (Resilience sets it)
 
     def _fire_once(self) -> None:
         fs, path = fsspec.url_to_fs(self.marker)
@@ -47,6 +49,14 @@ class Faults:
             self._fire_once()
             print(f"maxlite: fault injection: SIGTERM to this process at step {step}", file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGTERM)  # handled like a scheduler's: a save at an agreed step
+        if self.type == "starve" and step == self.step:
+            self._fire_once()
+            seconds = 3 * self.step_timeout()
+            print(f"maxlite: fault injection: starve at step {step}: computing for {seconds:.0f}s", file=sys.stderr,
+                  flush=True)
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                sum(i * i for i in range(10_000))
         if self.type == "hang" and step == self.step:
             self._fire_once()
             print(f"maxlite: fault injection: hang at step {step}", file=sys.stderr, flush=True)
