@@ -5,11 +5,12 @@ Sections are `setup`, `step`, `eval` and `checkpoint`. A section's timeout is
 step, the first eval/save), then `max(watchdog_min_timeout, watchdog_factor × longest seen)`.
 
 Past its timeout a section is hung only if no work was done meanwhile: a process that used at
-least MIN_WORK_SHARE of a core over the last timeout's span (at least SPAN_SECONDS) — itself (compiling a new program,
-writing a checkpoint, starved by a loaded machine) or its peers (one it waits for) — is slow, not
-hung (resilience/progress.py), and is said so once; it is given up to SLOW_CAP × the timeout. On a
-hang every thread's stack goes to stderr and `{run_dir}/hang_p{process}.log`, `on_hang` runs
-(status.json), and the process exits with `exit_codes.HANG` so Ray/Slurm restart the job.
+least MIN_WORK_SHARE of a core over the last timeout's span (at least SPAN_SECONDS) — itself
+(compiling a new program, writing a checkpoint, starved by a loaded machine) or its peers (one it
+waits for) — is slow, not hung (resilience/progress.py), and is said so once; it is given up to
+SLOW_CAP × the timeout. On a hang every thread's stack goes to stderr and
+`{run_dir}/hang_p{process}.log`, `on_hang` runs (status.json), and the process exits with
+`exit_codes.HANG` so Ray/Slurm restart the job.
 """
 
 from __future__ import annotations
