@@ -115,6 +115,26 @@ def test_goodput_counts_causes_and_restarts(tmp_path):
     assert s2["attempt"] == 2 and s2["badput_recomputed_seconds"] == 1.0 and s2["productive_seconds"] == 1.9
 
 
+@pytest.mark.parametrize("finished", [False, True])
+def test_goodput_charges_the_gap_to_a_restart_not_to_a_later_extension(tmp_path, finished):
+    """An attempt last alive 1000 s ago: after a failure or preemption the gap is restart badput and
+    wall time; after a finished run (a later command extends it) it is neither."""
+    path = str(tmp_path / "goodput.json")
+    g = goodput.Goodput(path, time.monotonic())
+    g.step(1, 2.0, 0.0, compiling=True)
+    g.save(finished=finished)
+    with open(path) as f:
+        record = json.load(f)
+    record["last_alive"] -= 1000.0  # as if that attempt ended 1000 s ago
+    with open(path, "w") as f:
+        json.dump(record, f)
+    s = goodput.Goodput(path, time.monotonic()).summary()
+    if finished:
+        assert s["badput_restart_seconds"] == 0.0 and s["wall_seconds"] < 1000.0
+    else:
+        assert s["badput_restart_seconds"] >= 1000.0 and s["wall_seconds"] >= 1000.0
+
+
 def test_blob_round_trip():
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     b = np.array([7], np.int32)

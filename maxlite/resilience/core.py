@@ -174,7 +174,7 @@ class Resilience:
             self.snapshots.wait()
             if reason is None:
                 self.snapshots.keeper.clear()
-        fields = self.clock.close()
+        fields = self.clock.close(finished=reason is None)
         self.preemption.restore_handlers()
         if reason is None:
             return exit_codes.FINISHED, "finished", fields

@@ -2,7 +2,9 @@
 
 Causes: startup (process start → first step, restore included), compilation (first step of an
 attempt), data_wait, checkpoint (time the loop blocked on saves), eval, restart (gap between an
-attempt's last sign of life and the next attempt's start), recomputed (steps done again after a
+attempt's last sign of life and the next attempt's start — unless that attempt finished the run:
+a later command that extends a finished run starts a new span, and the time between is nobody's),
+recomputed (steps done again after a
 restore from an older state), other (the rest). The primary process keeps the running totals in
 `{run_dir}/goodput.json` so a restarted job continues them.
 """
@@ -37,8 +39,9 @@ class Goodput:
             self.max_step = prior.get("max_step", -1)
             self.attempt = prior.get("attempt", 1) + 1
             gap = max(0.0, time.time() - (time.monotonic() - started_monotonic) - prior.get("last_alive", time.time()))
-            self.badput["restart"] += gap
-            self.previous_wall += gap
+            if not prior.get("finished"):  # a restart after a failure or preemption
+                self.badput["restart"] += gap
+                self.previous_wall += gap
 
     def _load(self) -> dict | None:
         if not self.path or not os.path.exists(self.path):
@@ -80,13 +83,14 @@ class Goodput:
         out["badput_other_seconds"] = round(max(0.0, wall - self.productive - known), 3)
         return out
 
-    def save(self) -> None:
+    def save(self, finished: bool = False) -> None:
+        """`finished`: this attempt ended the run (its last save)."""
         if not self.path:
             return
         self._saved = time.monotonic()
         record = {"wall_seconds": self.wall(), "productive_seconds": self.productive,
                   "badput_seconds": self.badput, "max_step": self.max_step, "attempt": self.attempt,
-                  "last_alive": time.time()}
+                  "last_alive": time.time(), "finished": finished}
         try:
             write_text(self.path, json.dumps(record))
         except OSError:
