@@ -26,13 +26,18 @@ def print_primary(primary: bool, line: str, err: bool = False) -> None:
 
 def write_text(path: str, text: str) -> None:
     """Whole-file write; atomic on local disk (readers never see half a file)."""
+    write_bytes(path, text.encode())
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """Whole-file write; atomic on local disk, one object on gs:// (readers never see half a file)."""
     if "://" in path:
-        with fsspec.open(path, "w") as f:
-            f.write(text)
+        with fsspec.open(path, "wb") as f:
+            f.write(data)
         return
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
+    with open(tmp, "wb") as f:
+        f.write(data)
     os.replace(tmp, path)
 
 

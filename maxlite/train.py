@@ -139,7 +139,7 @@ def _setup(cfg: C.Config, res) -> _Run:
     start = resume.decide(built, ckpt, batches, jax.process_index(), primary,
                           memory=res.restore)  # collective: every host calls it
     with jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.RULES):
-        objectives.before_loop(built, start.state, run_dir.path, primary)  # collective where it computes
+        objectives.before_loop(built.train_step, start.state, run_dir.path, primary)  # collective where it computes
     evaluator = Evaluator(cfg, built.graphdef, built.shardings.params, built.batch_sharding,
                           jax.process_index(), jax.process_count(),
                           objectives.eval_score(cfg, built.graphdef, built.train_step)) if cfg.eval_interval > 0 else None

@@ -62,21 +62,22 @@ def make_train_step(cfg, graphdef, tx, schedule, shardings, batch_sharding):
     return Phased(warm, main, cfg.alignment_sft_steps)
 
 
-def before_loop(built, state, run_dir: str, primary: bool) -> None:
-    """What the objective does once the starting state exists, before step 0 (a precomputed DPO
-    reference: the table of its log-probabilities, computed or loaded)."""
-    prepare = getattr(built.train_step, "before_loop", None)
+def before_loop(train_step, state, run_dir: str, primary: bool) -> None:
+    """What the objective's step does once the starting state exists, before step 0 (a precomputed
+    DPO reference: the table of its log-probabilities, computed or loaded)."""
+    prepare = getattr(train_step, "before_loop", None)
     if prepare is not None:
-        prepare(built, state, run_dir, primary)
+        prepare(state, run_dir, primary)
 
 
 def eval_score(cfg, graphdef, train_step):
-    """The Evaluator's scorer for this objective (None: the lm loss)."""
-    if cfg.train_objective == "dpo" and cfg.dpo_precompute_reference:
-        return train_step.evaluate  # it adds the table's columns
+    """The Evaluator's scorer for this objective (None: the lm loss). A step object that scores
+    itself supplies `evaluate` (GRPO samples with its compiled sampler; a precomputed DPO
+    reference adds its table's columns)."""
+    own = getattr(train_step, "evaluate", None)
+    if own is not None:
+        return own
     if cfg.train_objective == "dpo":
         from maxlite.objectives import dpo
         return dpo.eval_score(cfg, graphdef)
-    if cfg.train_objective == "grpo":
-        return train_step.evaluate  # it samples with the step's compiled sampler
     return None

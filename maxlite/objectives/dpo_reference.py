@@ -17,7 +17,6 @@ the sharded forward, and gets the whole result back, so each builds the same tab
 from __future__ import annotations
 
 import io
-import os
 import time
 from typing import Iterator
 
@@ -26,7 +25,7 @@ import numpy as np
 
 from maxlite import config as C
 from maxlite.objectives import dpo
-from maxlite.rundir import print_primary
+from maxlite.rundir import print_primary, write_bytes
 
 FILE = "dpo_reference.npz"
 COLUMNS = tuple(f"ref_{side}_logps" for side in dpo.SIDES)
@@ -50,18 +49,9 @@ class Table:
         return {name: self.values[rows, i] for i, name in enumerate(COLUMNS)}
 
     def save(self, path: str) -> None:
-        import fsspec
-
         buf = io.BytesIO()
         np.savez(buf, keys=self.keys, values=self.values)
-        if "://" in path:
-            with fsspec.open(path, "wb") as f:
-                f.write(buf.getvalue())
-            return
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(buf.getvalue())
-        os.replace(tmp, path)  # a reader never sees half a table
+        write_bytes(path, buf.getvalue())  # a reader never sees half a table
 
     @classmethod
     def load(cls, path: str) -> "Table | None":
@@ -96,7 +86,8 @@ def _stack(chunk: list[dict], size: int):
     return keys, out, len(chunk)
 
 
-def compute(cfg, built, params, process_index: int, process_count: int, primary: bool) -> Table:
+def compute(cfg, graphdef, params, batch_sharding, process_index: int, process_count: int,
+            primary: bool) -> Table:
     """The reference table of the train and eval pairs under `params` (every process, collective)."""
     from maxlite.data import preference
     from maxlite.data.tokenizer import load_tokenizer
@@ -104,16 +95,16 @@ def compute(cfg, built, params, process_index: int, process_count: int, primary:
 
     size = cfg.global_batch_size // cfg.gradient_accumulation_steps  # one micro-batch's rows per forward
     share = size // process_count
-    forward = jax.jit(lambda p, rows: dpo.reference_logps(p, built.graphdef, rows),
-                      in_shardings=(built.shardings.params, built.batch_sharding),
-                      out_shardings=replicated(built.mesh))
+    forward = jax.jit(lambda p, rows: dpo.reference_logps(p, graphdef, rows),
+                      in_shardings=(jax.tree.map(lambda x: x.sharding, params), batch_sharding),
+                      out_shardings=replicated(batch_sharding.mesh))
     tok = load_tokenizer(cfg.tokenizer_path, cfg.bos_id, cfg.eos_id)
     splits = ["train"] + (["eval"] if cfg.eval_interval > 0 else [])
     keys, values, started, shown = [], [], time.perf_counter(), time.perf_counter()
     for split in splits:
         for batch_keys, rows, n in _batches(preference.every_pair(cfg, split, tok), size):
             local = {k: v[process_index * share:(process_index + 1) * share] for k, v in rows.items()}
-            out = forward(params, {k: jax.make_array_from_process_local_data(built.batch_sharding, v)
+            out = forward(params, {k: jax.make_array_from_process_local_data(batch_sharding, v)
                                    for k, v in local.items()})
             keys += batch_keys
             values.append(np.stack([np.asarray(out[c])[:n] for c in COLUMNS], axis=1))
@@ -125,12 +116,12 @@ def compute(cfg, built, params, process_index: int, process_count: int, primary:
     return Table(np.array(keys), np.concatenate(values))
 
 
-def prepare(cfg, built, state, run_dir: str, process_index: int, process_count: int, primary: bool) -> Table:
-    """At step 0: compute the table from the starting weights and save it; later: load it."""
-    path = f"{run_dir}/{FILE}"
+def prepare(cfg, graphdef, state, batch_sharding, path: str, process_index: int, process_count: int,
+            primary: bool) -> Table:
+    """At step 0: compute the table from the starting weights and save it at `path`; later: load it."""
     step = int(jax.device_get(state.step))
     if step == 0:
-        table = compute(cfg, built, state.params, process_index, process_count, primary)
+        table = compute(cfg, graphdef, state.params, batch_sharding, process_index, process_count, primary)
         if primary:
             table.save(path)
         return table
@@ -148,13 +139,14 @@ class PrecomputedStep:
     def __init__(self, cfg, graphdef, tx, schedule, shardings, batch_sharding):
         from maxlite import step as step_lib
 
-        self.cfg, self.batch_sharding, self.table = cfg, batch_sharding, None
+        self.cfg, self.graphdef, self.batch_sharding, self.table = cfg, graphdef, batch_sharding, None
         self.step = step_lib.jit_step(cfg, graphdef, tx, schedule, shardings, batch_sharding, dpo.loss_fn(cfg))
         self.score = dpo.eval_score(cfg, graphdef)
 
-    def before_loop(self, built, state, run_dir: str, primary: bool) -> None:
+    def before_loop(self, state, run_dir: str, primary: bool) -> None:
         self.path = f"{run_dir}/{FILE}"
-        self.table = prepare(self.cfg, built, state, run_dir, jax.process_index(), jax.process_count(), primary)
+        self.table = prepare(self.cfg, self.graphdef, state, self.batch_sharding, self.path,
+                             jax.process_index(), jax.process_count(), primary)
 
     def with_reference(self, batch: dict) -> dict:
         """The batch with its pairs' reference columns, sharded like its rows (host keys dropped)."""
