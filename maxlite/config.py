@@ -297,7 +297,7 @@ _CHOICES = {
     "attention": ("autoselected", "dot_product", "blockwise", "flash", "cudnn_flash"),
     "lr_schedule_type": ("cosine", "linear", "constant"),
     "checkpoint_error_policy": ("continue", "stop"),
-    "fault_type": ("", "crash", "hang", "slow", "starve", "sigterm", "crash_in_snapshot", "crash_in_checkpoint"),
+    "fault_type": ("", "crash", "hang", "slow", "starve", "sigterm", "crash_in_snapshot", "crash_in_checkpoint", "nan"),
     "inmemory_snapshot_keeper": ("auto", "shm", "ray"),
     "dataset_type": ("synthetic", "text", "indexed", "sft", "preference", "prompts"),
     "train_objective": ("lm", "dpo", "grpo"),
@@ -325,6 +325,7 @@ _RANGES: dict[str, tuple[float | None, float | None]] = {
     "watchdog_min_timeout": (0, None), "watchdog_initial_timeout": (0, None),
     "preemption_grace_seconds": (0, None), "resilience_sync_period": (1, None),
     "inmemory_snapshot_period": (0, None), "inmemory_snapshot_max_bytes": (0, None),
+    "spike_max_rollbacks": (0, None), "spike_factor": (0, None), "spike_patience": (1, None),
     "sample_every_steps": (0, None), "sample_max_new_tokens": (1, None), "sample_temperature": (0, None),
     "sample_top_k": (0, None), "sft_audit_records": (1, None), "sft_audit_examples": (0, None),
     "lora_rank": (0, None), "alignment_sft_steps": (0, None), "alignment_sft_learning_rate": (0, None), "dpo_beta": (0, None),
@@ -355,6 +356,9 @@ def _validate(c: Config) -> None:
             raise ConfigError(f"{key}={value} must be {where}")
     if c.learning_rate_schedule_steps == 0:
         raise ConfigError("learning_rate_schedule_steps=0: give the schedule's length, or -1 for `steps`")
+    if 0 < c.spike_factor <= 1:
+        raise ConfigError(f"spike_factor={c.spike_factor}: a spike is a loss above this × the recent median; "
+                          f"use a factor above 1 (2–4 is usual), or 0 to judge non-finite losses only")
     if c.checkpoint_keep_best_k and not c.eval_interval:
         raise ConfigError("checkpoint_keep_best_k needs eval_interval > 0 (it ranks by eval loss)")
     if c.load_parameters_path and c.load_full_state_path:

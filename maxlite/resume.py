@@ -46,8 +46,7 @@ def decide(built, ckpt, data_iterator, process_index: int, primary: bool, memory
     run's mesh whatever mesh saved the state."""
     cfg, abstract, shardings = built.cfg, built.abstract, built.shardings
     start = time.perf_counter()
-    disk_step = max(ck.complete_steps(ckpt.path), default=-1) if ckpt is not None else -1
-    snapshot = memory(abstract, disk_step) if memory is not None else None
+    disk_step, snapshot = _newest_own(built, ckpt, memory)
     if snapshot is not None:
         data_iterator.set_state(snapshot.data_state)  # this process's own: snapshots need the same hosts
         got = Start(snapshot.state, "memory", snapshot.step, snapshot.detail)
@@ -77,19 +76,50 @@ def decide(built, ckpt, data_iterator, process_index: int, primary: bool, memory
     return got
 
 
-def apply_data_state(data_iterator, states: list, process_index: int, where: str) -> None:
-    """The one compatibility check of a saved data position: states saved by N processes fit a run of
-    N processes (or of any number when they are all the same); the iterator then checks its own
-    fingerprint (dataset, sequence length, batch)."""
+def _newest_own(built, ckpt, memory, at_most: int | None = None):
+    """(newest complete disk step or -1, the in-memory snapshot if it is at least as new, or None),
+    of steps <= `at_most` when given. Collective when `memory` is given."""
+    steps = ck.complete_steps(ckpt.path) if ckpt is not None else []
+    disk_step = max((s for s in steps if at_most is None or s <= at_most), default=-1)
+    snapshot = memory(built.abstract, disk_step, at_most) if memory is not None else None
+    return disk_step, snapshot
+
+
+def rollback(built, ckpt, memory, at_most: int) -> Start | None:
+    """Where a run that went bad after step `at_most` goes back to: its newest own state at or
+    before that step, by the rule `decide` uses (memory wins a tie, the newer step otherwise), with
+    the data position left where it is (the batches since are skipped); None when there is none.
+    Collective: every host calls it."""
+    start = time.perf_counter()
+    disk_step, snapshot = _newest_own(built, ckpt, memory, at_most)
+    if snapshot is not None:
+        got = Start(snapshot.state, "memory", snapshot.step, snapshot.detail)
+    elif disk_step >= 0:
+        state = _restore_full(ckpt.path, disk_step, built.abstract, built.shardings)
+        got = Start(state, "checkpoint", disk_step, f"{ckpt.path}/{disk_step}")
+    else:
+        return None
+    got.seconds = time.perf_counter() - start
+    return got
+
+
+def apply_data_state(data_iterator, saved: dict, process_index: int, where: str) -> None:
+    """The one compatibility check of a saved data position: a global `position`
+    (checkpoints.saver.data_record) fits a run of any number of processes; the per-process `states`
+    of checkpoints from before it fit the same number of processes, or any number when they are all
+    the same. The iterator then checks its own fingerprint (dataset, sequence length, global batch)."""
     import jax
 
+    if "position" in saved:
+        data_iterator.set_state(saved["position"])
+        return
+    states = saved.get("states") or []
     if not states:
         return
     count = jax.process_count()
     if len(states) == count:
         data_iterator.set_state(states[process_index])
-    elif len(states) > 1 and all(json.dumps(s, sort_keys=True) == json.dumps(states[0], sort_keys=True)
-                                 for s in states):  # a position that does not depend on the process
+    elif all(json.dumps(s, sort_keys=True) == json.dumps(states[0], sort_keys=True) for s in states):
         data_iterator.set_state(states[0])
     else:
         raise C.ConfigError(f"{where}: its data position was saved by {len(states)} processes, this run "
@@ -108,16 +138,18 @@ def _note_val_loss(ckpt, step: int) -> None:
             return
 
 
-def _restore_full(root: str, step: int, abstract, shardings, data_iterator, process_index: int):
+def _restore_full(root: str, step: int, abstract, shardings, data_iterator=None, process_index: int = 0):
+    """The state saved at `step`, and, given `data_iterator`, its data position applied."""
     from maxlite.state import TrainState
 
     targets = {"params": ck.sharded_target(abstract.params, shardings.params),
                "optimizer": ck.sharded_target({"step": abstract.step, "opt_state": abstract.opt_state},
-                                              {"step": shardings.step, "opt_state": shardings.opt_state}),
-               "data": None}
+                                              {"step": shardings.step, "opt_state": shardings.opt_state})}
+    if data_iterator is not None:
+        targets["data"] = None
     restored = ck.restore_items(root, step, targets)
-    apply_data_state(data_iterator, (restored.get("data") or {}).get("states") or [], process_index,
-                     f"{root}/{step}")
+    if data_iterator is not None:
+        apply_data_state(data_iterator, restored.get("data") or {}, process_index, f"{root}/{step}")
     opt = restored["optimizer"]
     return TrainState(step=opt["step"], params=restored["params"], opt_state=opt["opt_state"])
 

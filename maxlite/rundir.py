@@ -69,6 +69,21 @@ class RunDir:
             write_text(f"{launch_dir}/run_status.json", text)
 
 
+    def append_jsonl(self, name: str, record: dict[str, Any]) -> None:
+        """One line more in `{run_dir}/name` (primary only); on gs:// the object is rewritten whole."""
+        if not self.primary:
+            return
+        line = json.dumps(record, default=str) + "\n"
+        path = f"{self.path}/{name}"
+        if "://" not in path:
+            with open(path, "a") as f:
+                f.write(line)
+            return
+        fs, _, _ = fsspec.get_fs_token_paths(path)
+        before = fs.cat_file(path) if fs.exists(path) else b""
+        write_bytes(path, before + line.encode())
+
+
 def read_status(run_dir: str) -> dict[str, Any] | None:
     try:
         with fsspec.open(f"{run_dir}/status.json", "r") as f:

@@ -116,6 +116,22 @@ def gradients(params, graphdef, batch: Batch, accumulation_steps: int, loss_fn, 
     return grads, jax.tree.map(lambda x: x / d, sums), denominator
 
 
+def batch_hash(batch: Batch) -> jax.Array:
+    """A uint32 fingerprint of the global batch's integer arrays, position by position (row order
+    included): the same data gives the same number whatever the mesh or the number of processes
+    (integer sums wrap, so the reduction order cannot change it). Compare two runs' data with it."""
+    total = jnp.zeros((), jnp.uint32)
+    for i, name in enumerate(sorted(batch)):
+        x = batch[name]
+        if not jnp.issubdtype(x.dtype, jnp.integer):
+            continue
+        v = x.astype(jnp.uint32) ^ (jnp.arange(x.size, dtype=jnp.uint32).reshape(x.shape) * jnp.uint32(0x9E3779B1)
+                                    + jnp.uint32(2 * i + 1))
+        v = v * jnp.uint32(0x85EBCA6B)
+        total = total + jnp.sum(v ^ (v >> 13), dtype=jnp.uint32)
+    return total
+
+
 def dropout_key(seed: int | None, step: jax.Array):
     """The step's dropout key, a function of (seed, step) alone (a resumed run draws the same
     masks); None when the recipe has no dropout."""
@@ -139,12 +155,14 @@ def train_step(state: TrainState, batch: Batch, *, graphdef, tx, schedule, accum
     trainable = optax.apply_updates(trainable, updates)
     if set_reference:
         opt_state = optim.set_reference(opt_state, trainable)
+    grad_norm = optax.tree.norm(grads)
     metrics = {
         **means,
         "total_weights": weights,
-        "grad_norm": optax.tree.norm(grads),
+        "grad_norm": grad_norm,
         "learning_rate": schedule(state.step),
-        "finite": jnp.isfinite(means["loss"]),
+        "finite": jnp.isfinite(means["loss"]) & jnp.isfinite(grad_norm),  # else the update spoils the weights
+        "batch_hash": batch_hash(batch),
     }
     return TrainState(step=state.step + advance, params=join(trainable, frozen), opt_state=opt_state), metrics
 

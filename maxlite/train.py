@@ -64,6 +64,12 @@ class _Run:
     logger: Any
     hooks: list  # periodic work (maxlite/hooks.py), called in order after every step
     ckpt: Any = None  # Checkpointer, or None with enable_checkpointing=false
+    built: Any = None  # maxlite.build's Built: what a rollback restores onto
+    watch: Any = None  # resilience.spikes.SpikeWatch: the loss verdicts
+    rollbacks: int = 0
+    # (step, global batches read before that step's batch): where the step → data map jumps (the
+    # attempt's start, each rollback); a rollback reports the global samples it skips from it
+    segments: list = None
 
     def failed(self, e: BaseException) -> None:
         import jax
@@ -89,9 +95,12 @@ def exit_code_of(e: BaseException) -> int:
     """The exit code `main` gives an error that ends the run."""
     from maxlite.checkpoints.saver import CheckpointSaveError
     from maxlite.resilience import exit_codes
+    from maxlite.resilience.spikes import LossDiverged
 
     if isinstance(e, C.ConfigError):
         return exit_codes.CONFIG_ERROR
+    if isinstance(e, LossDiverged):
+        return exit_codes.DIVERGED
     return exit_codes.CHECKPOINT_FAILED if isinstance(e, CheckpointSaveError) else exit_codes.FAILED
 
 
@@ -148,13 +157,15 @@ def _setup(cfg: C.Config, res) -> _Run:
     run_dir.sticky["resumed_from"] = start.record()
     run_dir.set_status("running", step=start.step)
     res.setup_end()
+    from maxlite.resilience.spikes import SpikeWatch
     return _Run(cfg, primary, run_dir, mesh, start.state, built.train_step, batches, built.batch_sharding,
-                logger, run_hooks, ckpt)
+                logger, run_hooks, ckpt, built, SpikeWatch(cfg.spike_factor, cfg.spike_patience),
+                segments=[(start.step, batches.batches_read)])
 
 
 def _loop(run: _Run, res, on_metrics) -> tuple[Any, str | None]:
-    """The steps, metrics read one step late, hooks after each; returns the last state and the
-    agreed stop reason."""
+    """The steps, metrics read one step late, hooks after each; a bad loss rolls back (and the loop
+    goes on from there); returns the last state and the agreed stop reason."""
     import jax
     from flax import nnx
 
@@ -164,47 +175,103 @@ def _loop(run: _Run, res, on_metrics) -> tuple[Any, str | None]:
     reason, pending = None, None
     with jax.set_mesh(run.mesh), nnx.logical_axis_rules(mesh_lib.RULES):
         clock = [time.perf_counter()]
-        for step in range(int(run.state.step), run.cfg.steps):
-            res.step_begin(step)
-            with res.data_wait():
-                local = next(run.batches)
-            batch = mesh_lib.global_batch(local, run.batch_sharding)
-            with res.device_wait():  # on CPU a dispatch may run the step inline, waiting for peers
-                run.state, metrics = run.train_step(run.state, batch)
-            if pending is not None:
-                _read(run, res, pending, on_metrics)
-            pending = (step + 1, metrics, clock)
-            res.step_end(step + 1)  # injected faults; the step's own time
-            for hook in run.hooks:
-                hook.after_step(step + 1, run.state)
-            reason = res.decide(step + 1)  # the same answer on every host, at the same step
-            if reason == SAVE_NOW:  # a preemption notice: a complete checkpoint now, then train on
-                reason = None
+        step = int(run.state.step)
+        while True:
+            while step < run.cfg.steps:
+                res.step_begin(step)
+                with res.data_wait():
+                    local = next(run.batches)
+                local = res.faults.corrupt(step + 1, local)  # tests' injected bad batch
+                batch = mesh_lib.global_batch(local, run.batch_sharding)
+                with res.device_wait():  # on CPU a dispatch may run the step inline, waiting for peers
+                    run.state, metrics = run.train_step(run.state, batch)
+                verdict = _read(run, res, pending, on_metrics) if pending is not None else None
+                pending = (step + 1, metrics, clock)
+                if verdict is not None:  # the step just dispatched started from a bad state too
+                    step, pending = _rollback(run, res, verdict, last_dispatched=step + 1), None
+                    continue
+                res.step_end(step + 1)  # injected faults; the step's own time
                 for hook in run.hooks:
-                    hook.save_now(step + 1, run.state, "preemption notice")
-            elif reason:
+                    hook.after_step(step + 1, run.state)
+                reason = res.decide(step + 1)  # the same answer on every host, at the same step
+                if reason == SAVE_NOW:  # a preemption notice: a complete checkpoint now, then train on
+                    reason = None
+                    for hook in run.hooks:
+                        hook.save_now(step + 1, run.state, "preemption notice")
+                elif reason:
+                    break
+                step += 1
+            if pending is None:
                 break
-        if pending is not None:
-            _read(run, res, pending, on_metrics)
+            verdict, last_dispatched, pending = _read(run, res, pending, on_metrics), pending[0], None
+            if verdict is None:
+                break
+            step = _rollback(run, res, verdict, last_dispatched)
+            if reason:  # stopping anyway: from the good state (the final save holds it)
+                break
         for hook in run.hooks:
             hook.at_end(int(run.state.step), run.state, reason)
     return run.state, reason
 
 
-def _read(run: _Run, res, pending, on_metrics) -> None:
-    """A step's metrics, one step late: the host never waits for the step it just dispatched."""
+def _read(run: _Run, res, pending, on_metrics):
+    """A step's metrics, one step late: the host never waits for the step it just dispatched.
+    Returns the loss watch's verdict (resilience/spikes.py): None, or a rollback to make."""
     import jax
 
     step, metrics, dispatched = pending
     with res.device_wait():  # waits for that step (and, through it, for the other hosts)
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
     done = time.perf_counter()
-    if not values.pop("finite"):
-        raise FloatingPointError(f"loss is {values['loss']} at step {step}: stopping")
-    run.logger.log_step(step, done - dispatched[0], {**values, **res.metrics()})
+    finite = bool(values.pop("finite"))
+    verdict = run.watch.see(step, values["loss"], finite)
+    if finite:
+        run.logger.log_step(step, done - dispatched[0], {**values, **res.metrics()})
     dispatched[0] = done
-    if on_metrics is not None:
+    if on_metrics is not None and finite:
         on_metrics(run.logger.history[-1])
+    return verdict
+
+
+def _rollback(run: _Run, res, verdict, last_dispatched: int) -> int:
+    """Back to the newest snapshot or checkpoint before the bad stretch began (maxlite.resume's
+    rule), the newer saves (bad states) deleted, the data position left where it is: the batches
+    read since that state are skipped, and listed in `rollbacks.jsonl`. Returns the step to go on
+    from. Every host reaches the same verdict at the same step (the loss is global)."""
+    from maxlite import resume
+    from maxlite.resilience.spikes import LossDiverged
+
+    cfg, bound = run.cfg, verdict.first_bad - 1
+    if run.rollbacks >= cfg.spike_max_rollbacks:
+        raise LossDiverged(f"{verdict.why}; stopping after {run.rollbacks} rollback(s) "
+                           f"(spike_max_rollbacks={cfg.spike_max_rollbacks})")
+    with res.section("rollback"):
+        if run.ckpt is not None:
+            run.ckpt.discard_after(bound)
+        if res.snapshots is not None:
+            res.snapshots.drop_after(bound)
+        start = resume.rollback(run.built, run.ckpt, res.restore, bound)
+    if start is None:
+        raise LossDiverged(f"{verdict.why}; no in-memory snapshot or checkpoint at or before step {bound} "
+                           f"to roll back to (inmemory_snapshot_period, checkpoint_period): stopping")
+    run.rollbacks += 1
+    end = run.batches.batches_read
+    seg_step, seg_batch = max((s for s in run.segments if s[0] <= start.step), default=run.segments[0])
+    begin = seg_batch + (start.step - seg_step)  # the batch the restored state's next step read
+    gb = cfg.global_batch_size
+    record = {"rollback": run.rollbacks, "why": verdict.why, "to_step": start.step, "source": start.source,
+              "steps_undone": [start.step + 1, last_dispatched], "skipped_batches": [begin, end],
+              "skipped_samples": [begin * gb, end * gb]}
+    run.dir.append_jsonl("rollbacks.jsonl", record)
+    run.dir.sticky["rollbacks"] = run.rollbacks
+    print_primary(run.primary, f"maxlite: {verdict.why}: rolled back to step {start.step} ({start.source} "
+                               f"{start.where}, {start.seconds:.2f} s); "
+                               f"skipping global batches {begin}..{end - 1} (samples {begin * gb}..{end * gb - 1}); "
+                               f"rollback {run.rollbacks} of at most {cfg.spike_max_rollbacks}")
+    run.state = start.state
+    run.watch.rolled_back(start.step)
+    run.segments.append((start.step, end))
+    return start.step
 
 
 def _finish(run: _Run, res, state, reason: str | None, started: float) -> dict[str, Any]:
@@ -278,6 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if argv else 2
     from maxlite.checkpoints.saver import CheckpointSaveError
     from maxlite.resilience import exit_codes, preemption
+    from maxlite.resilience.spikes import LossDiverged
 
     try:
         cfg = C.load(argv)
@@ -292,6 +360,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         os._exit(exit_codes.CHECKPOINT_FAILED)
     except C.ConfigError:
         raise  # the user's mistake: one line, exit 2 (maxlite/cli.py)
+    except LossDiverged as e:  # every host stops at the same step: one line, status.json says failed
+        if not _several_processes() or sys.modules["jax"].process_index() == 0:
+            print(f"maxlite: error: {e}", file=sys.stderr, flush=True)
+        return exit_codes.DIVERGED
     except Exception:  # noqa: BLE001 — a crash: its traceback, then out at once
         if not _several_processes():
             raise

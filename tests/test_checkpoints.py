@@ -179,3 +179,12 @@ def test_async_save_compiles_nothing_while_the_loop_waits(tmp_path):
         saver.close()
     assert compiles == []
     assert ck.complete_steps(saver.path) == [1]
+
+
+def test_the_data_position_is_global_and_processes_that_disagree_are_refused():
+    from maxlite.checkpoints.saver import data_record
+
+    position = {"fingerprint": {"dataset_type": "indexed"}, "grain": {"next_index": 7}}
+    assert data_record([position, dict(position)]) == {"process_count": 2, "position": position}
+    with pytest.raises(RuntimeError, match="process 1's data position"):
+        data_record([position, {**position, "grain": {"next_index": 6}}])

@@ -39,6 +39,7 @@ def test_user_yaml_overrides_preset(tmp_path):
     (["base.yml", "dtype=float8"], "dtype='float8': choose one of float32, bfloat16"),
     (["base.yml", "ici_fsdp_parallelism=-1", "ici_tensor_parallelism=-1"], "only one ici_*_parallelism may be -1"),
     (["nosuch.yml"], "config file 'nosuch.yml' not found"),
+    (["base.yml", "spike_factor=0.5"], "spike_factor=0.5: a spike is a loss above this × the recent median"),
 ])
 def test_user_mistakes_are_one_line(argv, message):
     with pytest.raises(C.ConfigError) as e:

@@ -153,6 +153,40 @@ def test_resume_in_a_new_process_is_exact(tmp_path, two_prefixes, kind):
     it.close()
 
 
+SOURCES = {"synthetic": ["base.yml", "model_name=tiny", "dataset_type=synthetic", "max_target_length=32"],
+           "text": ["base.yml", "model_name=tiny", "dataset_type=text", "max_target_length=32"],
+           "sft": ["sft.yml", "max_target_length=64"],
+           "preference": ["dpo.yml", "max_target_length=64"]}
+
+
+@pytest.mark.parametrize("source", [*SOURCES, "indexed"])
+def test_a_data_position_resumes_on_any_number_of_processes(two_prefixes, source):
+    """After 3 steps read by one process, or by two, the position is the same, and two processes
+    (or one) restored from it read exactly the global batches one uninterrupted process reads next."""
+    args = SOURCES.get(source) or ["base.yml", "model_name=tiny", "dataset_type=indexed", "max_target_length=32",
+                                   f"data_prefix=[1,{two_prefixes[0]},1,{two_prefixes[1]}]"]
+    c = C.resolve(C.load([*args, "per_device_batch_size=1"]), 4)
+    one, two = make_iterator(c, "train", 0, 1), [make_iterator(c, "train", p, 2) for p in (0, 1)]
+    for _ in range(3):
+        for it in (one, *two):
+            next(it)
+    position = one.get_state()
+    assert all(json.dumps(it.get_state(), sort_keys=True) == json.dumps(position, sort_keys=True) for it in two)
+    restored_two = [make_iterator(c, "train", p, 2) for p in (0, 1)]
+    restored_one = make_iterator(c, "train", 0, 1)
+    for it in (*restored_two, restored_one):
+        it.set_state(position)
+    for _ in range(2):
+        whole = next(one)
+        halves = [next(it) for it in restored_two]
+        again = next(restored_one)
+        for k in whole:
+            np.testing.assert_array_equal(np.concatenate([h[k] for h in halves]), whole[k], err_msg=k)
+            np.testing.assert_array_equal(again[k], whole[k], err_msg=k)
+    for it in (one, *two, *restored_two, restored_one):
+        it.close()
+
+
 def test_resume_rejects_other_settings(two_prefixes):
     c = _cfg("dataset_type=indexed", f"data_prefix={two_prefixes[0]}", "max_target_length=32")
     it = make_iterator(c, "train", 0, 1)

@@ -74,6 +74,12 @@ def losses(run_dir, name):
     return out
 
 
+def batch_hashes(run_dir, name):
+    """step → batch_hash (the step's global batch fingerprint) of the last attempt that reached it."""
+    with open(os.path.join(run_dir, name, "metrics.jsonl")) as f:
+        return {r["step"]: r["batch_hash"] for r in map(json.loads, f) if "batch_hash" in r}
+
+
 def steps_logged(run_dir, name):
     try:
         return len(losses(run_dir, name))
@@ -211,6 +217,97 @@ def test_slowed_process_is_scored_below_threshold(run_dir):
     assert last["worst"][0]["process"] == 1 and last["relative"][0] == 1.0
     assert "STRAGGLERS: [1" in texts[0] and "worst: p1 rel 0." in texts[0]
     assert "straggler_min_relative_score" in status(run_dir, "s")["summary"]  # scores reach the outputs
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A small .bin/.idx corpus: the indexed source, the one a long run reads."""
+    import numpy as np
+    from maxlite.data import indexed
+    prefix = str(tmp_path_factory.mktemp("idx") / "corpus")
+    rng = np.random.default_rng(0)
+    with indexed.IndexedWriter(prefix, np.uint16) as w:
+        for _ in range(400):
+            w.add_document(np.append(rng.integers(1, 250, rng.integers(5, 80)), 0))
+    return prefix
+
+
+# (processes, devices, extra keys) of the first attempt and of the resumed one: 4 devices on 2
+# hosts → 1 host, and 2 devices accumulating 2 micro-batches → 2 hosts; the global batch stays 4
+TOPOLOGY_CHANGES = {"2x2_to_1x4": ((2, 4, []), (1, 4, [])),
+                    "1x2_accum2_to_2x2": ((1, 2, ["gradient_accumulation_steps=2"]), (2, 4, []))}
+
+
+@pytest.mark.parametrize("change", TOPOLOGY_CHANGES)
+def test_resume_on_another_topology_reads_the_same_global_batches(run_dir, corpus, change):
+    """A run killed at step 7 and resumed from its step-5 checkpoint on another number of hosts and
+    devices consumes exactly the uninterrupted run's global batches (every step's batch_hash equal:
+    no sample skipped or repeated) and tracks its losses (within 1e-4: only the reduction order differs, 3e-5 seen with accumulation)."""
+    data = ["dataset_type=indexed", f"data_prefix={corpus}", "steps=10"]
+    codes, texts = run(run_dir, "ref", data, processes=2)
+    assert codes == [0, 0], texts[0][-3000:]
+    (p1, d1, extra1), (p2, d2, extra2) = TOPOLOGY_CHANGES[change]
+    crash = ["checkpoint_period=5", "async_checkpointing=false", "fault_type=crash", "fault_step=7", "fault_process=0",
+             "watchdog_min_timeout=5", "watchdog_factor=2"]
+    procs, logs = start(run_dir, "x", data + crash + extra1, processes=p1, devices=d1)
+    procs[0].wait(timeout=600)
+    for p in procs[1:]:  # the survivor fails on its own within seconds; do not wait for it
+        p.kill()
+    finish(procs, logs)
+    assert _complete_checkpoint(run_dir, "x", 5)
+    codes, texts = run(run_dir, "x", data + crash + extra2, processes=p2, devices=d2)
+    assert codes == [0] * p2, texts[0][-3000:]
+    assert "resumed from step 5 " in texts[0]
+    assert batch_hashes(run_dir, "x") == batch_hashes(run_dir, "ref")
+    assert len(set(batch_hashes(run_dir, "ref").values())) == 10  # ten different batches
+    got, want = losses(run_dir, "x"), losses(run_dir, "ref")
+    assert sorted(got) == list(range(1, 11))
+    assert [got[s] for s in sorted(got)] == pytest.approx([want[s] for s in sorted(want)], rel=1e-4)
+
+
+def test_nan_loss_rolls_back_to_memory_skips_its_batches_and_finishes(run_dir, corpus):
+    """Two processes; process 1's rows of step 7's batch make the loss NaN. Step 7's checkpoint (a
+    NaN state, saved before the loss was read) is deleted, the state of step 6 comes back from the
+    in-memory snapshot, and the batches of the two undone steps are skipped: the steps after read
+    exactly the global batches an uninterrupted run reads two steps later (batch hashes do not
+    depend on the topology, so the reference is one process), and the run ends finite."""
+    data = ["dataset_type=indexed", f"data_prefix={corpus}"]
+    codes, texts = run(run_dir, "ref", data + ["steps=14", "enable_checkpointing=false"], processes=1, devices=4)
+    assert codes == [0], texts[0][-3000:]
+    args = data + ["steps=12", "checkpoint_period=7", "inmemory_snapshot_period=2", "fault_type=nan", "fault_step=7",
+                   "fault_process=1"]
+    codes, texts = run(run_dir, "m", args, processes=2)
+    assert codes == [0, 0], texts[0][-3000:] + texts[1][-3000:]
+    assert "deleted checkpoint(s) of step(s) 7" in texts[0]
+    assert re.search(r"loss is nan at step 7: rolled back to step 6 \(memory .*skipping global batches 6\.\.7 "
+                     r"\(samples 24\.\.31\); rollback 1 of at most 3", texts[0]), texts[0][-3000:]
+    with open(os.path.join(run_dir, "m", "rollbacks.jsonl")) as f:
+        (record,) = map(json.loads, f)
+    assert record["to_step"] == 6 and record["source"] == "memory" and record["steps_undone"] == [7, 8]
+    assert record["skipped_batches"] == [6, 8] and record["skipped_samples"] == [24, 32]
+    st = status(run_dir, "m")
+    assert st["state"] == "finished" and st["step"] == 12 and st["rollbacks"] == 1
+    got, ref = batch_hashes(run_dir, "m"), batch_hashes(run_dir, "ref")
+    assert [got[s] for s in range(1, 7)] == [ref[s] for s in range(1, 7)]
+    assert [got[s] for s in range(7, 13)] == [ref[s] for s in range(9, 15)]  # batches 6 and 7 skipped
+    assert all(v == v and v < 20 for v in losses(run_dir, "m").values())  # finite from step 7 on
+    from maxlite import checkpoints as ck
+    data = ck.restore_items(os.path.join(run_dir, "m", "checkpoints"), 12, {"data": None})["data"]
+    assert data["position"]["batches_read"] == 14  # 12 steps trained, 2 batches skipped
+
+
+def test_nan_loss_rolls_back_to_disk_and_stops_with_one_line_when_no_rollback_is_left(run_dir):
+    args = ["steps=9", "checkpoint_period=3", "fault_type=nan", "fault_step=5", "async_checkpointing=false"]
+    codes, texts = run(run_dir, "c", args, devices=2)
+    assert codes == [0], texts[0][-3000:]
+    assert re.search(r"loss is nan at step 5: rolled back to step 3 \(checkpoint \S+/checkpoints/3", texts[0])
+    assert status(run_dir, "c")["state"] == "finished"
+    codes, texts = run(run_dir, "x", args + ["spike_max_rollbacks=0"], devices=2)
+    assert codes == [exit_codes.DIVERGED]
+    assert texts[0].count("maxlite: error: loss is nan at step 5; stopping after 0 rollback(s) "
+                          "(spike_max_rollbacks=0)") == 1 and "Traceback" not in texts[0]
+    st = status(run_dir, "x")
+    assert st["state"] == "failed" and "loss is nan at step 5" in st["error"] and st["next"] == "fail"
 
 
 def test_crash_recovers_from_peer_memory_like_an_uninterrupted_run(run_dir):

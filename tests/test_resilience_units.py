@@ -95,7 +95,9 @@ def test_exit_codes_tell_requeue_from_restart():
     assert act(-9, None, 0, 3) == "restart" and act(137, None, 0, 3) == "restart"  # SIGKILL, bare or by a shell
     assert act(exit_codes.CHECKPOINT_FAILED, {"state": "failed"}, 0, 3) == "restart"
     assert act(exit_codes.CONFIG_ERROR, None, 0, 3) == "fail"
-    assert len({exit_codes.HANG, exit_codes.STRAGGLER, exit_codes.PREEMPT_TIMEOUT, exit_codes.FAILED}) == 4
+    assert act(exit_codes.DIVERGED, {"state": "failed"}, 0, 3) == "fail"  # the same data would diverge again
+    assert len({exit_codes.HANG, exit_codes.STRAGGLER, exit_codes.PREEMPT_TIMEOUT, exit_codes.FAILED,
+                exit_codes.DIVERGED}) == 5
 
 
 def test_goodput_counts_causes_and_restarts(tmp_path):
@@ -304,3 +306,33 @@ def test_watchdog_tells_a_starved_process_from_a_stuck_one(capsys):
     w = _watched(late, SPAN_SECONDS)
     assert _poll_until(w, late, 12.0, 0.25) is None
     assert _poll_until(w, late, 30.0, 0.0) == ("step", 16.0, 2.0)
+
+
+def test_loss_watch_verdicts():
+    """Non-finite at once; a spike only after `patience` steps in a row above factor × the median of
+    the good losses (a shorter one passes); nothing judged before the window has enough history."""
+    from maxlite.resilience.spikes import MIN_HISTORY, SpikeWatch
+
+    early = SpikeWatch(factor=2.0, patience=2)
+    assert early.see(1, 10.0) is None and early.see(2, 100.0) is None and early.see(3, 100.0) is None
+    nan = early.see(4, float("nan"))
+    assert (nan.first_bad, nan.step) == (4, 4) and "nan" in nan.why
+    grad = early.see(5, 10.0, finite=False)
+    assert (grad.first_bad, grad.step) == (5, 5) and "gradient is not finite" in grad.why
+
+    w = SpikeWatch(factor=2.0, patience=3)
+    losses = [4.0 - 0.01 * i for i in range(MIN_HISTORY)]
+    for step, loss in enumerate(losses, 1):
+        assert w.see(step, loss) is None
+    s = MIN_HISTORY
+    assert w.see(s + 1, 9.0) is None and w.see(s + 2, 9.0) is None  # two spiked steps: patience 3
+    assert w.see(s + 3, 3.9) is None  # back to normal: the stretch is over
+    assert w.see(s + 4, 7.0) is None  # under 2 × median (~3.96)
+    assert w.see(s + 5, 8.5) is None and w.see(s + 6, 8.5) is None
+    v = w.see(s + 7, 8.5)
+    assert (v.first_bad, v.step) == (s + 5, s + 7) and "above 2 × the median" in v.why
+    w.rolled_back(s + 4)
+    assert w.see(s + 5, 8.5) is None  # the stretch starts over after a rollback
+    off = SpikeWatch(factor=0.0, patience=1)
+    for step in range(1, 20):
+        assert off.see(step, 1e6 * step) is None  # factor 0: only non-finite losses are judged

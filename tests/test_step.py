@@ -70,3 +70,24 @@ def test_gradient_accumulation_equals_the_big_batch():
     # Summation order differs (micro-batch partial sums), so equal up to float32 rounding.
     np.testing.assert_allclose(acc_state.params["embedding"][...], big_state.params["embedding"][...],
                                atol=1e-5)
+
+
+def test_batch_hash_sees_order_and_content_not_the_sharding():
+    """The batch fingerprint the trainer logs: one value for one global batch however it is laid
+    out on the devices; a swapped row pair or one changed token gives another."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from maxlite.step import batch_hash
+
+    rng = np.random.default_rng(0)
+    batch = {"inputs": rng.integers(0, 1000, (8, 16)).astype(np.int32),
+             "segment_ids": np.ones((8, 16), np.int32), "weights": np.ones((8, 16), np.float32)}
+    base = int(jax.jit(batch_hash)(batch))
+    mesh = jax.make_mesh((8,), ("d",))
+    sharded = {k: jax.device_put(v, NamedSharding(mesh, P("d"))) for k, v in batch.items()}
+    assert int(jax.jit(batch_hash)(sharded)) == base
+    swapped = {**batch, "inputs": batch["inputs"][[1, 0, *range(2, 8)]]}
+    changed = {**batch, "inputs": batch["inputs"].copy()}
+    changed["inputs"][5, 7] += 1
+    assert int(jax.jit(batch_hash)(swapped)) != base
+    assert int(jax.jit(batch_hash)(changed)) != base

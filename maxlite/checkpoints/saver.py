@@ -36,6 +36,19 @@ def gather_json(obj: Any) -> list[Any]:
     return [json.loads(bytes(rows[i, :sizes[i]])) for i in range(len(sizes))]
 
 
+def data_record(states: list[Any]) -> dict[str, Any]:
+    """What a checkpoint keeps of the data: one `position` in the global sample order, which any
+    number of processes resumes from. Every source's position is global (each process reads its
+    rows of the same global batches), so processes that disagree are out of step: that is a bug,
+    and no checkpoint is better than one that would resume the wrong data."""
+    first = json.dumps(states[0], sort_keys=True)
+    for p, s in enumerate(states[1:], 1):
+        if json.dumps(s, sort_keys=True) != first:
+            raise RuntimeError(f"process {p}'s data position {json.dumps(s)[:200]} differs from process 0's "
+                               f"{first[:200]}: the processes read different batches")
+    return {"process_count": len(states), "position": states[0]}
+
+
 class Checkpointer:
     """Periodic + final saves of (params, optimizer, data states, meta) into `checkpoint_dir(cfg)`."""
 
@@ -104,8 +117,7 @@ class Checkpointer:
         if self.writer is not None:
             state = offload.to_host(state)  # enqueued: the loop goes on while it copies
         cfg = self.cfg
-        data = {"process_count": None, "states": gather_json(data_iterator.get_state())}
-        data["process_count"] = len(data["states"])
+        data = data_record(gather_json(data_iterator.get_state()))
         meta = {"step": step, "consumed_samples": step * cfg.global_batch_size,
                 "tokens_seen": step * cfg.tokens_per_step, "val_loss": self.val_loss,
                 "config": self.config_dict,
@@ -158,6 +170,20 @@ class Checkpointer:
         print_primary(self.primary, f"maxlite: saved checkpoint step {step}: {self.state_bytes / 2**20:,.1f} MiB "
                            f"in {seconds:.2f} s ({self.state_bytes / 2**20 / max(seconds, 1e-9):,.0f} MiB/s; "
                            f"the loop waited {blocked:.2f} s)")
+
+    def discard_after(self, step: int) -> list[int]:
+        """Delete the checkpoints of steps after `step` (a rolled-back run's bad states: a later
+        restart must not resume from them, and the steps run again save anew); returns them.
+        Collective: every host calls it."""
+        self.poll(wait=True)
+        gone = [s for s in self.mngr.all_steps() if s > step]
+        for s in gone:
+            self.mngr.delete(s)
+        self.saved = [s for s in self.saved if s <= step]
+        if gone:
+            print_primary(self.primary, f"maxlite: deleted checkpoint(s) of step(s) {', '.join(map(str, gone))}: "
+                                        f"they hold the states being rolled back")
+        return gone
 
     def _failed(self, step: int, e: BaseException) -> None:
         earlier = [s for s in self.mngr.all_steps() if s != step]  # cached: the storage may be down

@@ -4,7 +4,8 @@ Every `next()` gives this process's rows of one optimizer step's global batch as
 `[global_batch_size // process_count, max_target_length]`: inputs, targets (int32), positions,
 segment_ids (int32; 1, 2, ... per packed document, 0 = padding), weights (float32). Process p
 holds rows [p*n, (p+1)*n), so all processes together read exactly what one process would.
-`get_state()`/`set_state()` (small, JSON-serialisable) restore the exact next batch. The alignment
+`get_state()`/`set_state()` (small, JSON-serialisable) restore the exact next batch;
+`batches_read` is the number of global batches read before it (the position in the global order). The alignment
 data (data/preference.py) has its own row layout; its `host_` arrays stay on the host.
 """
 
@@ -26,6 +27,7 @@ class DataIterator:
 
     def __init__(self, it, fingerprint: dict[str, Any], copy: bool = False):
         self._it, self.fingerprint, self._copy = it, fingerprint, copy
+        self.batches_read = 0  # the position in the global order: global batches read before the next
         _OPEN.add(self)
 
     def __iter__(self) -> "DataIterator":
@@ -33,12 +35,13 @@ class DataIterator:
 
     def __next__(self) -> dict:
         batch = next(self._it)
+        self.batches_read += 1
         if self._copy:  # worker batches live in shared memory: own a plain copy, leak nothing
             batch = {k: np.array(v) for k, v in batch.items()}
         return batch
 
     def get_state(self) -> dict[str, Any]:
-        return {"fingerprint": self.fingerprint, "grain": self._it.get_state()}
+        return {"fingerprint": self.fingerprint, "grain": self._it.get_state(), "batches_read": self.batches_read}
 
     def set_state(self, state: dict[str, Any]) -> None:
         saved = state.get("fingerprint", {})
@@ -48,6 +51,7 @@ class DataIterator:
                     f"the checkpoint's data state was saved with {key}={saved[key]}, this run has "
                     f"{self.fingerprint[key]}; resume with the same data settings")
         self._it.set_state(state["grain"])
+        self.batches_read = int(state.get("batches_read", 0))
 
     def close(self) -> None:
         close = getattr(self._it, "close", None)

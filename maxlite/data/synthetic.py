@@ -42,6 +42,10 @@ class SyntheticIterator:
             "weights": np.ones(shape, np.float32),
         }
 
+    @property
+    def batches_read(self) -> int:
+        return self.step
+
     def get_state(self) -> dict:
         return {"step": self.step}
 

@@ -217,8 +217,13 @@ def _worker_loop(loop_config: dict[str, Any]) -> dict[str, Any]:
     # preemption also comes as Ray's drain notice: save at once and train on.
     from maxlite.launch.ray_keeper import RayKeeper
 
-    summary = train_lib.train(cfg, on_metrics=on_metrics,  # faults (fault_*) fire inside the loop
-                              preemption_notice=_preemption_notice, snapshot_keeper=RayKeeper)
+    from maxlite.resilience.spikes import LossDiverged
+
+    try:
+        summary = train_lib.train(cfg, on_metrics=on_metrics,  # faults (fault_*) fire inside the loop
+                                  preemption_notice=_preemption_notice, snapshot_keeper=RayKeeper)
+    except LossDiverged as e:  # every worker stops at the same step; a restart would repeat it
+        return {"exit_code": exit_codes.DIVERGED, "next": exit_codes.FAIL, "error": str(e)}
     if summary.get("next") == exit_codes.RESTART:
         # a failure (straggler, failed save): fail this attempt and Ray restarts the whole group,
         # counted against max_failures; it resumes from the newest checkpoint or snapshot
@@ -307,6 +312,8 @@ def run(cfg: C.Config) -> dict[str, Any]:
                                  f"restart(s) (max_failures): {_first_cause(e)}; worker logs above, "
                                  f"status in {cfg.run_dir}/status.json") from None
             summary = dict(result.return_value or {})
+            if summary.get("next") == exit_codes.FAIL:
+                raise SystemExit(f"maxlite: error: {summary.get('error')}; status in {cfg.run_dir}/status.json")
             if summary.get("next") != exit_codes.REQUEUE:
                 break
             print("maxlite: Ray: run preempted and saved: starting it again (a requeue: not counted "

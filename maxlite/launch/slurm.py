@@ -140,7 +140,7 @@ def render(job: SlurmJob, exp_dir: pathlib.Path, python: str = sys.executable) -
 
 def _no_status_cases() -> str:
     """The bash `case` arms of `next_action(code, None)`, generated from the rule itself."""
-    codes = (exit_codes.FINISHED, exit_codes.CONFIG_ERROR)
+    codes = (exit_codes.FINISHED, exit_codes.CONFIG_ERROR, exit_codes.DIVERGED)
     arms = [f"{c}) echo {exit_codes.next_action(c, None)} ;;" for c in codes]
     return " ".join(arms + [f"*) echo {exit_codes.next_action(exit_codes.FAILED, None)} ;;"])
 

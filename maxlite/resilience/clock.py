@@ -84,7 +84,7 @@ class Clock:
             yield
         finally:
             self._seen[name] = seen + 1
-            if self.goodput and name in ("eval", "checkpoint"):
+            if self.goodput and name in ("eval", "checkpoint", "rollback"):
                 self.goodput.add(name, time.monotonic() - t)
             if self.watchdog:
                 self.watchdog.beat("step", completed=name if seen >= 1 else None)  # 1st one compiles

@@ -100,13 +100,15 @@ class Resilience:
             self.snapshots = Snapshots(mesh, shardings, keeper, period=cfg.inmemory_snapshot_period,
                                        max_bytes=max_bytes, faults=self.faults, log=self._log)
 
-    def restore(self, abstract_state, newer_than: int = -1) -> Restored | None:
-        """Collective. The newest in-memory snapshot complete across hosts, if newer than the disk
-        checkpoint's step `newer_than` (a tie goes to memory: it is faster); else None → use disk."""
+    def restore(self, abstract_state, newer_than: int = -1, at_most: int | None = None) -> Restored | None:
+        """Collective. The newest in-memory snapshot complete across hosts (of a step <= `at_most`
+        when given), if newer than the disk checkpoint's step `newer_than` (a tie goes to memory: it
+        is faster); else None → use disk."""
         if self.snapshots is None:
             return None
         t = time.perf_counter()
-        got = self.snapshots.restore(self.vote, abstract_state)
+        self.snapshots.wait()  # one being written now is complete first
+        got = self.snapshots.restore(self.vote, abstract_state, at_most)
         if got is None or got[2] < newer_than:
             where = "none complete on all hosts" if got is None else f"step {got[2]} older than disk"
             if self.primary:

@@ -2,7 +2,7 @@
 
 0 means "do not restart": the run finished, or it was preempted / hit `max_time` and saved — then
 status.json says `preempted` (with `reason`). The non-zero codes below mean "restart me" (up to
-`max_restarts` times); 2 is a user mistake and must not be retried. `next_action` below is the
+`max_restarts` times); 2 (a user mistake) and 78 (a diverged loss) must not be retried. `next_action` below is the
 whole rule, and the only copy of it.
 """
 
@@ -16,13 +16,14 @@ CHECKPOINT_FAILED = 74  # a checkpoint save failed and no later save succeeded (
 HANG = 75  # the watchdog saw a section exceed its timeout (EX_TEMPFAIL: "try again")
 STRAGGLER = 76  # stop_if_straggler: a process scored below straggler_threshold; restart elsewhere
 PREEMPT_TIMEOUT = 77  # preemption signal but no safe point within preemption_grace_seconds
+DIVERGED = 78  # the loss went bad with no rollback left (spike_max_rollbacks): a restart would repeat it
 
 # What a launcher does after a trainer exits. THE rule: the trainer writes its answer into
 # status.json (`next`); the Slurm batch script and the Ray driver follow it; a launcher only counts.
 DONE = "done"  # finished, or stopped at its own time budget (max_time): nothing more to do
 REQUEUE = "requeue"  # preempted and saved: start again from that checkpoint; not a failure
 RESTART = "restart"  # failed (crash, hang, straggler, failed save, killed): restart, counted
-FAIL = "fail"  # the recipe is wrong (or no restarts are left): never retry
+FAIL = "fail"  # the recipe is wrong, the loss diverged (or no restarts are left): never retry
 ACTIONS = (DONE, REQUEUE, RESTART, FAIL)
 
 
@@ -30,7 +31,7 @@ def next_action(code: int, status: dict | None) -> str:
     """After exit `code` with status.json `status` (None when this attempt wrote none, e.g. killed
     with SIGKILL or a command other than the trainer): done | requeue | restart | fail."""
     state = (status or {}).get("state")
-    if code == CONFIG_ERROR:
+    if code in (CONFIG_ERROR, DIVERGED):
         return FAIL
     if code == FINISHED and state in ("finished", None):
         return DONE

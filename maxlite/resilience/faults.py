@@ -1,10 +1,10 @@
 """Fault injection from the config, for tests and demos: crash, hang, slow-down, starve (the
 process keeps computing, as a starved or compiling one does, for 3× its watchdog's step timeout:
 slow, not hung), a SIGTERM to the process itself (what a scheduler sends on preemption), a crash in the middle of an in-memory
-snapshot or in the middle of a checkpoint save (its files half written, never renamed complete), at
-`fault_step` on process `fault_process`.
+snapshot or in the middle of a checkpoint save (its files half written, never renamed complete), a
+batch whose loss is not finite (nan: its rows' weights), at `fault_step` on process `fault_process`.
 
-A crash, hang, starve or SIGTERM fires once per run directory (a marker file in the run directory, local or
+A crash, hang, starve, SIGTERM or nan fires once per run directory (a marker file in the run directory, local or
 gs://), so the restarted job runs through.
 """
 
@@ -19,7 +19,7 @@ import fsspec
 
 from maxlite.config import ConfigError
 
-_ONCE = ("crash", "hang", "starve", "sigterm", "crash_in_snapshot", "crash_in_checkpoint")
+_ONCE = ("crash", "hang", "starve", "sigterm", "crash_in_snapshot", "crash_in_checkpoint", "nan")
 
 
 class Faults:
@@ -62,6 +62,17 @@ class Faults:
             print(f"maxlite: fault injection: hang at step {step}", file=sys.stderr, flush=True)
             while True:
                 time.sleep(3600)
+
+    def corrupt(self, step: int, batch: dict) -> dict:
+        """This process's rows of the batch of step `step` (a count: its loss is logged as `step`);
+        nan: NaN weights, so the step's loss is not finite."""
+        if self.type == "nan" and step == self.step:
+            self._fire_once()
+            self.type = ""  # the step runs again after the rollback: with good data
+            print(f"maxlite: fault injection: a non-finite loss at step {step}", file=sys.stderr, flush=True)
+            import numpy as np
+            return {k: np.full_like(v, np.nan) if k.endswith("weights") else v for k, v in batch.items()}
+        return batch
 
     def slow_down(self, step: int, took: float) -> None:
         """Stretch this step's own work to `factor` × what it took."""

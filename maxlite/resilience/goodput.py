@@ -5,7 +5,7 @@ attempt), data_wait, checkpoint (time the loop blocked on saves), eval, restart 
 attempt's last sign of life and the next attempt's start — unless that attempt finished the run:
 a later command that extends a finished run starts a new span, and the time between is nobody's),
 recomputed (steps done again after a
-restore from an older state), other (the rest). The primary process keeps the running totals in
+restore from an older state), rollback (restoring a good state after a bad loss), other (the rest). The primary process keeps the running totals in
 `{run_dir}/goodput.json` so a restarted job continues them.
 """
 
@@ -17,7 +17,7 @@ import time
 
 from maxlite.rundir import write_text
 
-CAUSES = ("startup", "compilation", "data_wait", "checkpoint", "eval", "restart", "recomputed")
+CAUSES = ("startup", "compilation", "data_wait", "checkpoint", "eval", "restart", "recomputed", "rollback")
 
 
 class Goodput:

@@ -202,14 +202,28 @@ class Snapshots:
             self._thread.join()
 
     # ---- restoring ----
-    def restore(self, vote, abstract_state) -> tuple[Any, Any, int, str] | None:
-        """(state, data_state, step, detail) from the newest snapshot step complete on all hosts, or None.
+    def drop_after(self, step: int) -> None:
+        """Forget the snapshots of steps after `step` (a rolled-back run's bad states)."""
+        self.wait()
+        for s in self.keeper.steps(self.own_kind, self.rank):
+            if s > step:
+                self.keeper.drop(s, self.own_kind, self.rank)
+        if self.num > 1:
+            for s in self.keeper.steps(self.peer_kind, (self.rank - 1) % self.num):
+                if s > step:
+                    self.keeper.drop(s, self.peer_kind, (self.rank - 1) % self.num)
+        self.taken = [s for s in self.taken if s <= step]
+
+    def restore(self, vote, abstract_state, at_most: int | None = None) -> tuple[Any, Any, int, str] | None:
+        """(state, data_state, step, detail) from the newest snapshot step complete on all hosts (and
+        <= `at_most` when given), or None.
 
         Collective: every process calls it. `vote` is a `Vote` of width >= 8.
         """
         k = vote.width // 2
-        own = self.keeper.steps(self.own_kind, self.rank)[-k:]
-        held = self.keeper.steps(self.peer_kind, (self.rank - 1) % self.num)[-k:] if self.num > 1 else []
+        bounded = lambda steps: [s for s in steps if at_most is None or s <= at_most][-k:]  # noqa: E731
+        own = bounded(self.keeper.steps(self.own_kind, self.rank))
+        held = bounded(self.keeper.steps(self.peer_kind, (self.rank - 1) % self.num)) if self.num > 1 else []
         row = np.full(vote.width, -1, np.float32)
         row[:len(own)], row[k:k + len(held)] = own, held
         table = vote.now(row)
