@@ -93,12 +93,13 @@ class SnapshotHook(Hook):
     """In-memory snapshots every `inmemory_snapshot_period` steps (resilience/snapshot.py): the
     state and this process's data position, replicated to a peer host's memory."""
 
-    def __init__(self, snapshots, data_iterator):
-        self.snapshots, self.data = snapshots, data_iterator
+    def __init__(self, snapshots, data_iterator, section: Callable):
+        self.snapshots, self.data, self.section = snapshots, data_iterator, section
 
     def after_step(self, step: int, state) -> None:
         if self.snapshots.due(step):
-            self.snapshots.take(step, state, self.data.get_state())
+            with self.section("snapshot"):  # enqueues the copies; a thread writes them
+                self.snapshots.take(step, state, self.data.get_state())
 
 
 class SampleHook(Hook):
@@ -146,7 +147,7 @@ def standard(cfg, primary: bool, res, logger, batches, ckpt=None, evaluator=None
     hooks.append(CheckpointHook(ckpt, batches, res.section, primary, cfg.save_checkpoint_on_completion)
                  if ckpt is not None else NoCheckpointHook(primary))
     if res.snapshots is not None:
-        hooks.append(SnapshotHook(res.snapshots, batches))
+        hooks.append(SnapshotHook(res.snapshots, batches, res.section))
     if cfg.sample_prompts:
         hooks.append(SampleHook(cfg, mesh, primary, res.section))
     return hooks

@@ -188,6 +188,7 @@ def _loop(run: _Run, res, on_metrics) -> tuple[Any, str | None]:
                 verdict = _read(run, res, pending, on_metrics) if pending is not None else None
                 pending = (step + 1, metrics, clock)
                 if verdict is not None:  # the step just dispatched started from a bad state too
+                    res.step_abandoned()
                     step, pending = _rollback(run, res, verdict, last_dispatched=step + 1), None
                     continue
                 res.step_end(step + 1)  # injected faults; the step's own time
@@ -209,6 +210,7 @@ def _loop(run: _Run, res, on_metrics) -> tuple[Any, str | None]:
             step = _rollback(run, res, verdict, last_dispatched)
             if reason:  # stopping anyway: from the good state (the final save holds it)
                 break
+        res.loop_end()
         for hook in run.hooks:
             hook.at_end(int(run.state.step), run.state, reason)
     return run.state, reason
@@ -285,7 +287,8 @@ def _finish(run: _Run, res, state, reason: str | None, started: float) -> dict[s
     logger, primary = run.logger, run.primary
     summary = logger.summary(time.perf_counter() - started, None)
     if primary and "tokens_per_second" in summary and not reason:  # preempted: exit fast, no peak probe
-        peak, source = peak_tflops_per_device()
+        with res.section("peak_probe"):
+            peak, source = peak_tflops_per_device()
         if jax.devices()[0].platform == "cpu":
             peak /= jax.local_device_count()  # simulated CPU devices share the host's cores
         summary = logger.summary(time.perf_counter() - started, peak)

@@ -138,10 +138,15 @@ def head():
 
 @pytest.fixture(scope="module")
 def uninterrupted(head, tmp_path_factory):
-    """One uninterrupted `ray job submit` run of RECIPE: (completed process, run dir)."""
+    """One uninterrupted `ray job submit` run of RECIPE: (completed process, run dir). Worker 1 stalls
+    for PAUSE seconds once (losses do not change): where rank 0's goodput puts the wait is checked."""
     base = tmp_path_factory.mktemp("ray_runs")
-    done = head.submit(["base.yml", *RECIPE, f"base_output_directory={base}", "run_name=whole"])
+    done = head.submit(["base.yml", *RECIPE, f"base_output_directory={base}", "run_name=whole", *PAUSE_ARGS])
     return done, base / "whole"
+
+
+PAUSE = 12.0
+PAUSE_ARGS = ["fault_type=pause", "fault_step=4", "fault_process=1", f"fault_pause_seconds={PAUSE}"]
 
 
 @pytest.mark.ray
@@ -157,6 +162,10 @@ def test_job_submit_trains_on_two_workers(uninterrupted):
     assert re.search(r"maxlite: Ray run finished: 8 steps, final loss \d", out)
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "finished" and status["step"] == STEPS
+    # rank 0 waited out worker 1's stall inside a step: step time, not `other` (it was most of it)
+    assert "fault injection: pause of 12s at step 4" in out
+    assert status["summary"]["productive_seconds"] >= PAUSE
+    assert status["summary"]["badput_other_seconds"] < PAUSE / 4
     assert (run_dir / RT.RAY_RUN_NAME).is_dir()  # Ray's storage_path is inside the run dir
     assert sorted(_metrics(run_dir)) == list(range(1, STEPS + 1))
 

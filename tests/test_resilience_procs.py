@@ -206,6 +206,22 @@ def test_starved_process_is_slow_not_hung(run_dir, processes):
     assert status(run_dir, "st")["state"] == "finished" and status(run_dir, "st")["step"] == 10
 
 
+def test_a_peers_stall_is_the_steps_time_not_other(run_dir):
+    """Process 1 stalls 12 s once; process 0 waits for it in the step's collectives, the stop vote
+    or the next read. Goodput (process 0's) counts that wait as the step's time: `other` was where
+    it went, with most of every step's wait on a peer."""
+    pause = 12.0
+    codes, texts = run(run_dir, "g", ["steps=8", "enable_checkpointing=false", "fault_type=pause", "fault_step=4",
+                                       "fault_process=1", f"fault_pause_seconds={pause}"], processes=2)
+    assert codes == [0, 0], texts[0][-3000:]
+    assert "fault injection: pause of 12s at step 4" in texts[1]
+    summary = status(run_dir, "g")["summary"]
+    assert summary["productive_seconds"] >= pause
+    assert summary["badput_other_seconds"] < pause / 4, summary
+    causes = sum(v for k, v in summary.items() if k.startswith("badput_"))
+    assert causes + summary["productive_seconds"] == pytest.approx(summary["goodput_wall_seconds"], abs=0.01)
+
+
 def test_slowed_process_is_scored_below_threshold(run_dir):
     codes, texts = run(run_dir, "s", ["steps=24", "fault_type=slow", "fault_process=1", "fault_step=0",
                                        "fault_slowdown_factor=4", "straggler_report_interval=2",

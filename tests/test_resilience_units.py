@@ -117,6 +117,55 @@ def test_goodput_counts_causes_and_restarts(tmp_path):
     assert s2["attempt"] == 2 and s2["badput_recomputed_seconds"] == 1.0 and s2["productive_seconds"] == 1.9
 
 
+def test_every_second_of_the_loop_belongs_to_one_cause(tmp_path):
+    """The loop's calls in their order, with a clock advanced by hand: startup, a compiling step,
+    steps whose dispatch, vote and one-step-late read wait for other hosts (their time, not
+    `other`), eval and snapshot sections, a step a rollback abandons, the last read, a sample and
+    the peak probe. Each cause gets exactly its seconds and nothing is left over."""
+    from maxlite.resilience.clock import Clock
+
+    t = [100.0]
+    now = lambda: t[0]  # noqa: E731
+    clock = Clock(started=100.0, now=now)
+    clock.attach(str(tmp_path), primary=True)
+    t[0] += 3.0
+    clock.setup_end()  # startup 3
+
+    def step(n, data=0.0, dispatch=0.0, waits=0.0, sections=(), end=True):
+        clock.step_begin()
+        with clock.data_wait():
+            t[0] += data
+        t[0] += dispatch
+        if not end:
+            return
+        clock.step_end(n)
+        for name, seconds in sections:
+            with clock.section(name):
+                t[0] += seconds
+        t[0] += waits  # the vote and the next read, waiting for the step and the peers
+
+    step(1, data=0.5, dispatch=6.0, waits=1.0)  # compiling: 7
+    step(2, data=0.25, dispatch=1.0, waits=4.0, sections=[("eval", 2.0)])  # 5 productive
+    step(3, dispatch=1.0, waits=1.5, sections=[("snapshot", 0.5)])  # 2.5 productive
+    step(4, dispatch=2.0, end=False)  # its read found a NaN in step 3: abandoned
+    clock.step_abandoned()
+    with clock.section("rollback"):
+        t[0] += 1.25
+    step(3, dispatch=1.0, waits=1.0)  # step 3 again: recomputed 2
+    t[0] += 0.75  # the last read
+    clock.loop_end()  # ...belongs to step 3: recomputed 2.75
+    with clock.section("sample"):
+        t[0] += 1.5
+    with clock.section("peak_probe"):
+        t[0] += 0.5
+    s = clock.goodput.summary()
+    assert s["wall_seconds"] == pytest.approx(t[0] - 100.0)
+    assert s["productive_seconds"] == pytest.approx(5.0 + 2.5)
+    want = {"startup": 3.0, "compilation": 7.0, "data_wait": 0.75, "eval": 2.0, "snapshot": 0.5,
+            "rollback": 2.0 + 1.25, "recomputed": 2.75, "sample": 1.5, "peak_probe": 0.5, "other": 0.0}
+    assert {k: s[f"badput_{k}_seconds"] for k in want} == pytest.approx(want)
+
+
 @pytest.mark.parametrize("finished", [False, True])
 def test_goodput_charges_the_gap_to_a_restart_not_to_a_later_extension(tmp_path, finished):
     """An attempt last alive 1000 s ago: after a failure or preemption the gap is restart badput and

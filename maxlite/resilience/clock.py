@@ -1,5 +1,11 @@
 """Where a process's time goes: the hang watchdog's heartbeats, the step timer (own work vs waits
-on data, devices and peers), goodput, and the timed sections (eval, checkpoint)."""
+on data, devices and peers), goodput, and the timed sections (eval, checkpoint, ...).
+
+For goodput every second from `Resilience()` on belongs to one cause: startup until the loop, then
+each step's interval, which runs from its start to the next step's start (or the loop's end), so
+the cross-host vote and the one-step-late read that wait for the step and the other hosts are the
+step's time; a section (eval, checkpoint, snapshot, sample, rollback, peak_probe) is cut out of
+the interval it falls in and charged to its own name."""
 
 from __future__ import annotations
 
@@ -11,42 +17,70 @@ from maxlite.resilience.goodput import Goodput
 from maxlite.resilience.straggler import StepTimer
 
 
+SECTION_CAUSES = ("eval", "checkpoint", "snapshot", "sample", "rollback", "peak_probe")  # goodput.CAUSES
+
+
 class Clock:
-    def __init__(self, started: float, watchdog=None):
-        self.started, self.watchdog = started, watchdog
+    def __init__(self, started: float, watchdog=None, now=time.monotonic):
+        """`now`: the clock goodput is measured with (tests inject one)."""
+        self.started, self.watchdog, self.now = started, watchdog, now
         self.timer = StepTimer()
         self.goodput: Goodput | None = None
         self.steps_this_attempt = 0
         self._seen: dict[str, int] = {}
         self._step_started: float | None = None
         self._data_wait = 0.0
+        self._ended: tuple[int, bool] | None = None  # (step, compiling) of the interval still open
         if watchdog:
             watchdog.beat("setup")
 
     def attach(self, run_dir: str, primary: bool) -> None:
         local = "://" not in run_dir
-        self.goodput = Goodput(os.path.join(run_dir, "goodput.json") if (local and primary) else None, self.started)
+        self.goodput = Goodput(os.path.join(run_dir, "goodput.json") if (local and primary) else None,
+                               self.started, now=self.now)
 
     def setup_end(self) -> None:
         if self.goodput:
-            self.goodput.add("startup", time.monotonic() - self.started)
+            self.goodput.add("startup", self.now() - self.started)
         if self.watchdog:
             self.watchdog.beat("step")
 
+    def _close_interval(self, cause: str | None = None) -> None:
+        """Charge the open step interval: to its step (productive, compilation or recomputed, by
+        goodput's rule) once the step ended, else to `cause` (a step abandoned by a rollback)."""
+        if self.goodput and self._step_started is not None:
+            seconds = self.now() - self._step_started
+            if self._ended is not None:
+                step, compiling = self._ended
+                self.goodput.step(step, seconds, self._data_wait, compiling)
+            elif cause is not None:
+                self.goodput.add("data_wait", self._data_wait)
+                self.goodput.add(cause, seconds - self._data_wait)
+        self._step_started, self._ended, self._data_wait = None, None, 0.0
+
     def step_begin(self) -> None:
+        self._close_interval()
         if self.watchdog:
             self.watchdog.beat("step", completed="step" if self.steps_this_attempt >= 2 else None)
-        self._step_started = time.monotonic()
+        self._step_started = self.now()
         self._data_wait = 0.0
         self.timer.begin()
 
+    def step_abandoned(self) -> None:
+        """The step begun last will not end (a rollback): its time so far is the rollback's."""
+        self._close_interval("rollback")
+
+    def loop_end(self) -> None:
+        """After the loop's last read: the last step's interval ends here."""
+        self._close_interval()
+
     @contextlib.contextmanager
     def data_wait(self):
-        t = time.perf_counter()
+        t = self.now()
         try:
             yield
         finally:
-            self._data_wait += time.perf_counter() - t
+            self._data_wait += self.now() - t
 
     @contextlib.contextmanager
     def device_wait(self):
@@ -59,8 +93,9 @@ class Clock:
             self.timer.wait_end()
 
     def step_end(self, step: int, faults=None) -> bool:
-        """After step `step` was dispatched: the step's own time (slowed by an injected fault), goodput;
-        True while this attempt's first step (the compiling one) ends."""
+        """After step `step` was dispatched: the step's own time (slowed by an injected fault); its
+        goodput interval stays open until the next step begins. True while this attempt's first
+        step (the compiling one) ends."""
         self.steps_this_attempt += 1
         compiling = self.steps_this_attempt == 1
         took = self.timer.end(skip=compiling)
@@ -69,27 +104,28 @@ class Clock:
             faults.slow_down(step, took)
             if not compiling and self.timer.window:
                 self.timer.window[-1] += time.perf_counter() - t  # the slowed work is own work
-        if self.goodput and self._step_started is not None:
-            self.goodput.step(step, time.monotonic() - self._step_started, self._data_wait, compiling)
+        self._ended = (step, compiling)
         return compiling
 
     @contextlib.contextmanager
     def section(self, name: str):
-        """Eval, checkpoint (or any blocking work): watched with its own timeout, counted as badput."""
+        """Eval, checkpoint (or any blocking work): watched with its own timeout, counted as badput
+        under its name (SECTION_CAUSES) and cut out of the step interval it falls in."""
         seen = self._seen.get(name, 0)
         if self.watchdog:
             self.watchdog.beat(name)
-        t = time.monotonic()
+        t = self.now()
         try:
             yield
         finally:
             self._seen[name] = seen + 1
-            if self.goodput and name in ("eval", "checkpoint", "rollback"):
-                self.goodput.add(name, time.monotonic() - t)
+            took = self.now() - t
+            if self.goodput and name in SECTION_CAUSES:
+                self.goodput.add(name, took)
             if self.watchdog:
                 self.watchdog.beat("step", completed=name if seen >= 1 else None)  # 1st one compiles
             if self._step_started is not None:
-                self._step_started += time.monotonic() - t  # not part of the step interval
+                self._step_started += took  # not part of the step interval
 
     def longest(self, section: str, default: float = 0.0) -> float:
         return (self.watchdog.longest if self.watchdog else {}).get(section, default)

@@ -148,6 +148,14 @@ class Resilience:
             self.faults.at_step(step)
         self.clock.step_end(step, self.faults)
 
+    def step_abandoned(self) -> None:
+        """The step begun last is dropped by a rollback: its time is the rollback's."""
+        self.clock.step_abandoned()
+
+    def loop_end(self) -> None:
+        """After the loop's last read (the last step's time ends there)."""
+        self.clock.loop_end()
+
     def decide(self, step: int) -> str | None:
         """After the hooks: the vote's answer at this step, the same on every host (stops.py)."""
         return self.stops.decide(step)

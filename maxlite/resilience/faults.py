@@ -2,9 +2,10 @@
 process keeps computing, as a starved or compiling one does, for 3× its watchdog's step timeout:
 slow, not hung), a SIGTERM to the process itself (what a scheduler sends on preemption), a crash in the middle of an in-memory
 snapshot or in the middle of a checkpoint save (its files half written, never renamed complete), a
-batch whose loss is not finite (nan: its rows' weights), at `fault_step` on process `fault_process`.
+batch whose loss is not finite (nan: its rows' weights), a pause of `fault_pause_seconds` (a known
+stall), at `fault_step` on process `fault_process`.
 
-A crash, hang, starve, SIGTERM or nan fires once per run directory (a marker file in the run directory, local or
+A crash, hang, starve, SIGTERM, nan or pause fires once per run directory (a marker file in the run directory, local or
 gs://), so the restarted job runs through.
 """
 
@@ -19,7 +20,7 @@ import fsspec
 
 from maxlite.config import ConfigError
 
-_ONCE = ("crash", "hang", "starve", "sigterm", "crash_in_snapshot", "crash_in_checkpoint", "nan")
+_ONCE = ("crash", "hang", "starve", "sigterm", "crash_in_snapshot", "crash_in_checkpoint", "nan", "pause")
 
 
 class Faults:
@@ -28,7 +29,7 @@ class Faults:
             raise ConfigError("fault_slowdown_factor must be >= 1.0")
         mine = bool(cfg.fault_type) and cfg.fault_step >= 0 and cfg.fault_process == process_index
         self.type = cfg.fault_type if mine else ""
-        self.step, self.factor = cfg.fault_step, cfg.fault_slowdown_factor
+        self.step, self.factor, self.pause = cfg.fault_step, cfg.fault_slowdown_factor, cfg.fault_pause_seconds
         self.marker = f"{run_dir.rstrip('/')}/.fault_{cfg.fault_type}_{cfg.fault_step}_p{process_index}"
         if self.type in _ONCE and fsspec.url_to_fs(self.marker)[0].exists(self.marker):
             self.type = ""  # already fired in an earlier attempt
@@ -57,6 +58,10 @@ class Faults:
             end = time.monotonic() + seconds
             while time.monotonic() < end:
                 sum(i * i for i in range(10_000))
+        if self.type == "pause" and step == self.step:  # a known stall: where the peers' goodput puts it
+            self._fire_once()
+            print(f"maxlite: fault injection: pause of {self.pause:g}s at step {step}", file=sys.stderr, flush=True)
+            time.sleep(self.pause)
         if self.type == "hang" and step == self.step:
             self._fire_once()
             print(f"maxlite: fault injection: hang at step {step}", file=sys.stderr, flush=True)

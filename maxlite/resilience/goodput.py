@@ -5,7 +5,10 @@ attempt), data_wait, checkpoint (time the loop blocked on saves), eval, restart 
 attempt's last sign of life and the next attempt's start — unless that attempt finished the run:
 a later command that extends a finished run starts a new span, and the time between is nobody's),
 recomputed (steps done again after a
-restore from an older state), rollback (restoring a good state after a bad loss), other (the rest). The primary process keeps the running totals in
+restore from an older state), rollback (restoring a good state after a bad loss, and the steps it
+abandoned), snapshot (taking in-memory snapshots), sample (`sample_prompts` during and after
+training), peak_probe (measuring the device's peak for the MFU), other (the rest: none is left in
+the loop, see clock.py). The primary process keeps the running totals in
 `{run_dir}/goodput.json` so a restarted job continues them.
 """
 
@@ -17,12 +20,13 @@ import time
 
 from maxlite.rundir import write_text
 
-CAUSES = ("startup", "compilation", "data_wait", "checkpoint", "eval", "restart", "recomputed", "rollback")
+CAUSES = ("startup", "compilation", "data_wait", "checkpoint", "eval", "restart", "recomputed", "rollback",
+          "snapshot", "sample", "peak_probe")
 
 
 class Goodput:
-    def __init__(self, path: str | None, started_monotonic: float, save_every: float = 30.0):
-        self.path, self.save_every = path, save_every
+    def __init__(self, path: str | None, started_monotonic: float, save_every: float = 30.0, now=time.monotonic):
+        self.path, self.save_every, self.now = path, save_every, now
         self.started = started_monotonic
         self.productive = 0.0
         self.badput = dict.fromkeys(CAUSES, 0.0)
@@ -38,7 +42,7 @@ class Goodput:
                 self.badput[k] = v
             self.max_step = prior.get("max_step", -1)
             self.attempt = prior.get("attempt", 1) + 1
-            gap = max(0.0, time.time() - (time.monotonic() - started_monotonic) - prior.get("last_alive", time.time()))
+            gap = max(0.0, time.time() - (self.now() - started_monotonic) - prior.get("last_alive", time.time()))
             if not prior.get("finished"):  # a restart after a failure or preemption
                 self.badput["restart"] += gap
                 self.previous_wall += gap
@@ -66,11 +70,11 @@ class Goodput:
         else:
             self.productive += rest
         self.max_step = max(self.max_step, step)
-        if self.path and time.monotonic() - self._saved > self.save_every:
+        if self.path and self.now() - self._saved > self.save_every:
             self.save()
 
     def wall(self) -> float:
-        return self.previous_wall + time.monotonic() - self.started
+        return self.previous_wall + self.now() - self.started
 
     def summary(self) -> dict:
         wall = self.wall()
@@ -87,7 +91,7 @@ class Goodput:
         """`finished`: this attempt ended the run (its last save)."""
         if not self.path:
             return
-        self._saved = time.monotonic()
+        self._saved = self.now()
         record = {"wall_seconds": self.wall(), "productive_seconds": self.productive,
                   "badput_seconds": self.badput, "max_step": self.max_step, "attempt": self.attempt,
                   "last_alive": time.time(), "finished": finished}
