@@ -19,7 +19,7 @@ from maxlite.rundir import RunDir, print_primary
 
 def train(cfg: C.Config, on_metrics: Callable[[dict[str, Any]], None] | None = None,
           preemption_notice: Callable[[], str | None] | None = None,
-          snapshot_keeper: Callable | None = None) -> dict[str, Any]:
+          snapshot_keeper: Callable | None = None, status_fields: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train as configured on every process of the job; returns the summary (with `exit_code`).
 
     `on_metrics(record)` runs on every process after each step's metrics are read (launchers use it,
@@ -27,7 +27,9 @@ def train(cfg: C.Config, on_metrics: Callable[[dict[str, Any]], None] | None = N
     notice that this job's machines are about to be taken (Ray: a node drain): a line describing it,
     or None; on a notice every host saves a checkpoint at the same step and training goes on.
     `snapshot_keeper(run_dir, rank)`: where a launcher keeps in-memory snapshots (Ray: actors that
-    outlive the workers); /dev/shm otherwise. Launchers hand these in; the loop knows no launcher.
+    outlive the workers); /dev/shm otherwise. `status_fields`: a launcher's facts about this attempt
+    for every status.json it writes (Ray: an elastic group's size). Launchers hand these in; the
+    loop knows no launcher.
     """
     from maxlite.resilience.core import Resilience
 
@@ -35,7 +37,7 @@ def train(cfg: C.Config, on_metrics: Callable[[dict[str, Any]], None] | None = N
     # first: a SIGTERM during setup or compilation is caught from here on
     res = Resilience(cfg, notice=preemption_notice, keeper=snapshot_keeper)
     try:
-        run = _setup(cfg, res)
+        run = _setup(cfg, res, status_fields or {})
         try:
             state, reason = _loop(run, res, on_metrics)
             return _finish(run, res, state, reason, started)
@@ -104,7 +106,7 @@ def exit_code_of(e: BaseException) -> int:
     return exit_codes.CHECKPOINT_FAILED if isinstance(e, CheckpointSaveError) else exit_codes.FAILED
 
 
-def _setup(cfg: C.Config, res) -> _Run:
+def _setup(cfg: C.Config, res, status_fields: dict[str, Any]) -> _Run:
     """config → distributed → the wiring (build) → run dir → state (resume) → data → hooks."""
     from maxlite import mesh as mesh_lib
 
@@ -154,6 +156,7 @@ def _setup(cfg: C.Config, res) -> _Run:
                           objectives.eval_score(cfg, built.graphdef, built.train_step)) if cfg.eval_interval > 0 else None
     logger = MetricsLogger(cfg, run_dir.path, primary, start.step)
     run_hooks = hooks.standard(cfg, primary, res, logger, batches, ckpt, evaluator, mesh)
+    run_dir.sticky.update(status_fields)
     run_dir.sticky["resumed_from"] = start.record()
     run_dir.set_status("running", step=start.step)
     res.setup_end()

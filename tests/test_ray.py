@@ -92,7 +92,25 @@ def test_cpu_run_config_env_storage_and_failures(tmp_path):
     assert cfg.num_devices == 8
 
 
+def test_elastic_group_asks_ray_for_a_range_and_keeps_the_global_batch():
+    """4 workers, 2 at least: Ray gets the range; groups of 3 and 2 accumulate 4 and 6 micro-batches
+    where 4 workers accumulate 3, so the global batch stays 24 (3 would not divide 4 × 1)."""
+    recipe = load(*RECIPE, "ray_num_workers=4", "ray_min_workers=2", "gradient_accumulation_steps=3",
+                  "ici_fsdp_parallelism=1", "ici_data_parallelism=-1")  # any device count
+    cfg = RT.check(recipe)
+    scaling = RT.scaling_config(cfg)
+    assert scaling.num_workers == (2, 4) and scaling.min_workers == 2 and scaling.max_workers == 4
+    assert scaling.elastic_resize_monitor_interval_s >= 10**9  # a running group is never resized
+    for workers, accumulation in ((3, 4), (2, 6)):
+        small = RT.group_config(recipe, workers)
+        assert (small.ray_num_workers, small.gradient_accumulation_steps) == (workers, accumulation)
+        assert C.resolve(small, workers * 2).global_batch_size == cfg.global_batch_size == 24
+    assert RT.scaling_config(RT.check(load(*RECIPE))).num_workers == 2  # ray_min_workers=0: fixed size
+
+
 @pytest.mark.parametrize("args, message", [
+    (("ray_num_workers=4", "ray_min_workers=3"), "a group of 3 of 4 workers cannot keep the global batch"),
+    (("ray_num_workers=2", "ray_min_workers=3"), "ray_min_workers=3 is more than the 2 workers"),
     (("ray_use_tpu=true", "tpu_accelerator_type=TPU-V6E"), "needs tpu_topology"),
     (("ray_use_tpu=true", "tpu_topology=4by4", "tpu_accelerator_type=TPU-V6E"), "write it as AxB"),
     (("ray_use_tpu=true", "tpu_topology=2x3", "tpu_accelerator_type=TPU-V6E"), "not a multiple"),
@@ -333,3 +351,51 @@ def test_drained_node_saves_at_once_and_the_restarted_group_repeats_the_same_los
     redone = sorted(set(first) & set(second))
     assert len(redone) >= 2, (first, second)  # the drained group trained on after its save
     assert [second[s] for s in redone] == [first[s] for s in redone]  # same state, same data: same numbers
+
+
+def _batch_hashes(run_dir: pathlib.Path) -> dict[int, float]:
+    out = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "batch_hash" in record:
+            out[record["step"]] = record["batch_hash"]
+    return out
+
+
+@pytest.mark.ray
+def test_lost_host_continues_on_the_one_left_with_the_same_global_batch(uninterrupted, tmp_path):
+    """Two workers on two nodes; one node dies for good while the group waits on a stalled step.
+    No node comes back within elastic_wait_seconds: Ray starts the group on the one node left, which
+    accumulates 2 micro-batches (the same global batch), resumes from the step-3 checkpoint the two
+    saved, reads the same global batches and ends at the uninterrupted run's losses."""
+    _, whole_dir = uninterrupted
+    with RayHead(num_cpus=0) as head:  # the workers can only go where we put CPUs
+        head.add_node("a", num_cpus=1)
+        head.add_node("b", num_cpus=1)
+        log = tmp_path / "driver.log"
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "ray_entry.train", "base.yml", *RECIPE, "ray_min_workers=1",
+             "elastic_wait_seconds=10", "max_failures=2", "fault_type=pause", "fault_step=5", "fault_process=0",
+             "fault_pause_seconds=15", f"base_output_directory={tmp_path}", "run_name=el"],
+            env=ray_env(RAY_ADDRESS=head.gcs_address), cwd=REPO, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+            start_new_session=True)
+        def alive():
+            assert driver.poll() is None, log.read_text()[-4000:]
+
+        try:
+            wait_until(lambda: "fault injection: pause" in log.read_text(), 300, alive=alive,
+                       context=lambda: log.read_text()[-4000:])
+            stop_session(head.nodes["b"].pid, grace_s=0.5)  # the node is gone, with its worker
+            driver.wait(timeout=400)
+        finally:
+            stop_session(driver.pid)
+    out = log.read_text()
+    assert driver.returncode == 0, out[-4000:]
+    assert "maxlite: elastic: training on 1 of 2 Ray workers" in out and "resumed from step 3 " in out, out[-4000:]
+    status = json.loads((tmp_path / "el" / "status.json").read_text())
+    assert status["state"] == "finished" and status["step"] == STEPS
+    assert status["elastic"] == {"workers": 1, "of": 2, "gradient_accumulation_steps": 2}
+    assert _batch_hashes(tmp_path / "el") == _batch_hashes(whole_dir)
+    got, want = _metrics(tmp_path / "el"), _metrics(whole_dir)
+    assert sorted(got) == list(range(1, STEPS + 1))
+    assert [got[s] for s in sorted(got)] == pytest.approx([want[s] for s in sorted(want)], rel=1e-4)

@@ -11,6 +11,7 @@ maxlite's own checkpoint directory (the source of truth, not Ray's reported chec
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import math
 import os
@@ -24,6 +25,8 @@ from maxlite import config as C
 from maxlite.resilience import exit_codes
 
 RAY_RUN_NAME = "ray_train"  # Ray's own records live in {run_dir}/ray_train/
+ELASTIC_NEVER_RESIZE_S = 10.0**9  # Ray's resize check of a healthy group: never
+GROUP_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"  # Ray Train passes it to its controller
 
 
 # ---------------------------------------------------------------- what the trainer is built from
@@ -55,6 +58,27 @@ def num_workers(cfg: C.Config) -> int:
     return hosts
 
 
+def elastic(cfg: C.Config) -> bool:
+    """ray_min_workers set below the worker count: Ray Train's elastic group (min, max)."""
+    return 0 < cfg.ray_min_workers < num_workers(cfg)
+
+
+def group_config(cfg: C.Config, workers: int) -> C.Config:
+    """The recipe for a group of `workers` hosts (elastic: fewer than configured): the same global
+    batch, through gradient accumulation raised by the lost share. The one rule: the check before
+    any cluster starts and every worker of a smaller group use it."""
+    full = num_workers(cfg)
+    if workers == full:
+        return cfg
+    total = cfg.gradient_accumulation_steps * full
+    if total % workers:
+        raise C.ConfigError(
+            f"ray_min_workers={cfg.ray_min_workers}: a group of {workers} of {full} workers cannot keep the "
+            f"global batch (gradient_accumulation_steps={cfg.gradient_accumulation_steps} × {full} workers "
+            f"is not a multiple of {workers}); raise ray_min_workers or pick sizes that divide it")
+    return dataclasses.replace(cfg, gradient_accumulation_steps=total // workers, ray_num_workers=workers)
+
+
 def tpu_slices(cfg: C.Config) -> int:
     """Slices the workers span: num_slices, with -1 (read from the devices) meaning one here."""
     return cfg.num_slices if cfg.ray_use_tpu and cfg.num_slices > 0 else 1
@@ -76,7 +100,15 @@ def check(cfg: C.Config) -> C.Config:
         raise C.ConfigError("devices per worker (tpu_chips_per_host / ray_gpus_per_worker / "
                             "ray_simulated_devices_per_worker) must be at least 1")
     workers, per_worker = num_workers(cfg), devices_per_worker(cfg)
+    if cfg.ray_min_workers and cfg.ray_use_tpu:
+        raise C.ConfigError("ray_min_workers: elastic groups of TPU hosts (whole slices) are not supported yet; "
+                            "leave it 0 on TPU")
+    if cfg.ray_min_workers > workers:
+        raise C.ConfigError(f"ray_min_workers={cfg.ray_min_workers} is more than the {workers} workers")
+    sizes = range(cfg.ray_min_workers, workers) if elastic(cfg) else ()
     try:
+        for size in sizes:  # every smaller group Ray may start must keep the global batch
+            C.resolve(group_config(cfg, size), size * per_worker, tpu_slices(cfg), size)
         return C.resolve(cfg, workers * per_worker, tpu_slices(cfg), workers)
     except C.ConfigError as e:
         raise C.ConfigError(f"{workers} Ray worker(s) × {per_worker} device(s): {e}") from None
@@ -91,11 +123,16 @@ def scaling_config(cfg: C.Config):
                              accelerator_type=cfg.tpu_accelerator_type,
                              resources_per_worker={"TPU": cfg.tpu_chips_per_host},
                              placement_strategy="SPREAD")
+    # elastic: Ray always asks for the full group; a restart that cannot get it within
+    # elastic_wait_seconds (RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S, set by `run`) starts on what is
+    # left; a running group is never resized (that would drop the steps since the last save): it
+    # grows back at its next restart
+    size = dict(num_workers=(cfg.ray_min_workers, workers), elastic_resize_monitor_interval_s=ELASTIC_NEVER_RESIZE_S) \
+        if elastic(cfg) else dict(num_workers=workers)
     if cfg.ray_use_gpu:
-        return ScalingConfig(num_workers=workers, use_gpu=True,
-                             resources_per_worker={"GPU": cfg.ray_gpus_per_worker},
+        return ScalingConfig(**size, use_gpu=True, resources_per_worker={"GPU": cfg.ray_gpus_per_worker},
                              placement_strategy="SPREAD")
-    return ScalingConfig(num_workers=workers, resources_per_worker={"CPU": cfg.ray_cpus_per_worker})
+    return ScalingConfig(**size, resources_per_worker={"CPU": cfg.ray_cpus_per_worker})
 
 
 def worker_env(cfg: C.Config) -> dict[str, str]:
@@ -202,6 +239,15 @@ def _worker_loop(loop_config: dict[str, Any]) -> dict[str, Any]:
     cfg = C.Config(**loop_config["config"])
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    facts = {}
+    if world != num_workers(cfg):  # an elastic group started on the hosts that were left
+        full, cfg = num_workers(cfg), group_config(cfg, world)
+        facts["elastic"] = {"workers": world, "of": full, "gradient_accumulation_steps": cfg.gradient_accumulation_steps}
+        if rank == 0:
+            print(f"maxlite: elastic: training on {world} of {full} Ray workers (a host is gone and none came "
+                  f"back within elastic_wait_seconds={cfg.elastic_wait_seconds:g}); gradient_accumulation_steps "
+                  f"{cfg.gradient_accumulation_steps} keeps the global batch; the group grows back at its next restart",
+                  flush=True)
     if world > 1 and not (cfg.ray_use_tpu or cfg.ray_use_gpu):
         _setup_cpu_distributed(rank, world)
 
@@ -221,7 +267,8 @@ def _worker_loop(loop_config: dict[str, Any]) -> dict[str, Any]:
 
     try:
         summary = train_lib.train(cfg, on_metrics=on_metrics,  # faults (fault_*) fire inside the loop
-                                  preemption_notice=_preemption_notice, snapshot_keeper=RayKeeper)
+                                  preemption_notice=_preemption_notice, snapshot_keeper=RayKeeper,
+                                  status_fields=facts)
     except LossDiverged as e:  # every worker stops at the same step; a restart would repeat it
         return {"exit_code": exit_codes.DIVERGED, "next": exit_codes.FAIL, "error": str(e)}
     if summary.get("next") == exit_codes.RESTART:
@@ -299,6 +346,8 @@ def run(cfg: C.Config) -> dict[str, Any]:
     """Train on a Ray cluster; returns rank 0's run summary."""
     _warn_if_inside_job_copy(cfg)
     check(cfg)  # fail on recipe mistakes before starting anything
+    if elastic(cfg):
+        os.environ[GROUP_START_TIMEOUT_ENV] = str(cfg.elastic_wait_seconds)
     from ray.train import TrainingFailedError
 
     with connect(cfg) as where:
