@@ -307,9 +307,18 @@ def connect(cfg: C.Config) -> Iterator[str]:
     os.environ.update(env)
     cpus = max(num_workers(cfg) * cfg.ray_cpus_per_worker, os.cpu_count() or 1)
     try:
-        # The dashboard serves the state API that Ray Train's placement-group cleaner polls.
-        ray.init(address="local", num_cpus=cpus, include_dashboard=True, dashboard_port=_free_port(),
-                 _temp_dir=temp_dir, log_to_driver=True, logging_level="WARNING")
+        # The dashboard serves the state API that Ray Train's placement-group cleaner polls. The
+        # free port we pick can be taken by one of Ray's own (random) ports before the dashboard
+        # binds it (seen once in CI): pick another.
+        for tries_left in (2, 1, 0):
+            try:
+                ray.init(address="local", num_cpus=cpus, include_dashboard=True, dashboard_port=_free_port(),
+                         _temp_dir=temp_dir, log_to_driver=True, logging_level="WARNING")
+                break
+            except ValueError as e:
+                ray.shutdown()
+                if "already occupied" not in str(e) or not tries_left:
+                    raise
         yield f"local Ray cluster ({cpus} CPUs, temp dir {temp_dir})"
     finally:
         ray.shutdown()
