@@ -1,48 +1,59 @@
-"""What the training loop does on a bad loss (resilience/spikes.py's verdict): roll back.
-
-`roll_back(run, res, verdict, last_dispatched)` takes the loop's run (train._Run) and Resilience.
-"""
+"""What the loop does about a bad loss: `Rollbacks` judges each loss (resilience/spikes.py) and,
+on a verdict, rolls the run back to its newest good state and skips the data since."""
 
 from __future__ import annotations
 
 from maxlite import resume
-from maxlite.resilience.spikes import LossDiverged
+from maxlite.resilience.spikes import LossDiverged, SpikeWatch, Verdict
 from maxlite.rundir import print_primary
 
 
-def roll_back(run, res, verdict, last_dispatched: int) -> int:
-    """Back to the newest snapshot or checkpoint before the bad stretch began (maxlite.resume's
-    rule), the newer saves (bad states) deleted, the data position left where it is: the batches
-    read since that state are skipped, and listed in `rollbacks.jsonl`. Returns the step to go on
-    from. Every host reaches the same verdict at the same step (the loss is global)."""
-    cfg, bound = run.cfg, verdict.first_bad - 1
-    if run.rollbacks >= cfg.spike_max_rollbacks:
-        raise LossDiverged(f"{verdict.why}; stopping after {run.rollbacks} rollback(s) "
-                           f"(spike_max_rollbacks={cfg.spike_max_rollbacks})")
-    with res.section("rollback"):
-        if run.ckpt is not None:
-            run.ckpt.discard_after(bound)
-        if res.snapshots is not None:
-            res.snapshots.drop_after(bound)
-        start = resume.rollback(run.built, run.ckpt, res.restore, bound)
-    if start is None:
-        raise LossDiverged(f"{verdict.why}; no in-memory snapshot or checkpoint at or before step {bound} "
-                           f"to roll back to (inmemory_snapshot_period, checkpoint_period): stopping")
-    run.rollbacks += 1
-    end = run.batches.batches_read
-    seg_step, seg_batch = max((s for s in run.segments if s[0] <= start.step), default=run.segments[0])
-    begin = seg_batch + (start.step - seg_step)  # the batch the restored state's next step read
-    gb = cfg.global_batch_size
-    record = {"rollback": run.rollbacks, "why": verdict.why, "to_step": start.step, "source": start.source,
-              "steps_undone": [start.step + 1, last_dispatched], "skipped_batches": [begin, end],
-              "skipped_samples": [begin * gb, end * gb]}
-    run.dir.append_jsonl("rollbacks.jsonl", record)
-    run.dir.sticky["rollbacks"] = run.rollbacks
-    print_primary(run.primary, f"maxlite: {verdict.why}: rolled back to step {start.step} ({start.source} "
-                               f"{start.where}, {start.seconds:.2f} s); "
-                               f"skipping global batches {begin}..{end - 1} (samples {begin * gb}..{end * gb - 1}); "
-                               f"rollback {run.rollbacks} of at most {cfg.spike_max_rollbacks}")
-    run.state = start.state
-    run.watch.rolled_back(start.step)
-    run.segments.append((start.step, end))
-    return start.step
+class Rollbacks:
+    def __init__(self, cfg, built, ckpt, batches, run_dir, primary: bool, start_step: int):
+        self.cfg, self.built, self.ckpt, self.batches = cfg, built, ckpt, batches
+        self.dir, self.primary = run_dir, primary
+        self.watch = SpikeWatch(cfg.spike_factor, cfg.spike_patience)
+        self.count = 0
+        # (step, global batches read before that step's batch): where the step → data map jumps
+        # (the attempt's start, each rollback); a rollback reports the samples it skips from it
+        self.segments = [(start_step, batches.batches_read)]
+
+    def see(self, step: int, loss: float, finite: bool) -> Verdict | None:
+        """The loss of `step`; a Verdict when the run must roll back."""
+        return self.watch.see(step, loss, finite)
+
+    def roll_back(self, res, verdict: Verdict, last_dispatched: int) -> resume.Start:
+        """Back to the newest snapshot or checkpoint before the bad stretch began (maxlite.resume's
+        rule), the newer saves (bad states) deleted, the data position left where it is: the batches
+        read since that state are skipped, and listed in `rollbacks.jsonl`. Every host reaches the
+        same verdict at the same step (the loss is global). Collective."""
+        cfg, bound = self.cfg, verdict.first_bad - 1
+        if self.count >= cfg.spike_max_rollbacks:
+            raise LossDiverged(f"{verdict.why}; stopping after {self.count} rollback(s) "
+                               f"(spike_max_rollbacks={cfg.spike_max_rollbacks})")
+        with res.section("rollback"):
+            if self.ckpt is not None:
+                self.ckpt.discard_after(bound)
+            if res.snapshots is not None:
+                res.snapshots.drop_after(bound)
+            start = resume.rollback(self.built, self.ckpt, res.restore, bound)
+        if start is None:
+            raise LossDiverged(f"{verdict.why}; no in-memory snapshot or checkpoint at or before step {bound} "
+                               f"to roll back to (inmemory_snapshot_period, checkpoint_period): stopping")
+        self.count += 1
+        end = self.batches.batches_read
+        seg_step, seg_batch = max((s for s in self.segments if s[0] <= start.step), default=self.segments[0])
+        begin = seg_batch + (start.step - seg_step)  # the batch the restored state's next step read
+        gb = cfg.global_batch_size
+        self.dir.append_jsonl("rollbacks.jsonl", {
+            "rollback": self.count, "why": verdict.why, "to_step": start.step, "source": start.source,
+            "steps_undone": [start.step + 1, last_dispatched], "skipped_batches": [begin, end],
+            "skipped_samples": [begin * gb, end * gb]})
+        self.dir.sticky["rollbacks"] = self.count
+        print_primary(self.primary, f"maxlite: {verdict.why}: rolled back to step {start.step} ({start.source} "
+                                    f"{start.where}, {start.seconds:.2f} s); skipping global batches "
+                                    f"{begin}..{end - 1} (samples {begin * gb}..{end * gb - 1}); "
+                                    f"rollback {self.count} of at most {cfg.spike_max_rollbacks}")
+        self.watch.rolled_back(start.step)
+        self.segments.append((start.step, end))
+        return start

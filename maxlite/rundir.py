@@ -41,6 +41,17 @@ def write_bytes(path: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def append_jsonl(path: str, record: dict[str, Any]) -> None:
+    """One JSON line more in `path`; on gs:// the object is rewritten whole (no appends there)."""
+    line = json.dumps(record, default=str) + "\n"
+    if "://" not in path:
+        with open(path, "a") as f:
+            f.write(line)
+        return
+    fs, _, _ = fsspec.get_fs_token_paths(path)
+    write_bytes(path, (fs.cat_file(path) if fs.exists(path) else b"") + line.encode())
+
+
 class RunDir:
     def __init__(self, cfg, primary: bool):
         self.path, self.primary = cfg.run_dir, primary
@@ -68,20 +79,10 @@ class RunDir:
         if launch_dir:  # a local copy it reads with bash, wherever the run directory is (gs:// too)
             write_text(f"{launch_dir}/run_status.json", text)
 
-
     def append_jsonl(self, name: str, record: dict[str, Any]) -> None:
-        """One line more in `{run_dir}/name` (primary only); on gs:// the object is rewritten whole."""
-        if not self.primary:
-            return
-        line = json.dumps(record, default=str) + "\n"
-        path = f"{self.path}/{name}"
-        if "://" not in path:
-            with open(path, "a") as f:
-                f.write(line)
-            return
-        fs, _, _ = fsspec.get_fs_token_paths(path)
-        before = fs.cat_file(path) if fs.exists(path) else b""
-        write_bytes(path, before + line.encode())
+        """One line more in `{run_dir}/name`, from the primary only."""
+        if self.primary:
+            append_jsonl(f"{self.path}/{name}", record)
 
 
 def read_status(run_dir: str) -> dict[str, Any] | None:

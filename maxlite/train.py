@@ -66,12 +66,7 @@ class _Run:
     logger: Any
     hooks: list  # periodic work (maxlite/hooks.py), called in order after every step
     ckpt: Any = None  # Checkpointer, or None with enable_checkpointing=false
-    built: Any = None  # maxlite.build's Built: what a rollback restores onto
-    watch: Any = None  # resilience.spikes.SpikeWatch: the loss verdicts
-    rollbacks: int = 0
-    # (step, global batches read before that step's batch): where the step → data map jumps (the
-    # attempt's start, each rollback); a rollback reports the global samples it skips from it
-    segments: list = None
+    rollbacks: Any = None  # maxlite.rollback.Rollbacks: the loss verdicts and what they do
 
     def failed(self, e: BaseException) -> None:
         import jax
@@ -160,10 +155,9 @@ def _setup(cfg: C.Config, res, status_fields: dict[str, Any]) -> _Run:
     run_dir.sticky["resumed_from"] = start.record()
     run_dir.set_status("running", step=start.step)
     res.setup_end()
-    from maxlite.resilience.spikes import SpikeWatch
+    from maxlite.rollback import Rollbacks
     return _Run(cfg, primary, run_dir, mesh, start.state, built.train_step, batches, built.batch_sharding,
-                logger, run_hooks, ckpt, built, SpikeWatch(cfg.spike_factor, cfg.spike_patience),
-                segments=[(start.step, batches.batches_read)])
+                logger, run_hooks, ckpt, Rollbacks(cfg, built, ckpt, batches, run_dir, primary, start.step))
 
 
 def _loop(run: _Run, res, on_metrics) -> tuple[Any, str | None]:
@@ -174,7 +168,6 @@ def _loop(run: _Run, res, on_metrics) -> tuple[Any, str | None]:
 
     from maxlite import mesh as mesh_lib
     from maxlite.resilience.stops import SAVE_NOW
-    from maxlite.rollback import roll_back
 
     reason, pending = None, None
     with jax.set_mesh(run.mesh), nnx.logical_axis_rules(mesh_lib.RULES):
@@ -193,7 +186,8 @@ def _loop(run: _Run, res, on_metrics) -> tuple[Any, str | None]:
                 pending = (step + 1, metrics, clock)
                 if verdict is not None:  # the step just dispatched started from a bad state too
                     res.step_abandoned()
-                    step, pending = roll_back(run, res, verdict, last_dispatched=step + 1), None
+                    good = run.rollbacks.roll_back(res, verdict, last_dispatched=step + 1)
+                    run.state, step, pending = good.state, good.step, None
                     continue
                 res.step_end(step + 1)  # injected faults; the step's own time
                 for hook in run.hooks:
@@ -211,7 +205,8 @@ def _loop(run: _Run, res, on_metrics) -> tuple[Any, str | None]:
             verdict, last_dispatched, pending = _read(run, res, pending, on_metrics), pending[0], None
             if verdict is None:
                 break
-            step = roll_back(run, res, verdict, last_dispatched)
+            good = run.rollbacks.roll_back(res, verdict, last_dispatched)
+            run.state, step = good.state, good.step
             if reason:  # stopping anyway: from the good state (the final save holds it)
                 break
         res.loop_end()
@@ -230,7 +225,7 @@ def _read(run: _Run, res, pending, on_metrics):
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
     done = time.perf_counter()
     finite = bool(values.pop("finite"))
-    verdict = run.watch.see(step, values["loss"], finite)
+    verdict = run.rollbacks.see(step, values["loss"], finite)
     if finite:
         run.logger.log_step(step, done - dispatched[0], {**values, **res.metrics()})
     dispatched[0] = done
@@ -329,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LossDiverged as e:  # every host stops at the same step: one line, status.json says failed
         if not _several_processes() or sys.modules["jax"].process_index() == 0:
             print(f"maxlite: error: {e}", file=sys.stderr, flush=True)
-        return exit_codes.DIVERGED
+        return exit_code_of(e)
     except Exception:  # noqa: BLE001 — a crash: its traceback, then out at once
         if not _several_processes():
             raise

@@ -13,11 +13,8 @@ import contextlib
 import os
 import time
 
-from maxlite.resilience.goodput import Goodput
+from maxlite.resilience.goodput import CAUSES, Goodput
 from maxlite.resilience.straggler import StepTimer
-
-
-SECTION_CAUSES = ("eval", "checkpoint", "snapshot", "sample", "rollback", "peak_probe")  # goodput.CAUSES
 
 
 class Clock:
@@ -110,7 +107,7 @@ class Clock:
     @contextlib.contextmanager
     def section(self, name: str):
         """Eval, checkpoint (or any blocking work): watched with its own timeout, counted as badput
-        under its name (SECTION_CAUSES) and cut out of the step interval it falls in."""
+        under its name (one of goodput.CAUSES) and cut out of the step interval it falls in."""
         seen = self._seen.get(name, 0)
         if self.watchdog:
             self.watchdog.beat(name)
@@ -120,7 +117,7 @@ class Clock:
         finally:
             self._seen[name] = seen + 1
             took = self.now() - t
-            if self.goodput and name in SECTION_CAUSES:
+            if self.goodput and name in CAUSES:
                 self.goodput.add(name, took)
             if self.watchdog:
                 self.watchdog.beat("step", completed=name if seen >= 1 else None)  # 1st one compiles

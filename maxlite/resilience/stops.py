@@ -9,14 +9,13 @@ reason ('preempted', 'max_time', 'straggler') or SAVE_NOW (a notice: save at thi
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import time
 from typing import Callable
 
 import numpy as np
 
 from maxlite.resilience.straggler import format_report, report
+from maxlite.rundir import append_jsonl
 
 STOP_CODES = {0: None, 1: "max_time", 2: "preempted", 3: "straggler"}
 _CODE_OF = {v: k for k, v in STOP_CODES.items() if v}
@@ -126,7 +125,6 @@ class StopVote:
                        "stragglers": len(rep["stragglers"])}
         if self.primary:
             self._log(format_report(step, rep))
-            if self.run_dir and "://" not in self.run_dir:
-                with open(os.path.join(self.run_dir, "stragglers.jsonl"), "a") as f:
-                    f.write(json.dumps({"step": step, "time": time.time(), **rep}) + "\n")
+            if self.run_dir:
+                append_jsonl(f"{self.run_dir}/stragglers.jsonl", {"step": step, "time": time.time(), **rep})
         return _CODE_OF["straggler"] if (rep["stragglers"] and self.cfg.stop_if_straggler) else 0
