@@ -12,11 +12,13 @@ from maxlite.chips import PEAK_TFLOPS
 
 def measure_matmul_tflops(dtype: str = "float32", size: int = 2048, repeats: int = 10,
                           device=None) -> float:
-    """Best-of-N TFLOP/s of a square XLA matmul on one device (what the hardware gives XLA)."""
+    """Best-of-N TFLOP/s of a square XLA matmul on one device (what the hardware gives XLA), its
+    operands in `dtype` and accumulated in float32, as the model's projections are
+    (`maxlite.models.matmul.project`): on CPU a bf16 → bf16 dot would be upcast to f32."""
     device = device or jax.local_devices()[0]
     a = jax.device_put(jnp.ones((size, size), dtype), device)
     b = jax.device_put(jnp.ones((size, size), dtype), device)
-    matmul = jax.jit(lambda x, y: x @ y)
+    matmul = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32).astype(x.dtype))
     matmul(a, b).block_until_ready()  # compile and warm up
     best = float("inf")
     for _ in range(repeats):
@@ -27,9 +29,11 @@ def measure_matmul_tflops(dtype: str = "float32", size: int = 2048, repeats: int
 
 
 def peak_tflops_per_device(dtype: str = "bfloat16") -> tuple[float, str]:
-    """(peak, where it came from): published figure for known chips, else measured f32 on CPU."""
+    """(peak, where it came from): the published bf16 figure for known chips, else (CPU) measured
+    for `dtype`, the model's compute dtype."""
     device = jax.local_devices()[0]
     for name, peak in PEAK_TFLOPS.items():
         if device.device_kind.startswith(name):
-            return peak, f"published {name} {dtype} peak"
-    return measure_matmul_tflops("float32", device=device), f"measured XLA f32 matmul on {device.device_kind}"
+            return peak, f"published {name} bf16 peak"
+    return (measure_matmul_tflops(dtype, device=device),
+            f"measured XLA {jnp.dtype(dtype).name} matmul on {device.device_kind}")

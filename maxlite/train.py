@@ -246,7 +246,7 @@ def _finish(run: _Run, res, state, reason: str | None, started: float) -> dict[s
     summary = logger.summary(time.perf_counter() - started, None)
     if primary and "tokens_per_second" in summary and not reason:  # preempted: exit fast, no peak probe
         with res.section("peak_probe"):
-            peak, source = peak_tflops_per_device()
+            peak, source = peak_tflops_per_device(run.cfg.dtype)
         if jax.devices()[0].platform == "cpu":
             peak /= jax.local_device_count()  # simulated CPU devices share the host's cores
         summary = logger.summary(time.perf_counter() - started, peak)

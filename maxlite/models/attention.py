@@ -23,23 +23,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from maxlite.models.matmul import project
+from maxlite.models.platform import target_platform
+
 IMPLEMENTATIONS = ("autoselected", "dot_product", "blockwise", "flash", "cudnn_flash")
 BLOCKWISE_MIN_LENGTH = 2048  # on CPU, dot_product's T×T scores cost more than blocking saves below this
 _NEG = -1e30  # masked score; finite so that a fully masked key block gives exp(0)·0, not NaN
-
-
-def target_platform() -> str:
-    """The platform the program is built for: the active mesh's devices (the planner compiles for a
-    TPU topology from a CPU process), else the default backend's."""
-    try:
-        from jax._src import mesh as mesh_src  # no public accessor for the concrete mesh in jax 0.10
-
-        mesh = mesh_src.get_concrete_mesh()
-        if mesh is not None and not mesh.empty:
-            return mesh.devices.flat[0].platform
-    except (ImportError, AttributeError):
-        pass
-    return jax.devices()[0].platform
 
 
 def select(name: str, seq_len: int, platform: str | None = None) -> str:
@@ -84,13 +73,13 @@ def dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT):
     B, T, N, H = q_BTNH.shape
     K = k_BSKH.shape[2]
     q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
-    scores_BKGTS = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k_BSKH).astype(jnp.float32)
-    scores_BKGTS = scores_BKGTS / math.sqrt(H)
+    scores_BKGTS = project("btkgh,bskh->bkgts", q_BTKGH, k_BSKH).astype(jnp.float32)
     pos_T = jnp.arange(T)
-    mask_B11TS = _mask_BTS(segment_ids_BT, pos_T, pos_T)[:, None, None]
-    scores_BKGTS = jnp.where(mask_B11TS, scores_BKGTS, jnp.finfo(jnp.float32).min)
-    probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(q_BTNH.dtype)
-    out_BTKGH = jnp.einsum("bkgts,bskh->btkgh", probs_BKGTS, v_BSKH)
+    # the mask as an additive bias: its gradient is the identity, so the backward pass keeps no
+    # [B, K, G, T, S] mask (a select would); every row keeps its own diagonal, so none is all _NEG
+    bias_B11TS = jnp.where(_mask_BTS(segment_ids_BT, pos_T, pos_T), 0.0, _NEG)[:, None, None]
+    probs_BKGTS = jax.nn.softmax(scores_BKGTS / math.sqrt(H) + bias_B11TS, axis=-1).astype(q_BTNH.dtype)
+    out_BTKGH = project("bkgts,bskh->btkgh", probs_BKGTS, v_BSKH)
     return out_BTKGH.reshape(B, T, N, H)
 
 

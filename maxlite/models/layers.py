@@ -18,6 +18,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from maxlite.models import attention, lora
+from maxlite.models.matmul import project
 from maxlite.models.families import family
 
 Axes = tuple[str | None, ...]
@@ -146,9 +147,9 @@ class Attention(nnx.Module):
     def qkv(self, x_BTD, positions_BT, dropout_key=None):
         """q_BTNH, k_BTKH, v_BTKH: projections (+ biases) and RoPE, shared by training and decoding."""
         dt, key = self.dtype, dropout_key
-        q_BTNH = _adapted(self, "q", x_BTD, jnp.einsum("btd,dnh->btnh", x_BTD, self.q[...].astype(dt)), key)
-        k_BSKH = _adapted(self, "k", x_BTD, jnp.einsum("bsd,dkh->bskh", x_BTD, self.k[...].astype(dt)), key)
-        v_BSKH = _adapted(self, "v", x_BTD, jnp.einsum("bsd,dkh->bskh", x_BTD, self.v[...].astype(dt)), key)
+        q_BTNH = _adapted(self, "q", x_BTD, project("btd,dnh->btnh", x_BTD, self.q[...].astype(dt)), key)
+        k_BSKH = _adapted(self, "k", x_BTD, project("bsd,dkh->bskh", x_BTD, self.k[...].astype(dt)), key)
+        v_BSKH = _adapted(self, "v", x_BTD, project("bsd,dkh->bskh", x_BTD, self.v[...].astype(dt)), key)
         if self.use_bias:
             q_BTNH = q_BTNH + self.q_bias[...].astype(dt)
             k_BSKH = k_BSKH + self.k_bias[...].astype(dt)
@@ -161,7 +162,7 @@ class Attention(nnx.Module):
 
     def out(self, out_BTNH, dropout_key=None):
         """The output projection (+ bias): [B, T, N, H] → [B, T, D]."""
-        out_BTD = _adapted(self, "o", out_BTNH, jnp.einsum("btnh,nhd->btd", out_BTNH,
+        out_BTD = _adapted(self, "o", out_BTNH, project("btnh,nhd->btd", out_BTNH,
                                                            self.o[...].astype(self.dtype)), dropout_key)
         if self.use_bias:
             out_BTD = out_BTD + self.o_bias[...].astype(self.dtype)
@@ -190,14 +191,16 @@ class SwiGLU(nnx.Module):
                                     "down": ((F, D), ("mlp", "embed"))})
         self.dtype = jnp.dtype(cfg.dtype)
 
+    def _proj(self, kernel: str, spec: str, x, dropout_key):
+        return _adapted(self, kernel, x, project(spec, x, getattr(self, kernel)[...].astype(self.dtype)),
+                        dropout_key)
+
     def __call__(self, x_BTD, dropout_key=None):
-        dt, key = self.dtype, dropout_key
-        gate_BTF = jax.nn.silu(checkpoint_name(
-            _adapted(self, "gate", x_BTD, x_BTD @ self.gate[...].astype(dt), key), "mlpwi_0"))
-        up_BTF = checkpoint_name(_adapted(self, "up", x_BTD, x_BTD @ self.up[...].astype(dt), key), "mlpwi_1")
+        gate_BTF = checkpoint_name(self._proj("gate", "btd,df->btf", x_BTD, dropout_key), "mlpwi_0")
+        gate_BTF = jax.nn.silu(gate_BTF)
+        up_BTF = checkpoint_name(self._proj("up", "btd,df->btf", x_BTD, dropout_key), "mlpwi_1")
         h_BTF = constrain(gate_BTF * up_BTF, ("activation_batch", "activation_length", "activation_mlp"))
-        return constrain(checkpoint_name(_adapted(self, "down", h_BTF, h_BTF @ self.down[...].astype(dt), key),
-                                         "mlpwo"), BTD)
+        return constrain(checkpoint_name(self._proj("down", "btf,fd->btd", h_BTF, dropout_key), "mlpwo"), BTD)
 
 
 class GeluMLP(nnx.Module):
@@ -211,7 +214,8 @@ class GeluMLP(nnx.Module):
 
     def __call__(self, x_BTD, dropout_key=None):  # no adapters in this family
         dt = self.dtype
-        h_BTF = checkpoint_name(x_BTD @ self.up[...].astype(dt) + self.up_bias[...].astype(dt), "mlpwi_0")
+        h_BTF = project("btd,df->btf", x_BTD, self.up[...].astype(dt)) + self.up_bias[...].astype(dt)
+        h_BTF = checkpoint_name(h_BTF, "mlpwi_0")
         h_BTF = constrain(jax.nn.gelu(h_BTF), ("activation_batch", "activation_length", "activation_mlp"))
-        out_BTD = h_BTF @ self.down[...].astype(dt) + self.down_bias[...].astype(dt)
+        out_BTD = project("btf,fd->btd", h_BTF, self.down[...].astype(dt)) + self.down_bias[...].astype(dt)
         return constrain(checkpoint_name(out_BTD, "mlpwo"), BTD)

@@ -13,6 +13,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from maxlite.models.families import family
+from maxlite.models.matmul import project
 from maxlite.models.layers import (BTD, Attention, GeluMLP, LayerNorm, RMSNorm, SwiGLU, constrain,
                                    param)
 
@@ -113,5 +114,5 @@ class Transformer(nnx.Module):
 
     def __call__(self, inputs_BT, positions_BT, segment_ids_BT, dropout_key=None):
         x_BTD = self.hidden(inputs_BT, positions_BT, segment_ids_BT, dropout_key)
-        logits_BTV = (x_BTD @ self.head_DV()).astype(jnp.float32)
+        logits_BTV = project("btd,dv->btv", x_BTD, self.head_DV()).astype(jnp.float32)
         return constrain(logits_BTV, ("activation_batch", "activation_length", "activation_vocab"))

@@ -1,0 +1,91 @@
+"""The model's projections: einsum's values and gradients; on CPU every matmul bf16 × bf16 → f32."""
+
+import importlib.util
+
+import jax
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from maxlite.models.matmul import project
+
+SPECS = {  # the model's projections: MLP, query/key/value, output, head; and attention's two
+    "btd,df->btf": ((2, 8, 16), (16, 24)),
+    "btd,dnh->btnh": ((2, 8, 16), (16, 4, 8)),
+    "btnh,nhd->btd": ((2, 8, 4, 8), (4, 8, 16)),
+    "btkgh,bskh->bkgts": ((2, 8, 2, 2, 8), (2, 8, 2, 8)),
+}
+
+
+def _operands(spec, dtype, seed=0):
+    x_shape, w_shape = SPECS[spec]
+    kx, kw, kg = jax.random.split(jax.random.key(seed), 3)
+    x, w = jax.random.normal(kx, x_shape, dtype), jax.random.normal(kw, w_shape, dtype)
+    g = jax.random.normal(kg, jnp.einsum(spec, x, w).shape, dtype)  # a cotangent
+    return x, w, g
+
+
+def _value_and_grads(fn, x, w, g):
+    out, vjp = jax.vjp(fn, x, w)
+    return out, vjp(g)
+
+
+@pytest.mark.parametrize("spec", sorted(SPECS))
+def test_project_equals_einsum_in_float32(spec):
+    x, w, g = _operands(spec, jnp.float32)
+    out, (dx, dw) = _value_and_grads(lambda x, w: project(spec, x, w), x, w, g)
+    ref, (rdx, rdw) = _value_and_grads(lambda x, w: jnp.einsum(spec, x, w), x, w, g)
+    for got, want in ((out, ref), (dx, rdx), (dw, rdw)):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec", sorted(SPECS))
+def test_bfloat16_project_is_close_to_float32_and_returns_bfloat16(spec):
+    x, w, g = _operands(spec, jnp.bfloat16)
+    out, (dx, dw) = _value_and_grads(lambda x, w: project(spec, x, w), x, w, g)
+    f32 = [a.astype(jnp.float32) for a in (x, w, g)]
+    ref, (rdx, rdw) = _value_and_grads(lambda x, w: jnp.einsum(spec, x, w), *f32)
+    for got, want in ((out, ref), (dx, rdx), (dw, rdw)):
+        assert got.dtype == jnp.bfloat16
+        # one bf16 rounding of an f32-accumulated sum (8 bits of mantissa)
+        np.testing.assert_allclose(got.astype(jnp.float32), want, rtol=1e-2, atol=2e-2)
+
+
+def _dots(jaxpr):
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            yield eqn
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            yield from _dots(sub)
+
+
+def test_every_matmul_forward_and_backward_is_bfloat16_accumulated_in_float32():
+    """What XLA is handed: bf16 operands, an f32 result (CPU runs its native bf16 kernels on such a
+    dot; a bf16 → bf16 dot it upcasts to f32 × f32), in the forward pass and both backward matmuls."""
+    spec = "btd,df->btf"
+    x, w, g = _operands(spec, jnp.bfloat16)
+    jaxpr = jax.make_jaxpr(lambda x, w, g: _value_and_grads(lambda x, w: project(spec, x, w), x, w, g))(x, w, g)
+    dots = list(_dots(jaxpr.jaxpr))
+    assert len(dots) == 3  # forward, dx, dw
+    for eqn in dots:
+        assert [v.aval.dtype for v in eqn.invars] == [jnp.bfloat16, jnp.bfloat16], eqn
+        assert eqn.outvars[0].aval.dtype == jnp.float32, eqn
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="needs the tpu extra")
+def test_on_tpu_a_projection_is_the_plain_bfloat16_dot_the_matrix_unit_fuses():
+    """Traced for a TPU topology (the planner's path), the same call is einsum's bf16 → bf16 dot: an
+    explicit f32 result there would add HBM traffic (the planner saw the 8B step turn memory-bound)."""
+    from jax.sharding import Mesh
+
+    from maxlite.plan import topology as T
+
+    spec = "btd,df->btf"
+    x, w, g = _operands(spec, jnp.bfloat16)
+    mesh = Mesh(np.array(T.devices(T.parse("v6e:2x2"))), ("data",))
+    with jax.set_mesh(mesh):
+        jaxpr = jax.make_jaxpr(lambda x, w, g: _value_and_grads(lambda x, w: project(spec, x, w), x, w, g))(x, w, g)
+    dots = list(_dots(jaxpr.jaxpr))
+    assert len(dots) == 3 and all(eqn.outvars[0].aval.dtype == jnp.bfloat16 for eqn in dots), dots
