@@ -53,6 +53,19 @@ def test_bfloat16_project_is_close_to_float32_and_returns_bfloat16(spec):
         np.testing.assert_allclose(got.astype(jnp.float32), want, rtol=1e-2, atol=2e-2)
 
 
+def test_a_stored_float32_weight_gets_its_gradient_in_float32_unrounded():
+    """The parameter (f32) is cast for the product; its gradient, a sum over every token of the batch,
+    comes back as accumulated: rounding it to bf16 would let two data-parallel layouts of the same
+    batch differ by an ulp of bf16 (a two-worker run no longer matched one process)."""
+    spec = "btd,df->btf"
+    x, w, g = _operands(spec, jnp.bfloat16)
+    w32 = w.astype(jnp.float32) * 1.001  # not representable in bf16
+    _, (dx, dw) = _value_and_grads(lambda x, w: project(spec, x, w), x, w32, g)
+    assert dx.dtype == jnp.bfloat16 and dw.dtype == jnp.float32
+    want = jnp.einsum("btd,btf->df", x.astype(jnp.float32), g.astype(jnp.float32))
+    np.testing.assert_allclose(dw, want, rtol=1e-6, atol=1e-6)
+
+
 def _dots(jaxpr):
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "dot_general":
@@ -66,6 +79,7 @@ def test_every_matmul_forward_and_backward_is_bfloat16_accumulated_in_float32():
     dot; a bf16 → bf16 dot it upcasts to f32 × f32), in the forward pass and both backward matmuls."""
     spec = "btd,df->btf"
     x, w, g = _operands(spec, jnp.bfloat16)
+    w = w.astype(jnp.float32)  # as stored: cast at use
     jaxpr = jax.make_jaxpr(lambda x, w, g: _value_and_grads(lambda x, w: project(spec, x, w), x, w, g))(x, w, g)
     dots = list(_dots(jaxpr.jaxpr))
     assert len(dots) == 3  # forward, dx, dw

@@ -254,7 +254,9 @@ def test_sigterm_to_a_worker_saves_on_every_host_restarts_and_ends_at_the_same_l
 
 @pytest.mark.ray
 def test_two_workers_match_one_process_with_the_same_global_batch(uninterrupted, tmp_path):
-    """Each worker reads its own half of the global batch; together they equal one process's."""
+    """Each worker reads its own half of the global batch; together they equal one process's: the
+    same global batches (hashes), the same losses up to the order the gradient's f32 partial sums
+    are reduced in (gloo across processes, in-process here), which bf16 compute lets show at 1e-5."""
     _, whole_dir = uninterrupted
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
            "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
@@ -265,8 +267,9 @@ def test_two_workers_match_one_process_with_the_same_global_batch(uninterrupted,
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     single, whole = _metrics(tmp_path / "single"), _metrics(whole_dir)
     assert sorted(single) == sorted(whole)
+    assert _batch_hashes(tmp_path / "single") == _batch_hashes(whole_dir)
     for step in single:
-        assert whole[step] == pytest.approx(single[step], rel=1e-5), step
+        assert whole[step] == pytest.approx(single[step], rel=1e-4), step
 
 
 @pytest.mark.ray

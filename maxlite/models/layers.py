@@ -147,9 +147,9 @@ class Attention(nnx.Module):
     def qkv(self, x_BTD, positions_BT, dropout_key=None):
         """q_BTNH, k_BTKH, v_BTKH: projections (+ biases) and RoPE, shared by training and decoding."""
         dt, key = self.dtype, dropout_key
-        q_BTNH = _adapted(self, "q", x_BTD, project("btd,dnh->btnh", x_BTD, self.q[...].astype(dt)), key)
-        k_BSKH = _adapted(self, "k", x_BTD, project("bsd,dkh->bskh", x_BTD, self.k[...].astype(dt)), key)
-        v_BSKH = _adapted(self, "v", x_BTD, project("bsd,dkh->bskh", x_BTD, self.v[...].astype(dt)), key)
+        q_BTNH = _adapted(self, "q", x_BTD, project("btd,dnh->btnh", x_BTD, self.q[...]), key)
+        k_BSKH = _adapted(self, "k", x_BTD, project("bsd,dkh->bskh", x_BTD, self.k[...]), key)
+        v_BSKH = _adapted(self, "v", x_BTD, project("bsd,dkh->bskh", x_BTD, self.v[...]), key)
         if self.use_bias:
             q_BTNH = q_BTNH + self.q_bias[...].astype(dt)
             k_BSKH = k_BSKH + self.k_bias[...].astype(dt)
@@ -162,8 +162,7 @@ class Attention(nnx.Module):
 
     def out(self, out_BTNH, dropout_key=None):
         """The output projection (+ bias): [B, T, N, H] → [B, T, D]."""
-        out_BTD = _adapted(self, "o", out_BTNH, project("btnh,nhd->btd", out_BTNH,
-                                                           self.o[...].astype(self.dtype)), dropout_key)
+        out_BTD = _adapted(self, "o", out_BTNH, project("btnh,nhd->btd", out_BTNH, self.o[...]), dropout_key)
         if self.use_bias:
             out_BTD = out_BTD + self.o_bias[...].astype(self.dtype)
         return out_BTD
@@ -192,7 +191,7 @@ class SwiGLU(nnx.Module):
         self.dtype = jnp.dtype(cfg.dtype)
 
     def _proj(self, kernel: str, spec: str, x, dropout_key):
-        return _adapted(self, kernel, x, project(spec, x, getattr(self, kernel)[...].astype(self.dtype)),
+        return _adapted(self, kernel, x, project(spec, x, getattr(self, kernel)[...]),
                         dropout_key)
 
     def __call__(self, x_BTD, dropout_key=None):
@@ -214,8 +213,8 @@ class GeluMLP(nnx.Module):
 
     def __call__(self, x_BTD, dropout_key=None):  # no adapters in this family
         dt = self.dtype
-        h_BTF = project("btd,df->btf", x_BTD, self.up[...].astype(dt)) + self.up_bias[...].astype(dt)
+        h_BTF = project("btd,df->btf", x_BTD, self.up[...]) + self.up_bias[...].astype(dt)
         h_BTF = checkpoint_name(h_BTF, "mlpwi_0")
         h_BTF = constrain(jax.nn.gelu(h_BTF), ("activation_batch", "activation_length", "activation_mlp"))
-        out_BTD = project("btf,fd->btd", h_BTF, self.down[...].astype(dt)) + self.down_bias[...].astype(dt)
+        out_BTD = project("btf,fd->btd", h_BTF, self.down[...]) + self.down_bias[...].astype(dt)
         return constrain(checkpoint_name(out_BTD, "mlpwo"), BTD)

@@ -6,6 +6,10 @@ bf16 → bf16 dot to f32 × f32, half the speed of its native bf16 kernels plus 
 CPU the same product is spelled bf16 × bf16 → f32 (`preferred_element_type`) and rounded, in the
 forward pass and in both backward matmuls (a custom VJP keeps the cotangents in the operands'
 dtype). On TPU the explicit f32 result would cost HBM traffic the fused bf16 dot does not.
+
+`w` may be the stored parameter (float32): it is cast to x's dtype for the product, and on CPU its
+gradient comes back in float32 as accumulated, never rounded to bf16 on the way (a bf16 round of a
+batch-summed gradient would make data-parallel layouts differ by an ulp).
 """
 
 from __future__ import annotations
@@ -19,10 +23,10 @@ from maxlite.models.platform import target_platform
 
 
 def project(spec: str, x, w):
-    """einsum(spec, x, w) in x's dtype, accumulated in float32 on every platform."""
+    """einsum(spec, x, w) in x's dtype (w cast to it), accumulated in float32 on every platform."""
     if target_platform() == "cpu":
         return _accumulated(spec, x, w)
-    return jnp.einsum(spec, x, w)
+    return jnp.einsum(spec, x, w.astype(x.dtype))
 
 
 def _dot(spec: str, a, b, dtype):
@@ -31,19 +35,20 @@ def _dot(spec: str, a, b, dtype):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _accumulated(spec: str, x, w):
-    return _dot(spec, x, w, x.dtype)
+    return _dot(spec, x, w.astype(x.dtype), x.dtype)
 
 
 def _fwd(spec, x, w):
-    return _dot(spec, x, w, x.dtype), (x, w)
+    return _accumulated(spec, x, w), (x, w)
 
 
 def _bwd(spec, res, g):
     x, w = res
     ins, out = spec.split("->")
     a, b = ins.split(",")
-    dx = _dot(f"{out},{b}->{a}", g.astype(x.dtype), w, x.dtype)
-    dw = _dot(f"{a},{out}->{b}", x, g.astype(x.dtype), w.dtype)
+    g = g.astype(x.dtype)
+    dx = _dot(f"{out},{b}->{a}", g, w.astype(x.dtype), x.dtype)
+    dw = _dot(f"{a},{out}->{b}", x, g, w.dtype)  # in w's own dtype: f32 for a stored parameter
     return dx, dw
 
 
