@@ -33,3 +33,27 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# Two pytest-xdist workers (addopts). A file's tests stay on one worker, so its module fixtures are
+# built once. The files whose tests start several training processes at once (multi-process JAX
+# over gloo, Ray clusters) share one worker and never run beside each other: two such runs on the
+# two cores starved a gloo collective past the 60 s hang watchdog. (xdist's own `loadgroup` cannot
+# do this with pytest 9.2: the group suffix it writes to `item._nodeid` is no longer read.)
+MULTI_PROCESS_FILES = {"test_ray.py", "test_resilience_procs.py"}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "multi_process" if os.path.basename(path) in MULTI_PROCESS_FILES else path
+
+    return ByFile(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The multi-process files first: the longest share of the run starts at once (stable sort)."""
+    items.sort(key=lambda item: item.path.name not in MULTI_PROCESS_FILES)
