@@ -6,8 +6,8 @@
     python benchmarks/bench_train.py model_name=llama3.2-1b --compare attention=cudnn_flash,dot_product
 
 Writes JSON (default benchmarks/results/train_<model_name>.json). Run it on an otherwise idle
-machine: the figures are ratios measured in one run (MFU against the matmul peak, in the model's compute
-dtype, measured just before).
+machine: the figures are ratios measured in one run (MFU against the matmul peak in the model's
+compute dtype, measured just before).
 Time to first step runs the recipe twice in fresh processes with a fresh compilation cache: cold
 (compiles) and warm (loads the compiled programs). Each `--compare k=v,k2=v2` trains the recipe
 with those overrides and reports each variant; each `--compare-memory k=v,...` runs 2 steps of a
