@@ -16,8 +16,10 @@ def measure_matmul_tflops(dtype: str = "float32", size: int = 2048, repeats: int
     operands in `dtype` and accumulated in float32, as the model's projections are
     (`maxlite.models.matmul.project`): on CPU a bf16 → bf16 dot would be upcast to f32."""
     device = device or jax.local_devices()[0]
-    a = jax.device_put(jnp.ones((size, size), dtype), device)
-    b = jax.device_put(jnp.ones((size, size), dtype), device)
+    # random operands: constant ones or zeros run measurably faster on GPUs than real data
+    ka, kb = jax.random.split(jax.random.key(0))
+    a = jax.device_put(jax.random.normal(ka, (size, size), dtype), device)
+    b = jax.device_put(jax.random.normal(kb, (size, size), dtype), device)
     matmul = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32).astype(x.dtype))
     matmul(a, b).block_until_ready()  # compile and warm up
     best = float("inf")

@@ -1,9 +1,11 @@
-"""Tests run on CPU with 8 simulated devices; set before JAX is imported anywhere."""
+"""Tests run on CPU with 8 simulated devices; set before JAX is imported anywhere.
+
+`MAXLITE_TEST_PLATFORMS=cuda` runs the accelerator-only tests on a GPU machine (benchmarks/gpu.sh)."""
 
 import os
 import sys
 
-os.environ["JAX_PLATFORMS"] = "cpu"
+os.environ["JAX_PLATFORMS"] = os.environ.get("MAXLITE_TEST_PLATFORMS", "cpu")
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 

@@ -75,13 +75,23 @@ def test_flash_splash_kernel_equals_dot_product_in_interpret_mode():
     _check_equal(lambda q, k, v, s: attention.flash(q, k, v, s, sizes), _inputs(B=1, N=2, K=1))
 
 
-@pytest.mark.skipif(jax.devices()[0].platform != "gpu", reason="cuDNN attention needs an NVIDIA GPU")
+def _relative_errors(got, ref):
+    return [float(jnp.linalg.norm(g.astype(jnp.float32) - r) / jnp.linalg.norm(r))
+            for g, r in zip(got, ref)]
+
+
+@pytest.mark.skipif(jax.devices()[0].platform != "gpu", reason="cuDNN attention needs an NVIDIA GPU "
+                    "(run with MAXLITE_TEST_PLATFORMS=cuda)")
 def test_cudnn_flash_equals_dot_product():
-    q, k, v, seg, dout = (x.astype(jnp.bfloat16) if x.dtype == jnp.float32 else x
-                          for x in _inputs(H=64))
-    ref = attention.dot_product(q, k, v, seg).astype(jnp.float32)
-    out = attention.cudnn_flash(q, k, v, seg).astype(jnp.float32)
-    np.testing.assert_allclose(out, ref, rtol=0.02, atol=0.02)
+    q, k, v, seg, dout = _inputs(H=64)
+    with jax.default_matmul_precision("highest"):  # an f32 reference (GPUs default to TF32)
+        ref_out, ref_grads = _value_and_grads(attention.dot_product, q, k, v, seg, dout)
+    bf16 = [x.astype(jnp.bfloat16) for x in (q, k, v, dout)]
+    out, grads = _value_and_grads(attention.cudnn_flash, *bf16[:3], seg, bf16[3])
+    errors = _relative_errors((out, *grads), (ref_out, *ref_grads))
+    # bf16 operands: ‖out − ref‖/‖ref‖ lands between 1e-3 and 1e-2; a leak across documents or
+    # through the causal mask is an error of about 0.6 on these inputs
+    assert max(errors) < 1e-2, errors
 
 
 @pytest.mark.parametrize("platform,T,expected", [
