@@ -184,6 +184,7 @@ def measure(overrides: list[str], steps: int, skip_first_step: bool) -> dict:
         "mfu_vs_measured_bf16_peak": summary["tflops_per_device"] / (peaks["bfloat16"] / share),
         "final_loss": summary["final_loss"],
         "time_to_first_step": first,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
     if platform_name != "cpu":
         published, source = peak_tflops_per_device()

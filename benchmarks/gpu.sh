@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The GPU figures of docs/performance.md on one NVIDIA GPU (a lent machine is held by the minute):
+#
+#     bash benchmarks/gpu.sh [OUT_DIR [STAGE ...]]    # PYTHON=... picks an interpreter with jax[cuda]
+#
+# Stages (all by default, in this order):
+#   test        the cuDNN attention test against dot_product (values and gradients, packed, GQA)
+#   compare     llama3.2-1b, cudnn_flash against dot_product (batch 4 × 2048, remat none)
+#   sweep       llama3.2-1b: batch 8, unrolled layers, the unchunked loss, T = 8192
+#   flags       llama3.2-1b under two XLA flag sets
+#   3b          llama3.2-3b scanned and unrolled: the largest preset whose f32 weights and Adam
+#               state (51 GB) leave room for activations; llama3.1-8b's alone are 128 GB
+#   attention   attention alone, forward + backward (benchmarks/bench_attention.py)
+#   remat       llama3.2-1b with the default remat_policy=full at T = 2048 and 8192
+# Each stage has its own time limit and the next runs whatever happened; logs and JSONs go to
+# OUT_DIR (default benchmarks/results), and a table of the training figures is printed last.
+set -uo pipefail
+out=${1:-benchmarks/results}
+shift || true
+stages=${*:-test compare sweep flags 3b attention remat}
+py=${PYTHON:-python3}
+mkdir -p "$out"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}
+stage() {  # stage NAME SECONDS CMD...: run with a limit, log to OUT_DIR/NAME.log, report its exit
+  local name=$1 limit=$2; shift 2
+  local start=$SECONDS
+  echo "== $name (limit ${limit}s)"
+  timeout "$limit" "$@" > "$out/$name.log" 2>&1
+  echo "== $name: exit $? in $((SECONDS - start))s"
+  tail -n 4 "$out/$name.log"
+}
+wanted() { [[ " $stages " == *" $1 "* ]]; }
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
+"$py" -c "import jax, flax, optax, orbax.checkpoint as o; print('jax', jax.__version__, 'flax',
+flax.__version__, 'optax', optax.__version__, 'orbax', o.__version__, jax.devices())"
+
+bench="$py benchmarks/bench_train.py --skip-first-step"
+common="dataset_type=synthetic enable_checkpointing=false max_target_length=2048"
+tuned="$common remat_policy=none attention=cudnn_flash"
+wanted test && stage test_cudnn 100 env MAXLITE_TEST_PLATFORMS=cuda "$py" -m pytest -q -n 0 \
+    tests/test_attention.py -k "cudnn or autoselected"
+wanted compare && stage llama3.2-1b 240 $bench model_name=llama3.2-1b $common \
+    per_device_batch_size=4 remat_policy=none --steps 20 \
+    --compare attention=cudnn_flash --compare attention=dot_product \
+    --out "$out/train_llama3.2-1b_gpu.json"
+wanted sweep && stage sweep_1b 260 $bench --steps 30 model_name=llama3.2-1b $tuned \
+    per_device_batch_size=4 --compare per_device_batch_size=4 --compare per_device_batch_size=8 \
+    --compare scan_layers=false --compare num_vocab_tiling=1 \
+    --compare per_device_batch_size=8,scan_layers=false \
+    --compare max_target_length=8192,per_device_batch_size=1 --compare scan_layers=true \
+    --out "$out/train_llama3.2-1b_gpu_sweep.json"
+if wanted flags; then
+    n=0
+    for flags in "--xla_gpu_enable_triton_gemm=false" \
+                 "--xla_gpu_enable_latency_hiding_scheduler=true --xla_gpu_enable_command_buffer="; do
+        n=$((n + 1))
+        XLA_FLAGS="$flags" stage "flags_$n" 80 $bench --steps 30 model_name=llama3.2-1b $tuned \
+            per_device_batch_size=4 --out "$out/train_llama3.2-1b_gpu_flags_$n.json"
+    done
+fi
+wanted 3b && stage sweep_3b 150 $bench --steps 30 model_name=llama3.2-3b $tuned \
+    per_device_batch_size=4 --compare scan_layers=true --compare scan_layers=false \
+    --out "$out/train_llama3.2-3b_gpu.json"
+wanted attention && stage attention 120 bash -c "$py benchmarks/bench_attention.py --B 1 --T 8192 \
+    --out $out/attention_gpu_8192.json && $py benchmarks/bench_attention.py --B 4 --T 2048 \
+    --out $out/attention_gpu_2048.json"
+wanted remat && stage remat_1b 150 $bench --steps 30 model_name=llama3.2-1b $common \
+    attention=cudnn_flash per_device_batch_size=4 --compare remat_policy=full \
+    --compare remat_policy=full,max_target_length=8192,per_device_batch_size=1 \
+    --out "$out/train_llama3.2-1b_gpu_remat.json"
+
+"$py" - "$out" <<'EOF'
+import json, pathlib, sys
+for path in sorted(pathlib.Path(sys.argv[1]).glob("train_*_gpu*.json")):
+    data = json.loads(path.read_text())
+    for variant, run in (data.get("runs") or {"": data}).items():
+        print(f"{path.name} {variant}: {run['device']}, {run['tokens_per_second_per_device']:.0f} "
+              f"tokens/s/GPU, {run['tflops_per_device']:.1f} TFLOP/s, MFU {run['mfu']:.3f} "
+              f"({run['mfu_peak_source']}); measured bf16 matmul "
+              f"{run['matmul_peak_tflops_per_device']['bfloat16']:.0f} TFLOP/s, loss {run['final_loss']:.3f}")
+EOF
