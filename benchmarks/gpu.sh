@@ -8,8 +8,9 @@
 #   compare     llama3.2-1b, cudnn_flash against dot_product (batch 4 × 2048, remat none)
 #   sweep       llama3.2-1b: batch 8, unrolled layers, the unchunked loss, T = 8192
 #   flags       llama3.2-1b under two XLA flag sets
-#   3b          llama3.2-3b scanned and unrolled: the largest preset whose f32 weights and Adam
-#               state (51 GB) leave room for activations; llama3.1-8b's alone are 128 GB
+#   3b          llama3.2-3b scanned and unrolled: the largest preset measured on one GPU (f32
+#               weights, gradients and Adam moments: 16 bytes a parameter, 51 GB; llama3.1-8b's
+#               are 128 GB of an H200's 151 GB before any activation: not tried)
 #   attention   attention alone, forward + backward (benchmarks/bench_attention.py)
 #   remat       llama3.2-1b with the default remat_policy=full at T = 2048 and 8192
 # Each stage has its own time limit and the next runs whatever happened; logs and JSONs go to
