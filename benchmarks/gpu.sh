@@ -14,7 +14,8 @@
 #   attention   attention alone, forward + backward (benchmarks/bench_attention.py)
 #   remat       llama3.2-1b with the default remat_policy=full at T = 2048 and 8192
 # Each stage has its own time limit and the next runs whatever happened; logs and JSONs go to
-# OUT_DIR (default benchmarks/results), and a table of the training figures is printed last.
+# OUT_DIR (default benchmarks/results, where *.log is ignored by git), and a table of the training
+# figures is printed last.
 set -uo pipefail
 out=${1:-benchmarks/results}
 shift || true
