@@ -4,8 +4,8 @@
         --N 32 --K 8 --H 64] [--documents 4] [--out FILE]
 
 Times jit(grad) of sum(attention(q, k, v, segments) · dout) in bf16 (median of --repeats after
-warm-up), for rows holding one document and rows packing --documents of them. FLOPs are the
-causal count of maxlite.models.flops (half of 4·B·T²·N·H per pass, backward twice the forward).
+warm-up), for rows holding one document and rows packing --documents of them. FLOPs are
+maxlite.models.flops' causal count (half of 4·B·T²·N·H), × 3 with the backward pass.
 On a GPU it adds `cudnn causal only`: the cuDNN kernel with no segment mask, the floor that
 `cudnn_flash`'s dense [B, 1, T, S] segment bias adds to. Writes JSON (default
 benchmarks/results/attention_<platform>.json). The default shape is a GPU's; on a CPU pass a
@@ -63,6 +63,7 @@ def main() -> None:
     import jax.numpy as jnp
 
     from maxlite.models import attention
+    from maxlite.models.flops import attention_flops
 
     platform = jax.devices()[0].platform
     default = {"gpu": "cudnn_flash,dot_product", "tpu": "flash,dot_product"}.get(
@@ -81,7 +82,7 @@ def main() -> None:
     if platform == "gpu":
         impls["cudnn causal only"] = lambda q, k, v, s: jax.nn.dot_product_attention(
             q, k, v, is_causal=True, implementation="cudnn")
-    flops = 3 * 4 * B * T * T * N * H / 2
+    flops = 3 * attention_flops(B, T, N, H)  # forward + backward, the causal half
     rows = {}
     for name, fn in impls.items():
         grad = jax.jit(jax.grad(lambda q, k, v, s, fn=fn: jnp.sum(

@@ -15,20 +15,26 @@ from __future__ import annotations
 from maxlite.models.families import family
 
 
-def train_flops_per_step(cfg, batch_size: int | None = None) -> float:
-    """Total (all devices) training FLOPs for one optimizer step."""
+def attention_flops(B: int, T: int, N: int, H: int) -> float:
+    """Forward FLOPs of one layer's causal attention (QKᵀ and PV, the causal half)."""
+    return 4 * B * T * T * N * H / 2
+
+
+def forward_flops_by_part(cfg, batch_size: int | None = None) -> dict[str, float]:
+    """Forward FLOPs of all layers by part (qkv, out, mlp, attention) and of the unembedding."""
     B = cfg.global_batch_size if batch_size is None else batch_size
     T, D, F, V, L = (cfg.max_target_length, cfg.base_emb_dim, cfg.base_mlp_dim, cfg.vocab_size,
                      cfg.base_num_decoder_layers)
     N, K, H = cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
-    mlp_matrices = family(cfg).mlp_matrices
     tokens = B * T
-    mlp = 2 * tokens * D * F * mlp_matrices
-    qkv = 2 * tokens * D * (N + 2 * K) * H
-    out_proj = 2 * tokens * N * H * D
-    attention = 4 * B * T * T * N * H / 2
-    unembed = 2 * tokens * D * V
-    return 3.0 * (L * (mlp + qkv + out_proj + attention) + unembed)
+    return {"qkv": L * 2 * tokens * D * (N + 2 * K) * H, "out": L * 2 * tokens * N * H * D,
+            "mlp": L * 2 * tokens * D * F * family(cfg).mlp_matrices,
+            "attention": L * attention_flops(B, T, N, H), "unembed": 2 * tokens * D * V}
+
+
+def train_flops_per_step(cfg, batch_size: int | None = None) -> float:
+    """Total (all devices) training FLOPs for one optimizer step."""
+    return 3.0 * sum(forward_flops_by_part(cfg, batch_size).values())
 
 
 def param_count(abstract_params) -> int:

@@ -19,18 +19,14 @@ Real steps are slower: kernels do not reach peak. Calibration (docs/plan.md): Ma
 
 from __future__ import annotations
 
-from maxlite.models.families import family
+from maxlite.models.flops import forward_flops_by_part
 from maxlite.plan.topology import Chip
 
 
 def _per_layer_forward(cfg) -> dict[str, float]:
-    """Forward FLOPs of all layers by part (the terms of maxlite/models/flops.py, not × 3)."""
-    B, T, D, F = cfg.global_batch_size, cfg.max_target_length, cfg.base_emb_dim, cfg.base_mlp_dim
-    N, K, H, L = cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim, cfg.base_num_decoder_layers
-    tokens = B * T
-    return {"qkv": L * 2 * tokens * D * (N + 2 * K) * H, "out": L * 2 * tokens * N * H * D,
-            "mlp": L * 2 * tokens * D * F * family(cfg).mlp_matrices,
-            "attention": L * 4 * B * T * T * N * H / 2}
+    """Forward FLOPs of all layers by part (maxlite/models/flops.py's terms, not × 3)."""
+    parts = forward_flops_by_part(cfg)
+    return {part: parts[part] for part in ("qkv", "out", "mlp", "attention")}
 
 
 def hardware_flops(cfg, flops_formula: float, platform: str = "tpu") -> float:
