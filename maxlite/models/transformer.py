@@ -107,13 +107,16 @@ class Transformer(nnx.Module):
         x_BTD = constrain(x_BTD, BTD)
         return self.final_norm(self._run_layers(x_BTD, positions_BT, segment_ids_BT, dropout_key))
 
-    def head_DV(self, stored: bool = False):
-        """The output projection [D, V] in the compute dtype, or as `stored` (tied to the embedding
-        or not)."""
-        head_DV = self.embedding[...].T if self.cfg.logits_via_embedding else self.unembedding[...]
-        return head_DV if stored else head_DV.astype(jnp.dtype(self.cfg.dtype))
+    def _stored_head_DV(self):
+        """The output projection [D, V] as stored (tied to the embedding or not)."""
+        return self.embedding[...].T if self.cfg.logits_via_embedding else self.unembedding[...]
+
+    def head_DV(self):
+        """The output projection [D, V] in the compute dtype (the chunked loss, decoding)."""
+        return self._stored_head_DV().astype(jnp.dtype(self.cfg.dtype))
 
     def __call__(self, inputs_BT, positions_BT, segment_ids_BT, dropout_key=None):
         x_BTD = self.hidden(inputs_BT, positions_BT, segment_ids_BT, dropout_key)
-        logits_BTV = project("btd,dv->btv", x_BTD, self.head_DV(stored=True)).astype(jnp.float32)
+        # project casts the stored head itself (and on CPU returns its gradient in its own dtype)
+        logits_BTV = project("btd,dv->btv", x_BTD, self._stored_head_DV()).astype(jnp.float32)
         return constrain(logits_BTV, ("activation_batch", "activation_length", "activation_vocab"))
