@@ -115,3 +115,16 @@ def test_flops_formula_agrees_with_xla_cost_analysis():
     causal_half = 3 * L * (4 * B * T * T * N * H) / 2  # what the formula leaves out, × 3 for training
     expected = train_flops_per_step(cfg, batch_size=B) + causal_half
     assert xla_flops == pytest.approx(expected, rel=0.03), (xla_flops, expected)
+
+def test_attention_flops_are_the_causal_half_of_what_dot_product_computes():
+    """dot_product computes the full T×S scores and PV: XLA's count is twice the causal formula,
+    plus the softmax's few elementwise FLOPs per score."""
+    from maxlite.models import attention
+    from maxlite.models.flops import attention_flops
+
+    B, T, N, K, H = 2, 256, 4, 2, 64
+    q = jax.ShapeDtypeStruct((B, T, N, H), np.float32)
+    kv = jax.ShapeDtypeStruct((B, T, K, H), np.float32)
+    seg = jax.ShapeDtypeStruct((B, T), np.int32)
+    xla_flops = jax.jit(attention.dot_product).lower(q, kv, kv, seg).compile().cost_analysis()["flops"]
+    assert xla_flops == pytest.approx(2 * attention_flops(B, T, N, H), rel=0.05), xla_flops
