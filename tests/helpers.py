@@ -1,5 +1,5 @@
 """What tests share: a small in-process training driver (the library pieces the loop wires, on a
-device subset), small configs, a free port, and polling with a deadline."""
+device subset), small configs, a free port, polling with a deadline, and the matmuls of a jaxpr."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import time
 from typing import Callable, TypeVar
 
 import jax
+import jax.extend
 import numpy as np
 from flax import nnx
 
@@ -18,6 +19,15 @@ from maxlite.data.synthetic import make_synthetic_iterator
 SMALL = ["base.yml", "model_name=tiny", "base_emb_dim=64", "base_mlp_dim=128", "base_num_query_heads=2",
          "base_num_kv_heads=2", "head_dim=32", "base_num_decoder_layers=2", "vocab_size=256",
          "max_target_length=16", "per_device_batch_size=1", "enable_tensorboard=false", "write_report=false"]
+
+
+def dot_equations(jaxpr):
+    """Every dot_general equation of a jaxpr, those of its sub-jaxprs (scan, remat, jit) included."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            yield eqn
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            yield from dot_equations(sub)
 
 
 def build(argv, num_devices: int):

@@ -3,11 +3,11 @@
 import importlib.util
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import dot_equations
 from maxlite.models.matmul import project
 
 SPECS = {  # the model's projections: MLP, query/key/value, output, head; and attention's two
@@ -66,14 +66,6 @@ def test_a_stored_float32_weight_gets_its_gradient_in_float32_unrounded():
     np.testing.assert_allclose(dw, want, rtol=1e-6, atol=1e-6)
 
 
-def _dots(jaxpr):
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dot_general":
-            yield eqn
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-            yield from _dots(sub)
-
-
 def test_every_matmul_forward_and_backward_is_bfloat16_accumulated_in_float32():
     """What XLA is handed: bf16 operands, an f32 result (CPU runs its native bf16 kernels on such a
     dot; a bf16 → bf16 dot it upcasts to f32 × f32), in the forward pass and both backward matmuls."""
@@ -81,7 +73,7 @@ def test_every_matmul_forward_and_backward_is_bfloat16_accumulated_in_float32():
     x, w, g = _operands(spec, jnp.bfloat16)
     w = w.astype(jnp.float32)  # as stored: cast at use
     jaxpr = jax.make_jaxpr(lambda x, w, g: _value_and_grads(lambda x, w: project(spec, x, w), x, w, g))(x, w, g)
-    dots = list(_dots(jaxpr.jaxpr))
+    dots = list(dot_equations(jaxpr.jaxpr))
     assert len(dots) == 3  # forward, dx, dw
     for eqn in dots:
         assert [v.aval.dtype for v in eqn.invars] == [jnp.bfloat16, jnp.bfloat16], eqn
@@ -101,5 +93,5 @@ def test_on_tpu_a_projection_is_the_plain_bfloat16_dot_the_matrix_unit_fuses():
     mesh = Mesh(np.array(T.devices(T.parse("v6e:2x2"))), ("data",))
     with jax.set_mesh(mesh):
         jaxpr = jax.make_jaxpr(lambda x, w, g: _value_and_grads(lambda x, w: project(spec, x, w), x, w, g))(x, w, g)
-    dots = list(_dots(jaxpr.jaxpr))
+    dots = list(dot_equations(jaxpr.jaxpr))
     assert len(dots) == 3 and all(eqn.outvars[0].aval.dtype == jnp.bfloat16 for eqn in dots), dots

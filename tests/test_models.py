@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from helpers import dot_equations
 from maxlite import config as C
 from maxlite.models import Transformer
 from maxlite.models.flops import param_count, train_flops_per_step
@@ -79,6 +80,36 @@ def test_scan_and_unrolled_layers_compute_the_same_function():
     nnx.update(unrolled, flat)
     tokens = np.random.default_rng(2).integers(0, 4096, (2, 32))
     np.testing.assert_allclose(run(scanned, tokens), run(unrolled, tokens), atol=1e-5)
+
+
+def _matmuls_of_gradient(remat_policy):
+    """dot_general equations in the jaxpr of the logits' gradient (bf16 model, unrolled layers)."""
+    cfg = tiny(dtype="bfloat16", scan_layers=False, remat_policy=remat_policy)
+    graphdef, params = nnx.split(init_model(cfg))
+    tokens = np.zeros((1, 32), np.int32)
+
+    def total(params):
+        return run_traced(nnx.merge(graphdef, params), tokens).sum()
+
+    return len(list(dot_equations(jax.make_jaxpr(jax.grad(total))(params).jaxpr)))
+
+
+def run_traced(model, tokens):
+    B, T = tokens.shape
+    return model(jnp.asarray(tokens), jnp.broadcast_to(jnp.arange(T), (B, T)), jnp.ones((B, T), jnp.int32))
+
+
+def test_dot_remat_policies_keep_the_matmuls_they_name():
+    """`save_dots` recomputes no matmul in the backward pass, `minimal` only attention's two batched
+    ones (QKᵀ and PV) per layer, `full` eight of a layer's nine (not the MLP's down projection: its
+result only feeds the residual addition, whose gradient needs no value). On CPU each matmul is a
+    custom VJP (maxlite/models/matmul.py), which JAX's own dot policies do not see: there both
+    `save_dots` and `minimal` recomputed every matmul, as `full` does."""
+    layers = tiny().base_num_decoder_layers
+    none = _matmuls_of_gradient("none")
+    assert _matmuls_of_gradient("save_dots") == none
+    assert _matmuls_of_gradient("minimal") == none + 2 * layers
+    assert _matmuls_of_gradient("full") == none + 8 * layers  # q, k, v, QKᵀ, PV, out, gate, up
 
 
 def test_llama31_rope_scaling_matches_reference_rule():

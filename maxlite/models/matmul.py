@@ -10,6 +10,12 @@ dtype). On TPU the explicit f32 result would cost HBM traffic the fused bf16 dot
 `w` may be the stored parameter (float32): it is cast to x's dtype for the product, and on CPU its
 gradient comes back in float32 as accumulated, never rounded to bf16 on the way (a bf16 round of a
 batch-summed gradient would make data-parallel layouts differ by an ulp).
+
+The custom VJP hides its dot from `jax.checkpoint`'s dot policies, which look for `dot_general`
+itself: under `remat_policy=minimal` or `save_dots` a CPU backward pass recomputed every matmul, as
+`full` does. So on CPU `project` names its result (a weight matmul, or a batched one such as
+attention's), and `dots_saveable` / `dots_with_no_batch_dims_saveable` below are JAX's policies plus
+those names: the same choice on every platform.
 """
 
 from __future__ import annotations
@@ -18,15 +24,31 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from maxlite.models.platform import target_platform
+
+_WEIGHT, _BATCHED = "cpu_weight_matmul", "cpu_batched_matmul"  # the names of CPU results
+_cp = jax.checkpoint_policies
+# JAX's dot policies, seeing the CPU matmuls too (a projection's result is saved, not recomputed)
+dots_saveable = _cp.save_from_both_policies(_cp.dots_saveable,
+                                            _cp.save_only_these_names(_WEIGHT, _BATCHED))
+dots_with_no_batch_dims_saveable = _cp.save_from_both_policies(_cp.dots_with_no_batch_dims_saveable,
+                                                               _cp.save_only_these_names(_WEIGHT))
 
 
 def project(spec: str, x, w):
     """einsum(spec, x, w) in x's dtype (w cast to it), accumulated in float32 on every platform."""
     if target_platform() == "cpu":
-        return _accumulated(spec, x, w)
+        return checkpoint_name(_accumulated(spec, x, w), _BATCHED if _batched(spec) else _WEIGHT)
     return jnp.einsum(spec, x, w.astype(x.dtype))
+
+
+def _batched(spec: str) -> bool:
+    """Whether the product has batch dimensions (an index of both operands and of the result)."""
+    ins, out = spec.split("->")
+    a, b = ins.split(",")
+    return bool(set(a) & set(b) & set(out))
 
 
 def _dot(spec: str, a, b, dtype):

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from maxlite.models import matmul
 from maxlite.models.families import family
-from maxlite.models.matmul import project
 from maxlite.models.layers import (BTD, Attention, GeluMLP, LayerNorm, RMSNorm, SwiGLU, constrain,
                                    param)
 
@@ -24,8 +24,8 @@ _QKV = ("query_proj", "key_proj", "value_proj")
 _MLP = ("mlpwi_0", "mlpwi_1", "mlpwo")
 REMAT_POLICIES = {  # names: maxlite.models.layers' checkpoint_name calls and "decoder_layer_input"
     "full": _cp.nothing_saveable,  # recompute everything in the backward pass
-    "minimal": _cp.dots_with_no_batch_dims_saveable,  # keep weight matmuls
-    "save_dots": _cp.dots_saveable,  # keep every matmul output
+    "minimal": matmul.dots_with_no_batch_dims_saveable,  # keep weight matmuls
+    "save_dots": matmul.dots_saveable,  # keep every matmul output
     "save_qkv_proj": _cp.save_only_these_names(*_QKV),  # keep q, k, v (after RoPE)
     "save_dot_except_mlp": _cp.save_only_these_names(*_QKV, "out_proj"),  # attention projections
     "save_attn_mlp_proj": _cp.save_only_these_names(*_QKV, "out_proj", *_MLP),  # every projection
@@ -118,5 +118,5 @@ class Transformer(nnx.Module):
     def __call__(self, inputs_BT, positions_BT, segment_ids_BT, dropout_key=None):
         x_BTD = self.hidden(inputs_BT, positions_BT, segment_ids_BT, dropout_key)
         # project casts the stored head itself (and on CPU returns its gradient in its own dtype)
-        logits_BTV = project("btd,dv->btv", x_BTD, self._stored_head_DV()).astype(jnp.float32)
+        logits_BTV = matmul.project("btd,dv->btv", x_BTD, self._stored_head_DV()).astype(jnp.float32)
         return constrain(logits_BTV, ("activation_batch", "activation_length", "activation_vocab"))
