@@ -13,13 +13,18 @@
 #               are 128 GB of an H200's 151 GB before any activation: not tried)
 #   attention   attention alone, forward + backward (benchmarks/bench_attention.py)
 #   remat       llama3.2-1b with the default remat_policy=full at T = 2048 and 8192
+#   policies    llama3.2-1b scanned under each remat policy that keeps matmul results, against
+#               remat_policy=none scanned and unrolled
+#   policies3b  llama3.2-3b scanned, remat none against save_dots
+#   scanflags   the same scanned, remat none and save_dots, under XLA flags aimed at the stacked
+#               residuals (GEMMs reading and writing slices in place; fewer while-loop copies)
 # Each stage has its own time limit and the next runs whatever happened; logs and JSONs go to
 # OUT_DIR (default benchmarks/results, where *.log is ignored by git), and a table of the training
 # figures is printed last.
 set -uo pipefail
 out=${1:-benchmarks/results}
 shift || true
-stages=${*:-test compare sweep flags 3b attention remat}
+stages=${*:-test compare sweep flags 3b attention remat policies policies3b scanflags}
 py=${PYTHON:-python3}
 mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -72,6 +77,26 @@ wanted remat && stage remat_1b 150 $bench --steps 30 model_name=llama3.2-1b $com
     attention=cudnn_flash per_device_batch_size=4 --compare remat_policy=full \
     --compare remat_policy=full,max_target_length=8192,per_device_batch_size=1 \
     --out "$out/train_llama3.2-1b_gpu_remat.json"
+wanted policies && stage policies_1b 300 $bench --steps 30 model_name=llama3.2-1b $tuned \
+    per_device_batch_size=4 --compare remat_policy=none --compare remat_policy=save_dots \
+    --compare remat_policy=minimal --compare remat_policy=save_attn_mlp_proj \
+    --compare remat_policy=none,scan_layers=false --compare remat_policy=save_dots,per_device_batch_size=8 \
+    --compare remat_policy=none,per_device_batch_size=8 --compare remat_policy=save_dots,scan_layers=false \
+    --out "$out/train_llama3.2-1b_gpu_policies.json"
+wanted policies3b && stage policies_3b 200 $bench --steps 30 model_name=llama3.2-3b $tuned \
+    per_device_batch_size=4 --compare remat_policy=none --compare remat_policy=save_dots \
+    --out "$out/train_llama3.2-3b_gpu_policies.json"
+if wanted scanflags; then
+    n=0
+    for flags in "" "--xla_gpu_enable_dynamic_slice_fusion=true" \
+                 "--xla_gpu_copy_insertion_use_region_analysis=true" \
+                 "--xla_gpu_enable_dynamic_slice_fusion=true --xla_gpu_copy_insertion_use_region_analysis=true"; do
+        n=$((n + 1))
+        XLA_FLAGS="$flags" stage "scanflags_$n" 100 $bench --steps 30 model_name=llama3.2-1b $tuned \
+            per_device_batch_size=4 --compare remat_policy=none --compare remat_policy=save_dots \
+            --out "$out/train_llama3.2-1b_gpu_scanflags_$n.json"
+    done
+fi
 
 "$py" - "$out" <<'EOF'
 import json, pathlib, sys
