@@ -6,8 +6,8 @@
 Times jit(grad) of sum(attention(q, k, v, segments) · dout) in bf16 (median of --repeats after
 warm-up), for rows holding one document and rows packing --documents of them. FLOPs are
 maxlite.models.flops' causal count (half of 4·B·T²·N·H), × 3 with the backward pass.
-On a GPU it adds `cudnn causal only`: the cuDNN kernel with no segment mask, the floor that
-`cudnn_flash`'s dense [B, 1, T, S] segment bias adds to. Writes JSON (default
+On a GPU it adds `cudnn_flash dense mask` (`max_segments_per_seq=0`: the documents as a dense
+[B, 1, T, S] mask) and `cudnn causal only`: the cuDNN kernel with no segment mask at all, the floor. Writes JSON (default
 benchmarks/results/attention_<platform>.json). The default shape is a GPU's; on a CPU pass a
 smaller one (`--T 1024 --N 4 --K 2`): dot_product's f32 scores at the default take 8.6 GB.
 """
@@ -79,6 +79,11 @@ def main() -> None:
         from maxlite import config as C
         sizes = attention.splash_block_sizes(C.load(["base.yml", f"max_target_length={T}"]), T)
         impls["flash"] = lambda q, k, v, s: attention.flash(q, k, v, s, sizes)
+    if "cudnn_flash" in impls:  # as a recipe runs it: documents as offsets, then the dense mask
+        from maxlite import config as C
+        most = C.load(["base.yml"]).max_segments_per_seq
+        impls["cudnn_flash"] = lambda q, k, v, s: attention.cudnn_flash(q, k, v, s, most)
+        impls["cudnn_flash dense mask"] = lambda q, k, v, s: attention.cudnn_flash(q, k, v, s, 0)
     if platform == "gpu":
         impls["cudnn causal only"] = lambda q, k, v, s: jax.nn.dot_product_attention(
             q, k, v, is_causal=True, implementation="cudnn")

@@ -16,6 +16,9 @@
 #   policies    llama3.2-1b scanned under each remat policy that keeps matmul results, against
 #               remat_policy=none scanned and unrolled
 #   policies3b  llama3.2-3b scanned, remat none against save_dots
+#   packed      cudnn_flash with documents as cuDNN offsets against the dense mask: the test, the
+#               attention alone, llama3.2-1b at 4 × 2048 and 1 × 8192 (synthetic rows: one
+#               document) and on the bundled corpus
 #   scanflags   the same scanned, remat none and save_dots, under XLA flags aimed at the stacked
 #               residuals (GEMMs reading and writing slices in place; fewer while-loop copies)
 # Each stage has its own time limit and the next runs whatever happened; logs and JSONs go to
@@ -24,7 +27,7 @@
 set -uo pipefail
 out=${1:-benchmarks/results}
 shift || true
-stages=${*:-test compare sweep flags 3b attention remat policies policies3b scanflags}
+stages=${*:-test compare sweep flags 3b attention remat policies policies3b scanflags packed}
 py=${PYTHON:-python3}
 mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -96,6 +99,22 @@ if wanted scanflags; then
             per_device_batch_size=4 --compare remat_policy=none --compare remat_policy=save_dots \
             --out "$out/train_llama3.2-1b_gpu_scanflags_$n.json"
     done
+fi
+if wanted packed; then
+    stage test_packed 150 env MAXLITE_TEST_PLATFORMS=cuda "$py" -m pytest -q -n 0 \
+        tests/test_attention.py -k "cudnn or segment_offsets"
+    stage attention_packed 150 bash -c "$py benchmarks/bench_attention.py --B 1 --T 8192 \
+        --out $out/attention_gpu_8192_packed.json && $py benchmarks/bench_attention.py --B 4 \
+        --T 2048 --out $out/attention_gpu_2048_packed.json"
+    stage packed_1b 200 $bench --steps 30 model_name=llama3.2-1b $tuned per_device_batch_size=4 \
+        --compare max_segments_per_seq=32 --compare max_segments_per_seq=0 \
+        --compare max_target_length=8192,per_device_batch_size=1,max_segments_per_seq=32 \
+        --compare max_target_length=8192,per_device_batch_size=1,max_segments_per_seq=0 \
+        --out "$out/train_llama3.2-1b_gpu_packed.json"
+    # the bundled corpus: 2-4 documents (padding included) in each row of 2048
+    stage packed_1b_text 150 $bench --steps 30 model_name=llama3.2-1b $tuned per_device_batch_size=4 \
+        dataset_type=text --compare max_segments_per_seq=32 --compare max_segments_per_seq=0 \
+        --out "$out/train_llama3.2-1b_gpu_packed_text.json"
 fi
 
 "$py" - "$out" <<'EOF'

@@ -379,6 +379,9 @@ def _validate(c: Config) -> None:
     for key in ("attention_block_size", *(k for k in _DEFAULTS if k.startswith("sa_block_"))):
         if getattr(c, key) <= 0:
             raise ConfigError(f"{key}={getattr(c, key)} must be positive")
+    if c.max_segments_per_seq < 0:
+        raise ConfigError(f"max_segments_per_seq={c.max_segments_per_seq} must be >= 0 "
+                          "(0 = cudnn_flash always takes the dense mask)")
     if c.attention == "blockwise" and c.max_target_length % min(c.attention_block_size,
                                                                 c.max_target_length):
         raise ConfigError(f"attention_block_size={c.attention_block_size} must divide "

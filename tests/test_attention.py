@@ -1,5 +1,7 @@
 """Every attention implementation equals dot_product (values and gradients) with packing and GQA."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -75,6 +77,19 @@ def test_flash_splash_kernel_equals_dot_product_in_interpret_mode():
     _check_equal(lambda q, k, v, s: attention.flash(q, k, v, s, sizes), _inputs(B=1, N=2, K=1))
 
 
+def test_segment_offsets_give_each_document_its_start_and_length():
+    _, _, _, seg, _ = _inputs()  # row 0: documents at 0, 70 and 190 of 256; row 1: one
+    offsets, lengths, fits = attention.segment_offsets(seg, 4)
+    np.testing.assert_array_equal(offsets, [[0, 70, 190, -1, -1], [0, -1, -1, -1, -1]])
+    np.testing.assert_array_equal(lengths, [[70, 120, 66, -1], [256, -1, -1, -1]])
+    assert bool(fits)
+    assert bool(attention.segment_offsets(seg, 3)[2]) and not bool(attention.segment_offsets(seg, 2)[2])
+    padded = np.array([[1, 1, 2, 2, 2, 0, 0, 0]], np.int32)  # padding is one more run
+    offsets, lengths, _ = attention.segment_offsets(jnp.asarray(padded), 3)
+    np.testing.assert_array_equal(offsets, [[0, 2, 5, -1]])
+    np.testing.assert_array_equal(lengths, [[2, 3, 3]])
+
+
 def _relative_errors(got, ref):
     return [float(jnp.linalg.norm(g.astype(jnp.float32) - r) / jnp.linalg.norm(r))
             for g, r in zip(got, ref)]
@@ -82,12 +97,14 @@ def _relative_errors(got, ref):
 
 @pytest.mark.skipif(jax.devices()[0].platform != "gpu", reason="cuDNN attention needs an NVIDIA GPU "
                     "(run with MAXLITE_TEST_PLATFORMS=cuda)")
-def test_cudnn_flash_equals_dot_product():
+@pytest.mark.parametrize("max_segments", [0, 2, 32])  # the dense mask; too few: the fallback; packed
+def test_cudnn_flash_equals_dot_product(max_segments):
     q, k, v, seg, dout = _inputs(H=64)
     with jax.default_matmul_precision("highest"):  # an f32 reference (GPUs default to TF32)
         ref_out, ref_grads = _value_and_grads(attention.dot_product, q, k, v, seg, dout)
     bf16 = [x.astype(jnp.bfloat16) for x in (q, k, v, dout)]
-    out, grads = _value_and_grads(attention.cudnn_flash, *bf16[:3], seg, bf16[3])
+    cudnn = functools.partial(attention.cudnn_flash, max_segments=max_segments)
+    out, grads = _value_and_grads(cudnn, *bf16[:3], seg, bf16[3])
     errors = _relative_errors((out, *grads), (ref_out, *ref_grads))
     # bf16 operands: ‖out − ref‖/‖ref‖ lands between 1e-3 and 1e-2; a leak across documents or
     # through the causal mask is an error of about 0.6 on these inputs
@@ -107,6 +124,8 @@ def test_bad_attention_keys_are_one_line_errors():
         C.load(["base.yml", "attention=fast"])
     with pytest.raises(C.ConfigError, match="attention_block_size=100 must divide"):
         C.load(["base.yml", "attention=blockwise", "attention_block_size=100"])
+    with pytest.raises(C.ConfigError, match="max_segments_per_seq=-1 must be >= 0"):
+        C.load(["base.yml", "max_segments_per_seq=-1"])
 
 
 @pytest.mark.slow  # ~40 s (blockwise) and ~2 min (flash) on 2 cores; the per-function tests above

@@ -4,7 +4,9 @@
   blockwise     pure XLA, online softmax over key blocks with a hand-written VJP: O(T) memory in
                 the forward and backward passes; the portable fallback and the CPU choice at long T
   flash         Pallas splash attention (TPU); on CPU it runs in the Pallas interpreter (tests only)
-  cudnn_flash   jax.nn.dot_product_attention(implementation="cudnn") (NVIDIA GPUs)
+  cudnn_flash   cuDNN's fused attention (NVIDIA GPUs): packed documents as per-row offsets and
+                lengths (cuDNN's packed layout) when a row holds at most max_segments_per_seq,
+                else jax.nn.dot_product_attention(implementation="cudnn") with a dense mask
   autoselected  flash on TPU, cudnn_flash on GPU, blockwise on CPU when T ≥ BLOCKWISE_MIN_LENGTH,
                 else dot_product
 
@@ -25,6 +27,11 @@ import numpy as np
 
 from maxlite.models.matmul import project
 from maxlite.models.platform import target_platform
+
+try:  # private JAX module: jax.nn.dot_product_attention takes segments only as a dense mask
+    from jax._src.cudnn import fused_attention_stablehlo as _cudnn
+except ImportError:  # pragma: no cover - a JAX without it: cudnn_flash keeps the dense mask
+    _cudnn = None
 
 IMPLEMENTATIONS = ("autoselected", "dot_product", "blockwise", "flash", "cudnn_flash")
 BLOCKWISE_MIN_LENGTH = 2048  # on CPU, dot_product's T×T scores cost more than blocking saves below this
@@ -57,7 +64,7 @@ def attend(cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT):
         return blockwise(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, block)
     if impl == "flash":
         return flash(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, splash_block_sizes(cfg, q_BTNH.shape[1]))
-    return cudnn_flash(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT)
+    return cudnn_flash(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, cfg.max_segments_per_seq)
 
 
 def _mask_BTS(segment_ids_BT, q_pos_T, k_pos_S, k_segment_ids_BS=None):
@@ -235,7 +242,38 @@ def flash(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, block_sizes):
 # ---- cudnn_flash ----------------------------------------------------------------------------
 
 
-def cudnn_flash(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT):
-    same_doc_B1TS = (segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :])[:, None]
-    return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask=same_doc_B1TS, is_causal=True,
-                                        implementation="cudnn")
+def segment_offsets(segment_ids_BT, max_segments: int):
+    """cuDNN's packed layout of rows of contiguous segments: each segment's first position
+    offsets_BM1 [B, M+1] and length lengths_BM [B, M] (-1 past a row's last segment; M =
+    max_segments), and whether every row has at most M segments."""
+    B, T = segment_ids_BT.shape
+    starts_BT = jnp.concatenate([jnp.ones((B, 1), bool), segment_ids_BT[:, 1:] != segment_ids_BT[:, :-1]],
+                                axis=1)
+    fits = jnp.all(starts_BT.sum(axis=1) <= max_segments)
+    offsets_BM1 = jax.vmap(lambda s: jnp.nonzero(s, size=max_segments + 1, fill_value=-1)[0])(starts_BT)
+    offsets_BM1 = offsets_BM1.astype(jnp.int32)
+    ends_BM = jnp.where(offsets_BM1[:, 1:] >= 0, offsets_BM1[:, 1:], T)
+    lengths_BM = jnp.where(offsets_BM1[:, :-1] >= 0, ends_BM - offsets_BM1[:, :-1], -1)
+    return offsets_BM1, lengths_BM, fits
+
+
+def cudnn_flash(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, max_segments: int = 0):
+    """With `max_segments` > 0, rows of at most that many contiguous segments (as the packer
+    writes them; padding is one more) go to cuDNN as offsets and lengths; a batch with a longer row
+    takes the dense [B, 1, T, S] mask, which costs 1.4-1.6x in the kernel (docs/performance.md)."""
+    def dense():
+        same_doc_B1TS = (segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :])[:, None]
+        return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask=same_doc_B1TS,
+                                            is_causal=True, implementation="cudnn")
+
+    if not max_segments or _cudnn is None:
+        return dense()
+    offsets_BM1, lengths_BM, fits = segment_offsets(segment_ids_BT, max_segments)
+
+    def packed():
+        return _cudnn.dot_product_attention(
+            q_BTNH, k_BSKH, v_BSKH, q_seqlen=lengths_BM, kv_seqlen=lengths_BM, q_offsets=offsets_BM1,
+            kv_offsets=offsets_BM1, scale=1.0 / math.sqrt(q_BTNH.shape[-1]),
+            mask_type=_cudnn.MaskType.PADDING_CAUSAL, qkv_layout="BTNH")
+
+    return jax.lax.cond(fits, packed, dense)
