@@ -7,9 +7,10 @@ Times jit(grad) of sum(attention(q, k, v, segments) · dout) in bf16 (median of 
 warm-up), for rows holding one document and rows packing --documents of them. FLOPs are
 maxlite.models.flops' causal count (half of 4·B·T²·N·H), × 3 with the backward pass.
 On a GPU it adds `cudnn_flash dense mask` (`max_segments_per_seq=0`: the documents as a dense
-[B, 1, T, S] mask) and `cudnn causal only`: the cuDNN kernel with no segment mask at all, the floor. Writes JSON (default
-benchmarks/results/attention_<platform>.json). The default shape is a GPU's; on a CPU pass a
-smaller one (`--T 1024 --N 4 --K 2`): dot_product's f32 scores at the default take 8.6 GB.
+[B, 1, T, S] mask) and `cudnn causal only`: the cuDNN kernel with no segment mask at all, the
+floor. Writes JSON (default benchmarks/results/attention_<platform>.json). The default shape is
+a GPU's; on a CPU pass a smaller one (`--T 1024 --N 4 --K 2`): dot_product's f32 scores at the
+default take 8.6 GB.
 """
 
 from __future__ import annotations

@@ -86,23 +86,19 @@ def _matmuls_of_gradient(remat_policy):
     """dot_general equations in the jaxpr of the logits' gradient (bf16 model, unrolled layers)."""
     cfg = tiny(dtype="bfloat16", scan_layers=False, remat_policy=remat_policy)
     graphdef, params = nnx.split(init_model(cfg))
-    tokens = np.zeros((1, 32), np.int32)
+    B, T = 1, 32
+    tokens, positions = jnp.zeros((B, T), jnp.int32), jnp.broadcast_to(jnp.arange(T), (B, T))
 
     def total(params):
-        return run_traced(nnx.merge(graphdef, params), tokens).sum()
+        return nnx.merge(graphdef, params)(tokens, positions, jnp.ones((B, T), jnp.int32)).sum()
 
     return len(list(dot_equations(jax.make_jaxpr(jax.grad(total))(params).jaxpr)))
-
-
-def run_traced(model, tokens):
-    B, T = tokens.shape
-    return model(jnp.asarray(tokens), jnp.broadcast_to(jnp.arange(T), (B, T)), jnp.ones((B, T), jnp.int32))
 
 
 def test_dot_remat_policies_keep_the_matmuls_they_name():
     """`save_dots` recomputes no matmul in the backward pass, `minimal` only attention's two batched
     ones (QKᵀ and PV) per layer, `full` eight of a layer's nine (not the MLP's down projection: its
-result only feeds the residual addition, whose gradient needs no value). On CPU each matmul is a
+    result only feeds the residual addition, whose gradient needs no value). On CPU each matmul is a
     custom VJP (maxlite/models/matmul.py), which JAX's own dot policies do not see: there both
     `save_dots` and `minimal` recomputed every matmul, as `full` does."""
     layers = tiny().base_num_decoder_layers
