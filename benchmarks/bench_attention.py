@@ -63,6 +63,7 @@ def main() -> None:
     import jax
     import jax.numpy as jnp
 
+    from maxlite import config as C
     from maxlite.models import attention
     from maxlite.models.flops import attention_flops
 
@@ -77,11 +78,9 @@ def main() -> None:
     if "blockwise" in impls:
         impls["blockwise"] = lambda q, k, v, s: attention.blockwise(q, k, v, s, min(512, T))
     if "flash" in impls:
-        from maxlite import config as C
         sizes = attention.splash_block_sizes(C.load(["base.yml", f"max_target_length={T}"]), T)
         impls["flash"] = lambda q, k, v, s: attention.flash(q, k, v, s, sizes)
     if "cudnn_flash" in impls:  # as a recipe runs it: documents as offsets, then the dense mask
-        from maxlite import config as C
         most = C.load(["base.yml"]).max_segments_per_seq
         impls["cudnn_flash"] = lambda q, k, v, s: attention.cudnn_flash(q, k, v, s, most)
         impls["cudnn_flash dense mask"] = lambda q, k, v, s: attention.cudnn_flash(q, k, v, s, 0)
