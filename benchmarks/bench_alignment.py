@@ -77,7 +77,7 @@ def dpo_costs(repeats: int) -> dict:
     forward_s = min(_timed(lambda: jax.block_until_ready(forward(state.params, batch))) for _ in range(repeats))
 
     pre = build(C.load([*base, "dpo_precompute_reference=true"]), dev, num_processes=1)
-    pre_s, _ = _best_step(pre.train_step.step, pre.init_state(), {**batch, **refs}, repeats)
+    pre_s, _ = _best_step(pre.train_step, pre.init_state(), {**batch, **refs}, repeats)
 
     sft = build(C.load([*base, "train_objective=lm", "dataset_type=synthetic",
                         f"per_device_batch_size={2 * cfg.per_device_batch_size}"]), dev, num_processes=1)
@@ -113,9 +113,9 @@ def grpo_costs(steps: int) -> dict:
     records = []
     try:
         with jax.set_mesh(built.mesh):
-            for _ in range(steps):
+            for step in range(steps):
                 local = next(it)
-                state, m = built.train_step(state, global_batch(local, built.batch_sharding))
+                state, m = built.objective(state, global_batch(local, built.batch_sharding), step)
                 records.append({k: float(v) for k, v in jax.device_get(m).items()})
     finally:
         it.close()

@@ -39,7 +39,7 @@ from tests.ray_cluster import RayHead, ray_env, stop_session  # noqa: E402 — t
 OUT = ROOT / "benchmarks" / "results" / "recovery.json"
 RECIPE = ["base.yml", "model_name=tiny", "per_device_batch_size=1", "max_target_length=64", "checkpoint_period=5",
           "enable_tensorboard=false", "write_report=false", "ray_num_workers=2",
-          "ray_simulated_devices_per_worker=2", "max_failures=2", "log_period=1", "eval_interval=0"]
+          "ray_simulated_devices_per_worker=2", "max_restarts=2", "log_period=1", "eval_interval=0"]
 
 
 def _steps(log: str) -> list[int]:

@@ -1,4 +1,4 @@
-"""The one wiring: config → mesh → optimizer → abstract state and shardings → jitted step.
+"""The one wiring: config → mesh → optimizer → abstract state and shardings → the objective's steps.
 
 Used by the training loop, the planner, the benchmarks and the tests, so what is planned,
 benchmarked and tested is what runs. Building touches no device memory: the state itself comes
@@ -23,7 +23,12 @@ class Built:
     abstract: Any  # TrainState of ShapeDtypeStructs
     shardings: Any  # TrainState of NamedShardings
     batch_sharding: Any
-    train_step: Callable  # jitted, state donated
+    objective: Any  # maxlite.objectives.Objective: what the loop calls with each step's number
+
+    @property
+    def train_step(self) -> Callable:
+        """The objective's main step, jitted with the state donated (what the planner lowers)."""
+        return self.objective.compiled
 
     def init_state(self):
         """A fresh state, initialised sharded (never whole on one device)."""
@@ -39,18 +44,18 @@ def build(cfg: C.Config, devices=None, num_processes: int | None = None) -> Buil
 
     devices = list(jax.devices() if devices is None else devices)
     cfg = C.resolve(cfg, len(devices), mesh_lib.num_slices_of(devices),
-                    jax.process_count() if num_processes is None else num_processes)
+                    jax.process_count() if num_processes is None else num_processes, devices[0].platform)
     return wire(cfg, devices)
 
 
 def wire(cfg: C.Config, devices) -> Built:
-    """Wire an already resolved `cfg` onto `devices` (the planner's: a TPU topology's, compiled
-    ahead of time from this CPU)."""
+    """Wire an already resolved `cfg` (`attention` resolved for the devices' platform) onto `devices`
+    (the planner's: a TPU topology's, compiled ahead of time from this CPU)."""
     from maxlite import mesh as mesh_lib, objectives, optim, state as state_lib
 
     mesh = mesh_lib.make_mesh(cfg, devices)
     tx, schedule = optim.make_optimizer(cfg), optim.learning_rate_schedule(cfg)
     graphdef, abstract, shardings = state_lib.abstract_state(cfg, mesh, tx)
     batch_sharding = mesh_lib.batch_sharding(mesh)
-    train_step = objectives.make_train_step(cfg, graphdef, tx, schedule, shardings, batch_sharding)
-    return Built(cfg, mesh, tx, schedule, graphdef, abstract, shardings, batch_sharding, train_step)
+    objective = objectives.make_objective(cfg, graphdef, tx, schedule, shardings, batch_sharding)
+    return Built(cfg, mesh, tx, schedule, graphdef, abstract, shardings, batch_sharding, objective)

@@ -16,7 +16,7 @@ import sys
 from typing import Callable, Sequence
 
 from maxlite.config import ConfigError
-from maxlite.resilience.exit_codes import CONFIG_ERROR  # launchers never retry it
+from maxlite.outcome import CONFIG_ERROR  # launchers never retry it
 
 
 def error_line(e: BaseException) -> str:

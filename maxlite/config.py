@@ -14,10 +14,12 @@ import math
 import os
 import pathlib
 import re
+import signal
 from typing import Any, Sequence
 
 import yaml
 
+from maxlite.models import names
 from maxlite.models.families import FAMILIES
 
 CONFIG_DIR = pathlib.Path(__file__).parent / "configs"
@@ -117,6 +119,49 @@ class _ConfigMethods:
     def run_dir(self) -> str:
         return f"{self.base_output_directory.rstrip('/')}/{self.run_name}"
 
+    @property
+    def ray_workers(self) -> int:
+        """Ray Train workers = hosts. TPU: hosts per slice (topology chips / chips per host) × slices;
+        else ray_num_workers (-1: 2). One-line errors for a topology that does not say it."""
+        if not self.ray_use_tpu:
+            return 2 if self.ray_num_workers == -1 else self.ray_num_workers
+        if not self.tpu_topology or not self.tpu_accelerator_type:
+            raise ConfigError("ray_use_tpu=true needs tpu_topology (e.g. 4x4) and "
+                              "tpu_accelerator_type (e.g. TPU-V6E)")
+        try:
+            chips = math.prod(int(d) for d in self.tpu_topology.lower().split("x"))
+        except ValueError:
+            raise ConfigError(f"tpu_topology={self.tpu_topology!r}: write it as AxB or AxBxC, e.g. 4x4") from None
+        if self.tpu_chips_per_host < 1 or chips % self.tpu_chips_per_host:
+            raise ConfigError(f"tpu_topology={self.tpu_topology} has {chips} chips, not a multiple of "
+                              f"tpu_chips_per_host={self.tpu_chips_per_host}")
+        slices = self.num_slices if self.num_slices > 0 else 1
+        hosts = chips // self.tpu_chips_per_host * slices
+        if self.ray_num_workers not in (-1, hosts):
+            raise ConfigError(
+                f"ray_num_workers={self.ray_num_workers}, but {slices} slice(s) of {self.tpu_topology} "
+                f"with {self.tpu_chips_per_host} chips per host have {hosts} hosts; set it to {hosts} or -1")
+        return hosts
+
+    def blend(self, key: str = "data_prefix") -> list[tuple[float, str]]:
+        """(weight, prefix) pairs of a blend key, the weights summing to 1 ([] when unset)."""
+        pairs = list(zip(getattr(self, key)[::2], getattr(self, key)[1::2]))
+        total = sum(w for w, _ in pairs)
+        return [(w / total, p) for w, p in pairs]
+
+    @property
+    def split_fractions(self) -> tuple[float, float, float]:
+        """data_split as (train, valid, test) fractions."""
+        return parse_split(self.data_split)
+
+    @property
+    def max_time_seconds(self) -> float | None:
+        return parse_max_time(self.max_time)
+
+    @property
+    def preemption_signal_numbers(self) -> list[signal.Signals]:
+        return parse_signals(self.preemption_signals)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -134,6 +179,8 @@ Config.__doc__ = "Every key of configs/base.yml, typed by its default; frozen."
 
 def _coerce(key: str, value: Any, from_cli: bool) -> Any:
     """Value → the key's type, or a one-line error."""
+    if key in BLEND_KEYS:
+        return parse_blend(value, key)
     want = _field_type(_DEFAULTS[key])
     if from_cli and want is not str:
         try:
@@ -149,9 +196,6 @@ def _coerce(key: str, value: Any, from_cli: bool) -> Any:
         value = float(value)
     if want is str and value is None:
         value = ""
-    if want is str and isinstance(value, (list, tuple)):
-        # keys such as data_prefix accept a YAML list or its flow-style text: [0.3, a, 0.7, b]
-        value = yaml.safe_dump(list(value), default_flow_style=True).strip()
     if want is str and isinstance(value, (int, float)) and not isinstance(value, bool):
         value = str(value)
     if want is list and isinstance(value, str) and not value.strip():
@@ -219,7 +263,7 @@ def load(argv: Sequence[str] = (), **overrides: Any) -> Config:
         preset = _read_yaml(preset_path)
         _check_keys(preset, str(preset_path))
 
-    values = dict(_DEFAULTS)
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in _DEFAULTS.items()}
     for layer, from_cli in ((preset, False), (user, False), (overrides, False), (cli, True)):
         for key, value in layer.items():
             values[key] = _coerce(key, value, from_cli)
@@ -258,24 +302,84 @@ def resolve_path(path: str) -> str:
     return os.path.abspath(os.path.expanduser(path))
 
 
-def _resolve_blend(spec: str) -> str:
-    text = spec.strip()
-    if not text:
-        return spec
-    try:
-        items = yaml.safe_load(text) if text.startswith("[") else text.replace(",", " ").split()
-    except yaml.YAMLError:
-        return spec  # data.gpt_dataset.parse_blend reports it in its own words
-    if not isinstance(items, list):
-        return spec
+def parse_blend(spec: Any, key: str = "data_prefix") -> tuple:
+    """THE parse of a Megatron data blend — `prefix`, `[prefix, ...]` (equal weights) or
+    `[w1, prefix1, w2, prefix2, ...]`, as YAML or as command-line text — into the typed value the
+    config holds: (w1, prefix1, w2, prefix2, ...) with float weights and resolved paths."""
+    items = spec
+    if isinstance(spec, str):
+        text = spec.strip()
+        if text.startswith("["):
+            try:
+                items = yaml.safe_load(text)
+            except yaml.YAMLError:
+                raise ConfigError(f"{key}={spec!r}: cannot parse; use [w1,prefix1,w2,prefix2]") from None
+        else:
+            items = text.replace(",", " ").split()
+    if not isinstance(items, (list, tuple)):
+        items = [items]
+    items = [x for x in items if str(x).strip()]
+    if not items:
+        return ()
 
-    def one(item):
+    def weight(x) -> float | None:
+        if isinstance(x, bool):
+            return None
         try:
-            float(item)
-            return item  # a weight
+            return float(x)
         except (TypeError, ValueError):
-            return resolve_path(str(item))
-    return yaml.safe_dump([one(x) for x in items], default_flow_style=True).strip()
+            return None
+
+    if weight(items[0]) is None:  # prefixes only
+        pairs = [(1.0, str(p)) for p in items]
+    else:
+        if len(items) % 2:
+            raise ConfigError(f"{key}: expected weight,prefix pairs, got {len(items)} items")
+        pairs = [(weight(w), str(p)) for w, p in zip(items[::2], items[1::2])]
+        if any(w is None or w <= 0 for w, _ in pairs):
+            raise ConfigError(f"{key}: weights must be positive numbers, got {list(items[::2])}")
+    return tuple(x for w, p in pairs for x in (w, resolve_path(p)))
+
+
+def parse_split(split: str) -> tuple[float, float, float]:
+    """Megatron's data_split '99,1,0' (also '99/1/0'; missing shares are 0) → fractions."""
+    try:
+        parts = [float(x) for x in str(split).replace("/", ",").split(",")]
+    except ValueError:
+        raise ConfigError(f"data_split={split!r}: expected three numbers like 99,1,0") from None
+    if len(parts) > 3:
+        raise ConfigError(f"data_split={split!r}: expected at most three numbers (train,valid,test)")
+    parts = (parts + [0.0] * 3)[:3]
+    if any(p < 0 for p in parts) or sum(parts) <= 0:
+        raise ConfigError(f"data_split={split!r}: shares must be non-negative with a positive sum")
+    return tuple(p / sum(parts) for p in parts)
+
+
+def parse_max_time(text: str) -> float | None:
+    """max_time `D:HH:MM:SS` (also `HH:MM:SS`, `MM:SS`, `SS`) → seconds; "" → None."""
+    text = text.strip()
+    if not text:
+        return None
+    if not re.fullmatch(r"\d+(:\d+){0,3}", text):
+        raise ConfigError(f"max_time={text!r}: expected D:HH:MM:SS, e.g. max_time=0:03:50:00")
+    seconds = 0
+    for value, unit in zip(reversed([int(p) for p in text.split(":")]), (1, 60, 3600, 86400)):
+        seconds += value * unit
+    if seconds <= 0:
+        raise ConfigError(f"max_time={text!r} must be positive (or \"\" for no limit)")
+    return float(seconds)
+
+
+def parse_signals(text: str) -> list[signal.Signals]:
+    """preemption_signals `SIGTERM,SIGUSR1` → signals (SIGINT is always the user's stop)."""
+    out = []
+    for name in filter(None, (s.strip().upper() for s in text.split(","))):
+        name = name if name.startswith("SIG") else f"SIG{name}"
+        if not hasattr(signal.Signals, name) or name in ("SIGKILL", "SIGSTOP", "SIGINT"):
+            raise ConfigError(f"preemption_signals: {name} is not a catchable preemption signal (e.g. "
+                              f"SIGTERM,SIGUSR1; SIGINT, Ctrl-C, always stops the run)")
+        out.append(signal.Signals[name])
+    return out
 
 
 def _resolve_paths(values: dict[str, Any]) -> None:
@@ -284,17 +388,14 @@ def _resolve_paths(values: dict[str, Any]) -> None:
     for key in PATH_LIST_KEYS:
         items = [s.strip() for s in values[key].split(",") if s.strip()]
         values[key] = ",".join(resolve_path(s) for s in items)
-    for key in BLEND_KEYS:
-        values[key] = _resolve_blend(values[key])
 
 
 _CHOICES = {
     "decoder_block": tuple(FAMILIES),
     "dtype": ("float32", "bfloat16"),
     "weight_dtype": ("float32", "bfloat16"),
-    "remat_policy": ("none", "full", "minimal", "save_dots", "save_qkv_proj", "save_dot_except_mlp",
-                     "save_attn_mlp_proj", "offload_layer_inputs"),
-    "attention": ("autoselected", "dot_product", "blockwise", "flash", "cudnn_flash"),
+    "remat_policy": names.REMAT_POLICIES,
+    "attention": names.ATTENTION,
     "lr_schedule_type": ("cosine", "linear", "constant"),
     "checkpoint_error_policy": ("continue", "stop"),
     "fault_type": ("", "crash", "hang", "slow", "starve", "sigterm", "crash_in_snapshot", "crash_in_checkpoint", "nan", "pause"),
@@ -310,6 +411,18 @@ _CHOICES = {
 
 OBJECTIVE_DATASET = {"dpo": "preference", "grpo": "prompts"}  # the dataset_type an alignment objective reads
 CHAT_DATASETS = ("sft", "preference", "prompts")  # rendered with the chat template (sft_template)
+FILE_DATASETS = ("text", *CHAT_DATASETS)  # read from dataset_path / eval_dataset_path files
+# Keys only some data sources read: set on a run whose source ignores them, they are refused (a
+# setting that silently does nothing is a mistake the user should hear about).
+SOURCE_KEYS = {
+    "data_prefix": ("indexed",), "eval_data_prefix": ("indexed",), "data_split": ("indexed",),
+    "grain_worker_count": ("indexed",), "grain_threads": ("indexed",), "data_cache_dir": ("indexed",),
+    "dataset_path": FILE_DATASETS, "eval_dataset_path": FILE_DATASETS, "json_keys": ("text",),
+    "add_eos": ("text",), "packing_bins": ("text", "sft"), "data_shuffle_window": FILE_DATASETS,
+    "data_bad_record_policy": FILE_DATASETS, "sft_train_on_inputs": ("sft",),
+    "sft_allow_degenerate_mask": ("sft",), "sft_audit_records": ("sft",), "sft_audit_examples": ("sft",),
+}
+STORAGE_SCHEMES = ("gs://",)  # besides local paths: what checkpoints and run directories support
 
 # Legal types, nonsense values: inclusive [low, high] (None: unbounded). `_POSITIVE` keys must be > 0.
 _RANGES: dict[str, tuple[float | None, float | None]] = {
@@ -319,13 +432,13 @@ _RANGES: dict[str, tuple[float | None, float | None]] = {
     "gradient_clipping_threshold": (0, None), "z_loss_weight": (0, None), "seed": (0, None),
     "checkpoint_period": (0, None), "max_num_checkpoints_to_keep": (0, None),
     "checkpoint_keep_best_k": (0, None), "eval_interval": (0, None), "eval_steps": (0, None),
-    "max_failures": (-1, None), "max_restarts": (0, None), "data_shuffle_window": (1, None),
+    "max_restarts": (-1, None), "data_shuffle_window": (1, None),
     "packing_bins": (1, None), "grain_worker_count": (0, None), "grain_threads": (0, None),
     "grain_prefetch": (0, None), "straggler_threshold": (0, 1), "watchdog_factor": (1, None),
     "watchdog_min_timeout": (0, None), "watchdog_initial_timeout": (0, None),
     "preemption_grace_seconds": (0, None), "resilience_sync_period": (1, None),
     "inmemory_snapshot_period": (0, None), "inmemory_snapshot_max_bytes": (0, None),
-    "fault_pause_seconds": (0, None), "spike_max_rollbacks": (0, None),
+    "fault_pause_seconds": (0, None), "spike_max_rollbacks": (0, None), "fault_slowdown_factor": (1, None),
     "ray_min_workers": (0, None), "elastic_wait_seconds": (1, None), "spike_factor": (0, None), "spike_patience": (1, None),
     "sample_every_steps": (0, None), "sample_max_new_tokens": (1, None), "sample_temperature": (0, None),
     "sample_top_k": (0, None), "sft_audit_records": (1, None), "sft_audit_examples": (0, None),
@@ -387,6 +500,10 @@ def _validate(c: Config) -> None:
         raise ConfigError(f"attention_block_size={c.attention_block_size} must divide "
                           f"max_target_length={c.max_target_length}")
     _validate_objective(c)
+    _validate_data(c)
+    _validate_resilience(c)
+    _validate_storage(c)
+    _validate_launch(c)
     if not 0 <= c.lora_dropout < 1:
         raise ConfigError(f"lora_dropout={c.lora_dropout} must be in [0, 1)")
     if c.lora_rank:
@@ -420,7 +537,11 @@ def _validate_objective(c: Config) -> None:
     if c.train_objective != "grpo":
         return
     if not c.reward_functions:
-        raise ConfigError("train_objective=grpo needs reward_functions, e.g. [maxlite.rewards:exact_answer]")
+        raise ConfigError("train_objective=grpo needs reward_functions, e.g. [maxlite.objectives.rewards:exact_answer]")
+    for name in c.reward_functions:
+        module, _, attr = str(name).partition(":")
+        if not re.fullmatch(r"[A-Za-z_][\w.]*", module) or not attr.isidentifier():
+            raise ConfigError(f"reward_functions: {name!r} is not 'package.module:function'")
     if c.reward_weights and len(c.reward_weights) != len(c.reward_functions):
         raise ConfigError(f"reward_weights has {len(c.reward_weights)} values for "
                           f"{len(c.reward_functions)} reward_functions")
@@ -429,6 +550,64 @@ def _validate_objective(c: Config) -> None:
                           f"max_target_length={c.max_target_length}")
     if c.grpo_num_generations < 2:
         raise ConfigError("grpo_num_generations must be at least 2 (advantages are relative to the group)")
+
+
+def _validate_data(c: Config) -> None:
+    """The data source's keys: each read by the chosen source (else refused), each well-formed."""
+    for key, sources in SOURCE_KEYS.items():
+        if c.dataset_type not in sources and getattr(c, key) != Config.__dataclass_fields__[key].default:
+            raise ConfigError(f"{key} is read by dataset_type={' or '.join(sources)}, but this run reads "
+                              f"dataset_type={c.dataset_type}: remove {key} or change dataset_type")
+    if c.dataset_type == "indexed":
+        parse_split(c.data_split)
+        if not c.data_prefix:
+            raise ConfigError("dataset_type=indexed needs data_prefix=[w1,prefix1,...] "
+                              "(make one with python -m maxlite.data.preprocess)")
+    if c.dataset_type in FILE_DATASETS and c.eval_interval > 0 and c.dataset_path and not c.eval_dataset_path:
+        raise ConfigError(f"dataset_type={c.dataset_type} with your own dataset_path and eval_interval > 0: "
+                          f"set eval_dataset_path for evaluation on your own data (or eval_interval=0)")
+    for key in PATH_LIST_KEYS:
+        if "://" in getattr(c, key):
+            raise ConfigError(f"{key}: remote text is not read directly; copy it locally, or preprocess it "
+                              f"to .bin/.idx and use dataset_type=indexed (gs:// is staged)")
+
+
+def _validate_resilience(c: Config) -> None:
+    parse_max_time(c.max_time)
+    parse_signals(c.preemption_signals)
+    if c.fault_type and c.fault_step < 0:
+        raise ConfigError(f"fault_type={c.fault_type} needs fault_step >= 0 (the step it fires at)")
+
+
+def _validate_storage(c: Config) -> None:
+    """Where a run writes: local paths or gs://BUCKET/..., nothing else."""
+    for key in ("base_output_directory", "checkpoint_dir", "load_parameters_path", "load_full_state_path"):
+        path = getattr(c, key)
+        if "://" not in path:
+            continue
+        if not path.startswith(STORAGE_SCHEMES):
+            raise ConfigError(f"{key}={path}: run directories and checkpoints are local paths or gs:// only")
+        if not path[len("gs://"):].split("/", 1)[0]:
+            raise ConfigError(f"{key}={path}: a gs:// path needs a bucket name (gs://BUCKET/dir)")
+
+
+def _validate_launch(c: Config) -> None:
+    """The Ray launcher's keys (maxlite/launch/ray_trainer.py): checked for every recipe."""
+    if c.ray_use_tpu and c.ray_use_gpu:
+        raise ConfigError("set only one of ray_use_tpu and ray_use_gpu")
+    if c.ray_num_workers == 0 or c.ray_num_workers < -1:
+        raise ConfigError(f"ray_num_workers={c.ray_num_workers} must be at least 1 (or -1)")
+    per_worker = (c.tpu_chips_per_host if c.ray_use_tpu else c.ray_gpus_per_worker if c.ray_use_gpu
+                  else c.ray_simulated_devices_per_worker)
+    if per_worker < 1:
+        raise ConfigError("devices per worker (tpu_chips_per_host / ray_gpus_per_worker / "
+                          "ray_simulated_devices_per_worker) must be at least 1")
+    workers = c.ray_workers
+    if c.ray_min_workers and c.ray_use_tpu:
+        raise ConfigError("ray_min_workers: elastic groups of TPU hosts (whole slices) are not supported yet; "
+                          "leave it 0 on TPU")
+    if c.ray_min_workers > workers:
+        raise ConfigError(f"ray_min_workers={c.ray_min_workers} is more than the {workers} workers")
 
 
 def _fill(values: tuple[int, ...], total: int, what: str) -> tuple[int, ...]:
@@ -445,8 +624,10 @@ def _fill(values: tuple[int, ...], total: int, what: str) -> tuple[int, ...]:
     return values
 
 
-def resolve(config: Config, num_devices: int, num_slices: int = 1, num_processes: int = 1) -> Config:
-    """Fill -1 parallelism from the device count and check what needs it."""
+def resolve(config: Config, num_devices: int, num_slices: int = 1, num_processes: int = 1,
+            platform: str | None = None) -> Config:
+    """Fill -1 parallelism from the device count and check what needs it; given the devices'
+    `platform` (cpu | gpu | tpu), resolve `attention` to the implementation that will run."""
     if config.num_slices not in (-1, num_slices):
         raise ConfigError(f"num_slices={config.num_slices} but the devices form {num_slices} slice(s)")
     if num_devices % num_slices:
@@ -455,6 +636,9 @@ def resolve(config: Config, num_devices: int, num_slices: int = 1, num_processes
     ici = _fill(config.parallelism("ici"), num_devices // num_slices, "ici (within a slice)")
     updates = {f"{p}_{a}_parallelism": v for p, vals in (("ici", ici), ("dcn", dcn))
                for a, v in zip(MESH_AXES, vals)}
+    if platform is not None:
+        updates["attention"] = names.resolve_attention(config.attention, platform, config.max_target_length,
+                                                       config.attention_block_size, config.sa_block_q)
     c = dataclasses.replace(config, num_slices=num_slices, **updates)
 
     data, fsdp, tensor = c.mesh_shape

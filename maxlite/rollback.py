@@ -4,7 +4,8 @@ on a verdict, rolls the run back to its newest good state and skips the data sin
 from __future__ import annotations
 
 from maxlite import resume
-from maxlite.resilience.spikes import LossDiverged, SpikeWatch, Verdict
+from maxlite.outcome import LossDiverged
+from maxlite.resilience.spikes import SpikeWatch, Verdict
 from maxlite.rundir import print_primary
 
 

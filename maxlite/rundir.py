@@ -1,8 +1,9 @@
-"""The run directory `{base_output_directory}/{run_name}/`: resolved config and status.json.
+"""The run directory `{base_output_directory}/{run_name}/`: resolved config, status.json and the
+run's other files (every write goes through here or maxlite.checkpoints).
 
 status.json tells launchers (Slurm requeue, Ray restarts, `maxlite.launch status`) what happened:
-state = running | finished | preempted | failed, with the step reached, and once the attempt ends
-its exit code and `next` (done | requeue | restart | fail: `resilience.exit_codes.next_action`).
+state = running | finished | preempted | stopped | failed, with the step reached, and once the
+attempt ends its exit code, `next` and `reason` (maxlite.outcome decides them).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import fsspec
 
@@ -53,8 +54,10 @@ def append_jsonl(path: str, record: dict[str, Any]) -> None:
 
 
 class RunDir:
-    def __init__(self, cfg, primary: bool):
-        self.path, self.primary = cfg.run_dir, primary
+    def __init__(self, cfg, primary: bool, on_status: Callable[[str], None] | None = None):
+        """`on_status(text)`: a launcher's copy of every status.json written (Slurm's batch script
+        reads a local one)."""
+        self.path, self.primary, self.on_status = cfg.run_dir, primary, on_status
         self.sticky: dict[str, Any] = {}  # fields every later status.json of this attempt repeats
         if not primary:
             return
@@ -65,24 +68,36 @@ class RunDir:
             raise C.ConfigError(f"cannot create run directory {self.path}: {e}") from None
         write_text(f"{self.path}/config.yml", C.to_yaml(cfg))
 
-    def set_status(self, state: str, **fields: Any) -> None:
+    def set_status(self, state: str, outcome=None, **fields: Any) -> None:
+        """status.json: `state` and `fields`; once the attempt ends, its `outcome` (maxlite.outcome)."""
         if not self.primary:
             return
+        if outcome is not None:
+            state, fields = outcome.state, {**fields, **outcome.fields()}
         record = {"state": state, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                   **self.sticky, **fields}
-        if "exit_code" in fields:  # what every launcher does next: the one rule, answered here
-            from maxlite.resilience import exit_codes  # (the resilience package imports this module)
-            record["next"] = exit_codes.next_action(fields["exit_code"], record)
         text = json.dumps(record, indent=1, default=str)
         write_text(f"{self.path}/status.json", text)
-        launch_dir = os.environ.get("MAXLITE_EXPERIMENT_DIR")  # set by the Slurm launcher's batch script
-        if launch_dir:  # a local copy it reads with bash, wherever the run directory is (gs:// too)
-            write_text(f"{launch_dir}/run_status.json", text)
+        if self.on_status is not None:
+            self.on_status(text)
 
     def append_jsonl(self, name: str, record: dict[str, Any]) -> None:
         """One line more in `{run_dir}/name`, from the primary only."""
         if self.primary:
             append_jsonl(f"{self.path}/{name}", record)
+
+    def write_file(self, name: str, data: bytes) -> None:
+        """`{run_dir}/name`, whole, from the primary only (a reader never sees half a file)."""
+        if self.primary:
+            write_bytes(f"{self.path}/{name}", data)
+
+    def read_file(self, name: str) -> bytes | None:
+        """`{run_dir}/name` as written, or None when there is none (every process may read)."""
+        try:
+            with fsspec.open(f"{self.path}/{name}", "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
 
 
 def read_status(run_dir: str) -> dict[str, Any] | None:

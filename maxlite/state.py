@@ -84,6 +84,12 @@ def abstract_state(cfg, mesh: Mesh, tx) -> tuple[nnx.GraphDef, TrainState, Train
     return graphdef, abstract, state_shardings(abstract, mesh, tx)
 
 
+def abstract_train_state(cfg, tx) -> TrainState:
+    """Shapes and dtypes of the whole state without a mesh (a launcher's memory check)."""
+    with nnx.use_eager_sharding(False):
+        return jax.eval_shape(lambda: _init_fn(cfg, tx)(jax.random.key(cfg.seed)))
+
+
 def create_state(cfg, mesh: Mesh, tx, shardings: TrainState) -> TrainState:
     with jax.set_mesh(mesh), nnx.logical_axis_rules(RULES):
         init = jax.jit(_init_fn(cfg, tx), out_shardings=shardings)
@@ -105,8 +111,10 @@ def _host_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def check_fits(cfg, abstract: TrainState) -> None:
-    """Refuse to allocate a state (params + grads + optimizer) that cannot fit; before any allocation."""
+def check_fits(cfg, abstract: TrainState, share: float | None = None) -> None:
+    """Refuse to allocate a state (params + grads + optimizer) that cannot fit; before any allocation.
+    `share`: the part of the state this host holds on CPU (default: its devices' part; a launcher
+    whose workers all run on this host passes 1)."""
     if not cfg.check_memory_fit:
         return
     state_bytes = nbytes(abstract) + nbytes(abstract.params)  # + gradients, same shapes as params
@@ -118,7 +126,7 @@ def check_fits(cfg, abstract: TrainState) -> None:
         if cfg.enable_checkpointing and cfg.async_checkpointing:  # an async save copies the state
             state_bytes += nbytes(abstract)                         # (checkpoints/offload.py)
             what += ", plus its copy while an async checkpoint is written,"
-        need = state_bytes * len(devices) / jax.device_count()  # this host's share
+        need = state_bytes * (len(devices) / jax.device_count() if share is None else share)  # this host's
         have = _host_memory_bytes()
         where = "this host has"
     else:

@@ -13,39 +13,45 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from maxlite import cli, config as C
+from maxlite import cli, config as C, outcome
 from maxlite.rundir import RunDir, print_primary
 
 
 def train(cfg: C.Config, on_metrics: Callable[[dict[str, Any]], None] | None = None,
           preemption_notice: Callable[[], str | None] | None = None,
-          snapshot_keeper: Callable | None = None, status_fields: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Train as configured on every process of the job; returns the summary (with `exit_code`).
+          snapshot_keeper: Callable | None = None, status_fields: dict[str, Any] | None = None,
+          stop_request: Callable[[], str | None] | None = None,
+          on_status: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Train as configured on every process of the job; returns the summary (with `exit_code`,
+    `next` and `reason`: maxlite.outcome's answer, which status.json records too).
 
-    `on_metrics(record)` runs on every process after each step's metrics are read (launchers use it,
-    e.g. to report to Ray); it must not block for long. `preemption_notice()` is a launcher's polled
-    notice that this job's machines are about to be taken (Ray: a node drain): a line describing it,
-    or None; on a notice every host saves a checkpoint at the same step and training goes on.
-    `snapshot_keeper(run_dir, rank)`: where a launcher keeps in-memory snapshots (Ray: actors that
-    outlive the workers); /dev/shm otherwise. `status_fields`: a launcher's facts about this attempt
-    for every status.json it writes (Ray: an elastic group's size). Launchers hand these in; the
-    loop knows no launcher.
+    Launchers hand in what only they know; the loop knows no launcher:
+    `on_metrics(record)` runs on every process after each step's metrics are read (Ray reports
+    them); it must not block for long. `preemption_notice()`: a polled notice that this job's
+    machines are about to be taken (Ray: a node drain), a line or None; every host then saves at the
+    same step and training goes on. `snapshot_keeper(run_dir, rank)`: where in-memory snapshots
+    live (Ray: actors that outlive the workers); /dev/shm otherwise. `status_fields`: facts about
+    this attempt for every status.json (Ray: an elastic group's size). `stop_request()`: a polled
+    request to stop as Ctrl-C does, a line or None (the Ray driver's Ctrl-C). `on_status(text)`: a
+    copy of every status.json written (Slurm's batch script reads a local one).
     """
     from maxlite.resilience.core import Resilience
 
     started = time.perf_counter()
-    # first: a SIGTERM during setup or compilation is caught from here on
-    res = Resilience(cfg, notice=preemption_notice, keeper=snapshot_keeper)
+    # first: a SIGTERM or Ctrl-C during setup or compilation is caught from here on
+    res = Resilience(cfg, notice=preemption_notice, keeper=snapshot_keeper, stop_request=stop_request)
     try:
-        run = _setup(cfg, res, status_fields or {})
+        run = _setup(cfg, res, status_fields or {}, on_status, snapshot_keeper is not None)
         try:
             state, reason = _loop(run, res, on_metrics)
-            return _finish(run, res, state, reason, started)
+            summary = _finish(run, res, state, reason, started)
         except BaseException as e:
             run.failed(e)
+            if not isinstance(e, KeyboardInterrupt):  # Ctrl-C twice: out at once, an unfinished
+                run.close()                            # save stays incomplete (never restored)
             raise
-        finally:
-            run.close()
+        run.close()
+        return summary
     except BaseException:
         res.close()  # stops the watchdog thread, gives the signals back; in-memory snapshots stay
         raise
@@ -60,7 +66,7 @@ class _Run:
     dir: RunDir
     mesh: Any
     state: Any
-    train_step: Callable
+    objective: Any  # maxlite.objectives.Objective: the loop's step, driven by the step number
     batches: Any
     batch_sharding: Any
     logger: Any
@@ -69,13 +75,14 @@ class _Run:
     rollbacks: Any = None  # maxlite.rollback.Rollbacks: the loss verdicts and what they do
 
     def failed(self, e: BaseException) -> None:
+        """status.json for a run an exception ended (maxlite.outcome decides what it says)."""
         import jax
 
         try:
             step = int(jax.device_get(self.state.step)) if self.state is not None else None
             failures = {"checkpoint_failures": self.ckpt.failures} if self.ckpt and self.ckpt.failures else {}
-            self.dir.set_status("failed", step=step, error=f"{type(e).__name__}: {e}",
-                                exit_code=exit_code_of(e), **failures)
+            lost = self.ckpt.unrecovered_failures() if self.ckpt is not None else []
+            self.dir.set_status("failed", outcome=outcome.decide(error=e, lost_saves=lost), step=step, **failures)
         except Exception as status_error:  # noqa: BLE001 — the storage may be what failed; keep `e`
             print(f"maxlite: could not write status.json: {type(status_error).__name__}", file=sys.stderr)
 
@@ -88,21 +95,27 @@ class _Run:
             batches_close()
 
 
-def exit_code_of(e: BaseException) -> int:
-    """The exit code `main` gives an error that ends the run."""
-    from maxlite.checkpoints.saver import CheckpointSaveError
-    from maxlite.resilience import exit_codes
-    from maxlite.resilience.spikes import LossDiverged
+def _preflight(cfg: C.Config, built, primary: bool, launcher_keeper: bool):
+    """Everything that can refuse the recipe, before the run directory exists: storage, memory,
+    the data (files, tokenizer) — reads only. Returns the train data iterator it opened."""
+    import jax
 
-    if isinstance(e, C.ConfigError):
-        return exit_codes.CONFIG_ERROR
-    if isinstance(e, LossDiverged):
-        return exit_codes.DIVERGED
-    return exit_codes.CHECKPOINT_FAILED if isinstance(e, CheckpointSaveError) else exit_codes.FAILED
+    from maxlite import checkpoints, data, state as state_lib
+
+    if primary:
+        checkpoints.check_storage(cfg)  # a missing bucket or no permission: one line, before any write
+    if cfg.inmemory_snapshot_period > 0 and cfg.inmemory_snapshot_keeper == "ray" and not launcher_keeper:
+        raise C.ConfigError("inmemory_snapshot_keeper=ray needs the Ray launcher (python -m ray_entry.train); "
+                            "use shm or auto")
+    state_lib.check_fits(cfg, built.abstract)
+    batches = data.make_iterator(cfg, "train", jax.process_index(), jax.process_count())
+    if cfg.eval_interval > 0:  # the eval files and tokenizer, read the same way
+        data.make_iterator(cfg, "eval", jax.process_index(), jax.process_count()).close()
+    return batches
 
 
-def _setup(cfg: C.Config, res, status_fields: dict[str, Any]) -> _Run:
-    """config → distributed → the wiring (build) → run dir → state (resume) → data → hooks."""
+def _setup(cfg: C.Config, res, status_fields: dict[str, Any], on_status, launcher_keeper: bool) -> _Run:
+    """config → distributed → the wiring (build) → preflight → run dir → state (resume) → hooks."""
     from maxlite import mesh as mesh_lib
 
     mesh_lib.initialize_distributed()  # before any other JAX call
@@ -112,27 +125,25 @@ def _setup(cfg: C.Config, res, status_fields: dict[str, Any]) -> _Run:
     import jax
     from flax import nnx
 
-    from maxlite import checkpoints, data, hooks, objectives, resume, state as state_lib
+    from maxlite import hooks, resume, state as state_lib
     from maxlite.build import build
     from maxlite.checkpoints.saver import Checkpointer
     from maxlite.evaluation import Evaluator
     from maxlite.metrics import MetricsLogger
 
-    built = build(cfg)
+    built = build(cfg)  # resolves the recipe against the devices (attention included)
     cfg, mesh, primary = built.cfg, built.mesh, jax.process_index() == 0
-    if primary:
-        checkpoints.check_storage(cfg)  # a missing bucket or no permission: one line, before any write
-    run_dir = RunDir(cfg, primary)
+    batches = _preflight(cfg, built, primary, launcher_keeper)
+    run_dir = RunDir(cfg, primary, on_status)
     if primary:
         print(f"maxlite: run {cfg.run_name} → {run_dir.path}; {jax.process_count()} process(es), "
               f"mesh {dict(zip(mesh.axis_names, mesh.devices.shape))} on {jax.device_count()} "
               f"{jax.devices()[0].platform} device(s); global batch {cfg.global_batch_size} × "
-              f"{cfg.max_target_length} tokens", flush=True)
+              f"{cfg.max_target_length} tokens; attention {cfg.attention}", flush=True)
     if cfg.dataset_type == "sft":  # the loss mask checked before step 0 (sft_audit.txt)
         from maxlite.data import sft_audit
         from maxlite.data.tokenizer import load_tokenizer
         sft_audit.run(cfg, load_tokenizer(cfg.tokenizer_path, cfg.bos_id, cfg.eos_id), run_dir.path, primary)
-    state_lib.check_fits(cfg, built.abstract)
     if primary:
         n_params = sum(x.size for x in jax.tree.leaves(built.abstract.params))
         print(f"maxlite: model {cfg.model_name}: {n_params / 1e6:,.2f}M parameters", flush=True)
@@ -141,22 +152,21 @@ def _setup(cfg: C.Config, res, status_fields: dict[str, Any]) -> _Run:
     torn_save = res.faults.in_checkpoint if res.faults.armed_in_checkpoint() else None  # tests' fault
     ckpt = (Checkpointer(cfg, primary, state_lib.nbytes(built.abstract), before_commit=torn_save)
             if cfg.enable_checkpointing else None)
-    batches = data.make_iterator(cfg, "train", jax.process_index(), jax.process_count())
     start = resume.decide(built, ckpt, batches, jax.process_index(), primary,
                           memory=res.restore)  # collective: every host calls it
     with jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.RULES):
-        objectives.before_loop(built.train_step, start.state, run_dir.path, primary)  # collective where it computes
+        built.objective.restore(start.state, start.step, run_dir)  # collective where it computes
     evaluator = Evaluator(cfg, built.graphdef, built.shardings.params, built.batch_sharding,
                           jax.process_index(), jax.process_count(),
-                          objectives.eval_score(cfg, built.graphdef, built.train_step)) if cfg.eval_interval > 0 else None
+                          built.objective.scorer) if cfg.eval_interval > 0 else None
     logger = MetricsLogger(cfg, run_dir.path, primary, start.step)
     run_hooks = hooks.standard(cfg, primary, res, logger, batches, ckpt, evaluator, mesh)
     run_dir.sticky.update(status_fields)
-    run_dir.sticky["resumed_from"] = start.record()
+    run_dir.sticky.update(attention=cfg.attention, resumed_from=start.record())  # what runs, where from
     run_dir.set_status("running", step=start.step)
     res.setup_end()
     from maxlite.rollback import Rollbacks
-    return _Run(cfg, primary, run_dir, mesh, start.state, built.train_step, batches, built.batch_sharding,
+    return _Run(cfg, primary, run_dir, mesh, start.state, built.objective, batches, built.batch_sharding,
                 logger, run_hooks, ckpt, Rollbacks(cfg, built, ckpt, batches, run_dir, primary, start.step))
 
 
@@ -180,14 +190,12 @@ def _loop(run: _Run, res, on_metrics) -> tuple[Any, str | None]:
                     local = next(run.batches)
                 local = res.faults.corrupt(step + 1, local)  # tests' injected bad batch
                 batch = mesh_lib.global_batch(local, run.batch_sharding)
-                with res.device_wait():  # on CPU a dispatch may run the step inline, waiting for peers
-                    run.state, metrics = run.train_step(run.state, batch)
+                run.state, metrics = run.objective(run.state, batch, step, res)  # step number `step`
                 verdict = _read(run, res, pending, on_metrics) if pending is not None else None
                 pending = (step + 1, metrics, clock)
                 if verdict is not None:  # the step just dispatched started from a bad state too
                     res.step_abandoned()
-                    good = run.rollbacks.roll_back(res, verdict, last_dispatched=step + 1)
-                    run.state, step, pending = good.state, good.step, None
+                    step, pending = _roll_back(run, res, verdict, last_dispatched=step + 1), None
                     continue
                 res.step_end(step + 1)  # injected faults; the step's own time
                 for hook in run.hooks:
@@ -205,14 +213,22 @@ def _loop(run: _Run, res, on_metrics) -> tuple[Any, str | None]:
             verdict, last_dispatched, pending = _read(run, res, pending, on_metrics), pending[0], None
             if verdict is None:
                 break
-            good = run.rollbacks.roll_back(res, verdict, last_dispatched)
-            run.state, step = good.state, good.step
+            step = _roll_back(run, res, verdict, last_dispatched)
             if reason:  # stopping anyway: from the good state (the final save holds it)
                 break
         res.loop_end()
         for hook in run.hooks:
             hook.at_end(int(run.state.step), run.state, reason)
     return run.state, reason
+
+
+def _roll_back(run: _Run, res, verdict, last_dispatched: int) -> int:
+    """Back to the newest good state (maxlite/rollback.py); the objective learns where the run is
+    now. Returns the step the loop goes on from."""
+    good = run.rollbacks.roll_back(res, verdict, last_dispatched)
+    run.state = good.state
+    run.objective.restore(good.state, good.step, run.dir)
+    return good.step
 
 
 def _read(run: _Run, res, pending, on_metrics):
@@ -235,16 +251,15 @@ def _read(run: _Run, res, pending, on_metrics):
 
 
 def _finish(run: _Run, res, state, reason: str | None, started: float) -> dict[str, Any]:
-    """Summary (MFU against the measured peak), goodput, exit code, status.json."""
+    """Summary (MFU against the measured peak), goodput, the outcome (maxlite.outcome), status.json."""
     import jax
 
     from maxlite import report
     from maxlite.peak import peak_tflops_per_device
-    from maxlite.resilience import exit_codes
 
     logger, primary = run.logger, run.primary
     summary = logger.summary(time.perf_counter() - started, None)
-    if primary and "tokens_per_second" in summary and not reason:  # preempted: exit fast, no peak probe
+    if primary and "tokens_per_second" in summary and not reason:  # stopped: exit fast, no peak probe
         with res.section("peak_probe"):
             peak, source = peak_tflops_per_device(run.cfg.dtype)
         if jax.devices()[0].platform == "cpu":
@@ -253,28 +268,27 @@ def _finish(run: _Run, res, state, reason: str | None, started: float) -> dict[s
         summary["peak_source"] = source
     if run.ckpt is not None:
         run.ckpt.poll(wait=True)  # the last save is part of the run: goodput counts it
-    code, status, fields = res.finish(reason)
+    fields = res.finish(reason)
     failures = run.ckpt.failures if run.ckpt is not None else []
     lost = run.ckpt.unrecovered_failures() if run.ckpt is not None else []
-    if lost:  # a failed save is never success, whatever the policy let the loop do
-        code, status = exit_codes.CHECKPOINT_FAILED, "failed"
-        fields = {**fields, "reason": "checkpoint_failed"}
+    end = outcome.decide(reason, lost_saves=lost)
     summary.update(res.scores)
     summary.update({("goodput_" + k if k in ("wall_seconds", "attempt") else k): v for k, v in fields.items()})
-    summary["exit_code"] = code
+    summary.update(end.fields())
     summary["checkpoint_saves_failed"] = len(failures)
     logger.print_summary(summary)
-    print_primary(primary, _badput_line(summary, status, int(state.step)))
+    print_primary(primary, _badput_line(summary, end.state, int(state.step)))
     if lost:
         steps = ", ".join(str(f["step"]) for f in lost)
         print_primary(primary, f"maxlite: error: {len(lost)} checkpoint save(s) failed with no complete save "
                       f"after them (step(s) {steps}; first error: {lost[0]['error']}); exit "
-                      f"{code}: the run's progress since its last complete checkpoint is not kept", err=True)
+                      f"{end.code}: the run's progress since its last complete checkpoint is not kept", err=True)
+    elif end.reason == "interrupted":
+        saved = "saved" if run.ckpt is not None else "not saved (enable_checkpointing=false)"
+        print_primary(primary, f"maxlite: stopped by the user at step {int(state.step)} ({saved}); run the same "
+                               f"command again to resume from there")
     extra = {"checkpoint_failures": failures} if failures else {}
-    if "reason" in fields:
-        extra["reason"] = fields["reason"]
-    summary["next"] = exit_codes.next_action(code, {"state": status, **extra})  # what status.json says too
-    run.dir.set_status(status, step=int(state.step), summary=summary, exit_code=code, **extra)
+    run.dir.set_status(end.state, outcome=end, step=int(state.step), summary=summary, **extra)
     report.at_end(run.cfg, primary)  # report.html + report.png in the run directory
     return summary
 
@@ -304,39 +318,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("usage: python -m maxlite.train [base.yml|your.yml] key=value ...\n"
               "keys, defaults and comments: maxlite/configs/base.yml", file=sys.stderr)
         return 0 if argv else 2
-    from maxlite.checkpoints.saver import CheckpointSaveError
-    from maxlite.resilience import exit_codes, preemption
-    from maxlite.resilience.spikes import LossDiverged
+    from maxlite.launch.slurm import status_copy
+    from maxlite.resilience import preemption
 
+    cfg = C.load(argv)  # a wrong recipe: one line, exit 2 (maxlite/cli.py)
+    preemption.catch_outside_the_loop(cfg.preemption_signal_numbers)  # before the loop and after it
     try:
-        cfg = C.load(argv)
-        preemption.catch_outside_the_loop(cfg.preemption_signals)  # before the loop and after it
-        summary = train(cfg)
-    except CheckpointSaveError:
-        # Already reported on stderr; earlier checkpoints are intact; status.json says failed.
-        # The failed save's writer threads may retry the dead storage for many minutes and would
-        # hold the interpreter's exit: leave now (outputs are flushed and closed).
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(exit_codes.CHECKPOINT_FAILED)
+        summary = train(cfg, on_status=status_copy())
     except C.ConfigError:
-        raise  # the user's mistake: one line, exit 2 (maxlite/cli.py)
-    except LossDiverged as e:  # every host stops at the same step: one line, status.json says failed
-        if not _several_processes() or sys.modules["jax"].process_index() == 0:
-            print(f"maxlite: error: {e}", file=sys.stderr, flush=True)
-        return exit_code_of(e)
-    except Exception:  # noqa: BLE001 — a crash: its traceback, then out at once
-        if not _several_processes():
-            raise
-        # A peer may be gone (that is often why we failed): jax.distributed's exit barrier would
-        # wait for it for minutes (its heartbeat/shutdown timeouts) before the launcher may restart.
-        traceback.print_exc()
+        raise
+    except BaseException as e:  # noqa: BLE001 — status.json already says how the run ended
+        end = outcome.decide(error=e)
+        if end.reason == "crash" and not _several_processes():
+            raise  # a bug: its traceback, exit 1
+        if end.reason == "crash":
+            traceback.print_exc()
+        elif end.reason != "checkpoint_failed":  # a failed save was reported on stderr already
+            if not _several_processes() or sys.modules["jax"].process_index() == 0:
+                print(f"maxlite: {'error: ' if end.reason == 'diverged' else ''}{end.error}", file=sys.stderr)
+        # Out now: a peer may be gone (jax.distributed's exit barrier would wait for it for
+        # minutes), a failed save's writer threads may retry dead storage, a second Ctrl-C means now.
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(exit_codes.FAILED)
+        os._exit(end.code)
     if preemption.noted_signal():  # e.g. Slurm's SIGTERM at the time limit, just after the last step
         print(f"maxlite: got {preemption.noted_signal()} after the run ended; its outcome stands", flush=True)
-    return int(summary.get("exit_code", 0))  # 0 finished/preempted (status.json tells them apart), 76 straggler
+    return int(summary["exit_code"])
 
 
 if __name__ == "__main__":

@@ -22,8 +22,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if argv else 2
     from maxlite.launch import ray_trainer
 
-    ray_trainer.run(C.load(argv))
-    return 0
+    return int(ray_trainer.run(C.load(argv))["exit_code"])
 
 
 if __name__ == "__main__":

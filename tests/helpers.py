@@ -60,7 +60,8 @@ def trained(tmp_path, extra=(), steps=2, devices=8, mesh=("ici_fsdp_parallelism=
 
 
 def start(tmp_path, argv, devices, ckpt=True):
-    """What train() does up to the first step: (cfg, the state the run starts from, data, checkpointer)."""
+    """What train() does up to the first step: (cfg, where the run starts — maxlite.resume.Start:
+    its state, step and source —, data, checkpointer)."""
     from maxlite.checkpoints.saver import Checkpointer
 
     built = build_lib.build(C.load([*SMALL, f"base_output_directory={tmp_path}/runs", *argv]),
@@ -68,8 +69,7 @@ def start(tmp_path, argv, devices, ckpt=True):
     cfg = built.cfg
     checkpointer = Checkpointer(cfg, True, state_lib.nbytes(built.abstract)) if ckpt else None
     data = make_synthetic_iterator(cfg, "train", 0, 1)
-    state = resume.decide(built, checkpointer, data, 0, True).state
-    return cfg, state, data, checkpointer
+    return cfg, resume.decide(built, checkpointer, data, 0, True), data, checkpointer
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from maxlite import config as C
-from maxlite.models import attention
+from maxlite.models import attention, names
 
 # f32 inputs: the implementations differ only in summation order and the online softmax
 TOL = dict(rtol=2e-4, atol=2e-5)
@@ -113,10 +113,15 @@ def test_cudnn_flash_equals_dot_product(max_segments):
 
 @pytest.mark.parametrize("platform,T,expected", [
     ("tpu", 256, "flash"), ("gpu", 256, "cudnn_flash"), ("cpu", 256, "dot_product"),
-    ("cpu", attention.BLOCKWISE_MIN_LENGTH, "blockwise")])
-def test_autoselected_picks_per_platform(platform, T, expected):
-    assert attention.select("autoselected", T, platform) == expected
-    assert attention.select("dot_product", T, platform) == "dot_product"
+    ("cpu", names.BLOCKWISE_MIN_LENGTH, "blockwise"), ("cpu", 2560, "blockwise"),
+    ("cpu", 2304, "dot_product"), ("tpu", 768, "dot_product")])  # 512-blocks that do not tile T
+def test_autoselected_is_resolved_once_with_the_config(platform, T, expected):
+    """What runs is what the config says after `resolve` (build, the planner): the fallback too."""
+    def resolved(*keys):
+        return C.resolve(C.load(["base.yml", f"max_target_length={T}", *keys]), 1, platform=platform).attention
+    assert resolved() == expected
+    assert resolved("attention=dot_product") == "dot_product"
+    assert C.resolve(C.load(["base.yml"]), 1).attention == "autoselected"  # no platform: nothing resolved
 
 
 def test_bad_attention_keys_are_one_line_errors():

@@ -140,3 +140,48 @@ def test_cli_user_error_is_one_line(capsys):
     assert nemo.main(["base.yml", "model_name=tiny", "ici_tensor_parallelism=3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("maxlite: error: ")
+
+
+SCHEDULES = [  # every schedule optax can run from a recipe
+    ["lr_schedule_type=cosine", "warmup_steps_fraction=0.1"],
+    ["lr_schedule_type=linear", "warmup_steps_fraction=0.25", "learning_rate_final_fraction=0.3"],
+    ["lr_schedule_type=constant", "warmup_steps_fraction=0.2"],
+    ["lr_schedule_type=cosine", "warmup_steps_fraction=0"],
+    ["lr_schedule_type=cosine", "learning_rate_schedule_steps=30"],  # steps past the schedule's end
+]
+
+
+@pytest.mark.parametrize("keys", SCHEDULES, ids=lambda k: " ".join(k))
+def test_megatron_runs_the_schedule_optax_runs(keys):
+    """The exported --lr* flags, fed to megatron-core's own OptimizerParamScheduler, give optax's
+    learning rate at every step."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed"
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    from maxlite.optim import learning_rate_schedule
+
+    cfg = C.load(["base.yml", "steps=40", "learning_rate=1e-3", *keys])
+    a = nemo.map_recipe(cfg).megatron_dict()
+
+    class Optimizer:  # what the scheduler sets the rate on
+        param_groups = [{}]
+
+    sched = OptimizerParamScheduler(
+        Optimizer(), init_lr=0.0, max_lr=a["--lr"], min_lr=a["--min-lr"], lr_warmup_steps=a["--lr-warmup-iters"],
+        lr_decay_steps=a["--lr-decay-iters"], lr_decay_style=a["--lr-decay-style"], start_wd=0.0, end_wd=0.0,
+        wd_incr_steps=1, wd_incr_style="constant")
+    optax_lr = learning_rate_schedule(cfg)
+    for step in range(a["--train-iters"]):
+        assert sched.get_lr({}) == pytest.approx(float(optax_lr(step)), rel=1e-5, abs=1e-12), step
+        sched.step(1)
+
+
+def test_what_megatron_cannot_schedule_is_refused_in_one_line():
+    cfg = C.load(["base.yml", "train_objective=dpo", "dataset_type=preference", "alignment_sft_steps=10",
+                  "alignment_sft_learning_rate=1e-3"])
+    with pytest.raises(C.ConfigError, match="alignment_sft_steps") as e:
+        nemo.map_recipe(cfg)
+    assert "\n" not in str(e.value)

@@ -168,3 +168,23 @@ def test_missing_torch_message_names_the_extra():
 
     with pytest.raises(ImportError, match=r"pip install 'maxlite\[torch\]'"):
         require("torch_that_is_not_installed")
+
+
+@pytest.mark.parametrize("keys", [
+    ["lr_schedule_type=cosine", "warmup_steps_fraction=0.1"],
+    ["lr_schedule_type=linear", "warmup_steps_fraction=0.25", "learning_rate_final_fraction=0.3"],
+    ["lr_schedule_type=constant", "warmup_steps_fraction=0.2"],
+    ["lr_schedule_type=cosine", "warmup_steps_fraction=0"],
+    ["lr_schedule_type=linear", "learning_rate_schedule_steps=30"],  # held after the schedule's end
+    ["train_objective=dpo", "dataset_type=preference", "alignment_sft_steps=8",  # the warm-up's own rate,
+     "alignment_sft_learning_rate=3e-3", "lr_schedule_type=cosine"],  # then the schedule over the rest
+    ["train_objective=grpo", "dataset_type=prompts", "reward_functions=[maxlite.objectives.rewards:exact_answer]",
+     "alignment_sft_steps=8", "lr_schedule_type=linear"],  # a warm-up at the run's own schedule
+], ids=lambda k: " ".join(k))
+def test_the_twin_schedule_is_optax_schedule_at_every_step(keys):
+    """The twin writes the schedule again on purpose (an independent check): it must agree with
+    optax on every schedule a recipe can ask for, alignment warm-up phases included."""
+    cfg = C.load(["base.yml", "steps=40", "learning_rate=1e-3", *keys])
+    schedule = learning_rate_schedule(cfg)
+    for step in range(cfg.steps + 5):
+        assert TM.learning_rate(cfg, step) == pytest.approx(float(schedule(step)), rel=1e-5, abs=1e-12), step

@@ -29,9 +29,10 @@ def test_restore_onto_other_meshes_bitwise(tmp_path, capsys):
     assert "saving checkpoint step=2-consumed_samples=16" in out and "saved checkpoint step 2" in out
     want = _host(state)
     for mesh, devices in ((["ici_fsdp_parallelism=8"], 8), (["ici_fsdp_parallelism=1"], 1)):
-        _, restored, data2, c = _start(tmp_path, ["run_name=src", *mesh], devices)
+        _, started, data2, c = _start(tmp_path, ["run_name=src", *mesh], devices)
         c.close()
-        assert "resumed from step 2" in capsys.readouterr().out
+        restored = started.state
+        assert (started.step, started.source) == (2, "checkpoint")
         assert int(restored.step) == 2 and data2.get_state() == {"step": 2}
         leaf = jax.tree.leaves(restored.params)[0]
         assert len(leaf.sharding.device_set) == devices
@@ -49,10 +50,10 @@ def test_params_only_load_and_bridge_api(tmp_path, capsys):
     assert all(isinstance(x, np.ndarray) for x in jax.tree.leaves(params))
     assert all(np.array_equal(a, b) for a, b in zip(_host(params), _host(state.params)))
     # load_parameters_path: weights only, fresh optimizer, step 0, on a different mesh.
-    _, fresh, _, _ = _start(tmp_path, ["run_name=ft", f"load_parameters_path={tmp_path}/export/7"], 2,
-                            ckpt=False)
-    assert "loaded parameters from" in capsys.readouterr().out
-    assert int(fresh.step) == 0
+    _, started, _, _ = _start(tmp_path, ["run_name=ft", f"load_parameters_path={tmp_path}/export/7"], 2,
+                              ckpt=False)
+    fresh = started.state
+    assert (started.step, started.source) == (0, "params") and int(fresh.step) == 0
     assert all(np.array_equal(a, b) for a, b in zip(_host(fresh.params), _host(state.params)))
     mu = fresh.opt_state[1][0].mu  # clip, then adamw's scale_by_adam state
     assert all(not np.any(x) for x in _host(mu))
@@ -103,12 +104,12 @@ def test_listing_and_leftovers_of_a_killed_save(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("step=3-consumed_samples=3 ") and " complete " in out[0] + " "
     assert "iB " in out[0] and "INCOMPLETE" in out[1] and "6.orbax-checkpoint-tmp-1234" in out[1]
-    _, restored, _, c = _start(tmp_path, ["run_name=src"], 1)
+    _, started, _, c = _start(tmp_path, ["run_name=src"], 1)
     c.close()
     out = capsys.readouterr().out
     assert ("removed incomplete checkpoint 6.orbax-checkpoint-tmp-1234, left by a save whose process "
             "ended while writing it (killed or crashed)") in out
-    assert "resumed from step 3 " in out and not os.path.exists(f"{root}/6.orbax-checkpoint-tmp-1234")
+    assert (started.step, started.source) == (3, "checkpoint") and not os.path.exists(f"{root}/6.orbax-checkpoint-tmp-1234")
     # A save that failed (and could not clean up after itself) is named as such at the next start:
     # status.json of the earlier attempt lists it.
     shutil.copytree(f"{root}/3", f"{root}/9.orbax-checkpoint-tmp-77")
@@ -154,8 +155,9 @@ def test_async_save_keeps_its_step_while_the_loop_donates_the_state_at_once(tmp_
             state, _ = step(state, batch)  # donates the buffers being saved, right away
         saver.close()
         assert not any(np.array_equal(a, b) for a, b in zip(_host(state.params), want_params))  # moved on
-        _, restored, _, c = _start(tmp_path, [run, *mesh], 8)
+        _, started, _, c = _start(tmp_path, [run, *mesh], 8)
         c.close()
+        restored = started.state
         assert int(restored.step) == 1 and all(np.array_equal(a, b) for a, b in zip(_host(restored), want))
 
 

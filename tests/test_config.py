@@ -186,3 +186,56 @@ def test_learning_rate_schedule_steps_fixes_the_schedule_whatever_steps():
             assert float(schedule(step)) == pytest.approx(want, rel=1e-5, abs=1e-9), (extra, step)
     with pytest.raises(C.ConfigError, match="learning_rate_schedule_steps=0"):
         C.load(["base.yml", "learning_rate_schedule_steps=0"])
+
+
+# Recipes every launcher refuses before the run directory exists: one line, exit 2, nothing started.
+# `at_launch`: the Slurm launcher can tell on the login node (the rest need the job's devices and
+# memory: the job exits 2 there and is not requeued, tests/test_launch_slurm.py).
+BAD_RECIPES = [
+    (["dataset_type=indexed", "data_prefix=x", "data_split=1,2,x"], "expected three numbers", True),
+    (["dataset_type=text", "data_split=1,2,x"], "data_split is read by dataset_type=indexed", True),
+    (["max_time=2h"], "D:HH:MM:SS", True),
+    (["preemption_signals=SIGFOO"], "not a catchable preemption signal", True),
+    (["checkpoint_dir=s3://bucket/ckpt"], "local paths or gs:// only", True),
+    (["ray_use_tpu=true"], "needs tpu_topology", True),
+    (["fault_type=crash"], "needs fault_step", True),
+    (["train_objective=grpo", "dataset_type=prompts", "reward_functions=[nope]"], "package.module:function", True),
+    (["dataset_type=text", "dataset_path=/nonexistent/x.jsonl", "eval_interval=0"], "not found", True),
+    (["dataset_type=text", "vocab_size=1000"], "has 4096 ids but vocab_size=1000", True),
+    (["ici_tensor_parallelism=3"], "ici (within a slice)", False),
+    (["model_name=llama3.1-405b", "vocab_size=128256"], "GiB", False),  # the host's memory
+]
+
+
+@pytest.fixture
+def own_signals():
+    """main() installs the run's signal handlers in this process: give pytest its own back."""
+    import signal
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+
+
+@pytest.mark.parametrize("keys, words, at_launch", BAD_RECIPES, ids=[r[1][:24] for r in BAD_RECIPES])
+def test_every_launcher_refuses_a_bad_recipe_before_the_run_directory(tmp_path, capsys, monkeypatch, own_signals,
+                                                                       keys, words, at_launch):
+    from maxlite.launch import __main__ as launch
+    from ray_entry import train as ray_entry
+    from maxlite.train import main
+
+    monkeypatch.setenv("MAXLITE_HOME", str(tmp_path / "home"))
+    out = tmp_path / "runs"
+    argv = ["base.yml", "model_name=tiny", f"base_output_directory={out}", "run_name=r", *keys]
+    for name, call, want in (
+            ("maxlite.train", lambda: main(argv), 2),
+            ("ray_entry.train", lambda: ray_entry.main(argv), 2),  # refused before any Ray cluster starts
+            ("slurm", lambda: launch.main(["slurm", *argv, "--partition", "debug", "--experiment-name", "e",
+                                           "--dry-run"]), 2 if at_launch else 0)):
+        assert call() == want, name
+        err = capsys.readouterr().err
+        if want:
+            assert err.count("\n") == 1 and err.startswith("maxlite: error: ") and words in err, (name, err)
+        assert not out.exists(), name
+    assert at_launch == (not (tmp_path / "home" / "experiments" / "e").exists())

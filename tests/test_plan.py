@@ -111,8 +111,8 @@ def test_hardware_flops_count_remat_recompute_and_kernel_backward():
     from maxlite.plan.estimate import _per_layer_forward, hardware_flops
 
     def hw(*keys):
-        cfg = C.resolve(C.load(["base.yml", "model_name=tiny", "max_target_length=1024", *keys]), 8)
-        return hardware_flops(cfg, train_flops_per_step(cfg), "tpu"), _per_layer_forward(cfg)
+        cfg = C.resolve(C.load(["base.yml", "model_name=tiny", "max_target_length=1024", *keys]), 8, platform="tpu")
+        return hardware_flops(cfg, train_flops_per_step(cfg)), _per_layer_forward(cfg)
 
     base = train_flops_per_step(C.resolve(C.load(["base.yml", "model_name=tiny",
                                                   "max_target_length=1024"]), 8))
@@ -168,7 +168,7 @@ def test_tiny_fits_v6e_4x4_with_expected_shardings(tiny_plan):
     assert p.collectives["all-gather"]["count"] > p.collectives["all-gather"]["static"]  # per layer
     assert p.estimate["is_estimate"] and p.estimate["step_seconds"] > 0
     # autoselected attention on TPU is the splash kernel: fwd, dQ and dK/dV per layer (4 layers)
-    assert p.recipe["attention"] == "autoselected"
+    assert p.recipe["attention"] == "flash" and p.recipe["attention_requested"] == "autoselected"
     assert p.custom_calls.get("tpu_custom_call", 0) >= 3 * 4
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import signal
 import pathlib
 import re
 import subprocess
@@ -25,7 +26,7 @@ from tests.ray_cluster import REPO, RayHead, ray_env, stop_session
 STEPS = 8
 RECIPE = ["model_name=tiny", f"steps={STEPS}", "per_device_batch_size=1", "max_target_length=64",
           "checkpoint_period=3", "enable_tensorboard=false", "write_report=false", "ray_num_workers=2",
-          "ray_simulated_devices_per_worker=2", "max_failures=1"]
+          "ray_simulated_devices_per_worker=2", "max_restarts=1"]
 
 
 def load(*args: str) -> C.Config:
@@ -79,7 +80,7 @@ def test_gpu_workers_get_their_gpus_and_cuda():
 
 
 def test_cpu_run_config_env_storage_and_failures(tmp_path):
-    cfg = RT.check(load(*RECIPE, "ray_simulated_devices_per_worker=4", "max_failures=5",
+    cfg = RT.check(load(*RECIPE, "ray_simulated_devices_per_worker=4", "max_restarts=5",
                         f"base_output_directory={tmp_path}", "run_name=r"))
     scaling = RT.scaling_config(cfg)
     assert scaling.num_workers == 2 and not scaling.use_tpu and not scaling.use_gpu
@@ -180,10 +181,10 @@ def test_job_submit_trains_on_two_workers(uninterrupted):
     assert re.search(r"maxlite: Ray run finished: 8 steps, final loss \d", out)
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "finished" and status["step"] == STEPS
-    # rank 0 waited out worker 1's stall inside a step: step time, not `other` (it was most of it)
+    # rank 0 waited out worker 1's 12 s stall inside a step: step time (productive), not `other`
+    # (the accounting itself, on an injected clock: test_resilience_units.py)
     assert "fault injection: pause of 12s at step 4" in out
     assert status["summary"]["productive_seconds"] >= PAUSE
-    assert status["summary"]["badput_other_seconds"] < PAUSE / 4
     assert (run_dir / RT.RAY_RUN_NAME).is_dir()  # Ray's storage_path is inside the run dir
     assert sorted(_metrics(run_dir)) == list(range(1, STEPS + 1))
 
@@ -199,7 +200,7 @@ def test_killed_worker_restarts_and_ends_at_the_same_loss(head, uninterrupted, t
     assert "fault injection: crash at step 5" in out
     assert "maxlite: Ray run finished: 8 steps (the last attempt ran 5), final loss" in out
     assert (tmp_path / "killed" / ".fault_crash_5_p1").exists()  # fired once: the restart ran through
-    assert re.search(r"resumed from step 3\b", out), out[-4000:]  # the checkpoint before the crash
+    assert _resumed(tmp_path / "killed") == {"step": 3, "source": "checkpoint"}  # the save before the crash
     whole, killed = _metrics(whole_dir), _metrics(tmp_path / "killed")
     assert sorted(killed) == list(range(1, STEPS + 1))
     # Same processes, same layout, restored state and data position: the very same numbers.
@@ -224,7 +225,7 @@ def test_hung_worker_is_detected_restarted_and_ends_at_the_same_loss(head, unint
     assert "maxlite: hang detected in section 'step'" in out and "exiting with code 75" in out
     dumps = [pathlib.Path(f).read_text() for f in glob.glob(str(tmp_path / "hung" / "hang_p*.log"))]
     assert dumps and all("hang detected in section 'step'" in d and "--- thread" in d for d in dumps)  # the stacks
-    assert re.search(r"resumed from step 3\b", out), out[-4000:]
+    assert _resumed(tmp_path / "hung") == {"step": 3, "source": "checkpoint"}
     whole, hung = _metrics(whole_dir), _metrics(tmp_path / "hung")
     assert sorted(hung) == list(range(1, STEPS + 1))
     for step in range(4, STEPS + 1):
@@ -245,7 +246,7 @@ def test_sigterm_to_a_worker_saves_on_every_host_restarts_and_ends_at_the_same_l
     stop = int(re.search(r"got SIGTERM \(JAX's preemption service\): every host stops at step (\d+)", out).group(1))
     assert 4 <= stop < STEPS
     assert f"preempted: saving step {stop} and waiting for it" in out
-    assert re.search(rf"resumed from step {stop}\b", out), out[-4000:]  # nothing recomputed
+    assert _resumed(tmp_path / "termed") == {"step": stop, "source": "checkpoint"}  # nothing recomputed
     whole, termed = _metrics(whole_dir), _metrics(tmp_path / "termed")
     assert sorted(termed) == list(range(1, STEPS + 1))
     for step in range(1, STEPS + 1):
@@ -339,9 +340,11 @@ def test_drained_node_saves_at_once_and_the_restarted_group_repeats_the_same_los
         try:
             wait_for(lambda: len(_attempts(metrics)) == 1 and max(_attempts(metrics)[0]) >= 3)
             head.add_node("b", num_cpus=2)  # where the restarted group can go
-            head.drain_for_preemption(node_a, deadline_s=20)  # Ray polls drains every 5 s: time to train on
+            head.drain_for_preemption(node_a, deadline_s=3600)  # the deadline is ours: below
             saved = int(wait_for(lambda: re.search(r"preemption notice: saving step (\d+)", log.read_text())).group(1))
-            wait_for(lambda: re.search(rf"resumed from step {saved}\b", log.read_text()))
+            wait_for(lambda: max(_attempts(metrics)[0]) >= saved + 2)  # it trained on after its save
+            stop_session(head.nodes["a"].pid, grace_s=0.5)  # the drain deadline: the node is gone
+            wait_for(lambda: (_resumed(tmp_path / "drained") or {}).get("step") == saved)
             # the new group trains over what the drained one did after its save (4 steps of it at most)
             wait_for(lambda: len(_attempts(metrics)) == 2 and
                      max(_attempts(metrics)[1]) >= min(max(_attempts(metrics)[0]), saved + 4))
@@ -354,6 +357,15 @@ def test_drained_node_saves_at_once_and_the_restarted_group_repeats_the_same_los
     redone = sorted(set(first) & set(second))
     assert len(redone) >= 2, (first, second)  # the drained group trained on after its save
     assert [second[s] for s in redone] == [first[s] for s in redone]  # same state, same data: same numbers
+
+
+def _resumed(run_dir: pathlib.Path) -> dict | None:
+    """Where the run's latest attempt started (status.json `resumed_from`): step and source."""
+    try:
+        record = json.loads((run_dir / "status.json").read_text()).get("resumed_from") or {}
+    except (OSError, ValueError):
+        return None
+    return {"step": record.get("step"), "source": record.get("source")}
 
 
 def _batch_hashes(run_dir: pathlib.Path) -> dict[int, float]:
@@ -378,7 +390,7 @@ def test_lost_host_continues_on_the_one_left_with_the_same_global_batch(uninterr
         log = tmp_path / "driver.log"
         driver = subprocess.Popen(
             [sys.executable, "-m", "ray_entry.train", "base.yml", *RECIPE, "ray_min_workers=1",
-             "elastic_wait_seconds=10", "max_failures=2", "fault_type=pause", "fault_step=5", "fault_process=0",
+             "elastic_wait_seconds=10", "max_restarts=2", "fault_type=pause", "fault_step=5", "fault_process=0",
              "fault_pause_seconds=15", f"base_output_directory={tmp_path}", "run_name=el"],
             env=ray_env(RAY_ADDRESS=head.gcs_address), cwd=REPO, stdout=open(log, "w"), stderr=subprocess.STDOUT,
             start_new_session=True)
@@ -394,7 +406,8 @@ def test_lost_host_continues_on_the_one_left_with_the_same_global_batch(uninterr
             stop_session(driver.pid)
     out = log.read_text()
     assert driver.returncode == 0, out[-4000:]
-    assert "maxlite: elastic: training on 1 of 2 Ray workers" in out and "resumed from step 3 " in out, out[-4000:]
+    assert "maxlite: elastic: training on 1 of 2 Ray workers" in out, out[-4000:]
+    assert _resumed(tmp_path / "el") == {"step": 3, "source": "checkpoint"}
     status = json.loads((tmp_path / "el" / "status.json").read_text())
     assert status["state"] == "finished" and status["step"] == STEPS
     assert status["elastic"] == {"workers": 1, "of": 2, "gradient_accumulation_steps": 2}
@@ -402,3 +415,32 @@ def test_lost_host_continues_on_the_one_left_with_the_same_global_batch(uninterr
     got, want = _metrics(tmp_path / "el"), _metrics(whole_dir)
     assert sorted(got) == list(range(1, STEPS + 1))
     assert [got[s] for s in sorted(got)] == pytest.approx([want[s] for s in sorted(want)], rel=1e-4)
+
+
+@pytest.mark.ray
+def test_ctrl_c_on_the_driver_saves_on_every_worker_exits_130_and_the_rerun_resumes(tmp_path):
+    """A terminal's Ctrl-C (SIGINT to the driver's whole process group, its local Ray cluster
+    included): the workers save at a step they agree on, status.json says `stopped`, the driver
+    exits 130 with one line; the same command again resumes from that step."""
+    argv = [sys.executable, "-m", "ray_entry.train", "base.yml", *RECIPE, "checkpoint_period=0",
+            f"base_output_directory={tmp_path}", "run_name=int"]
+    log = tmp_path / "driver.log"
+    driver = subprocess.Popen([*argv, "steps=100000"], env=ray_env(), cwd=REPO, stdout=open(log, "w"),
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until(lambda: len(_metrics(tmp_path / "int")) >= 3 if (tmp_path / "int" / "metrics.jsonl").exists()
+                   else False, 400, alive=lambda: driver.poll() is None, context=lambda: log.read_text()[-4000:])
+        os.killpg(driver.pid, signal.SIGINT)
+        assert driver.wait(timeout=300) == 130, log.read_text()[-4000:]
+    finally:
+        stop_session(driver.pid)
+    out = log.read_text()
+    status = json.loads((tmp_path / "int" / "status.json").read_text())
+    assert (status["state"], status["reason"], status["next"]) == ("stopped", "interrupted", "done")
+    stop = status["step"]
+    assert out.count(f"maxlite: stopped by the user at step {stop} (saved)") == 1, out[-4000:]
+    assert (tmp_path / "int" / "checkpoints" / str(stop)).is_dir() and "Traceback" not in out
+    again = subprocess.run([*argv, f"steps={stop + 1}"], env=ray_env(), cwd=REPO, capture_output=True,
+                           text=True, timeout=480)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
+    assert _resumed(tmp_path / "int") == {"step": stop, "source": "checkpoint"}

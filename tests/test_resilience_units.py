@@ -12,23 +12,12 @@ import numpy as np
 import pytest
 
 from maxlite import config as C
-from maxlite.resilience import exit_codes, goodput, keeper, preemption, snapshot, straggler
-
-
-def test_max_time_and_signals_parse():
-    assert preemption.parse_max_time("1:02:03:04") == 86400 + 2 * 3600 + 3 * 60 + 4
-    assert preemption.parse_max_time("01:30") == 90
-    assert preemption.parse_max_time("0:00:01:00") == 60
-    assert preemption.parse_max_time("") is None
-    with pytest.raises(C.ConfigError, match="D:HH:MM:SS"):
-        preemption.parse_max_time("2h")
-    assert preemption.parse_signals("SIGTERM, usr1") == [signal.SIGTERM, signal.SIGUSR1]
-    with pytest.raises(C.ConfigError, match="not a catchable"):
-        preemption.parse_signals("SIGKILL")
+from maxlite import outcome
+from maxlite.resilience import goodput, keeper, preemption, snapshot, straggler
 
 
 def test_signal_and_max_time_set_the_reason():
-    p = preemption.Preemption("SIGUSR2", "0:00:00:10", 5)
+    p = preemption.Preemption([signal.SIGUSR2], 10.0, 5)
     try:
         assert p.reason() is None
         assert p.reason(reserve_seconds=11) == "max_time"  # not enough time left to save
@@ -42,10 +31,10 @@ def test_signal_and_max_time_set_the_reason():
 def test_signal_before_the_loop_is_handed_to_it_and_one_after_is_only_noted():
     original = signal.getsignal(signal.SIGUSR2)
     try:
-        preemption.catch_outside_the_loop("SIGUSR2")  # what `python -m maxlite.train` does first
+        preemption.catch_outside_the_loop([signal.SIGUSR2])  # what `python -m maxlite.train` does first
         os.kill(os.getpid(), signal.SIGUSR2)  # during start-up, before the loop's handlers exist
         time.sleep(0.05)
-        p = preemption.Preemption("SIGUSR2", "", 5)
+        p = preemption.Preemption([signal.SIGUSR2], None, 5)
         assert p.reason() == "preempted"  # the run stops at its first safe point
         p.restore_handlers()  # the run ended
         assert preemption.noted_signal() is None
@@ -55,6 +44,24 @@ def test_signal_before_the_loop_is_handed_to_it_and_one_after_is_only_noted():
     finally:
         signal.signal(signal.SIGUSR2, original)
         preemption._noted.clear()
+
+
+def test_ctrl_c_stops_like_a_preemption_and_a_second_one_at_once():
+    original = signal.getsignal(signal.SIGINT)
+    p = preemption.Preemption([signal.SIGTERM], None, 5)
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert p.reason() == "preempted" and p.grace_left() is not None
+        os.kill(os.getpid(), signal.SIGINT)  # the user's stop outranks the preemption
+        time.sleep(0.05)
+        assert p.reason() == "interrupted" and p.grace_left() is None  # no deadline: the user decides
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+    finally:
+        p.restore_handlers()
+    assert signal.getsignal(signal.SIGINT) is original
 
 
 def test_straggler_scores_and_report():
@@ -82,22 +89,6 @@ def test_step_timer_excludes_device_wait():
     t.begin()
     now[0] += 9.0
     assert t.end(skip=True) == pytest.approx(9.0) and len(t.window) == 1  # compiling: not counted
-
-
-def test_exit_codes_tell_requeue_from_restart():
-    act = exit_codes.launcher_action
-    assert act(0, {"state": "preempted", "reason": "preempted"}, 99, 3) == "requeue"  # never counted
-    assert act(0, {"state": "preempted", "reason": "max_time"}, 0, 3) == "done"  # the recipe's own budget
-    assert act(0, {"state": "finished"}, 0, 3) == "done"
-    assert act(0, None, 0, 3) == "done"  # an entrypoint that writes no status.json
-    assert act(exit_codes.HANG, {"state": "failed"}, 2, 3) == "restart"
-    assert act(exit_codes.HANG, {"state": "failed"}, 3, 3) == "fail"
-    assert act(-9, None, 0, 3) == "restart" and act(137, None, 0, 3) == "restart"  # SIGKILL, bare or by a shell
-    assert act(exit_codes.CHECKPOINT_FAILED, {"state": "failed"}, 0, 3) == "restart"
-    assert act(exit_codes.CONFIG_ERROR, None, 0, 3) == "fail"
-    assert act(exit_codes.DIVERGED, {"state": "failed"}, 0, 3) == "fail"  # the same data would diverge again
-    assert len({exit_codes.HANG, exit_codes.STRAGGLER, exit_codes.PREEMPT_TIMEOUT, exit_codes.FAILED,
-                exit_codes.DIVERGED}) == 5
 
 
 def test_goodput_counts_causes_and_restarts(tmp_path):
@@ -268,13 +259,16 @@ def test_snapshots_respect_the_memory_budget(tmp_path):
 
 
 HANG_SCRIPT = """
-import threading, time
+import time
 from maxlite.resilience.watchdog import Watchdog
+now = [0.0]  # the watchdog's clock, injected: the test decides when time passes, not the machine's load
 w = Watchdog(initial_timeout=30, factor=2.0, min_timeout=0.5, log_path={log!r}, poll=0.1,
-             on_hang=lambda s, t: open({marker!r}, 'w').write(s))
+             on_hang=lambda s, t, r: open({marker!r}, 'w').write(s + " " + r), clock=lambda: now[0],
+             progress=lambda: 0.0)
 for i in range(4):
     w.beat("step", completed="step" if i else None)
-    time.sleep(0.05)
+    now[0] += 0.05  # 50 ms steps
+now[0] += 10.0  # then 10 s without a beat, and no work: the real thread below is stuck
 def stuck_in_collective():
     time.sleep(60)
 stuck_in_collective()
@@ -286,12 +280,12 @@ def test_watchdog_dumps_stacks_and_exits_75(tmp_path):
     proc = subprocess.run([sys.executable, "-c", HANG_SCRIPT.format(log=log, marker=marker)],
                           capture_output=True, text=True, timeout=60,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    assert proc.returncode == exit_codes.HANG, proc.stderr
+    assert proc.returncode == outcome.HANG, proc.stderr
     text = open(log).read()
     assert "(timeout 0.5s)" in text  # learned from the beats (min_timeout), not the initial 30 s
     assert "hang detected in section 'step'" in text and "stuck_in_collective" in text
     assert "maxlite-watchdog" in text  # every thread's stack, the watchdog's own included
-    assert open(marker).read() == "step"
+    assert open(marker).read() == "step hang"
 
 
 class _Fake:
@@ -385,3 +379,89 @@ def test_loss_watch_verdicts():
     off = SpikeWatch(factor=0.0, patience=1)
     for step in range(1, 20):
         assert off.see(step, 1e6 * step) is None  # factor 0: only non-finite losses are judged
+
+
+class _Time:
+    """An injected clock: time passes only when the test says (or a fault's sleep does)."""
+
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def pass_(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def _step(clock, t: _Time, step: int, own: float, waited: float, faults=None) -> None:
+    clock.step_begin()
+    t.pass_(own)  # data, dispatch: this process's own work
+    with clock.device_wait():
+        t.pass_(waited)  # the devices, or a peer in a collective
+    clock.step_end(step, faults)
+
+
+def test_a_slowed_hosts_extra_time_is_its_own_work_and_scores_it_a_straggler(tmp_path):
+    """fault_type=slow stretches a step's own work (what a degraded host does); on injected clocks
+    the slowed host's median is exactly factor × its work, and the report flags it."""
+    from maxlite.resilience.clock import Clock
+    from maxlite.resilience.faults import Faults
+
+    medians = []
+    for slowed in (False, True):
+        t = _Time()
+        cfg = C.load(["base.yml", *(["fault_type=slow", "fault_step=0", "fault_slowdown_factor=4"] if slowed else [])])
+        faults = Faults(cfg, str(tmp_path), 0, sleep=t.pass_)
+        clock = Clock(t(), now=t)
+        for step in range(1, 6):
+            _step(clock, t, step, own=0.1, waited=0.5, faults=faults)
+        medians.append(clock.timer.median())
+    assert medians == [pytest.approx(0.1), pytest.approx(0.4)]  # the first (compiling) step left out
+    rep = straggler.report(np.array(medians), np.zeros(2), threshold=0.7)
+    assert rep["stragglers"] == [1] and rep["relative"] == [1.0, pytest.approx(0.25)]
+
+
+def test_a_peers_stall_inside_a_step_is_the_steps_time_not_other():
+    """A 12 s wait on a peer inside step 3 (its read, the vote, a collective) is that step's time —
+    productive — and nothing is left to `other`: wall = productive + every cause."""
+    from maxlite.resilience.clock import Clock
+
+    t = _Time()
+    clock = Clock(t(), now=t)
+    clock.goodput = goodput.Goodput(None, t(), now=t)
+    t.pass_(3.0)  # start-up
+    clock.setup_end()
+    for step, waited in ((1, 0.0), (2, 0.0), (3, 12.0), (4, 0.0)):
+        _step(clock, t, step, own=0.25, waited=waited)
+    with clock.section("checkpoint"):
+        t.pass_(1.0)
+    clock.loop_end()
+    s = clock.goodput.summary()
+    assert s["badput_startup_seconds"] == pytest.approx(3.0)
+    assert s["badput_compilation_seconds"] == pytest.approx(0.25)  # the first step of the attempt
+    assert s["productive_seconds"] == pytest.approx(3 * 0.25 + 12.0)
+    assert s["badput_checkpoint_seconds"] == pytest.approx(1.0) and s["badput_other_seconds"] == pytest.approx(0.0)
+    assert s["wall_seconds"] == pytest.approx(3.0 + 4 * 0.25 + 12.0 + 1.0)
+
+
+def test_a_productive_section_is_watched_and_counted_as_step_work():
+    """GRPO's rollout runs in a productive section: its own watchdog section and goodput line
+    (`productive_rollout_seconds`), compilation in the attempt's first step."""
+    from maxlite.resilience.clock import Clock
+
+    t = _Time()
+    clock = Clock(t(), now=t)
+    clock.goodput = goodput.Goodput(None, t(), now=t)
+    clock.setup_end()
+    for step in (1, 2, 3):
+        clock.step_begin()
+        with clock.section("rollout", productive=True):
+            t.pass_(2.0)
+        t.pass_(0.5)
+        clock.step_end(step)
+    clock.loop_end()
+    s = clock.goodput.summary()
+    assert s["productive_rollout_seconds"] == pytest.approx(4.0)  # steps 2 and 3
+    assert s["productive_seconds"] == pytest.approx(2 * 2.5)
+    assert s["badput_compilation_seconds"] == pytest.approx(2.5) and s["badput_other_seconds"] == pytest.approx(0.0)

@@ -61,6 +61,14 @@ def test_scan_and_remat_variants_agree(variant):
     reference, ref_state = train_losses(TINY + ["per_device_batch_size=4"], 1, 3)
     losses, state = train_losses(TINY + ["per_device_batch_size=4"] + variant, 1, 3)
     np.testing.assert_allclose(losses, reference, rtol=1e-5)
+    # and the weights they reach (unrolled layers are stored per layer: stack them to compare)
+    def leaves(s):
+        layers = s.params["layers"]
+        stacked = (jax.tree.map(lambda *xs: np.stack(xs), *[layers[i] for i in range(len(layers))])
+                   if "0" in dict(layers) or 0 in dict(layers) else layers)
+        return jax.tree.leaves({"layers": stacked, "embedding": s.params["embedding"]})
+    for got, want in zip(leaves(state), leaves(ref_state), strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-6)
 
 
 def test_gradient_accumulation_equals_the_big_batch():

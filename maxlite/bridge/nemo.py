@@ -52,11 +52,6 @@ class Mapping:
         return dict(self.megatron)
 
 
-def _blend(spec) -> list[tuple[float, str]]:
-    from maxlite.data.gpt_dataset import parse_blend  # the same parser the trainer uses
-    return parse_blend(spec)
-
-
 def _tokenizer_args(cfg) -> list[tuple[str, Any]]:
     """Megatron tokenizer flags for the recipe's tokenizer (synthetic data: a null tokenizer)."""
     if cfg.dataset_type == "synthetic":
@@ -86,13 +81,13 @@ def _data_args(cfg, notes: list[str]) -> tuple[list[tuple[str, Any]], list[tuple
     if cfg.dataset_type != "indexed":
         nemo.append(("recipe.data", "run.Config(llm.MockDataModule, ...)"))
         return mega, nemo
-    train = [x for w, p in _blend(cfg.data_prefix) for x in (f"{w:g}", p)]
-    paths = [x for w, p in _blend(cfg.data_prefix) for x in (round(w, 6), p)]
+    train = [x for w, p in cfg.blend("data_prefix") for x in (f"{w:g}", p)]
+    paths = [x for w, p in cfg.blend("data_prefix") for x in (round(w, 6), p)]
     if cfg.eval_data_prefix:
-        valid = [x for w, p in _blend(cfg.eval_data_prefix) for x in (f"{w:g}", p)]
+        valid = [x for w, p in cfg.blend("eval_data_prefix") for x in (f"{w:g}", p)]
         mega += [("--train-data-path", train), ("--valid-data-path", valid)]
         nemo.append(("recipe.data.paths", {"train": paths, "validation": [
-            x for w, p in _blend(cfg.eval_data_prefix) for x in (round(w, 6), p)]}))
+            x for w, p in cfg.blend("eval_data_prefix") for x in (round(w, 6), p)]}))
     else:
         mega += [("--data-path", train), ("--split", cfg.data_split)]
         nemo += [("recipe.data.paths", paths), ("recipe.data.split", cfg.data_split)]
@@ -107,6 +102,13 @@ def _data_args(cfg, notes: list[str]) -> tuple[list[tuple[str, Any]], list[tuple
 
 
 def _schedule(cfg, notes: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
+    """The --lr* flags that make Megatron's scheduler run optax's schedule (optim.py; checked step by
+    step against megatron-core's OptimizerParamScheduler in the tests); a schedule it cannot run is
+    refused in one line."""
+    if cfg.alignment_sft_steps and cfg.alignment_sft_learning_rate:
+        raise C.ConfigError(f"alignment_sft_steps={cfg.alignment_sft_steps} at alignment_sft_learning_rate="
+                            f"{cfg.alignment_sft_learning_rate:g}, then a schedule over the rest: two phases "
+                            f"Megatron's one --lr schedule cannot express; export the SFT recipe on its own")
     final = float(f"{cfg.learning_rate * cfg.learning_rate_final_fraction:.10g}")  # 3e-05, not 2.99…e-05
     min_lr = cfg.learning_rate if cfg.lr_schedule_type == "constant" else final
     mega = [("--lr", cfg.learning_rate), ("--min-lr", min_lr),

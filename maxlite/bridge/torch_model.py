@@ -9,6 +9,7 @@ conversion. Numerics follow the JAX model: norms and softmax in float32, RoPE in
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -236,8 +237,17 @@ def from_maxlite(cfg, params=None, device: str = "cpu") -> TorchTransformer:
 # ---- training in PyTorch with maxlite's recipe ----
 
 def learning_rate(cfg, step: int) -> float:
-    """maxlite's schedule (optim.py): linear warmup from 0, then cosine/linear/constant to the
-    schedule's end (`schedule_steps`), held after it."""
+    """maxlite's schedule, written again in plain Python on purpose (an independent twin of optim.py,
+    tested against it on every schedule): linear warmup from 0, then cosine/linear/constant to the
+    schedule's end (`schedule_steps`), held after it; an alignment run's warm-up
+    (`alignment_sft_steps` at `alignment_sft_learning_rate`) first, the schedule spanning the rest."""
+    n = cfg.alignment_sft_steps
+    if n and cfg.alignment_sft_learning_rate:
+        if step < n:
+            return cfg.alignment_sft_learning_rate
+        rest = dataclasses.replace(cfg, alignment_sft_steps=0, alignment_sft_learning_rate=0.0,
+                                   learning_rate_schedule_steps=max(cfg.schedule_steps - n, 1))
+        return learning_rate(rest, step - n)
     peak, warmup = cfg.learning_rate, cfg.warmup_steps
     if step < warmup:
         return peak * step / warmup

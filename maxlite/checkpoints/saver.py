@@ -13,11 +13,8 @@ from typing import Any
 from maxlite import checkpoints as ck
 from maxlite import config as C
 from maxlite.checkpoints import offload
+from maxlite.outcome import CheckpointSaveError  # a save failed under checkpoint_error_policy=stop
 from maxlite.rundir import print_primary, read_status
-
-
-class CheckpointSaveError(RuntimeError):
-    """A save failed and checkpoint_error_policy=stop: the run ends (status failed), earlier checkpoints intact."""
 
 
 def gather_json(obj: Any) -> list[Any]:

@@ -19,9 +19,6 @@ import numpy as np
 
 from maxlite.config import ConfigError
 
-DATASET_TYPES = ("synthetic", "text", "indexed", "sft", "preference", "prompts")
-
-
 class DataIterator:
     """A grain iterator plus a fingerprint, so a checkpoint's data state cannot be mis-applied."""
 
@@ -79,15 +76,38 @@ def _read_options(config):
                              prefetch_buffer_size=config.grain_prefetch)
 
 
+def check(config) -> None:
+    """The data's files and tokenizer, read as the iterators read them but without a batch: what a
+    launcher checks before a job starts (the Ray driver, the Slurm launcher). One line for each
+    mistake (a missing file, a tokenizer that does not fit the vocabulary, a bad .idx)."""
+    splits = ["train", "eval"] if config.eval_interval > 0 else ["train"]
+    if config.dataset_type == "synthetic":
+        return
+    if config.dataset_type == "indexed":
+        from maxlite.data.indexed import IndexedDataset
+        for key in ("data_prefix", "eval_data_prefix"):
+            for _, prefix in config.blend(key):
+                if "://" not in prefix:  # gs:// prefixes are staged (data/stage.py) when the job starts
+                    IndexedDataset(prefix)
+        return
+    from maxlite.data.text_pipeline import check_tokenizer
+    from maxlite.data.tokenizer import load_tokenizer
+    check_tokenizer(load_tokenizer(config.tokenizer_path, config.bos_id, config.eos_id), config)
+    if config.dataset_type == "text":
+        from maxlite.data.text_pipeline import text_files as files
+    elif config.dataset_type == "sft":
+        from maxlite.data.sft_pipeline import sft_files as files
+    else:
+        from maxlite.data.preference import files
+    for split in splits:
+        files(config, split)
+
+
 def make_iterator(config, split: str, process_index: int, process_count: int):
     """The data iterator of `split` ("train" | "eval") for this process."""
     if split not in ("train", "eval"):
         raise ValueError(f"split must be train or eval, got {split!r}")
-    if config.dataset_type not in DATASET_TYPES:
-        raise ConfigError(f"dataset_type={config.dataset_type!r}: choose one of {', '.join(DATASET_TYPES)}")
-    if config.global_batch_size % process_count:
-        raise ConfigError(f"global batch {config.global_batch_size} is not divisible by "
-                          f"{process_count} processes")
+    # the recipe was validated (maxlite.config): dataset_type, the blend, the split, the batch
     if config.dataset_type == "synthetic":
         from maxlite.data.synthetic import make_synthetic_iterator
         return make_synthetic_iterator(config, split, process_index, process_count)

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Sequence
 
 import grain
 import numpy as np
-import yaml
 
 from maxlite.config import ConfigError
 from maxlite.data.indexed import IndexedDataset
@@ -24,51 +22,9 @@ from maxlite.data.indexed import IndexedDataset
 EPOCH_CACHE = 2  # layouts kept in memory: the current epoch and a straggling neighbour
 
 
-def parse_blend(spec: str | Sequence, key: str = "data_prefix") -> list[tuple[float, str]]:
-    """`prefix`, `[prefix, ...]` (equal weights) or `[w1, prefix1, w2, prefix2, ...]`."""
-    items = spec
-    if isinstance(spec, str):
-        text = spec.strip()
-        if not text:
-            return []
-        if text.startswith("["):
-            try:
-                items = yaml.safe_load(text)
-            except yaml.YAMLError:
-                raise ConfigError(f"{key}={spec!r}: cannot parse; use [w1,prefix1,w2,prefix2]") from None
-        else:
-            items = text.replace(",", " ").split()
-    items = list(items)
-    if not items:
-        return []
-
-    def weight(x) -> float | None:
-        try:
-            return float(x)
-        except (TypeError, ValueError):
-            return None
-
-    if weight(items[0]) is None:  # prefixes only
-        return [(1.0 / len(items), str(p)) for p in items]
-    if len(items) % 2:
-        raise ConfigError(f"{key}: expected weight,prefix pairs, got {len(items)} items")
-    pairs = [(weight(w), str(p)) for w, p in zip(items[::2], items[1::2])]
-    if any(w is None or w <= 0 for w, _ in pairs):
-        raise ConfigError(f"{key}: weights must be positive numbers, got {items[::2]}")
-    total = sum(w for w, _ in pairs)
-    return [(w / total, p) for w, p in pairs]
-
-
-def split_ranges(split: str, num_docs: int) -> list[tuple[int, int]]:
-    """Megatron's `get_split_indices`: '99,1,0' → [(0, a), (a, b), (b, num_docs)]."""
-    try:
-        parts = [float(s) for s in str(split).replace("/", ",").split(",")]
-    except ValueError:
-        raise ConfigError(f"data_split={split!r}: expected three numbers like 99,1,0") from None
-    parts = (parts + [0.0] * 3)[:3]
-    if any(p < 0 for p in parts) or sum(parts) <= 0:
-        raise ConfigError(f"data_split={split!r}: shares must be non-negative with a positive sum")
-    fractions = [p / sum(parts) for p in parts]
+def split_ranges(fractions: tuple[float, float, float], num_docs: int) -> list[tuple[int, int]]:
+    """Megatron's `get_split_indices`: data_split's (train, valid, test) fractions (config's
+    `split_fractions`) → [(0, a), (a, b), (b, num_docs)]."""
     idx = [0]
     for f in fractions:
         idx.append(idx[-1] + int(round(f * float(num_docs))))
@@ -160,12 +116,7 @@ def make_indexed_dataset(config, split: str, process_index: int, process_count: 
                          stage=lambda p: p) -> grain.MapDataset:
     """The blended, batched MapDataset whose element k is this process's share of step k."""
     train = split == "train"
-    split_ranges(config.data_split, 1)  # a malformed data_split fails before any file is opened
-    blend = parse_blend(config.data_prefix)
-    if not blend:
-        raise ConfigError("dataset_type=indexed needs data_prefix=[w1,prefix1,...] "
-                          "(make one with python -m maxlite.data.preprocess)")
-    eval_blend = parse_blend(config.eval_data_prefix, "eval_data_prefix")
+    blend, eval_blend = config.blend("data_prefix"), config.blend("eval_data_prefix")  # parsed by config
     part = 0 if train else 1
     if not train and eval_blend:
         blend, part = eval_blend, None
@@ -174,7 +125,7 @@ def make_indexed_dataset(config, split: str, process_index: int, process_count: 
     for i, (w, ds) in enumerate(open_blend(blend, stage)):
         if ds.num_documents == 0:
             raise ConfigError(f"{ds.prefix}: the dataset is empty (0 documents)")
-        docs = (0, ds.num_documents) if part is None else split_ranges(config.data_split, ds.num_documents)[part]
+        docs = (0, ds.num_documents) if part is None else split_ranges(config.split_fractions, ds.num_documents)[part]
         if docs[1] <= docs[0]:
             raise ConfigError(
                 f"{ds.prefix}: data_split={config.data_split} leaves no {split} documents "

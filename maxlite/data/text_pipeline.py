@@ -139,8 +139,7 @@ def text_files(config, split: str, bundled: tuple[str, str] = (BUNDLED_TRAIN, BU
         return sources.expand_paths(config.dataset_path or bundled[0], "dataset_path")
     if config.eval_dataset_path:
         return sources.expand_paths(config.eval_dataset_path, "eval_dataset_path")
-    if config.dataset_path:
-        raise ConfigError(f"dataset_type={config.dataset_type}: set eval_dataset_path for evaluation on your own data")
+    assert not config.dataset_path, "config validation asks for eval_dataset_path with your own data"
     return [bundled[1]]
 
 

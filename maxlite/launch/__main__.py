@@ -28,7 +28,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     s.add_argument("--image", "-i", default="", help="container image for pyxis/enroot (docker://... or .sqsh)")
     s.add_argument("--mount", action="append", default=[], metavar="SRC[:DST]", help="extra container mount")
     s.add_argument("--time", "-t", default="", help="time limit, e.g. 04:00:00 (SIGTERM comes --term-grace s before)")
-    s.add_argument("--retries", type=int, default=0, help="requeues allowed when an attempt fails or is preempted")
+    s.add_argument("--retries", type=int, default=None,
+                   help="restarts after a failure (the recipe's max_restarts; preemptions are not counted)")
     s.add_argument("--term-grace", type=int, default=60, help="seconds between SIGTERM and the time limit")
     s.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment for the job")
     s.add_argument("--entrypoint", default="maxlite.train", help="module every task runs with `python -m`")

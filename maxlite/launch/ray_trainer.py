@@ -4,8 +4,12 @@ The driver builds ScalingConfig/RunConfig/FailureConfig from the Config, connect
 (RAY_ADDRESS — which `ray job submit` sets — or a private local one it starts and stops) and runs
 `JaxTrainer.fit()`. Each worker runs `_worker_loop`: on CPU it starts jax.distributed itself
 (JaxTrainer only does so for TPU/GPU), then calls `maxlite.train.train` and reports metrics to Ray.
-After a worker dies Ray restarts the whole group (up to max_failures); the new group resumes from
-maxlite's own checkpoint directory (the source of truth, not Ray's reported checkpoints).
+After a worker dies Ray restarts the whole group (up to the recipe's `max_restarts`, Ray's
+`FailureConfig(max_failures)`); the new group resumes from maxlite's own checkpoint directory (the
+source of truth, not Ray's reported checkpoints). How each attempt ended is maxlite.outcome's
+answer: a failure a restart would repeat (a wrong recipe, a diverged loss) ends the job with its
+line and exit code instead. Ctrl-C on the driver stops the run as it stops a local one: the workers
+save at an agreed step, status.json says `stopped`, exit 130 (Ctrl-C again: at once, no save).
 """
 
 from __future__ import annotations
@@ -13,16 +17,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-import math
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import time
 from typing import Any, Iterator
 
-from maxlite import config as C
-from maxlite.resilience import exit_codes
+from maxlite import config as C, outcome
 
 RAY_RUN_NAME = "ray_train"  # Ray's own records live in {run_dir}/ray_train/
 ELASTIC_NEVER_RESIZE_S = 10.0**9  # Ray's resize check of a healthy group: never
@@ -33,29 +36,8 @@ GROUP_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"  # Ray Train 
 
 
 def num_workers(cfg: C.Config) -> int:
-    """Ray workers = hosts. TPU: hosts per slice (topology chips / chips per host) × slices."""
-    if not cfg.ray_use_tpu:
-        if cfg.ray_num_workers == -1:
-            return 2
-        if cfg.ray_num_workers < 1:
-            raise C.ConfigError(f"ray_num_workers={cfg.ray_num_workers} must be at least 1 (or -1)")
-        return cfg.ray_num_workers
-    if not cfg.tpu_topology or not cfg.tpu_accelerator_type:
-        raise C.ConfigError("ray_use_tpu=true needs tpu_topology (e.g. 4x4) and "
-                            "tpu_accelerator_type (e.g. TPU-V6E)")
-    try:
-        chips = math.prod(int(d) for d in cfg.tpu_topology.lower().split("x"))
-    except ValueError:
-        raise C.ConfigError(f"tpu_topology={cfg.tpu_topology!r}: write it as AxB or AxBxC, e.g. 4x4") from None
-    if cfg.tpu_chips_per_host < 1 or chips % cfg.tpu_chips_per_host:
-        raise C.ConfigError(f"tpu_topology={cfg.tpu_topology} has {chips} chips, not a multiple of "
-                            f"tpu_chips_per_host={cfg.tpu_chips_per_host}")
-    hosts = chips // cfg.tpu_chips_per_host * tpu_slices(cfg)
-    if cfg.ray_num_workers not in (-1, hosts):
-        raise C.ConfigError(
-            f"ray_num_workers={cfg.ray_num_workers}, but {tpu_slices(cfg)} slice(s) of {cfg.tpu_topology} "
-            f"with {cfg.tpu_chips_per_host} chips per host have {hosts} hosts; set it to {hosts} or -1")
-    return hosts
+    """Ray workers = hosts (config validation checked the keys: `Config.ray_workers`)."""
+    return cfg.ray_workers
 
 
 def elastic(cfg: C.Config) -> bool:
@@ -94,24 +76,29 @@ def devices_per_worker(cfg: C.Config) -> int:
 
 def check(cfg: C.Config) -> C.Config:
     """Resolve the recipe against the devices the workers will have: errors before any cluster starts."""
-    if cfg.ray_use_tpu and cfg.ray_use_gpu:
-        raise C.ConfigError("set only one of ray_use_tpu and ray_use_gpu")
-    if devices_per_worker(cfg) < 1:
-        raise C.ConfigError("devices per worker (tpu_chips_per_host / ray_gpus_per_worker / "
-                            "ray_simulated_devices_per_worker) must be at least 1")
     workers, per_worker = num_workers(cfg), devices_per_worker(cfg)
-    if cfg.ray_min_workers and cfg.ray_use_tpu:
-        raise C.ConfigError("ray_min_workers: elastic groups of TPU hosts (whole slices) are not supported yet; "
-                            "leave it 0 on TPU")
-    if cfg.ray_min_workers > workers:
-        raise C.ConfigError(f"ray_min_workers={cfg.ray_min_workers} is more than the {workers} workers")
+    platform = "tpu" if cfg.ray_use_tpu else "gpu" if cfg.ray_use_gpu else "cpu"
     sizes = range(cfg.ray_min_workers, workers) if elastic(cfg) else ()
     try:
         for size in sizes:  # every smaller group Ray may start must keep the global batch
-            C.resolve(group_config(cfg, size), size * per_worker, tpu_slices(cfg), size)
-        return C.resolve(cfg, workers * per_worker, tpu_slices(cfg), workers)
+            C.resolve(group_config(cfg, size), size * per_worker, tpu_slices(cfg), size, platform)
+        return C.resolve(cfg, workers * per_worker, tpu_slices(cfg), workers, platform)
     except C.ConfigError as e:
         raise C.ConfigError(f"{workers} Ray worker(s) × {per_worker} device(s): {e}") from None
+
+
+def preflight(resolved: C.Config, local_cluster: bool) -> None:
+    """What the workers would refuse, checked from the driver before any cluster starts: storage,
+    the data (files, tokenizer), and — on a local CPU cluster, whose workers share this host's
+    memory — the host-memory fit. Reads only."""
+    from maxlite import checkpoints, data
+
+    checkpoints.check_storage(resolved)
+    data.check(resolved)
+    if local_cluster and not (resolved.ray_use_tpu or resolved.ray_use_gpu):
+        from maxlite import optim, state as state_lib
+        state_lib.check_fits(resolved, state_lib.abstract_train_state(resolved, optim.make_optimizer(resolved)),
+                             share=1.0)
 
 
 def scaling_config(cfg: C.Config):
@@ -154,7 +141,7 @@ def run_config(cfg: C.Config, attempt: int = 0):
     # attempt (after a preemption) is a new Ray run beside the first.
     name = RAY_RUN_NAME if attempt == 0 else f"{RAY_RUN_NAME}-requeue{attempt}"
     return RunConfig(name=name, storage_path=cfg.run_dir,
-                     failure_config=FailureConfig(max_failures=cfg.max_failures),
+                     failure_config=FailureConfig(max_failures=cfg.max_restarts),  # THE budget
                      worker_runtime_env={"env_vars": worker_env(cfg)},
                      logging_config=LoggingConfig(log_level="WARNING"))  # maxlite prints progress
 
@@ -263,20 +250,57 @@ def _worker_loop(loop_config: dict[str, Any]) -> dict[str, Any]:
     # preemption also comes as Ray's drain notice: save at once and train on.
     from maxlite.launch.ray_keeper import RayKeeper
 
-    from maxlite.resilience.spikes import LossDiverged
-
     try:
         summary = train_lib.train(cfg, on_metrics=on_metrics,  # faults (fault_*) fire inside the loop
                                   preemption_notice=_preemption_notice, snapshot_keeper=RayKeeper,
-                                  status_fields=facts)
-    except LossDiverged as e:  # every worker stops at the same step; a restart would repeat it
-        return {"exit_code": exit_codes.DIVERGED, "next": exit_codes.FAIL, "error": str(e)}
-    if summary.get("next") == exit_codes.RESTART:
+                                  status_fields=facts, stop_request=_stop_request(cfg.run_dir))
+    except BaseException as e:  # noqa: BLE001 — maxlite.outcome says whether a restart can help
+        end = outcome.decide(error=e)
+        if end.next == outcome.FAIL:  # a wrong recipe, a diverged loss: the driver ends the job
+            return end.fields()
+        raise  # Ray restarts the whole group, counted against max_restarts
+    if summary["next"] == outcome.RESTART:
         # a failure (straggler, failed save): fail this attempt and Ray restarts the whole group,
-        # counted against max_failures; it resumes from the newest checkpoint or snapshot
+        # counted against max_restarts; it resumes from the newest checkpoint or snapshot
         raise RuntimeError(f"maxlite: training stopped with exit code {summary['exit_code']} "
                            f"({summary.get('reason', '')}): restart requested")
-    return summary  # done, or requeue (preempted and saved): the driver starts it again, uncounted
+    return summary  # done (finished, stopped), requeue (preempted and saved), fail
+
+
+STOP_REQUEST = "stop_request.json"  # the driver's Ctrl-C, for workers that cannot get the signal
+STOP_POLL_SECONDS = 2.0
+
+
+def request_stop(run_dir: str, why: str) -> None:
+    """Ask the run's workers to stop as Ctrl-C stops a local run (they poll for it)."""
+    import json
+
+    from maxlite.rundir import write_text
+
+    write_text(f"{run_dir}/{STOP_REQUEST}", json.dumps({"time": time.time(), "why": why}))
+
+
+def _stop_request(run_dir: str, now=time.time):
+    """A worker's poll of the driver's stop request: a request made after this attempt started
+    (an earlier run's Ctrl-C is not this one's), read at most every STOP_POLL_SECONDS."""
+    import json
+
+    import fsspec
+
+    started, last = now(), [0.0]
+
+    def poll() -> str | None:
+        if now() - last[0] < STOP_POLL_SECONDS:
+            return None
+        last[0] = now()
+        try:
+            with fsspec.open(f"{run_dir}/{STOP_REQUEST}", "r") as f:
+                request = json.load(f)
+        except (FileNotFoundError, ValueError):
+            return None
+        return request.get("why", "stop requested") if request.get("time", 0) >= started else None
+
+    return poll
 
 
 # ---------------------------------------------------------------- the driver
@@ -351,35 +375,119 @@ def _warn_if_inside_job_copy(cfg: C.Config) -> None:
               f"working dir, which goes away with the cluster; pass an absolute path or gs://...", flush=True)
 
 
+class _DriverInterrupt:
+    """Ctrl-C on the driver while the workers train: the first asks them to stop as a local run
+    stops (a save at an agreed step); the second stops everything at once."""
+
+    def __init__(self, cfg: C.Config):
+        self.cfg, self.count, self.previous = cfg, 0, None
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.count += 1
+        if self.count > 1:
+            print("maxlite: Ctrl-C again: stopping the workers now, without a save", flush=True)
+            raise KeyboardInterrupt
+        print("maxlite: Ctrl-C: the workers save at the next step they agree on, then stop "
+              "(Ctrl-C again: stop at once, without a save)", flush=True)
+        request_stop(self.cfg.run_dir, f"Ctrl-C on the Ray driver (host {socket.gethostname()}, pid {os.getpid()})")
+
+    def __exit__(self, *exc):
+        import signal
+
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+        return False
+
+
+def _fit(trainer):
+    """`trainer.fit()` on a thread of its own while this main thread waits, so the driver's Ctrl-C
+    is ours (`_DriverInterrupt`): Ray Train registers its own SIGINT handler — an abort without a
+    save — only when fit() runs on the main thread."""
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def target():
+        try:
+            box["result"] = trainer.fit()
+        except BaseException as e:  # noqa: BLE001 — handed to the main thread as it is
+            box["error"] = e
+
+    thread = threading.Thread(target=target, name="maxlite-ray-fit", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.5)  # wakes up for signals
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+def _ended_without_workers(cfg: C.Config, end: outcome.Outcome) -> None:
+    """status.json when the driver ended the workers itself (they could not write it)."""
+    import json
+
+    from maxlite.rundir import read_status, write_text
+
+    status = read_status(cfg.run_dir)
+    if status is None:
+        return
+    status.update(state=end.state, time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **end.fields())
+    write_text(f"{cfg.run_dir}/status.json", json.dumps(status, indent=1, default=str))
+
+
 def run(cfg: C.Config) -> dict[str, Any]:
-    """Train on a Ray cluster; returns rank 0's run summary."""
+    """Train on a Ray cluster; returns rank 0's run summary (`exit_code` is the job's)."""
+    import fsspec
+
     _warn_if_inside_job_copy(cfg)
-    check(cfg)  # fail on recipe mistakes before starting anything
+    resolved = check(cfg)  # the recipe against the workers' devices, then what they would refuse:
+    preflight(resolved, local_cluster=not os.environ.get("RAY_ADDRESS"))  # before any cluster starts
     if elastic(cfg):
         os.environ[GROUP_START_TIMEOUT_ENV] = str(cfg.elastic_wait_seconds)
     from ray.train import TrainingFailedError
 
+    fs, path = fsspec.url_to_fs(f"{cfg.run_dir}/{STOP_REQUEST}")
+    if fs.exists(path):
+        fs.rm(path)  # an earlier run's Ctrl-C
+    budget = "unlimited" if cfg.max_restarts < 0 else cfg.max_restarts
     with connect(cfg) as where:
         print(f"maxlite: Ray: {num_workers(cfg)} worker(s) × {devices_per_worker(cfg)} device(s) on "
-              f"{where}; run directory {cfg.run_dir}; max_failures={cfg.max_failures}", flush=True)
-        for attempt in itertools.count():
-            try:
-                result = build_trainer(cfg, attempt).fit()
-            except TrainingFailedError as e:
-                raise SystemExit(f"maxlite: error: Ray training failed after {cfg.max_failures} "
-                                 f"restart(s) (max_failures): {_first_cause(e)}; worker logs above, "
-                                 f"status in {cfg.run_dir}/status.json") from None
-            summary = dict(result.return_value or {})
-            if summary.get("next") == exit_codes.FAIL:
-                raise SystemExit(f"maxlite: error: {summary.get('error')}; status in {cfg.run_dir}/status.json")
-            if summary.get("next") != exit_codes.REQUEUE:
-                break
-            print("maxlite: Ray: run preempted and saved: starting it again (a requeue: not counted "
-                  "against max_failures)", flush=True)
+              f"{where}; run directory {cfg.run_dir}; max_restarts={budget}", flush=True)
+        try:
+            with _DriverInterrupt(cfg):
+                for attempt in itertools.count():
+                    try:
+                        result = _fit(build_trainer(cfg, attempt))
+                    except TrainingFailedError as e:
+                        print(f"maxlite: error: Ray training failed after {budget} restart(s) (max_restarts): "
+                              f"{_first_cause(e)}; worker logs above, status in {cfg.run_dir}/status.json",
+                              file=sys.stderr, flush=True)
+                        return {"exit_code": outcome.FAILED, "next": outcome.FAIL}
+                    summary = dict(result.return_value or {})
+                    if summary.get("next") != outcome.REQUEUE:
+                        break
+                    print("maxlite: Ray: run preempted and saved: starting it again (a requeue: not counted "
+                          "against max_restarts)", flush=True)
+        except KeyboardInterrupt as e:
+            end = outcome.decide(error=e)
+            _ended_without_workers(cfg, end)
+            return end.fields()
+    if summary.get("next") == outcome.FAIL:
+        print(f"maxlite: error: {summary.get('error')}; status in {cfg.run_dir}/status.json", file=sys.stderr,
+              flush=True)
+        return summary
     loss = f", final loss {summary['final_loss']:.4f}" if "final_loss" in summary else ""
     attempt = f" (the last attempt ran {summary.get('steps', 0)})" \
         if summary.get("steps", cfg.steps) != cfg.steps else ""
-    print(f"maxlite: Ray run finished: {cfg.steps} steps{attempt}{loss}; run directory {cfg.run_dir}",
-          flush=True)
+    what = {"finished": "finished", "stopped": "stopped by the user", "preempted": "stopped at its max_time"}.get(
+        summary.get("state", "finished"), summary.get("state", "finished"))
+    print(f"maxlite: Ray run {what}: {cfg.steps} steps{attempt}{loss}; run directory {cfg.run_dir}", flush=True)
     return summary
-

@@ -4,8 +4,9 @@ One task per node (`srun --ntasks-per-node`), each running `python -m maxlite.tr
 `maxlite.mesh` initialises jax.distributed from the Slurm environment and MAXLITE_COORDINATOR.
 The batch shell asks for SIGTERM 60 s before the time limit (`--signal=B:TERM@60` reaches only the
 batch shell, so it forwards the signal to the step), then follows the trainer's answer in
-`status.json` (`next`: done | requeue | restart | fail, from `resilience.exit_codes.next_action`);
-only restarts count against --retries (in EXP_DIR/failures), a requeue after a preemption does not.
+`status.json` (`next`: done | requeue | restart | fail, decided by maxlite.outcome); only restarts
+count against the recipe's restart budget `max_restarts` (in EXP_DIR/failures), a requeue after a
+preemption does not.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import sys
 from maxlite import config as C
 from maxlite.launch import experiment
 from maxlite.launch.experiment import LaunchError
-from maxlite.resilience import exit_codes
+from maxlite import outcome
 
 PROJECT_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -41,7 +42,7 @@ class SlurmJob:
     image: str = ""                        # pyxis/enroot image (docker://..., or a .sqsh file)
     mounts: tuple[str, ...] = ()           # extra container mounts SRC[:DST]
     time: str = ""                         # Slurm time limit (e.g. 04:00:00); "" = partition default
-    retries: int = 0                       # requeues allowed after a failed or preempted attempt
+    retries: int | None = None             # --retries: the recipe's max_restarts, said on the command line
     term_grace: int = 60                   # seconds of warning before the time limit
     env: tuple[str, ...] = ()              # KEY=VALUE exported in the job
     entrypoint: str = "maxlite.train"      # the module each task runs with `python -m`
@@ -66,9 +67,11 @@ def trainer_args(job: SlurmJob, exp_dir: pathlib.Path) -> tuple[tuple[str, ...],
     run_name = cli.get("run_name") or job.name
     if "run_name" not in cli:
         args.append(f"run_name={run_name}")
+    if job.retries is not None:  # one restart budget: the flag is the recipe's key
+        args.append(f"max_restarts={job.retries}")
     # Validate here (no JAX) so a typo fails now, not in the queue; with --image the recipe is
     # read by the image's maxlite, which may differ from this one.
-    recipe = None if job.image else C.load(job.recipe_args)
+    recipe = None if job.image else C.load(args)
     base = cli.get("base_output_directory")
     if base is None and recipe is not None and recipe.base_output_directory != C.load([]).base_output_directory:
         base = recipe.base_output_directory  # the recipe YAML chose one
@@ -76,6 +79,31 @@ def trainer_args(job: SlurmJob, exp_dir: pathlib.Path) -> tuple[tuple[str, ...],
         base = str(exp_dir / "runs")
         args.append(f"base_output_directory={base}")
     return tuple(args), base, run_name
+
+
+def restart_budget(job: SlurmJob) -> int:
+    """The recipe's `max_restarts` (THE restart budget, maxlite.outcome), which the batch script
+    counts failures against (-1: unlimited)."""
+    args, _, _ = trainer_args(job, pathlib.Path("/exp"))
+    cli = _cli_keys(tuple(args))
+    if "max_restarts" in cli:
+        return int(cli["max_restarts"])
+    try:  # with --image the recipe is the image's to read; its YAML may know keys this one does not
+        return C.load(args).max_restarts
+    except C.ConfigError:
+        return C.load([]).max_restarts
+
+
+def status_copy():
+    """In a Slurm job launched by maxlite (MAXLITE_EXPERIMENT_DIR set by its batch script): a
+    callable the trainer hands every status.json text to, which keeps a local copy the batch shell
+    reads with bash wherever the run directory is (gs:// too); None elsewhere."""
+    launch_dir = os.environ.get("MAXLITE_EXPERIMENT_DIR")
+    if not launch_dir:
+        return None
+    from maxlite.rundir import write_text
+
+    return lambda text: write_text(f"{launch_dir}/run_status.json", text)
 
 
 def run_status_path(job: SlurmJob, exp_dir: pathlib.Path) -> str:
@@ -134,15 +162,23 @@ def render(job: SlurmJob, exp_dir: pathlib.Path, python: str = sys.executable) -
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return "\n".join(head) + "\n" + _BODY.format(
         generated=now, exp_dir=q(str(exp_dir)), run_status=q(str(exp_dir / "run_status.json")),
-        retries=job.retries, exports="\n".join(exports), command=command, fallback=_no_status_cases(),
+        retries=restart_budget(job), exports="\n".join(exports), command=command, fallback=_no_status_cases(),
+        describe=_reason_cases(),
     )
 
 
 def _no_status_cases() -> str:
-    """The bash `case` arms of `next_action(code, None)`, generated from the rule itself."""
-    codes = (exit_codes.FINISHED, exit_codes.CONFIG_ERROR, exit_codes.DIVERGED)
-    arms = [f"{c}) echo {exit_codes.next_action(c, None)} ;;" for c in codes]
-    return " ".join(arms + [f"*) echo {exit_codes.next_action(exit_codes.FAILED, None)} ;;"])
+    """The bash `case` arms of `outcome.without_status(code)`, generated from the rule itself."""
+    codes = sorted({c for c in range(256) if outcome.without_status(c) != outcome.RESTART})
+    arms = [f"{c}) echo {outcome.without_status(c)} ;;" for c in codes]
+    return " ".join(arms + [f"*) echo {outcome.RESTART} ;;"])
+
+
+def _reason_cases() -> str:
+    """The bash `case` arms naming a run's `reason` in the log (maxlite.outcome.describe)."""
+    reasons = ("config", "diverged", "interrupted", "checkpoint_failed", "hang", "straggler", "preempt_timeout",
+               "crash", "preempted", "max_time")
+    return " ".join(f"{r}) echo {shlex.quote(outcome.describe(r))} ;;" for r in reasons) + " *) echo \"exit $rc\" ;;"
 
 
 # The batch shell. Bash, not Python: it must run on a bare login image and inside no container.
@@ -150,6 +186,7 @@ _BODY = r"""# Written by `python -m maxlite.launch slurm` at {generated}; relaun
 set -uo pipefail
 EXP_DIR={exp_dir}
 RUN_STATUS={run_status}
+# the recipe's max_restarts (maxlite.outcome's one restart budget; -1: unlimited)
 RETRIES={retries}
 ATTEMPT=${{SLURM_RESTART_COUNT:-0}}
 {exports}
@@ -167,8 +204,11 @@ status_field() {{  # a field of the trainer's status.json, only if written durin
   [ -r "$RUN_STATUS" ] && [ "$RUN_STATUS" -nt "$EXP_DIR/.attempt" ] || return 0
   sed -n "s/.*\"$1\"[[:space:]]*:[[:space:]]*\"\([a-z_]*\)\".*/\1/p" "$RUN_STATUS" | head -n 1
 }}
-no_status_action() {{  # resilience.exit_codes.next_action(code, None): the trainer wrote no status
+no_status_action() {{  # maxlite.outcome.without_status(code): the trainer wrote no status
   case "$1" in {fallback} esac
+}}
+describe() {{  # maxlite.outcome.describe(reason)
+  case "$1" in {describe} esac
 }}
 
 got_term=0 interrupted=0
@@ -178,10 +218,16 @@ on_term() {{
   note "SIGTERM (time limit or preemption): forwarding it to the trainer so it can save"
   scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null  # signals the srun step's tasks, not this shell
 }}
+on_int() {{  # `scancel --batch --signal=INT`: the user's stop, as Ctrl-C on a local run
+  interrupted=1
+  note "SIGINT: forwarding it to the trainer (a save, then a stop that is not requeued)"
+  scancel --signal=INT "$SLURM_JOB_ID" 2>/dev/null
+}}
 trap on_term TERM
+trap on_int INT
 
 touch "$EXP_DIR/.attempt"
-note "attempt $ATTEMPT (retries allowed: $RETRIES) of job $SLURM_JOB_ID on $SLURM_JOB_NODELIST; coordinator $MAXLITE_COORDINATOR"
+note "attempt $ATTEMPT (max_restarts=$RETRIES) of job $SLURM_JOB_ID on $SLURM_JOB_NODELIST; coordinator $MAXLITE_COORDINATOR"
 record RUNNING null
 {command} &
 pid=$!
@@ -191,7 +237,8 @@ while :; do  # `wait` returns early when the trap runs; wait again for the real 
   [ "$interrupted" = 1 ] || break
 done
 state=$(status_field state)
-next=$(status_field next)  # the trainer's answer (resilience/exit_codes.py next_action)
+reason=$(status_field reason)
+next=$(status_field next)  # the trainer's answer (maxlite.outcome)
 [ -n "$next" ] || next=$(no_status_action "$rc")
 slurm_state=$(squeue -h -j "$SLURM_JOB_ID" -o %T 2>/dev/null)
 failures=$(cat "$EXP_DIR/failures" 2>/dev/null || echo 0)
@@ -207,20 +254,24 @@ if [ -e "$EXP_DIR/cancelled" ] || {{ [ -n "$slurm_state" ] && [ "$slurm_state" !
 fi
 case "$next" in
   done)
-    if [ "$state" = preempted ]; then note "run stopped at its max_time budget: launch again to continue"
-    else note "run finished"; fi
+    case "$state" in
+      preempted) note "run stopped at its max_time budget: launch again to continue" ;;
+      stopped) note "run stopped by the user ($(describe "$reason")): launch again to resume" ;;
+      *) note "run finished" ;;
+    esac
     record FINISHED "$rc"; exit 0 ;;
-  requeue)  # preempted and saved: not a failure, not counted against --retries
+  requeue)  # preempted and saved: not a failure, not counted against max_restarts
     note "run preempted and saved: requeueing"; record REQUEUED "$rc"; requeue ;;
   restart)
-    if [ "$failures" -lt "$RETRIES" ]; then
+    if [ "$RETRIES" -lt 0 ] || [ "$failures" -lt "$RETRIES" ]; then
       echo $((failures + 1)) > "$EXP_DIR/failures"
-      note "run failed: requeueing (retry $((failures + 1)) of $RETRIES)"; record REQUEUED "$rc"; requeue
+      note "run failed ($(describe "$reason")): requeueing (restart $((failures + 1)) of max_restarts=$RETRIES)"
+      record REQUEUED "$rc"; requeue
     fi
-    note "run failed and no retries left (--retries $RETRIES)"; record FAILED "$rc"
+    note "run failed ($(describe "$reason")) and no restarts left (max_restarts=$RETRIES)"; record FAILED "$rc"
     [ "$rc" -eq 0 ] && exit 1; exit "$rc" ;;
   *)
-    note "configuration error (exit $rc): not requeueing; fix the recipe and launch again"; record FAILED "$rc"
+    note "run failed ($(describe "$reason")): not retried (a restart would repeat it); exit $rc"; record FAILED "$rc"
     [ "$rc" -eq 0 ] && exit 1; exit "$rc" ;;
 esac
 """
@@ -267,12 +318,15 @@ def submit(script: pathlib.Path) -> str:
 def launch(job: SlurmJob, dry_run: bool = False) -> pathlib.Path:
     """Create the launch directory, write sbatch.sh and experiment.json, submit unless dry_run."""
     experiment.check_name(job.name)
-    if job.nodes < 1 or job.ntasks_per_node < 1 or job.gpus_per_node < 0 or job.retries < 0:
-        raise LaunchError("--nodes and --ntasks-per-node must be >= 1, --gpus-per-node and --retries >= 0")
+    if job.nodes < 1 or job.ntasks_per_node < 1 or job.gpus_per_node < 0:
+        raise LaunchError("--nodes and --ntasks-per-node must be >= 1, --gpus-per-node >= 0")
     bad_env = [e for e in job.env if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", e)]
     if bad_env:
         raise LaunchError(f"--env {bad_env[0]}: write KEY=VALUE")
-    trainer_args(job, pathlib.Path("/exp"))  # config errors first, before anything is written or queued
+    args, _, _ = trainer_args(job, pathlib.Path("/exp"))  # config errors first, before anything is written or queued
+    if not job.image:  # the data and tokenizer as the job will read them (an image has its own paths)
+        from maxlite import data
+        data.check(C.load(args))
     check_partition(job.partition, required=not dry_run)  # a dry run also works off-cluster
     exp_dir = experiment.create(job.name)
     script_text = render(job, exp_dir)
@@ -281,7 +335,8 @@ def launch(job: SlurmJob, dry_run: bool = False) -> pathlib.Path:
     script.chmod(0o755)
     meta = {
         "name": job.name, "task": job.name, "executor": "SlurmExecutor", "partition": job.partition,
-        "nodes": job.nodes, "gpus_per_node": job.gpus_per_node, "image": job.image, "retries": job.retries,
+        "nodes": job.nodes, "gpus_per_node": job.gpus_per_node, "image": job.image,
+        "max_restarts": restart_budget(job),
         "command": ["python", "-m", "maxlite.launch", *sys.argv[1:]], "recipe_args": list(job.recipe_args),
         "script": str(script), "run_status": run_status_path(job, exp_dir), "job_id": None, "dry_run": dry_run,
         "submitted": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pathlib
 import shutil
 import subprocess
+import time
 from typing import Any
 
 from maxlite.launch import experiment
@@ -113,4 +114,8 @@ def cancel(exp_dir: pathlib.Path) -> str:
     if out.returncode != 0:
         marker.unlink()
         raise LaunchError(f"scancel {job_id} failed: {(out.stderr.strip().splitlines() or ['no output'])[-1]}")
+    # the job's own record: its batch shell may be killed before it can write it
+    record = experiment.read_json(exp_dir / "status.json") or {"job_id": job_id, "attempt": 0}
+    experiment.write_json(exp_dir / "status.json", {**record, "state": "CANCELLED", "exit_code": None,
+                                                    "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     return job_id

@@ -7,8 +7,9 @@
   cudnn_flash   cuDNN's fused attention (NVIDIA GPUs): packed documents as per-row offsets and
                 lengths (cuDNN's packed layout) when a row holds at most max_segments_per_seq,
                 else jax.nn.dot_product_attention(implementation="cudnn") with a dense mask
-  autoselected  flash on TPU, cudnn_flash on GPU, blockwise on CPU when T ≥ BLOCKWISE_MIN_LENGTH,
-                else dot_product
+  autoselected  flash on TPU, cudnn_flash on GPU, blockwise on CPU at long T, else dot_product:
+                resolved once with the config (maxlite.models.names.resolve_attention), so what
+                runs is what the planner and status.json name
 
 Every implementation takes q_BTNH, k_BSKH, v_BSKH (K/V never repeated to N heads) and segment ids:
 a token attends to earlier tokens of its own segment (packed documents stay apart).
@@ -26,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxlite.models.matmul import project
+from maxlite.models.names import ATTENTION, resolve_attention
 from maxlite.models.platform import target_platform
 
 try:  # private JAX module: jax.nn.dot_product_attention takes segments only as a dense mask
@@ -33,30 +35,15 @@ try:  # private JAX module: jax.nn.dot_product_attention takes segments only as 
 except ImportError:  # pragma: no cover - a JAX without it: cudnn_flash keeps the dense mask
     _cudnn = None
 
-IMPLEMENTATIONS = ("autoselected", "dot_product", "blockwise", "flash", "cudnn_flash")
-BLOCKWISE_MIN_LENGTH = 2048  # on CPU, dot_product's T×T scores cost more than blocking saves below this
 _NEG = -1e30  # masked score; finite so that a fully masked key block gives exp(0)·0, not NaN
 
 
-def select(name: str, seq_len: int, platform: str | None = None) -> str:
-    """The implementation `autoselected` stands for on this platform and sequence length."""
-    if name != "autoselected":
-        return name
-    platform = platform or target_platform()
-    if platform == "tpu":
-        return "flash"
-    if platform == "gpu":
-        return "cudnn_flash"
-    return "blockwise" if seq_len >= BLOCKWISE_MIN_LENGTH else "dot_product"
-
-
 def attend(cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT):
-    """Dispatch on cfg.attention; returns out_BTNH in q's dtype."""
-    T = q_BTNH.shape[1]
-    impl = select(cfg.attention, T)
-    if cfg.attention == "autoselected" and T % min(cfg.attention_block_size if impl == "blockwise"
-                                                   else cfg.sa_block_q, T):
-        impl = "dot_product"  # blocks that do not tile T: the reference handles any length
+    """Dispatch on cfg.attention (resolved with the config; a config that never was — a model built
+    by hand — is resolved here by the same rule); returns out_BTNH in q's dtype."""
+    impl = cfg.attention
+    if impl == "autoselected":
+        impl = resolve_attention(impl, target_platform(), q_BTNH.shape[1], cfg.attention_block_size, cfg.sa_block_q)
     if impl == "dot_product":
         return dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT)
     if impl == "blockwise":
@@ -64,6 +51,7 @@ def attend(cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT):
         return blockwise(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, block)
     if impl == "flash":
         return flash(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, splash_block_sizes(cfg, q_BTNH.shape[1]))
+    assert impl == "cudnn_flash" and impl in ATTENTION, impl
     return cudnn_flash(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, cfg.max_segments_per_seq)
 
 

@@ -1,14 +1,19 @@
 """What a run optimises, `train_objective`: lm (next-token cross-entropy: pre-training, SFT), dpo
 (preference pairs, objectives/dpo.py) or grpo (sampled completions scored by reward functions,
-objectives/grpo.py). The alignment objectives keep their reference policy in the optimizer state
-(optim.with_reference; DPO may instead read a table of its log-probabilities computed before step
-0, objectives/dpo_reference.py) and may start with `alignment_sft_steps` warm-up steps of the lm
-loss on the data's reference answers (DPO: the chosen responses; GRPO: the records' `answer`),
-whose end becomes the reference. Every objective is a `(state, batch) → (state, metrics)` step for
-the same loop, checkpoints, resume and launchers, and supplies the Evaluator's scorer.
+objectives/grpo.py, objectives/rewards.py). The alignment objectives keep their reference policy in
+the optimizer state (optim.with_reference; DPO may instead read a table of its log-probabilities
+computed before step 0, objectives/dpo_reference.py) and may start with `alignment_sft_steps`
+warm-up steps of the lm loss on the data's reference answers (DPO: the chosen responses; GRPO: the
+records' `answer`), whose end becomes the reference.
+
+Every objective is an `Objective` the loop drives with its own step number: an objective keeps no
+count of its own, so a resume or a rollback cannot leave it on the wrong phase.
 """
 
 from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable
 
 WARM_UP_ROWS = {"dpo": "chosen_", "grpo": "sft_"}  # the rows the warm-up's lm loss reads
 
@@ -18,34 +23,80 @@ def view(batch: dict, prefix: str) -> dict:
     return {k[len(prefix):]: v for k, v in batch.items() if k.startswith(prefix)}
 
 
-class Phased:
-    """The warm-up's compiled steps, then the objective's step. The host counts steps itself after
-    reading the state's counter once, so choosing costs no device sync."""
+class NoClock:
+    """The loop's timing hooks when no loop times the step (tests, benchmarks)."""
 
-    def __init__(self, warm, main, warm_steps: int):
-        self.warm, self.main, self.warm_steps, self.step = warm, main, warm_steps, None
+    @contextlib.contextmanager
+    def section(self, name: str, productive: bool = False):
+        yield
 
-    def __call__(self, state, batch):
-        import jax
+    @contextlib.contextmanager
+    def device_wait(self):
+        yield
 
-        if self.step is None:
-            self.step = int(jax.device_get(state.step))
-        step, self.step = self.step, self.step + 1
+
+NO_CLOCK = NoClock()
+
+
+class Objective:
+    """The protocol the loop drives; the base is one compiled step (the lm objective).
+
+        restore(state, step, files)      the run starts (fresh or resumed) or rolled back at `step`
+                                         with `state`; `files` is the run directory (maxlite.rundir)
+        __call__(state, batch, step, clock) → (state, metrics)
+                                         runs step number `step` (the steps done before it);
+                                         `clock.section(name)` / `clock.device_wait()` show the loop
+                                         (watchdog, goodput, straggler timing) where its time goes
+        compiled                         the main jitted step (what the planner and benchmarks lower)
+        scorer                           the Evaluator's `score(params, opt_state, batches)`, or None
+                                         (the lm loss)
+    """
+
+    scorer: Callable | None = None
+
+    def __init__(self, compiled: Callable, scorer: Callable | None = None):
+        self.compiled, self.scorer = compiled, scorer
+
+    def restore(self, state, step: int, files) -> None:
+        pass
+
+    def __call__(self, state, batch, step: int, clock=NO_CLOCK) -> tuple[Any, dict]:
+        with clock.device_wait():  # on CPU a dispatch may run the step inline, waiting for peers
+            return self.compiled(state, batch)
+
+
+class Phased(Objective):
+    """`warm` for the steps before `warm_steps`, `main` from then on: chosen by the step number the
+    loop passes, never by counting calls."""
+
+    def __init__(self, warm: Objective, main: Objective, warm_steps: int):
+        self.warm, self.main, self.warm_steps = warm, main, warm_steps
+
+    @property
+    def compiled(self):
+        return self.main.compiled
+
+    @property
+    def scorer(self):
+        return self.main.scorer
+
+    def restore(self, state, step: int, files) -> None:
+        self.main.restore(state, step, files)
+
+    def __call__(self, state, batch, step: int, clock=NO_CLOCK):
         if step >= self.warm_steps:
-            return self.main(state, batch)
-        return self.warm(state, {k: v for k, v in batch.items() if not k.startswith("host_")})
-
-    def __getattr__(self, name):  # the objective's own methods (GRPO's evaluate)
-        return getattr(self.main, name)
+            return self.main(state, batch, step, clock)
+        return self.warm(state, {k: v for k, v in batch.items() if not k.startswith("host_")}, step, clock)
 
 
-def make_train_step(cfg, graphdef, tx, schedule, shardings, batch_sharding):
-    """The loop's step for `cfg.train_objective`, compiled with explicit shardings, state donated."""
+def make_objective(cfg, graphdef, tx, schedule, shardings, batch_sharding) -> Objective:
+    """The loop's objective for `cfg.train_objective`, its steps compiled with explicit shardings and
+    the state donated."""
     from maxlite import step as step_lib
 
     common = (cfg, graphdef, tx, schedule, shardings, batch_sharding)
     if cfg.train_objective == "lm":
-        return step_lib.jit_train_step(*common)
+        return Objective(step_lib.jit_train_step(*common))
     if cfg.train_objective == "grpo":
         from maxlite.objectives.grpo import GRPOStep
         main = GRPOStep(*common)
@@ -54,30 +105,9 @@ def make_train_step(cfg, graphdef, tx, schedule, shardings, batch_sharding):
         return PrecomputedStep(*common)
     else:
         from maxlite.objectives import dpo
-        main = step_lib.jit_step(*common, dpo.loss_fn(cfg))
+        main = Objective(step_lib.jit_step(*common, dpo.loss_fn(cfg)), dpo.eval_score(cfg, graphdef))
     if not cfg.alignment_sft_steps:
         return main
     lm, rows = step_lib.lm_loss(cfg.z_loss_weight), WARM_UP_ROWS[cfg.train_objective]
     warm = step_lib.jit_step(*common, lambda p, g, b, *a: lm(p, g, view(b, rows), *a), set_reference=True)
-    return Phased(warm, main, cfg.alignment_sft_steps)
-
-
-def before_loop(train_step, state, run_dir: str, primary: bool) -> None:
-    """What the objective's step does once the starting state exists, before step 0 (a precomputed
-    DPO reference: the table of its log-probabilities, computed or loaded)."""
-    prepare = getattr(train_step, "before_loop", None)
-    if prepare is not None:
-        prepare(state, run_dir, primary)
-
-
-def eval_score(cfg, graphdef, train_step):
-    """The Evaluator's scorer for this objective (None: the lm loss). A step object that scores
-    itself supplies `evaluate` (GRPO samples with its compiled sampler; a precomputed DPO
-    reference adds its table's columns)."""
-    own = getattr(train_step, "evaluate", None)
-    if own is not None:
-        return own
-    if cfg.train_objective == "dpo":
-        from maxlite.objectives import dpo
-        return dpo.eval_score(cfg, graphdef)
-    return None
+    return Phased(Objective(warm), main, cfg.alignment_sft_steps)

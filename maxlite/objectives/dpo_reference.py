@@ -3,8 +3,8 @@
 
 Before step 0 one pass computes the reference's log-probabilities of both sides of every pair of
 the train and eval files with the weights the run starts from, and keeps them in a table keyed by
-each pair's rows (data/preference.py `pair_key`), saved as `{run_dir}/dpo_reference.npz` before
-the first checkpoint can exist. The optimizer state then holds no copy of the weights: the memory
+each pair's rows (data/preference.py `pair_key`), saved as `{run_dir}/dpo_reference.npz` (through
+the run directory, maxlite/rundir.py) before the first checkpoint can exist. The optimizer state then holds no copy of the weights: the memory
 of one model's trainable weights saved, for one forward per pair once. A resumed run loads the
 table (its starting weights are gone); every step looks its pairs up on the host and hands the
 values to the same DPO loss. A pair missing from the table (the data or max_target_length changed
@@ -24,8 +24,8 @@ import jax
 import numpy as np
 
 from maxlite import config as C
-from maxlite.objectives import dpo
-from maxlite.rundir import print_primary, write_bytes
+from maxlite.objectives import NO_CLOCK, Objective, dpo
+from maxlite.rundir import print_primary
 
 FILE = "dpo_reference.npz"
 COLUMNS = tuple(f"ref_{side}_logps" for side in dpo.SIDES)
@@ -48,21 +48,15 @@ class Table:
                                 f"max_target_length changed since step 0; start a fresh run (a new run_name)") from None
         return {name: self.values[rows, i] for i, name in enumerate(COLUMNS)}
 
-    def save(self, path: str) -> None:
+    def to_bytes(self) -> bytes:
         buf = io.BytesIO()
         np.savez(buf, keys=self.keys, values=self.values)
-        write_bytes(path, buf.getvalue())  # a reader never sees half a table
+        return buf.getvalue()
 
     @classmethod
-    def load(cls, path: str) -> "Table | None":
-        import fsspec
-
-        fs, _, _ = fsspec.get_fs_token_paths(path)
-        if not fs.exists(path):
-            return None
-        with fsspec.open(path, "rb") as f:
-            data = np.load(io.BytesIO(f.read()))
-            return cls(data["keys"], data["values"])
+    def from_bytes(cls, data: bytes) -> "Table":
+        saved = np.load(io.BytesIO(data))
+        return cls(saved["keys"], saved["values"])
 
 
 def _batches(rows: Iterator[dict], size: int) -> Iterator[tuple[list[str], dict[str, np.ndarray], int]]:
@@ -116,37 +110,42 @@ def compute(cfg, graphdef, params, batch_sharding, process_index: int, process_c
     return Table(np.array(keys), np.concatenate(values))
 
 
-def prepare(cfg, graphdef, state, batch_sharding, path: str, process_index: int, process_count: int,
+def prepare(cfg, graphdef, state, step: int, batch_sharding, files, process_index: int, process_count: int,
             primary: bool) -> Table:
-    """At step 0: compute the table from the starting weights and save it at `path`; later: load it."""
-    step = int(jax.device_get(state.step))
+    """At step 0: compute the table from the starting weights and save it in the run directory
+    `files` (maxlite.rundir.RunDir); later: load it from there."""
     if step == 0:
         table = compute(cfg, graphdef, state.params, batch_sharding, process_index, process_count, primary)
-        if primary:
-            table.save(path)
+        files.write_file(FILE, table.to_bytes())  # the primary writes; a reader never sees half a table
         return table
-    table = Table.load(path)
-    if table is None:
+    data = files.read_file(FILE)
+    path = f"{files.path}/{FILE}"
+    if data is None:
         raise C.ConfigError(f"dpo_precompute_reference: the run resumes at step {step} but {path} is "
                             f"missing, and the reference (the weights of step 0) is gone: start a fresh run")
+    table = Table.from_bytes(data)
     print_primary(primary, f"maxlite: dpo reference: {len(table.keys)} pairs' log-probabilities from {path}")
     return table
 
 
-class PrecomputedStep:
-    """The DPO step and eval scorer reading the reference from the table (set by `before_loop`)."""
+class PrecomputedStep(Objective):
+    """The DPO step and eval scorer reading the reference from the table (made by `restore`)."""
 
     def __init__(self, cfg, graphdef, tx, schedule, shardings, batch_sharding):
         from maxlite import step as step_lib
 
-        self.cfg, self.graphdef, self.batch_sharding, self.table = cfg, graphdef, batch_sharding, None
-        self.step = step_lib.jit_step(cfg, graphdef, tx, schedule, shardings, batch_sharding, dpo.loss_fn(cfg))
+        self.cfg, self.graphdef, self.batch_sharding, self.table, self.path = cfg, graphdef, batch_sharding, None, ""
+        super().__init__(step_lib.jit_step(cfg, graphdef, tx, schedule, shardings, batch_sharding, dpo.loss_fn(cfg)),
+                         self.evaluate)
         self.score = dpo.eval_score(cfg, graphdef)
 
-    def before_loop(self, state, run_dir: str, primary: bool) -> None:
-        self.path = f"{run_dir}/{FILE}"
-        self.table = prepare(self.cfg, self.graphdef, state, self.batch_sharding, self.path,
-                             jax.process_index(), jax.process_count(), primary)
+    def restore(self, state, step: int, files) -> None:
+        """The table, once: computed at step 0 (collective), else loaded; a rollback keeps it (it
+        holds the weights of step 0, whatever state the run rolls back to)."""
+        if self.table is None:
+            self.path = f"{files.path}/{FILE}"
+            self.table = prepare(self.cfg, self.graphdef, state, step, self.batch_sharding, files,
+                                 jax.process_index(), jax.process_count(), files.primary)
 
     def with_reference(self, batch: dict) -> dict:
         """The batch with its pairs' reference columns, sharded like its rows (host keys dropped)."""
@@ -155,8 +154,8 @@ class PrecomputedStep:
         out.update({k: jax.make_array_from_process_local_data(self.batch_sharding, v) for k, v in found.items()})
         return out
 
-    def __call__(self, state, batch):
-        return self.step(state, self.with_reference(batch))
+    def __call__(self, state, batch, step: int, clock=NO_CLOCK):
+        return super().__call__(state, self.with_reference(batch), step, clock)
 
     def evaluate(self, params, opt_state, batches) -> dict[str, float]:
         return self.score(params, opt_state, (self.with_reference(b) for b in batches))

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxlite import optim
+from maxlite.objectives import NO_CLOCK, Objective
 from maxlite.objectives.rollout import Rollout, process_mean
 from maxlite.step import token_logps
 
@@ -66,9 +67,9 @@ def loss_fn(cfg):
     return fn
 
 
-class GRPOStep:
-    """The train step of a GRPO run: `(state, batch) → (state, metrics)` like the compiled LM step,
-    but the rollout (sampling, rewards) runs between compiled pieces, so it is a Python object."""
+class GRPOStep(Objective):
+    """The train step of a GRPO run: like the compiled LM step, but the rollout (sampling, rewards)
+    runs between compiled pieces, on the host, in the loop's `rollout` section."""
 
     def __init__(self, cfg, graphdef, tx, schedule, shardings, batch_sharding):
         from maxlite import step as step_lib
@@ -87,26 +88,30 @@ class GRPOStep:
         self.logps = jax.jit(logps, static_argnums=2)
         common = (cfg, graphdef, tx, schedule, shardings, batch_sharding)
         self.updates = [step_lib.jit_step(*common, loss_fn(cfg), advance=a) for a in (0, 1)]
-        self.step = None  # the host's count, read from the state once
+        super().__init__(self.updates[1], self.evaluate)
 
-    def __call__(self, state, batch):
+    def sampling_key(self, step: int):
+        """The step's sampling key, a function of (seed, step) alone: a resumed or rolled-back run
+        samples step `step` with the key the uninterrupted run used."""
+        return jax.random.fold_in(jax.random.fold_in(jax.random.key(self.cfg.seed), _SALT), step)
+
+    def __call__(self, state, batch, step: int, clock=NO_CLOCK):
         from maxlite.mesh import global_batch
 
         cfg = self.cfg
-        if self.step is None:
-            self.step = int(jax.device_get(state.step))
-        step, self.step = self.step, self.step + 1
         started = time.perf_counter()
-        key = jax.random.fold_in(jax.random.fold_in(jax.random.key(cfg.seed), _SALT), step)
-        got = self.rollout(state.params, batch, key)
+        with clock.section("rollout", productive=True):  # sampling, the host gather, the rewards
+            got = self.rollout(state.params, batch, self.sampling_key(step))
         sampled = time.perf_counter()
-        train = global_batch({**got.rows, "advantages": advantages(got.rewards_PG).reshape(-1)}, self.batch_sharding)
-        train.update(self.logps(state, train, cfg.grpo_iterations > 1))
-        for i in range(cfg.grpo_iterations):  # the step counter moves on the last update only
-            state, metrics = self.updates[int(i == cfg.grpo_iterations - 1)](state, train)
-        jax.block_until_ready(metrics["loss"])
-        figures = process_mean({"reward": got.rewards_PG.mean(), "reward_std": got.rewards_PG.std(1).mean(),
-                                "completion_length": got.lengths.mean(), "completions_ended": got.ended.mean()})
+        with clock.device_wait():
+            train = global_batch({**got.rows, "advantages": advantages(got.rewards_PG).reshape(-1)},
+                                 self.batch_sharding)
+            train.update(self.logps(state, train, cfg.grpo_iterations > 1))
+            for i in range(cfg.grpo_iterations):  # the step counter moves on the last update only
+                state, metrics = self.updates[int(i == cfg.grpo_iterations - 1)](state, train)
+            jax.block_until_ready(metrics["loss"])  # training_seconds is the updates' own time
+            figures = process_mean({"reward": got.rewards_PG.mean(), "reward_std": got.rewards_PG.std(1).mean(),
+                                    "completion_length": got.lengths.mean(), "completions_ended": got.ended.mean()})
         return state, {**metrics, **figures, "sampling_seconds": sampled - started,
                        "training_seconds": time.perf_counter() - sampled}
 

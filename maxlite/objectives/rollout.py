@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from maxlite.objectives import rewards
+
 
 class Scored(NamedTuple):
     rewards_PG: np.ndarray  # [this process's prompts, G]
@@ -62,7 +64,6 @@ def process_mean(values: dict[str, float]) -> dict[str, float]:
 
 class Rollout:
     def __init__(self, cfg, graphdef):
-        from maxlite import rewards
         from maxlite.data.chat import ChatTemplate
         from maxlite.data.tokenizer import load_tokenizer
         from maxlite.models import decode
@@ -86,7 +87,6 @@ class Rollout:
 
     def __call__(self, params, batch, key, greedy: bool = False) -> Scored:
         """Sample (G per prompt, or one greedy), cut, score and lay out this process's rows."""
-        from maxlite import rewards
         from maxlite.data.preference import row
 
         generations = 1 if greedy else self.cfg.grpo_num_generations

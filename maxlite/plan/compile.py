@@ -71,7 +71,7 @@ def resolve(args: list[str], topology: Topology, overrides: list[str] = ()) -> C
     """The recipe (YAML + key=value + planner overrides) resolved for the topology's devices."""
     cfg = C.load([*args, *overrides, f"num_slices={topology.num_slices}"])
     # one JAX device per chip (v4 / v5p are planned in megacore mode); one planning process
-    return C.resolve(cfg, topology.num_chips, topology.num_slices, 1)
+    return C.resolve(cfg, topology.num_chips, topology.num_slices, 1, "tpu")
 
 
 def _shard_bytes(abstract, shardings) -> int:
@@ -125,6 +125,7 @@ def compile_plan(args: list[str], topology: Topology, overrides: list[str] = ())
     from maxlite.models.loss import num_chunks
 
     cfg = resolve(args, topology, overrides)
+    requested = C.load([*args, *overrides])  # what the recipe asked for (`attention: autoselected`)
     devs = topology_devices(topology)
     built = wire(cfg, devs)  # the trainer's own wiring: what is planned is what would run
     mesh, abstract, shardings, batch_sharding = built.mesh, built.abstract, built.shardings, built.batch_sharding
@@ -140,7 +141,8 @@ def compile_plan(args: list[str], topology: Topology, overrides: list[str] = ())
         dcn=dict(zip(C.MESH_AXES, cfg.parallelism("dcn"))),
         ici=dict(zip(C.MESH_AXES, cfg.parallelism("ici"))), overrides=list(overrides),
         recipe={k: getattr(cfg, k) for k in _RECIPE_KEYS} | {"global_batch_size": cfg.global_batch_size,
-                                                             "loss_chunks": num_chunks(cfg, T)},
+                                                             "loss_chunks": num_chunks(cfg, T),
+                                                             "attention_requested": requested.attention},
         fits=False,
         param_count=param_count(abstract.params),
         param_bytes_total=param_total,

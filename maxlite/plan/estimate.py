@@ -29,11 +29,10 @@ def _per_layer_forward(cfg) -> dict[str, float]:
     return {part: parts[part] for part in ("qkv", "out", "mlp", "attention")}
 
 
-def hardware_flops(cfg, flops_formula: float, platform: str = "tpu") -> float:
+def hardware_flops(cfg, flops_formula: float) -> float:
     """FLOPs the chips execute: the formula, plus the forward work remat recomputes, plus the
-    score recomputation of a flash kernel's backward pass."""
-    from maxlite.models.attention import select
-
+    score recomputation of a flash kernel's backward pass (`cfg.attention` as resolved for the
+    target: maxlite.config.resolve)."""
     fwd = _per_layer_forward(cfg)
     layers = sum(fwd.values())
     recompute = {
@@ -44,7 +43,7 @@ def hardware_flops(cfg, flops_formula: float, platform: str = "tpu") -> float:
         "save_dot_except_mlp": layers - fwd["qkv"] - fwd["out"],
     }[cfg.remat_policy]
     kernel = 0.0
-    if select(cfg.attention, cfg.max_target_length, platform) in ("flash", "cudnn_flash"):
+    if cfg.attention in ("flash", "cudnn_flash"):
         # its backward recomputes the scores: S and dP in the dQ and the dK/dV kernels (+3 of the
         # forward's 2 matmuls), or once with the fused backward kernel (+1)
         kernel = fwd["attention"] * (0.5 if cfg.sa_use_fused_bwd_kernel else 1.5)

@@ -54,10 +54,9 @@ def memory_lines(plan: Plan, chip: Chip) -> list[str]:
 
 
 def _attention(r: dict) -> str:
-    from maxlite.models.attention import select
-
-    chosen = select(r["attention"], r["max_target_length"], "tpu")
-    return chosen if chosen == r["attention"] else f"{chosen} ({r['attention']})"
+    """The implementation that runs (resolved with the config), and what the recipe asked for."""
+    asked = r.get("attention_requested", r["attention"])
+    return r["attention"] if asked == r["attention"] else f"{r['attention']} ({asked})"
 
 
 def text(plan: Plan, chip: Chip, shardings: bool = False) -> str:

@@ -19,9 +19,9 @@ from maxlite.resilience.straggler import StepTimer
 
 class Clock:
     def __init__(self, started: float, watchdog=None, now=time.monotonic):
-        """`now`: the clock goodput is measured with (tests inject one)."""
+        """`now`: the clock goodput and the step timer measure with (tests inject one)."""
         self.started, self.watchdog, self.now = started, watchdog, now
-        self.timer = StepTimer()
+        self.timer = StepTimer(clock=now)
         self.goodput: Goodput | None = None
         self.steps_this_attempt = 0
         self._seen: dict[str, int] = {}
@@ -97,17 +97,19 @@ class Clock:
         compiling = self.steps_this_attempt == 1
         took = self.timer.end(skip=compiling)
         if faults and took is not None:
-            t = time.perf_counter()
+            t = self.now()
             faults.slow_down(step, took)
             if not compiling and self.timer.window:
-                self.timer.window[-1] += time.perf_counter() - t  # the slowed work is own work
+                self.timer.window[-1] += self.now() - t  # the slowed work is own work
         self._ended = (step, compiling)
         return compiling
 
     @contextlib.contextmanager
-    def section(self, name: str):
+    def section(self, name: str, productive: bool = False):
         """Eval, checkpoint (or any blocking work): watched with its own timeout, counted as badput
-        under its name (one of goodput.CAUSES) and cut out of the step interval it falls in."""
+        under its name (one of goodput.CAUSES) and cut out of the step interval it falls in. A
+        `productive` section is part of a step's own work (GRPO's rollout): it is watched and
+        accounted under its name too, as productive time (compilation in an attempt's first step)."""
         seen = self._seen.get(name, 0)
         if self.watchdog:
             self.watchdog.beat(name)
@@ -117,7 +119,9 @@ class Clock:
         finally:
             self._seen[name] = seen + 1
             took = self.now() - t
-            if self.goodput and name in CAUSES:
+            if self.goodput and productive:
+                self.goodput.productive_part(name, took, compiling=self.steps_this_attempt == 0)
+            elif self.goodput and name in CAUSES:
                 self.goodput.add(name, took)
             if self.watchdog:
                 self.watchdog.beat("step", completed=name if seen >= 1 else None)  # 1st one compiles

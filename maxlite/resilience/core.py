@@ -7,7 +7,7 @@
   `maxlite.resume` through `restore()`;
 - `Faults` (faults.py): injected crashes, hangs, slow-downs, starvation for tests and demos.
 
-Exit codes: exit_codes.py.
+How a run ends (exit codes, status, what a launcher does next): maxlite/outcome.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from maxlite.resilience import exit_codes
+from maxlite import outcome
 from maxlite.resilience.clock import Clock
 from maxlite.resilience.faults import Faults
 from maxlite.resilience.progress import Progress
@@ -44,23 +44,26 @@ class Resilience:
     """Create first thing in `train()` (signals are caught from then on, setup is watched)."""
 
     def __init__(self, cfg, started: float | None = None, log: Callable[[str], None] | None = None,
-                 notice: Callable[[], str | None] | None = None, keeper: Callable | None = None):
+                 notice: Callable[[], str | None] | None = None, keeper: Callable | None = None,
+                 stop_request: Callable[[], str | None] | None = None):
         """`notice()`: a launcher's polled preemption notice (e.g. Ray's node-drain info) — a line
         describing it, or None. Unlike a signal it does not stop the run: every host saves a
         checkpoint at the same step and trains on until the launcher restarts the job elsewhere.
-        `keeper(run_dir, rank)`: a launcher's in-memory snapshot keeper (Ray: detached actors)."""
+        `keeper(run_dir, rank)`: a launcher's in-memory snapshot keeper (Ray: detached actors).
+        `stop_request()`: a launcher's polled request to stop as Ctrl-C does (stops.py)."""
         self.cfg = cfg
         self._launcher_keeper = keeper
         self.started = time.monotonic() if started is None else started
         self._log = log or (lambda m: print(m, flush=True))
-        self.preemption = Preemption(cfg.preemption_signals, cfg.max_time, cfg.preemption_grace_seconds, self.started)
+        self.preemption = Preemption(cfg.preemption_signal_numbers, cfg.max_time_seconds,
+                                     cfg.preemption_grace_seconds, self.started)
         self.progress = Progress()  # the watchdog's measure of work: own, and the peers' once attached
         watchdog = (Watchdog(cfg.watchdog_initial_timeout, cfg.watchdog_factor, cfg.watchdog_min_timeout,
                              on_hang=self._on_hang, deadline_fn=self.preemption.grace_left,
                              progress=self.progress)
                     if cfg.watchdog else None)
         self.clock = Clock(self.started, watchdog)
-        self.stops = StopVote(cfg, self.preemption, self.clock, notice, self._log)
+        self.stops = StopVote(cfg, self.preemption, self.clock, notice, self._log, stop_request)
         self.primary, self.run_dir, self.process_index = True, None, 0
         self.vote = self.snapshots = self.faults = None
         self.on_status: Callable[..., None] | None = None
@@ -137,8 +140,8 @@ class Resilience:
     def device_wait(self):
         return self.clock.device_wait()
 
-    def section(self, name: str):
-        return self.clock.section(name)
+    def section(self, name: str, productive: bool = False):
+        return self.clock.section(name, productive)
 
     def step_end(self, step: int) -> None:
         """After step `step` (= steps done) was dispatched and the previous metrics read, before the
@@ -172,25 +175,22 @@ class Resilience:
         return out
 
     # ---- the end ----
-    def _on_hang(self, section: str, waited: float) -> None:
+    def _on_hang(self, section: str, waited: float, reason: str) -> None:
         if self.on_status is not None:
-            self.on_status("failed", error=f"hang in {section}: no heartbeat for {waited:.0f}s",
-                           exit_code=exit_codes.HANG)
+            what = (f"hang in {section}: no heartbeat for {waited:.0f}s" if reason == "hang" else
+                    f"no safe point within preemption_grace_seconds ({waited:.0f}s)")
+            self.on_status("failed", outcome=outcome.decide(reason), error=what)
 
-    def finish(self, reason: str | None) -> tuple[int, str, dict]:
-        """(exit code, status.json state, summary fields); stops the watchdog; clears the keeper when
-        the run is finished (nothing left to recover)."""
+    def finish(self, reason: str | None) -> dict:
+        """The goodput summary's fields; stops the watchdog; clears the keeper when the run is
+        finished (nothing left to recover)."""
         if self.snapshots is not None:
             self.snapshots.wait()
             if reason is None:
                 self.snapshots.keeper.clear()
         fields = self.clock.close(finished=reason is None)
         self.preemption.restore_handlers()
-        if reason is None:
-            return exit_codes.FINISHED, "finished", fields
-        if reason in ("preempted", "max_time"):
-            return exit_codes.PREEMPTED, "preempted", {**fields, "reason": reason}
-        return exit_codes.STRAGGLER, "failed", {**fields, "reason": reason}
+        return fields
 
     def close(self) -> None:
         """On an exception: stop the watchdog thread and give the signals back (keeper kept)."""

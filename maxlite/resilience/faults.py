@@ -18,22 +18,20 @@ import time
 
 import fsspec
 
-from maxlite.config import ConfigError
-
 _ONCE = ("crash", "hang", "starve", "sigterm", "crash_in_snapshot", "crash_in_checkpoint", "nan", "pause")
 
 
 class Faults:
-    def __init__(self, cfg, run_dir: str, process_index: int):
-        if cfg.fault_type == "slow" and cfg.fault_slowdown_factor < 1.0:
-            raise ConfigError("fault_slowdown_factor must be >= 1.0")
-        mine = bool(cfg.fault_type) and cfg.fault_step >= 0 and cfg.fault_process == process_index
+    def __init__(self, cfg, run_dir: str, process_index: int, sleep=time.sleep):
+        """`sleep`: how a slowed step waits (tests inject a clock's)."""
+        mine = bool(cfg.fault_type) and cfg.fault_process == process_index  # config: fault_step >= 0
         self.type = cfg.fault_type if mine else ""
         self.step, self.factor, self.pause = cfg.fault_step, cfg.fault_slowdown_factor, cfg.fault_pause_seconds
         self.marker = f"{run_dir.rstrip('/')}/.fault_{cfg.fault_type}_{cfg.fault_step}_p{process_index}"
         if self.type in _ONCE and fsspec.url_to_fs(self.marker)[0].exists(self.marker):
             self.type = ""  # already fired in an earlier attempt
         self.step_timeout = lambda: 0.0  # starve: the watchdog's current step timeout (Resilience sets it)
+        self.sleep = sleep
 
     def _fire_once(self) -> None:
         fs, path = fsspec.url_to_fs(self.marker)
@@ -82,7 +80,7 @@ class Faults:
     def slow_down(self, step: int, took: float) -> None:
         """Stretch this step's own work to `factor` × what it took."""
         if self.type == "slow" and step >= self.step and took > 0:
-            time.sleep((self.factor - 1.0) * took)
+            self.sleep((self.factor - 1.0) * took)
 
     def armed_in_checkpoint(self) -> bool:
         return self.type == "crash_in_checkpoint"

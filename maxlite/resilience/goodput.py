@@ -8,7 +8,8 @@ recomputed (steps done again after a
 restore from an older state), rollback (restoring a good state after a bad loss, and the steps it
 abandoned), snapshot (taking in-memory snapshots), sample (`sample_prompts` during and after
 training), peak_probe (measuring the device's peak for the MFU), other (the rest: none is left in
-the loop, see clock.py). The primary process keeps the running totals in
+the loop, see clock.py). Productive time may be split by part (GRPO's `rollout`: sampling and
+rewards inside a step): `productive_<part>_seconds`. The primary process keeps the running totals in
 `{run_dir}/goodput.json` so a restarted job continues them.
 """
 
@@ -29,6 +30,7 @@ class Goodput:
         self.path, self.save_every, self.now = path, save_every, now
         self.started = started_monotonic
         self.productive = 0.0
+        self.parts: dict[str, float] = {}  # productive time by part (a productive section's name)
         self.badput = dict.fromkeys(CAUSES, 0.0)
         self.previous_wall = 0.0
         self.max_step = -1  # highest step any attempt completed
@@ -38,6 +40,7 @@ class Goodput:
         if prior:
             self.previous_wall = prior.get("wall_seconds", 0.0)
             self.productive = prior.get("productive_seconds", 0.0)
+            self.parts = dict(prior.get("productive_parts", {}))
             for k, v in prior.get("badput_seconds", {}).items():
                 self.badput[k] = v
             self.max_step = prior.get("max_step", -1)
@@ -58,6 +61,14 @@ class Goodput:
 
     def add(self, cause: str, seconds: float) -> None:
         self.badput[cause] += max(0.0, seconds)
+
+    def productive_part(self, part: str, seconds: float, compiling: bool) -> None:
+        """Productive work done in a section of its own (cut out of its step's interval)."""
+        if compiling:
+            self.add("compilation", seconds)
+            return
+        self.productive += max(0.0, seconds)
+        self.parts[part] = self.parts.get(part, 0.0) + max(0.0, seconds)
 
     def step(self, step: int, seconds: float, data_wait: float, compiling: bool) -> None:
         """One step's wall interval (`step` = steps done after it)."""
@@ -82,6 +93,8 @@ class Goodput:
                "productive_seconds": round(self.productive, 3), "wall_seconds": round(wall, 3),
                "attempt": self.attempt}
         known = sum(self.badput.values())
+        for k, v in self.parts.items():
+            out[f"productive_{k}_seconds"] = round(v, 3)
         for k, v in self.badput.items():
             out[f"badput_{k}_seconds"] = round(v, 3)
         out["badput_other_seconds"] = round(max(0.0, wall - self.productive - known), 3)
@@ -92,7 +105,7 @@ class Goodput:
         if not self.path:
             return
         self._saved = self.now()
-        record = {"wall_seconds": self.wall(), "productive_seconds": self.productive,
+        record = {"wall_seconds": self.wall(), "productive_seconds": self.productive, "productive_parts": self.parts,
                   "badput_seconds": self.badput, "max_step": self.max_step, "attempt": self.attempt,
                   "last_alive": time.time(), "finished": finished}
         try:

@@ -1,49 +1,28 @@
-"""Preemption signals and the `max_time` budget: turn them into a local "please stop" flag.
+"""Preemption signals, Ctrl-C and the `max_time` budget: turn them into a local "please stop" flag.
 
 The handler only records the signal (Python runs it between bytecodes, so a signal that arrives
 during a long compile or a blocking device wait is handled as soon as control comes back); the
 loop acts on the flag at its next safe point, after every host agreed (see `vote.py`).
+
+SIGINT (Ctrl-C) is always the user's stop: the first one stops the run the way a preemption does
+(a save at the next step every host agrees on, status `stopped`, exit 130, not restarted); a second
+one raises KeyboardInterrupt at once (out without a save; the last complete checkpoint stands).
 """
 
 from __future__ import annotations
 
-import re
 import signal
 import threading
 import time
 
-from maxlite.config import ConfigError
-
-
-def parse_max_time(text: str) -> float | None:
-    """`D:HH:MM:SS` (also `HH:MM:SS`, `MM:SS`, `SS`) → seconds; "" → None."""
-    text = text.strip()
-    if not text:
-        return None
-    if not re.fullmatch(r"\d+(:\d+){0,3}", text):
-        raise ConfigError(f"max_time={text!r}: expected D:HH:MM:SS, e.g. max_time=0:03:50:00")
-    seconds = 0
-    for value, unit in zip(reversed([int(p) for p in text.split(":")]), (1, 60, 3600, 86400)):
-        seconds += value * unit
-    if seconds <= 0:
-        raise ConfigError(f"max_time={text!r} must be positive (or \"\" for no limit)")
-    return float(seconds)
-
-
-def parse_signals(text: str) -> list[signal.Signals]:
-    out = []
-    for name in filter(None, (s.strip().upper() for s in text.split(","))):
-        name = name if name.startswith("SIG") else f"SIG{name}"
-        if not hasattr(signal.Signals, name) or name in ("SIGKILL", "SIGSTOP"):
-            raise ConfigError(f"preemption_signals: {name} is not a catchable signal (e.g. SIGTERM,SIGUSR1)")
-        out.append(signal.Signals[name])
-    return out
-
-
 _noted: list[tuple[int, float]] = []  # (signal, when) caught by `catch_outside_the_loop`
 
 
-def catch_outside_the_loop(signals: str) -> None:
+def _stop_signals(signals: list[signal.Signals]) -> list[signal.Signals]:
+    return [*signals, signal.SIGINT]
+
+
+def catch_outside_the_loop(signals: list[signal.Signals]) -> None:
     """For a process that is only a training (`python -m maxlite.train`), from its first line: a
     signal before the loop's own handlers exist is handed to them (the run stops at its first safe
     point), and one after the run ended is noted instead of killing the finished process (143)."""
@@ -51,9 +30,11 @@ def catch_outside_the_loop(signals: str) -> None:
         return
 
     def note(signum, frame) -> None:
+        if signum == signal.SIGINT and any(s == signal.SIGINT for s, _ in _noted):
+            raise KeyboardInterrupt  # a second Ctrl-C: the user means it
         _noted.append((signum, time.monotonic()))
 
-    for sig in parse_signals(signals):
+    for sig in _stop_signals(signals):
         signal.signal(sig, note)
 
 
@@ -62,21 +43,22 @@ def noted_signal() -> str | None:
 
 
 class Preemption:
-    """Catches the configured signals; knows when `max_time` is about to run out."""
+    """Catches the configured preemption signals and SIGINT; knows when `max_time` is about to run out."""
 
-    def __init__(self, signals: str, max_time: str, grace_seconds: float, started: float | None = None):
+    def __init__(self, signals: list[signal.Signals], max_time: float | None, grace_seconds: float,
+                 started: float | None = None):
         self.started = time.monotonic() if started is None else started
-        self.max_time = parse_max_time(max_time)
+        self.max_time = max_time
         self.grace_seconds = grace_seconds
         self.signum: int | None = None
         self.signal_time: float | None = None
         self._previous: dict[int, object] = {}
         self.armed = False  # our handlers are installed (only possible from the main thread)
-        self._signals = parse_signals(signals)
+        self._signals = _stop_signals(signals)
         self.arm()
-        if _noted:  # it came before these handlers did (process start-up): act on it now
-            self._handle(_noted[-1][0], None)
-            _noted.clear()
+        for signum, _ in list(_noted):  # they came before these handlers did (process start-up): act now
+            self._handle(signum, None)
+        _noted.clear()
 
     def arm(self) -> None:
         """(Re)install the handlers. `jax.distributed.initialize` installs its own SIGTERM handler
@@ -89,22 +71,32 @@ class Preemption:
         self.armed = True
 
     def _handle(self, signum, frame) -> None:
-        if self.signum is None:
-            self.signum, self.signal_time = signum, time.monotonic()
-            print(f"maxlite: got {signal.Signals(signum).name}: saving at the next safe point "
-                  f"(grace {self.grace_seconds:.0f}s)", flush=True)
+        if signum == signal.SIGINT and self.signum == signal.SIGINT:
+            print("maxlite: Ctrl-C again: stopping now, without a save", flush=True)
+            raise KeyboardInterrupt
+        if self.signum is None or signum == signal.SIGINT:  # the user's stop outranks a preemption
+            first = self.signum is None
+            self.signum, self.signal_time = signum, self.signal_time or time.monotonic()
+            if signum == signal.SIGINT:
+                print("maxlite: Ctrl-C: saving at the next step every host agrees on, then stopping "
+                      "(Ctrl-C again: stop at once, without a save)", flush=True)
+            elif first:
+                print(f"maxlite: got {signal.Signals(signum).name}: saving at the next safe point "
+                      f"(grace {self.grace_seconds:.0f}s)", flush=True)
 
     def reason(self, reserve_seconds: float = 0.0) -> str | None:
-        """'preempted' after a signal; 'max_time' when less than `reserve_seconds` (time to reach a
-        safe point and save) remain; else None."""
+        """'interrupted' after Ctrl-C, 'preempted' after another signal; 'max_time' when less than
+        `reserve_seconds` (time to reach a safe point and save) remain; else None."""
         if self.signum is not None:
-            return "preempted"
+            return "interrupted" if self.signum == signal.SIGINT else "preempted"
         if self.max_time is not None and time.monotonic() - self.started + reserve_seconds >= self.max_time:
             return "max_time"
         return None
 
     def grace_left(self) -> float | None:
-        if self.signal_time is None:
+        """Seconds left to reach a safe point after a preemption signal (None: no deadline; the
+        user's Ctrl-C has none: a second one is theirs to press)."""
+        if self.signal_time is None or self.signum == signal.SIGINT:
             return None
         return self.grace_seconds - (time.monotonic() - self.signal_time)
 

@@ -16,10 +16,6 @@ WINDOW = 32  # good losses the median is taken over
 MIN_HISTORY = 8  # good losses needed before a spike can be judged (the early loss falls fast)
 
 
-class LossDiverged(RuntimeError):
-    """The loss went bad and no rollback is left (or possible): the run stops with this line."""
-
-
 @dataclass(frozen=True)
 class Verdict:
     first_bad: int  # the first step of the bad stretch (a 1-based count of completed steps)

@@ -1,9 +1,11 @@
 """The cross-host stop/save vote: every host reaches the same decision at the same step.
 
-Each sync step a process posts one `VoteRow` — its own stop reason (a signal, `max_time`), whether
+Each sync step a process posts one `VoteRow` — its own stop reason (a signal, Ctrl-C or a
+launcher's stop request, `max_time`), whether
 a straggler report is due, its step-time medians, whether its launcher gave a preemption notice —
 and reads the table of all rows posted one sync step earlier (vote.py). The answer: None, a stop
-reason ('preempted', 'max_time', 'straggler') or SAVE_NOW (a notice: save at this step, go on).
+reason ('preempted', 'max_time', 'straggler', 'interrupted'; the user's stop outranks the others)
+or SAVE_NOW (a notice: save at this step, go on).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 from maxlite.resilience.straggler import format_report, report
 from maxlite.rundir import append_jsonl
 
-STOP_CODES = {0: None, 1: "max_time", 2: "preempted", 3: "straggler"}
+STOP_CODES = {0: None, 1: "max_time", 2: "preempted", 3: "straggler", 4: "interrupted"}  # the highest wins
 _CODE_OF = {v: k for k, v in STOP_CODES.items() if v}
 SAVE_NOW = "save_now"  # the answer to a preemption notice: checkpoint now, keep training
 
@@ -44,9 +46,12 @@ class VoteRow:
 
 class StopVote:
     def __init__(self, cfg, preemption, clock, notice: Callable[[], str | None] | None,
-                 log: Callable[[str], None]):
+                 log: Callable[[str], None], stop_request: Callable[[], str | None] | None = None):
+        """`stop_request()`: a launcher's polled request to stop as Ctrl-C does (the Ray driver's
+        Ctrl-C: the loop runs off the main thread there), a line saying who asked, or None."""
         self.cfg, self.preemption, self.clock, self._log = cfg, preemption, clock, log
         self._notice, self._notice_seen = notice, False
+        self._stop_request, self._stop_requested = stop_request, False
         self.vote, self.primary, self.process_index, self.run_dir = None, True, 0, None
         self._jax_sync = False
         self._last_report = time.monotonic()
@@ -92,8 +97,18 @@ class StopVote:
                   f"training goes on until the job is restarted")
         return True
 
+    def _requested(self) -> bool:
+        if self._stop_request is None or self._stop_requested:
+            return self._stop_requested
+        text = self._stop_request()
+        if text:
+            self._stop_requested = True
+            if self.primary:
+                self._log(f"maxlite: {text}: saving at the next step every host agrees on, then stopping")
+        return self._stop_requested
+
     def _sync(self, step: int) -> str | None:
-        local = self.preemption.reason(self._reserve_seconds())
+        local = "interrupted" if self._requested() else self.preemption.reason(self._reserve_seconds())
         due = self.process_index == 0 and time.monotonic() - self._last_report >= self.cfg.straggler_report_interval
         if due:
             self._last_report = time.monotonic()  # ask once; the report comes one sync step later

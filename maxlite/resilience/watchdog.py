@@ -9,8 +9,8 @@ least MIN_WORK_SHARE of a core over the last timeout's span (at least SPAN_SECON
 (compiling a new program, writing a checkpoint, starved by a loaded machine) or its peers (one it
 waits for) — is slow, not hung (resilience/progress.py), and is said so once; it is given up to
 SLOW_CAP × the timeout. On a hang every thread's stack goes to stderr and
-`{run_dir}/hang_p{process}.log`, `on_hang` runs (status.json), and the process exits with
-`exit_codes.HANG` so Ray/Slurm restart the job.
+`{run_dir}/hang_p{process}.log`, `on_hang` runs (status.json), and the process exits with the code
+maxlite.outcome gives a hang, so Ray/Slurm restart the job.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 import traceback
 from typing import Callable
 
-from maxlite.resilience import exit_codes
+from maxlite import outcome
 
 MIN_WORK_SHARE = 0.05  # CPU seconds per second over the timeout's span that count as progress
 SLOW_CAP = 10.0  # a section still working is hung after this × its timeout all the same
@@ -39,7 +39,7 @@ def all_stacks() -> str:
 
 class Watchdog:
     def __init__(self, initial_timeout: float, factor: float, min_timeout: float, log_path: str | None = None,
-                 on_hang: Callable[[str, float], None] | None = None, poll: float = 1.0,
+                 on_hang: Callable[[str, float, str], None] | None = None, poll: float = 1.0,
                  deadline_fn: Callable[[], float | None] | None = None,
                  progress: Callable[[], float] | None = None, clock: Callable[[], float] = time.monotonic,
                  start: bool = True):
@@ -124,12 +124,14 @@ class Watchdog:
         while not self._stop.wait(self.poll):
             deadline = self.deadline_fn() if self.deadline_fn else None
             if deadline is not None and deadline <= 0:
-                self._fire("preemption grace", self.poll, exit_codes.PREEMPT_TIMEOUT)
+                self._fire("preemption grace", self.poll, "preempt_timeout")
             hung = self.check()
             if hung is not None:
-                self._fire(*hung[:2], exit_codes.HANG, hung[2])
+                self._fire(*hung[:2], "hang", hung[2])
 
-    def _fire(self, section: str, waited: float, code: int, limit: float | None = None) -> None:
+    def _fire(self, section: str, waited: float, reason: str, limit: float | None = None) -> None:
+        """`on_hang(section, waited, reason)` (status.json), then out with the reason's exit code."""
+        code = outcome.decide(reason).code
         what = (f"maxlite: hang detected in section '{section}': no heartbeat for {waited:.0f}s "
                 f"(timeout {limit:.1f}s); exiting with code {code}" if limit is not None else
                 f"maxlite: no safe point reached within preemption_grace_seconds; exiting with code {code}")
@@ -143,7 +145,7 @@ class Watchdog:
                 pass
         if self.on_hang is not None:
             try:
-                self.on_hang(section, waited)
+                self.on_hang(section, waited, reason)
             except Exception as e:  # noqa: BLE001 — the exit below matters more
                 print(f"maxlite: on_hang failed: {e}", file=sys.stderr, flush=True)
         sys.stdout.flush()

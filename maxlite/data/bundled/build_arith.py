@@ -7,7 +7,7 @@ the sum (one token of the bundled tokenizer). Pairs (dataset_type=preference): t
 chosen, a sum off by 1, 2 or 3 rejected; for each question three of the six wrong sums make
 training pairs and the other three the held-out eval pairs (the same questions, pairs the run never
 trains on). Prompts (dataset_type=prompts): each question and its `answer`, which the reward
-function `maxlite.rewards:exact_answer` checks; eval greedily answers all 36. Generated data,
+function `maxlite.objectives.rewards:exact_answer` checks; eval greedily answers all 36. Generated data,
 released with maxlite under its Apache-2.0 licence.
 """
 

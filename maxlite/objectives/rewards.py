@@ -33,12 +33,11 @@ def brevity(prompts: Sequence[str], completions: Sequence[str], records: Sequenc
 
 
 def load(names: Sequence[str]) -> list[RewardFn]:
-    """The callables named `package.module:function`; one clear line for a name that is not one."""
+    """The callables named `package.module:function` (config validation checks the spelling); one
+    clear line for a name that does not load."""
     out = []
     for name in names:
         module, _, attr = str(name).partition(":")
-        if not module or not attr:
-            raise ConfigError(f"reward_functions: {name!r} is not 'package.module:function'")
         try:
             fn = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as e:

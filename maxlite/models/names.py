@@ -1,0 +1,33 @@
+"""The model's name tables, without JAX: config validation, the planner and the reports read them.
+
+`attention` and `remat_policy` name implementations whose code lives in attention.py and
+transformer.py (which check their tables against these names); `resolve_attention` is THE rule
+that turns `autoselected` into the implementation that runs — resolved once, where the config is
+resolved against its devices (maxlite.config.resolve), so the model, the planner, the benchmarks
+and status.json all name the same one.
+"""
+
+from __future__ import annotations
+
+ATTENTION = ("autoselected", "dot_product", "blockwise", "flash", "cudnn_flash")
+REMAT_POLICIES = ("none", "full", "minimal", "save_dots", "save_qkv_proj", "save_dot_except_mlp",
+                  "save_attn_mlp_proj", "offload_layer_inputs")
+BLOCKWISE_MIN_LENGTH = 2048  # on CPU, dot_product's T×T scores cost more than blocking saves below this
+
+
+def resolve_attention(name: str, platform: str, seq_len: int, block_size: int, splash_block_q: int) -> str:
+    """The implementation `name` stands for on `platform` (cpu | gpu | tpu) at sequence length
+    `seq_len`: `autoselected` is flash on TPU, cudnn_flash on GPU, blockwise on CPU from
+    BLOCKWISE_MIN_LENGTH on, else dot_product — and dot_product where the chosen kernel's blocks
+    (attention_block_size, sa_block_q) do not tile the sequence. A named one is itself."""
+    if name != "autoselected":
+        return name
+    if platform == "tpu":
+        chosen, block = "flash", splash_block_q
+    elif platform == "gpu":
+        return "cudnn_flash"
+    elif seq_len >= BLOCKWISE_MIN_LENGTH:
+        chosen, block = "blockwise", block_size
+    else:
+        return "dot_product"
+    return chosen if seq_len % min(block, seq_len) == 0 else "dot_product"

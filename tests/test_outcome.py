@@ -1,0 +1,67 @@
+"""maxlite.outcome: how a run ended → (exit code, status state, next action), the one map every
+launcher follows; and that nothing else in maxlite assigns exit codes or next actions."""
+
+import pathlib
+import re
+import subprocess
+
+import pytest
+
+from maxlite import config as C, outcome as O
+from maxlite.launch import slurm
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("reason, error, want", [
+    (None, None, (0, "finished", "done")),
+    ("preempted", None, (0, "preempted", "requeue")),  # saved: start again, never counted
+    ("max_time", None, (0, "preempted", "done")),  # the recipe's own budget
+    ("interrupted", None, (130, "stopped", "done")),  # Ctrl-C: saved, the user's choice stands
+    ("straggler", None, (76, "failed", "restart")),
+    ("hang", None, (75, "failed", "restart")),
+    ("preempt_timeout", None, (77, "failed", "restart")),
+    (None, C.ConfigError("bad recipe"), (2, "failed", "fail")),
+    (None, O.LossDiverged("loss is nan"), (78, "failed", "fail")),  # the same data would diverge again
+    (None, O.CheckpointSaveError("disk"), (74, "failed", "restart")),
+    (None, KeyboardInterrupt(), (130, "stopped", "done")),  # Ctrl-C twice: no save, still the user's stop
+    (None, RuntimeError("boom"), (1, "failed", "restart")),
+])
+def test_each_way_a_run_ends_has_one_answer(reason, error, want):
+    end = O.decide(reason, error)
+    assert (end.code, end.state, end.next) == want
+    assert end.fields()["exit_code"] == want[0] and end.fields()["next"] == want[2]
+
+
+def test_a_lost_save_is_never_success_but_does_not_hide_a_wrong_recipe():
+    lost = [{"step": 6, "error": "OSError: no space"}]
+    assert O.decide(None, lost_saves=lost).code == O.CHECKPOINT_FAILED
+    assert O.decide("preempted", lost_saves=lost).next == O.RESTART
+    assert "step 6" in O.decide(None, lost_saves=lost).error
+    assert O.decide(None, C.ConfigError("x"), lost).code == O.CONFIG_ERROR
+    assert O.decide(None, O.LossDiverged("x"), lost).code == O.DIVERGED
+
+
+def test_launchers_without_a_status_read_the_exit_code_by_the_same_map():
+    for reason in ("interrupted", "hang", "straggler", "preempt_timeout", "config", "diverged", "checkpoint_failed"):
+        end = O.decide(reason)
+        assert O.without_status(end.code) == end.next, reason
+    assert O.without_status(0) == "done"  # an entrypoint that writes no status.json
+    assert O.without_status(-9) == "restart" and O.without_status(137) == "restart"  # SIGKILL, bare or by a shell
+    assert O.next_of(0, {"state": "preempted", "exit_code": 0, "next": "requeue"}) == "requeue"
+    assert O.next_of(75, None) == "restart"
+
+
+def test_the_slurm_script_falls_back_by_the_same_map():
+    arms = dict(re.findall(r"(\d+|\*)\) echo (\w+) ;;", slurm._no_status_cases()))
+    for code in (0, 1, 2, 74, 75, 76, 77, 78, 130, 137):
+        assert arms.get(str(code), arms["*"]) == O.without_status(code), code
+
+
+def test_exit_codes_and_next_actions_are_assigned_in_one_module():
+    """`grep` finds one place that assigns exit codes (outcome._REASONS) and one that maps them to the
+    next action: no other module spells a code or an action."""
+    found = subprocess.run(["git", "grep", "-nE", r"exit_code\s*=\s*[0-9]|\"next\"\s*:\s*\"|next_action\(|"
+                            r"launcher_action|exit_codes\.", "--", "maxlite", "ray_entry"],
+                           cwd=ROOT, capture_output=True, text=True).stdout
+    assert found == "", found
