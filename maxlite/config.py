@@ -432,7 +432,7 @@ _RANGES: dict[str, tuple[float | None, float | None]] = {
     "gradient_clipping_threshold": (0, None), "z_loss_weight": (0, None), "seed": (0, None),
     "checkpoint_period": (0, None), "max_num_checkpoints_to_keep": (0, None),
     "checkpoint_keep_best_k": (0, None), "eval_interval": (0, None), "eval_steps": (0, None),
-    "max_restarts": (-1, None), "data_shuffle_window": (1, None),
+    "max_restarts": (-1, None), "run_lease_seconds": (0, None), "data_shuffle_window": (1, None),
     "packing_bins": (1, None), "grain_worker_count": (0, None), "grain_threads": (0, None),
     "grain_prefetch": (0, None), "straggler_threshold": (0, 1), "watchdog_factor": (1, None),
     "watchdog_min_timeout": (0, None), "watchdog_initial_timeout": (0, None),

@@ -68,7 +68,9 @@ class CheckpointHook(Hook):
             self.ckpt.poll(wait=True)
 
     def at_end(self, step: int, state, reason: str | None) -> None:
-        if reason:  # preempted, max_time, straggler: the final save, finished before we exit
+        if reason == "lease_lost":  # the run directory is another launch's now: write nothing
+            return
+        if reason:  # preempted, max_time, straggler, interrupted: the final save, finished before we exit
             self.save_now(step, state, reason)
         elif self.on_completion:
             with self.section("checkpoint"):
@@ -85,7 +87,7 @@ class NoCheckpointHook(Hook):
         print_primary(self.primary, f"maxlite: {why} at step {step}, but enable_checkpointing=false: nothing saved")
 
     def at_end(self, step: int, state, reason: str | None) -> None:
-        if reason:
+        if reason and reason != "lease_lost":
             self.save_now(step, state, reason)
 
 

@@ -32,6 +32,7 @@ HANG = 75  # the watchdog saw a section exceed its timeout (EX_TEMPFAIL: "try ag
 STRAGGLER = 76  # stop_if_straggler: a process scored below straggler_threshold
 PREEMPT_TIMEOUT = 77  # a preemption signal, but no safe point within preemption_grace_seconds
 DIVERGED = 78  # the loss went bad with no rollback left: a restart would repeat it
+LEASE_LOST = 73  # another launch took the run directory over (EX_CANTCREAT): this one stops writing
 INTERRUPTED = 130  # the user stopped it (Ctrl-C, SIGINT; the shell's 128 + 2): saved first, unless pressed twice
 
 # ---- next actions ----
@@ -51,8 +52,9 @@ _REASONS = {  # reason → (exit code, status state, next)
     "config": (CONFIG_ERROR, "failed", FAIL),
     "diverged": (DIVERGED, "failed", FAIL),
     "crash": (FAILED, "failed", RESTART),
+    "lease_lost": (LEASE_LOST, "failed", FAIL),  # status.json is the new holder's: not written
 }
-STOP_REASONS = ("max_time", "preempted", "straggler", "interrupted")  # what the loop's vote can answer
+STOP_REASONS = ("max_time", "preempted", "straggler", "interrupted", "lease_lost")  # what the loop's vote can answer
 
 
 class LossDiverged(RuntimeError):
@@ -141,4 +143,5 @@ def describe(reason: str) -> str:
     return {"config": "configuration error", "diverged": "the loss diverged", "interrupted": "stopped by the user",
             "checkpoint_failed": "a checkpoint save failed", "hang": "a hang", "straggler": "a straggler",
             "preempt_timeout": "no safe point within the preemption grace", "crash": "a crash",
-            "preempted": "preempted", "max_time": "its max_time budget"}.get(reason, reason or "finished")
+            "preempted": "preempted", "max_time": "its max_time budget",
+            "lease_lost": "another launch took the run over"}.get(reason, reason or "finished")

@@ -21,7 +21,8 @@ def train(cfg: C.Config, on_metrics: Callable[[dict[str, Any]], None] | None = N
           preemption_notice: Callable[[], str | None] | None = None,
           snapshot_keeper: Callable | None = None, status_fields: dict[str, Any] | None = None,
           stop_request: Callable[[], str | None] | None = None,
-          on_status: Callable[[str], None] | None = None) -> dict[str, Any]:
+          on_status: Callable[[str], None] | None = None,
+          job: tuple[str, str] = ("", "python -m maxlite.train")) -> dict[str, Any]:
     """Train as configured on every process of the job; returns the summary (with `exit_code`,
     `next` and `reason`: maxlite.outcome's answer, which status.json records too).
 
@@ -33,15 +34,18 @@ def train(cfg: C.Config, on_metrics: Callable[[dict[str, Any]], None] | None = N
     live (Ray: actors that outlive the workers); /dev/shm otherwise. `status_fields`: facts about
     this attempt for every status.json (Ray: an elastic group's size). `stop_request()`: a polled
     request to stop as Ctrl-C does, a line or None (the Ray driver's Ctrl-C). `on_status(text)`: a
-    copy of every status.json written (Slurm's batch script reads a local one).
+    copy of every status.json written (Slurm's batch script reads a local one). `job`: (the job this
+    attempt belongs to, e.g. "slurm:123" — a later attempt of the same job takes the run's lease
+    over at once —, the launcher in words): maxlite/lease.py.
     """
     from maxlite.resilience.core import Resilience
 
     started = time.perf_counter()
     # first: a SIGTERM or Ctrl-C during setup or compilation is caught from here on
     res = Resilience(cfg, notice=preemption_notice, keeper=snapshot_keeper, stop_request=stop_request)
+    lease = []  # the run's lease, once held (maxlite/lease.py)
     try:
-        run = _setup(cfg, res, status_fields or {}, on_status, snapshot_keeper is not None)
+        run = _setup(cfg, res, status_fields or {}, on_status, snapshot_keeper is not None, job, lease)
         try:
             state, reason = _loop(run, res, on_metrics)
             summary = _finish(run, res, state, reason, started)
@@ -55,6 +59,9 @@ def train(cfg: C.Config, on_metrics: Callable[[dict[str, Any]], None] | None = N
     except BaseException:
         res.close()  # stops the watchdog thread, gives the signals back; in-memory snapshots stay
         raise
+    finally:
+        for held in lease:
+            held.release()
 
 
 @dataclass
@@ -73,11 +80,14 @@ class _Run:
     hooks: list  # periodic work (maxlite/hooks.py), called in order after every step
     ckpt: Any = None  # Checkpointer, or None with enable_checkpointing=false
     rollbacks: Any = None  # maxlite.rollback.Rollbacks: the loss verdicts and what they do
+    lease: Any = None  # maxlite.lease.Lease on the primary (run_lease_seconds > 0), else None
 
     def failed(self, e: BaseException) -> None:
         """status.json for a run an exception ended (maxlite.outcome decides what it says)."""
         import jax
 
+        if self.lease is not None and self.lease.lost:
+            return  # status.json is the new holder's
         try:
             step = int(jax.device_get(self.state.step)) if self.state is not None else None
             failures = {"checkpoint_failures": self.ckpt.failures} if self.ckpt and self.ckpt.failures else {}
@@ -114,8 +124,33 @@ def _preflight(cfg: C.Config, built, primary: bool, launcher_keeper: bool):
     return batches
 
 
-def _setup(cfg: C.Config, res, status_fields: dict[str, Any], on_status, launcher_keeper: bool) -> _Run:
-    """config → distributed → the wiring (build) → preflight → run dir → state (resume) → hooks."""
+def _hold_the_run(cfg: C.Config, primary: bool, job: tuple[str, str]):
+    """The primary takes the run's lease before anything is written (every process learns whether
+    it did: a refused launch ends everywhere with the same line)."""
+    import jax
+
+    from maxlite.checkpoints.saver import gather_json
+    from maxlite.lease import Holder, Lease
+
+    lease, refused = None, None
+    if primary and cfg.run_lease_seconds > 0:
+        lease = Lease(cfg.run_dir, Holder(*job), cfg.run_lease_seconds,
+                      log=lambda line: print(line, file=sys.stderr, flush=True))
+        try:
+            lease.acquire()
+        except C.ConfigError as e:
+            refused = str(e)
+    if jax.process_count() > 1:
+        refused = gather_json(refused)[0]
+    if refused:
+        raise C.ConfigError(refused)
+    return lease
+
+
+def _setup(cfg: C.Config, res, status_fields: dict[str, Any], on_status, launcher_keeper: bool,
+           job: tuple[str, str], leases: list) -> _Run:
+    """config → distributed → the wiring (build) → preflight → the lease → run dir → state (resume) →
+    hooks."""
     from maxlite import mesh as mesh_lib
 
     mesh_lib.initialize_distributed()  # before any other JAX call
@@ -134,6 +169,9 @@ def _setup(cfg: C.Config, res, status_fields: dict[str, Any], on_status, launche
     built = build(cfg)  # resolves the recipe against the devices (attention included)
     cfg, mesh, primary = built.cfg, built.mesh, jax.process_index() == 0
     batches = _preflight(cfg, built, primary, launcher_keeper)
+    lease = _hold_the_run(cfg, primary, job)
+    if lease is not None:
+        leases.append(lease)
     run_dir = RunDir(cfg, primary, on_status)
     if primary:
         print(f"maxlite: run {cfg.run_name} → {run_dir.path}; {jax.process_count()} process(es), "
@@ -163,11 +201,15 @@ def _setup(cfg: C.Config, res, status_fields: dict[str, Any], on_status, launche
     run_hooks = hooks.standard(cfg, primary, res, logger, batches, ckpt, evaluator, mesh)
     run_dir.sticky.update(status_fields)
     run_dir.sticky.update(attention=cfg.attention, resumed_from=start.record())  # what runs, where from
+    if lease is not None:
+        run_dir.sticky["lease"] = {"host": lease.me.host, "pid": lease.me.pid, "launcher": lease.me.launcher,
+                                   **({"took_over": lease.took_over} if lease.took_over else {})}
+        res.stops.lease = lease
     run_dir.set_status("running", step=start.step)
     res.setup_end()
     from maxlite.rollback import Rollbacks
     return _Run(cfg, primary, run_dir, mesh, start.state, built.objective, batches, built.batch_sharding,
-                logger, run_hooks, ckpt, Rollbacks(cfg, built, ckpt, batches, run_dir, primary, start.step))
+                logger, run_hooks, ckpt, Rollbacks(cfg, built, ckpt, batches, run_dir, primary, start.step), lease)
 
 
 def _loop(run: _Run, res, on_metrics) -> tuple[Any, str | None]:
@@ -268,6 +310,13 @@ def _finish(run: _Run, res, state, reason: str | None, started: float) -> dict[s
         summary["peak_source"] = source
     if run.ckpt is not None:
         run.ckpt.poll(wait=True)  # the last save is part of the run: goodput counts it
+    if reason == "lease_lost":  # the run directory is the new holder's: nothing more written
+        res.finish(reason)
+        end = outcome.decide(reason)
+        print_primary(primary, f"maxlite: error: another launch took this run over at step {int(state.step)} "
+                               f"({run.lease.lost if run.lease else 'the primary lost its lease'}); this one "
+                               f"stopped without writing more (exit {end.code})", err=True)
+        return {**summary, **end.fields()}
     fields = res.finish(reason)
     failures = run.ckpt.failures if run.ckpt is not None else []
     lost = run.ckpt.unrecovered_failures() if run.ckpt is not None else []
@@ -318,13 +367,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("usage: python -m maxlite.train [base.yml|your.yml] key=value ...\n"
               "keys, defaults and comments: maxlite/configs/base.yml", file=sys.stderr)
         return 0 if argv else 2
-    from maxlite.launch.slurm import status_copy
+    from maxlite.launch.slurm import job_identity, status_copy
     from maxlite.resilience import preemption
 
     cfg = C.load(argv)  # a wrong recipe: one line, exit 2 (maxlite/cli.py)
     preemption.catch_outside_the_loop(cfg.preemption_signal_numbers)  # before the loop and after it
     try:
-        summary = train(cfg, on_status=status_copy())
+        summary = train(cfg, on_status=status_copy(), job=job_identity())
     except C.ConfigError:
         raise
     except BaseException as e:  # noqa: BLE001 — status.json already says how the run ended

@@ -462,3 +462,48 @@ def test_ray_two_workers_crash_recovers_from_memory_at_the_uninterrupted_loss(ru
     assert "fault injection: crash at step 7" in out
     assert re.search(r"restored step 6 from memory \(own shard.*Ray actor maxlite-keeper-.*\) in \d", out), out[-4000:]
     assert losses(run_dir, "x") == losses(run_dir, "ref")  # bit-identical to the uninterrupted run
+
+
+def test_one_writer_per_run_directory(run_dir):
+    """Two launches of one run started together: exactly one trains, the other exits 2 with one line
+    naming the holder and writes nothing; kill -9 the holder and a relaunch takes the lease over (its
+    process is gone) and resumes. A holder whose lease another launch took (a requeue of the same job
+    while it still runs) stops without writing more, exit 73."""
+    args = ["steps=12", "checkpoint_period=3", "async_checkpointing=false"]
+    procs, logs = start(run_dir, "two", args)
+    wait_for(lambda: status(run_dir, "two").get("state") == "running", procs[0])
+    codes, texts = run(run_dir, "two", args)  # the second launch, while the first holds the run
+    assert codes == [2], texts[0][-3000:]
+    line = texts[0].strip().splitlines()[-1]
+    assert re.fullmatch(rf"maxlite: error: run directory {run_dir}/two is in use by python -m maxlite\.train on host "
+                        rf"\S+, pid {procs[0].pid}, since .*, last heartbeat \d+ s ago: one writer per run; .*", line), line
+    codes, texts = finish(procs, logs)
+    assert codes == [0], texts[0][-3000:]
+    assert sorted(losses(run_dir, "two")) == list(range(1, 13))  # one attempt: one line per step
+    with open(os.path.join(run_dir, "two", "metrics.jsonl")) as f:
+        assert sum('"loss"' in line for line in f) == 12
+
+    procs, logs = start(run_dir, "k", ["steps=200", "checkpoint_period=2", "async_checkpointing=false"])
+    wait_for(lambda: steps_logged(run_dir, "k") >= 5, procs[0])
+    procs[0].kill()
+    finish(procs, logs)
+    codes, texts = run(run_dir, "k", ["steps=7", "checkpoint_period=2", "async_checkpointing=false"])
+    st = status(run_dir, "k")
+    assert codes == [0] and st["state"] == "finished", texts[0][-3000:]
+    assert st["lease"]["took_over"]["pid"] == procs[0].pid and st["lease"]["took_over"]["why"] == "its process is gone"
+    assert resumed(run_dir, "k")[1] == "checkpoint"
+
+    procs, logs = start(run_dir, "lost", ["steps=100000", "run_lease_seconds=2"])
+    wait_for(lambda: steps_logged(run_dir, "lost") >= 3, procs[0])
+    lease = os.path.join(run_dir, "lost", "lease.json")
+    held = json.load(open(lease))
+    with open(lease + ".new", "w") as f:  # what a requeued attempt of the same job does to it
+        json.dump({**held, "token": "requeued", "host": "elsewhere", "pid": 1, "launcher": "Slurm job 9 attempt 1",
+                   "heartbeat": time.time()}, f)
+    os.replace(lease + ".new", lease)
+    before = open(os.path.join(run_dir, "lost", "status.json")).read()
+    codes, texts = finish(procs, logs)
+    assert codes == [outcome.LEASE_LOST], texts[0][-3000:]
+    assert "another launch took this run over" in texts[0] and "Slurm job 9 attempt 1" in texts[0]
+    assert open(os.path.join(run_dir, "lost", "status.json")).read() == before  # the new holder's now
+    assert json.load(open(lease))["token"] == "requeued"  # left to its holder

@@ -23,6 +23,7 @@ import socket
 import sys
 import tempfile
 import time
+import uuid
 from typing import Any, Iterator
 
 from maxlite import config as C, outcome
@@ -146,11 +147,12 @@ def run_config(cfg: C.Config, attempt: int = 0):
                      logging_config=LoggingConfig(log_level="WARNING"))  # maxlite prints progress
 
 
-def build_trainer(cfg: C.Config, attempt: int = 0):
-    """The JaxTrainer for this recipe (cfg already passed through `check`)."""
+def build_trainer(cfg: C.Config, attempt: int = 0, job: tuple[str, str] = ("", "Ray Train")):
+    """The JaxTrainer for this recipe (cfg already passed through `check`); `job`: this driver's
+    (job, words), which every worker group it starts hands to the run's lease (maxlite/lease.py)."""
     from ray.train.v2.jax import JaxTrainer
 
-    return JaxTrainer(_worker_loop, train_loop_config={"config": cfg.to_dict()},
+    return JaxTrainer(_worker_loop, train_loop_config={"config": cfg.to_dict(), "job": list(job)},
                       scaling_config=scaling_config(cfg), run_config=run_config(cfg, attempt))
 
 
@@ -253,7 +255,8 @@ def _worker_loop(loop_config: dict[str, Any]) -> dict[str, Any]:
     try:
         summary = train_lib.train(cfg, on_metrics=on_metrics,  # faults (fault_*) fire inside the loop
                                   preemption_notice=_preemption_notice, snapshot_keeper=RayKeeper,
-                                  status_fields=facts, stop_request=_stop_request(cfg.run_dir))
+                                  status_fields=facts, stop_request=_stop_request(cfg.run_dir),
+                                  job=tuple(loop_config.get("job", ("", "Ray Train"))))
     except BaseException as e:  # noqa: BLE001 — maxlite.outcome says whether a restart can help
         end = outcome.decide(error=e)
         if end.next == outcome.FAIL:  # a wrong recipe, a diverged loss: the driver ends the job
@@ -458,6 +461,9 @@ def run(cfg: C.Config) -> dict[str, Any]:
     if fs.exists(path):
         fs.rm(path)  # an earlier run's Ctrl-C
     budget = "unlimited" if cfg.max_restarts < 0 else cfg.max_restarts
+    # every worker group this driver starts (restarts, elastic groups) is the same job: a later
+    # group takes the run's lease over from the one before at once
+    job = (f"ray:{uuid.uuid4().hex}", f"Ray job (driver on {socket.gethostname()}, pid {os.getpid()})")
     with connect(cfg) as where:
         print(f"maxlite: Ray: {num_workers(cfg)} worker(s) × {devices_per_worker(cfg)} device(s) on "
               f"{where}; run directory {cfg.run_dir}; max_restarts={budget}", flush=True)
@@ -465,7 +471,7 @@ def run(cfg: C.Config) -> dict[str, Any]:
             with _DriverInterrupt(cfg):
                 for attempt in itertools.count():
                     try:
-                        result = _fit(build_trainer(cfg, attempt))
+                        result = _fit(build_trainer(cfg, attempt, job))
                     except TrainingFailedError as e:
                         print(f"maxlite: error: Ray training failed after {budget} restart(s) (max_restarts): "
                               f"{_first_cause(e)}; worker logs above, status in {cfg.run_dir}/status.json",

@@ -94,6 +94,16 @@ def restart_budget(job: SlurmJob) -> int:
         return C.load([]).max_restarts
 
 
+def job_identity() -> tuple[str, str]:
+    """(the job, the launcher in words) of a trainer in a Slurm job: a requeued attempt of the same
+    job takes the run's lease over from its predecessor (maxlite/lease.py); outside Slurm, a plain
+    launch."""
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        return "", "python -m maxlite.train"
+    return f"slurm:{job_id}", f"Slurm job {job_id} attempt {os.environ.get('SLURM_RESTART_COUNT', '0')}"
+
+
 def status_copy():
     """In a Slurm job launched by maxlite (MAXLITE_EXPERIMENT_DIR set by its batch script): a
     callable the trainer hands every status.json text to, which keeps a local copy the batch shell

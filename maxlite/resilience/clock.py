@@ -131,11 +131,12 @@ class Clock:
     def longest(self, section: str, default: float = 0.0) -> float:
         return (self.watchdog.longest if self.watchdog else {}).get(section, default)
 
-    def close(self, finished: bool = False) -> dict:
-        """Stop the watchdog, save goodput (`finished`: the run is done); its summary fields."""
+    def close(self, finished: bool = False, save: bool = True) -> dict:
+        """Stop the watchdog, save goodput (`finished`: the run is done; not `save`: the run
+        directory is no longer this process's); its summary fields."""
         if self.watchdog:
             self.watchdog.close()
         fields = self.goodput.summary() if self.goodput else {}
-        if self.goodput:
+        if self.goodput and save:
             self.goodput.save(finished)
         return fields

@@ -188,7 +188,7 @@ class Resilience:
             self.snapshots.wait()
             if reason is None:
                 self.snapshots.keeper.clear()
-        fields = self.clock.close(finished=reason is None)
+        fields = self.clock.close(finished=reason is None, save=reason != "lease_lost")
         self.preemption.restore_handlers()
         return fields
 

@@ -19,7 +19,8 @@ import numpy as np
 from maxlite.resilience.straggler import format_report, report
 from maxlite.rundir import append_jsonl
 
-STOP_CODES = {0: None, 1: "max_time", 2: "preempted", 3: "straggler", 4: "interrupted"}  # the highest wins
+STOP_CODES = {0: None, 1: "max_time", 2: "preempted", 3: "straggler", 4: "interrupted",  # the highest wins
+              5: "lease_lost"}
 _CODE_OF = {v: k for k, v in STOP_CODES.items() if v}
 SAVE_NOW = "save_now"  # the answer to a preemption notice: checkpoint now, keep training
 
@@ -52,6 +53,7 @@ class StopVote:
         self.cfg, self.preemption, self.clock, self._log = cfg, preemption, clock, log
         self._notice, self._notice_seen = notice, False
         self._stop_request, self._stop_requested = stop_request, False
+        self.lease = None  # the primary's run lease (maxlite/lease.py): lost → every host stops
         self.vote, self.primary, self.process_index, self.run_dir = None, True, 0, None
         self._jax_sync = False
         self._last_report = time.monotonic()
@@ -109,6 +111,8 @@ class StopVote:
 
     def _sync(self, step: int) -> str | None:
         local = "interrupted" if self._requested() else self.preemption.reason(self._reserve_seconds())
+        if self.lease is not None and self.lease.lost:
+            local = "lease_lost"
         due = self.process_index == 0 and time.monotonic() - self._last_report >= self.cfg.straggler_report_interval
         if due:
             self._last_report = time.monotonic()  # ask once; the report comes one sync step later
