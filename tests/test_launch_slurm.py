@@ -196,6 +196,8 @@ def test_crashed_attempt_is_requeued_and_finishes(tmp_path, cluster_env):
     # one log holds both attempts (--open-mode=append)
     assert "attempt 0 (max_restarts=1)" in log and "(a crash): requeueing (restart 1 of max_restarts=1)" in log
     assert "attempt 1 (max_restarts=1)" in log and log.rstrip().endswith("run finished")
+    lease = json.loads(pathlib.Path(info["run_status_file"]).read_text())["lease"]  # handed on by the requeue
+    assert lease["launcher"].endswith("attempt 1") and lease["took_over"]["launcher"].endswith("attempt 0")
 
 
 @pytest.mark.slurm

@@ -201,6 +201,8 @@ def test_killed_worker_restarts_and_ends_at_the_same_loss(head, uninterrupted, t
     assert "maxlite: Ray run finished: 8 steps (the last attempt ran 5), final loss" in out
     assert (tmp_path / "killed" / ".fault_crash_5_p1").exists()  # fired once: the restart ran through
     assert _resumed(tmp_path / "killed") == {"step": 3, "source": "checkpoint"}  # the save before the crash
+    lease = json.loads((tmp_path / "killed" / "status.json").read_text())["lease"]  # handed on to the new group
+    assert lease["took_over"]["why"] == "a later attempt of the same job" and lease["launcher"].startswith("Ray job")
     whole, killed = _metrics(whole_dir), _metrics(tmp_path / "killed")
     assert sorted(killed) == list(range(1, STEPS + 1))
     # Same processes, same layout, restored state and data position: the very same numbers.
