@@ -306,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if argv else 2
     from maxlite.checkpoints.saver import CheckpointSaveError
     from maxlite.resilience import exit_codes, preemption
-    from maxlite.resilience.spikes import LossDiverged
+    from maxlite.resilience.spikes import BadState, LossDiverged
 
     try:
         cfg = C.load(argv)
@@ -321,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os._exit(exit_codes.CHECKPOINT_FAILED)
     except C.ConfigError:
         raise  # the user's mistake: one line, exit 2 (maxlite/cli.py)
-    except LossDiverged as e:  # every host stops at the same step: one line, status.json says failed
+    except (LossDiverged, BadState) as e:  # every host stops at the same step: one line, status.json says failed
         if not _several_processes() or sys.modules["jax"].process_index() == 0:
             print(f"maxlite: error: {e}", file=sys.stderr, flush=True)
         return exit_code_of(e)
