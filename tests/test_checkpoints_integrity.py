@@ -169,3 +169,27 @@ def test_resume_passes_over_damaged_checkpoints_to_the_newest_intact_one(run_dir
     assert ck.complete_steps(root) == [2, 4, 6, 8]  # 4 and 6 saved again, intact
     codes, outs = run_module("maxlite.checkpoints", ["verify", root], devices=1)
     assert codes == [0] and outs[0].count(": intact") == 4, outs[0][-2000:]
+
+
+def test_checkpoints_without_checksums_restore_unverified_and_a_dtype_change_is_checked_as_saved(tmp_path, capsys):
+    """A checkpoint written before checksums restores as it did (list and verify say so); a run
+    restoring in another weight_dtype checks the bytes as saved, then casts."""
+    cfg, state, data = _trained(tmp_path, ["async_checkpointing=false"])
+    old = Checkpointer(cfg, True, state_lib.nbytes(state), checksums=False)
+    assert old.save(2, state, data)
+    old.close()
+    _, restored, _, c = _start(tmp_path, ["run_name=src"], 8)
+    c.close()
+    assert int(restored.step) == 2
+    capsys.readouterr()
+    assert ck.main(["list", old.path]) == 0 and "complete (no checksums: written before them)" in capsys.readouterr().out
+    assert ck.main(["verify", old.path]) == 0 and "step 2: not verified" in capsys.readouterr().out
+    saver = Checkpointer(cfg, True, state_lib.nbytes(state))
+    assert saver.save(4, state, data)
+    saver.close()
+    _, bf16, _, c = _start(tmp_path, ["run_name=src", "weight_dtype=bfloat16"], 8)
+    c.close()
+    assert all(x.dtype == jax.numpy.bfloat16 for x in jax.tree.leaves(bf16.params))
+    assert ck.complete_steps(saver.path) == [2, 4] and not ck.checksums.marked(saver.path)  # 4 verified as saved
+    assert all(np.array_equal(np.asarray(a), np.asarray(b).astype(a.dtype))
+               for a, b in zip(jax.tree.leaves(bf16.params), jax.tree.leaves(state.params)))

@@ -17,7 +17,10 @@ and is restored unverified.
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import json
+import os
 import re
 import time
 from typing import Any, Iterator
@@ -101,27 +104,95 @@ def json_crc(obj: Any) -> int:
 
 # ---- save ----
 
-def record(trees: dict[str, Any], json_items: dict[str, Any], process_index: int, process_count: int) -> dict:
-    """This process's checksum record of a save: its shards of every array of `trees`
-    ({item: tree}), and (given, on the primary) the JSON items'."""
-    arrays = {}
+@functools.cache
+def _pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The threads CRCs run on (google_crc32c releases the GIL): a save's hashing overlaps its
+    writes, and a restore's the next item's reads."""
+    return concurrent.futures.ThreadPoolExecutor(min(8, os.cpu_count() or 2), thread_name_prefix="maxlite-crc")
+
+
+def _all(futures: list, then) -> concurrent.futures.Future:
+    """A future of `then([results])` once every future in the list is done."""
+    out: concurrent.futures.Future = concurrent.futures.Future()
+
+    def finish(_):
+        if all(f.done() for f in futures) and not out.done():
+            try:
+                out.set_result(then([f.result() for f in futures]))
+            except BaseException as e:  # noqa: BLE001 — handed to whoever waits on `out`
+                out.set_exception(e)
+    for f in futures:
+        f.add_done_callback(finish)
+    if not futures:
+        out.set_result(then([]))
+    return out
+
+
+def record(trees: dict[str, Any], json_items: dict[str, Any], process_index: int,
+           process_count: int) -> concurrent.futures.Future:
+    """A future of this process's checksum record of a save: its shards of every array of `trees`
+    ({item: tree}), and (given, on the primary) the JSON items'. The CRCs run on a thread pool;
+    the arrays must not change until it is done."""
+    layout, tasks = [], []
     for item, tree in trees.items():
         for name, leaf in leaves(tree, item):
-            arrays[name] = {"shape": list(leaf.shape), "dtype": np.dtype(leaf.dtype).name,
-                            "shards": [[[list(b) for b in box], crc.value(data)]
-                                       for box, data in regions(leaf, primary_only=True)]}
-    out = {"format": FORMAT, "process_index": process_index, "process_count": process_count, "arrays": arrays}
-    if json_items:
-        out["items"] = {name: json_crc(obj) for name, obj in json_items.items()}
-    return out
+            boxes = []
+            for box, data in regions(leaf, primary_only=True):
+                boxes.append([list(b) for b in box])
+                tasks.append(_pool().submit(crc.value, data))
+            layout.append((name, list(leaf.shape), np.dtype(leaf.dtype).name, boxes))
+    items = {name: json_crc(obj) for name, obj in json_items.items()}
+
+    def assemble(values: list[int]) -> dict:
+        it = iter(values)
+        arrays = {name: {"shape": shape, "dtype": dtype, "shards": [[box, next(it)] for box in boxes]}
+                  for name, shape, dtype, boxes in layout}
+        out = {"format": FORMAT, "process_index": process_index, "process_count": process_count, "arrays": arrays}
+        if items:
+            out["items"] = items
+        return out
+    return _all(tasks, assemble)
+
+
+@functools.cache
+def _orbax_item():
+    """(handler class, save args class) of the checksums item: Orbax's JSON handler, writing its
+    record once the future it was given (the CRCs run while the arrays are written) is done."""
+    import asyncio
+    import dataclasses
+
+    import orbax.checkpoint as ocp
+
+    class ChecksumsHandler(ocp.JsonCheckpointHandler):
+        async def _save_fn(self, x, directory):  # orbax <0.13: where the item is written
+            if isinstance(x, concurrent.futures.Future):
+                x = await asyncio.wrap_future(x)
+            return await super()._save_fn(x, directory)
+
+    @ocp.args.register_with_handler(ChecksumsHandler, for_save=True)
+    @dataclasses.dataclass
+    class ChecksumsSave(ocp.args.CheckpointArgs):
+        item: Any  # the record, or a future of it
+
+    @ocp.args.register_with_handler(ChecksumsHandler, for_restore=True)
+    @dataclasses.dataclass
+    class ChecksumsRestore(ocp.args.CheckpointArgs):
+        item: Any = None
+
+    return ChecksumsHandler, ChecksumsSave
 
 
 def handler():
     """The Orbax handler of the checksums item: every process writes its own file."""
     import jax
     import orbax.checkpoint as ocp
-    return ocp.JsonCheckpointHandler(filename=f"process_{jax.process_index()}",
-                                     multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=None))
+    return _orbax_item()[0](filename=f"process_{jax.process_index()}",
+                            multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=None))
+
+
+def save_args(record) -> Any:
+    """Orbax's save args of the checksums item: a record, or a future of one."""
+    return _orbax_item()[1](record)
 
 
 # ---- restore ----
@@ -162,23 +233,30 @@ def read(root: str, step: int) -> Records | None:
     return Records(arrays, items)
 
 
-def pieces(records: Records, tree, item: str) -> tuple[dict[str, list], list[str]]:
-    """What this process's reads contribute to each saved shard's CRC: {name: [[shard number, box,
-    crc0], ...]}; and the arrays with no checksum recorded (damaged records)."""
-    out, unknown = {}, []
+def pieces(records: Records, tree, item: str) -> concurrent.futures.Future:
+    """A future of (what this process's reads contribute to each saved shard's CRC: {name:
+    [[shard number, box, crc0], ...]}, the arrays with no checksum recorded). The CRCs run on a
+    thread pool."""
+    keys, tasks, unknown = [], [], []
     for name, leaf in leaves(tree, item):
         saved = records.arrays.get(name)
         if saved is None or list(leaf.shape) != saved["shape"]:
             unknown.append(name)
             continue
-        mine = out.setdefault(name, [])
         for region, data in regions(leaf, primary_only=False):
             for i, (shard, _) in enumerate(saved["shards"]):
                 piece = crc.intersect(shard, region)
                 if piece is not None:
                     local = tuple(slice(s - r, e - r) for (s, e), (r, _) in zip(piece, region))
-                    mine.append([i, [list(b) for b in piece], crc.piece_crc0(shard, piece, data[local])])
-    return out, unknown
+                    keys.append((name, i, [list(b) for b in piece]))
+                    tasks.append(_pool().submit(crc.piece_crc0, shard, piece, data[local]))
+
+    def assemble(values: list[int]):
+        out: dict[str, list] = {}
+        for (name, i, box), value in zip(keys, values):
+            out.setdefault(name, []).append([i, box, value])
+        return out, unknown
+    return _all(tasks, assemble)
 
 
 def damaged(records: Records, gathered: list[dict[str, list]]) -> list[str]:

@@ -68,7 +68,7 @@ def save_params(path: str, cfg, params, step: int = 0) -> str:
     try:
         mngr.save(step, args=ocp.args.Composite(params=array_save(params, nbytes(params)),
                                                 meta=ocp.args.JsonSave(meta),
-                                                **{checksums.ITEM: ocp.args.JsonSave(record)}), force=True)
+                                                **{checksums.ITEM: checksums.save_args(record)}), force=True)
         mngr.wait_until_finished()
     except Exception as e:  # noqa: BLE001
         raise storage_error(path, e) from None

@@ -113,6 +113,7 @@ def restore_items(root: str, step: int, targets: dict[str, Any], verify: bool = 
     if "params" in targets:
         check_compatible(saved_tree(root, step, "params"), targets["params"], where)
     restored: dict[str, Any] = {}
+    checking = []  # the CRCs of an item read run while the next item is read
     # what this process found: storage it could not reach, bytes it could not read (a damaged
     # file), bytes read that its checksums do not match, and its reads' parts of each shard's CRC
     outcome: dict[str, Any] = {"error": None, "unreadable": [], "detail": "", "mismatch": [], "pieces": {}}
@@ -123,6 +124,8 @@ def restore_items(root: str, step: int, targets: dict[str, Any], verify: bool = 
             if name in ARRAY_ITEMS:
                 saved = _as_saved(target, records, name) if records is not None else target
                 restored[name] = restore_array_item(f"{where}/{name}", saved)
+                if records is not None:
+                    checking.append(checksums.pieces(records, restored[name], name))
             else:
                 restored[name] = read_json_item(root, step, name)
         if records is not None and "meta" in records.items and "meta" not in restored:
@@ -136,11 +139,10 @@ def restore_items(root: str, step: int, targets: dict[str, Any], verify: bool = 
             outcome["unreadable"] = names or [reading]
             outcome["detail"] = error_line(e)
     if records is not None and not outcome["error"] and not outcome["unreadable"]:
-        for name in ARRAY_ITEMS:
-            if name in restored:
-                got, unknown = checksums.pieces(records, restored[name], name)
-                outcome["pieces"].update(got)
-                outcome["mismatch"].extend(unknown)
+        for future in checking:
+            got, unknown = future.result()
+            outcome["pieces"].update(got)
+            outcome["mismatch"].extend(unknown)
         outcome["mismatch"].extend(name for name in JSON_ITEMS if name in restored and name in records.items
                                    and checksums.json_crc(restored[name]) != records.items[name])
     _agree(where, records, outcome)

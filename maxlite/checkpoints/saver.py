@@ -52,12 +52,13 @@ def data_record(states: list[Any]) -> dict[str, Any]:
 class Checkpointer:
     """Periodic + final saves of (params, optimizer, data states, meta) into `checkpoint_dir(cfg)`."""
 
-    def __init__(self, cfg, primary: bool, state_bytes: int, before_commit=None):
+    def __init__(self, cfg, primary: bool, state_bytes: int, before_commit=None, checksums: bool = True):
         """`before_commit(step)`: called once a save's files are written, before Orbax marks it
-        complete (fault injection: `Faults.in_checkpoint` dies there, leaving a torn save)."""
+        complete (fault injection: `Faults.in_checkpoint` dies there, leaving a torn save).
+        `checksums=False` saves without them: only to measure what they cost (bench_checkpoint.py)."""
         import jax
 
-        self.cfg, self.primary, self.state_bytes = cfg, primary, state_bytes
+        self.cfg, self.primary, self.state_bytes, self.checksums = cfg, primary, state_bytes, checksums
         self.process_bytes = state_bytes // jax.process_count()  # what this process writes, about
         self.path = ck.checkpoint_dir(cfg)
         if primary:
@@ -141,8 +142,9 @@ class Checkpointer:
         if self.writer is not None:
             self.writer.submit(lambda: self._write(step, state, data, meta, json_items, metrics))
         else:
-            try:  # the checksums are taken here, in the loop's thread: the state may be donated next
-                self.mngr.save(step, args=self._args(state, data, meta, json_items), metrics=metrics)
+            try:  # Orbax's own async save returns before the CRCs are done: the state may be donated next
+                args = self._args(state, data, meta, json_items, wait=cfg.async_checkpointing)
+                self.mngr.save(step, args=args, metrics=metrics)
             except Exception as e:  # noqa: BLE001 — storage failures are reported, then policy decides
                 self._failed(step, e)
                 return False
@@ -153,19 +155,22 @@ class Checkpointer:
             self.poll(wait=True)
         return True
 
-    def _args(self, state, data, meta, json_items):
-        """Orbax's save args, with this process's checksums of the bytes it is about to write."""
+    def _args(self, state, data, meta, json_items, wait: bool = False):
+        """Orbax's save args, with this process's checksums of the bytes it is about to write:
+        computed while Orbax writes them (the checksums item waits for them), or first (`wait`)."""
         import jax
         import orbax.checkpoint as ocp
 
         optimizer = {"step": state.step, "opt_state": state.opt_state}
-        record = checksums.record({"params": state.params, "optimizer": optimizer}, json_items,
-                                  jax.process_index(), jax.process_count())
+        items = {}
+        if self.checksums:
+            record = checksums.record({"params": state.params, "optimizer": optimizer}, json_items,
+                                      jax.process_index(), jax.process_count())
+            items[checksums.ITEM] = checksums.save_args(record.result() if wait else record)
         return ocp.args.Composite(
             params=ck.array_save(state.params, self.process_bytes),
             optimizer=ck.array_save(optimizer, self.process_bytes),
-            data=ocp.args.JsonSave(data), meta=ocp.args.JsonSave(meta),
-            **{checksums.ITEM: ocp.args.JsonSave(record)})
+            data=ocp.args.JsonSave(data), meta=ocp.args.JsonSave(meta), **items)
 
     def _write(self, step: int, host_state, data, meta, json_items, metrics) -> None:
         """On the writer thread: checksums of the host copy (waiting for it), then the whole Orbax

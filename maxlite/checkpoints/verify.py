@@ -60,7 +60,7 @@ def verify_step(root: str, step: int) -> dict[str, Any]:
                     raise
                 damaged[name] = error_line(e)
                 continue
-            pieces, unknown = checksums.pieces(records, got, item)
+            pieces, unknown = checksums.pieces(records, got, item).result()
             for bad in [*unknown, *checksums.damaged(records, [pieces])]:
                 damaged[bad] = "checksum mismatch" if bad not in unknown else "no checksum recorded"
             arrays += 1
