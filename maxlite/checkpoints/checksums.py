@@ -263,24 +263,22 @@ def damaged(records: Records, gathered: list[dict[str, list]]) -> list[str]:
     """The arrays whose pieces, from every process, do not add up to what was written (or whose
     copies read by two processes differ)."""
     bad = []
-    names = {name for g in gathered for name in g}
-    for name in sorted(names):
+    for name in sorted({name for g in gathered for name in g}):
         saved = records.arrays[name]
         item = np.dtype(saved["dtype"]).itemsize
-        seen: dict[tuple[int, tuple], int] = {}
+        by_shard: dict[int, dict[tuple, int]] = {}
         ok = True
         for g in gathered:
             for i, box, value in g.get(name, []):
-                key = (i, tuple(tuple(b) for b in box))
-                if seen.setdefault(key, value) != value:
+                seen = by_shard.setdefault(i, {})
+                if seen.setdefault(tuple(tuple(b) for b in box), value) != value:
                     ok = False  # two processes read the same box and got different bytes
         for i, (shard, std) in enumerate(saved["shards"]):
-            parts = [(box, v) for (j, box), v in seen.items() if j == i]
-            covered = sum(crc.volume(box) for box, _ in parts)
+            parts = by_shard.get(i, {})
             acc = 0
-            for _, v in parts:
-                acc ^= v
-            if covered != crc.volume(shard) or acc != crc.shard_crc0(std, shard, item):
+            for value in parts.values():
+                acc ^= value
+            if sum(crc.volume(box) for box in parts) != crc.volume(shard) or acc != crc.shard_crc0(std, shard, item):
                 ok = False
         if not ok:
             bad.append(name)
