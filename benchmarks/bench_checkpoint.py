@@ -148,36 +148,42 @@ def checksum_cost(args) -> None:
     samples = {k: [] for k in ("sync_save_with", "sync_save_without", "async_block_with", "async_block_without",
                                "async_total_with", "async_total_without", "restore_verified", "restore_unverified",
                                "record_alone", "pieces_alone")}
+    cpu = {k: [] for k in ("sync_save_with", "sync_save_without", "async_total_with", "async_total_without",
+                           "restore_verified", "restore_unverified")}
+
+    def timed(key: str, fn) -> None:
+        """Wall seconds into `samples`, this process's CPU seconds (every thread) into `cpu`."""
+        os.sync()
+        wall, used = time.perf_counter(), time.process_time()
+        fn()
+        samples[key].append(time.perf_counter() - wall)
+        if key in cpu:
+            cpu[key].append(time.process_time() - used)
+
     for r in range(args.repeats):
         step = r + 2
         for sums in ((True, False) if r % 2 == 0 else (False, True)):  # alternate who goes first
             tag = "with" if sums else "without"
-            os.sync()
+            timed(f"sync_save_{tag}", lambda: savers["false", sums].save(step, state, _Data()))
+
+            def async_save():
+                savers["true", sums].save(step, state, _Data())
+                samples[f"async_block_{tag}"].append(time.perf_counter() - start)
+                savers["true", sums].poll(wait=True)
             start = time.perf_counter()
-            savers["false", sums].save(step, state, _Data())
-            samples[f"sync_save_{tag}"].append(time.perf_counter() - start)
-            os.sync()
-            start = time.perf_counter()
-            savers["true", sums].save(step, state, _Data())
-            samples[f"async_block_{tag}"].append(time.perf_counter() - start)
-            savers["true", sums].poll(wait=True)
-            samples[f"async_total_{tag}"].append(time.perf_counter() - start)
+            timed(f"async_total_{tag}", async_save)
+        restored: dict = {}
         for verify in ((True, False) if r % 2 == 0 else (False, True)):
-            os.sync()
-            start = time.perf_counter()
-            restored = ck.restore_items(root, step, targets, verify=verify)
-            jax.block_until_ready(restored)
-            samples["restore_verified" if verify else "restore_unverified"].append(time.perf_counter() - start)
-        start = time.perf_counter()
-        checksums.record({"params": state.params, "optimizer": {"step": state.step, "opt_state": state.opt_state}},
-                         {}, 0, 1).result()
-        samples["record_alone"].append(time.perf_counter() - start)
+            def restore():
+                restored.update(ck.restore_items(root, step, targets, verify=verify))
+                jax.block_until_ready(restored)
+            timed("restore_verified" if verify else "restore_unverified", restore)
+        timed("record_alone", lambda: checksums.record(
+            {"params": state.params, "optimizer": {"step": state.step, "opt_state": state.opt_state}}, {}, 0, 1).result())
         records = checksums.read(root, step)
-        start = time.perf_counter()
-        for item in ("params", "optimizer"):
-            checksums.damaged(records, [checksums.pieces(records, restored[item], item).result()[0]])
-        samples["pieces_alone"].append(time.perf_counter() - start)
-        del restored
+        timed("pieces_alone", lambda: [checksums.damaged(records, [checksums.pieces(records, restored[item], item).result()[0]])
+                                       for item in ("params", "optimizer")])
+        restored.clear()
         print(f"repeat {r + 1}: " + ", ".join(f"{k} {v[-1]:.3f} s" for k, v in samples.items()), flush=True)
     for c in savers.values():
         c.close()
@@ -186,16 +192,23 @@ def checksum_cost(args) -> None:
             "async_save_total": med["async_total_with"] / med["async_total_without"] - 1,
             "async_save_block": med["async_block_with"] / med["async_block_without"] - 1,
             "restore": med["restore_verified"] / med["restore_unverified"] - 1}
+    med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
+    cpu_cost = {"sync_save": med_cpu["sync_save_with"] / med_cpu["sync_save_without"] - 1,
+                "async_save_total": med_cpu["async_total_with"] / med_cpu["async_total_without"] - 1,
+                "restore": med_cpu["restore_verified"] / med_cpu["restore_unverified"] - 1}
     result = {
         "command": " ".join(["python", "benchmarks/bench_checkpoint.py", *sys.argv[1:]]),
         "model": args.model, "state_bytes": nbytes, "devices": jax.device_count(),
         "platform": jax.devices()[0].platform, "repeats": args.repeats, "cpu_count": os.cpu_count(),
         "load_average_1min": os.getloadavg()[0], "dir": where,
         "median_seconds": med, "checksum_cost": cost,
+        "median_cpu_seconds": med_cpu, "checksum_cpu_cost": cpu_cost,
+        "cost_is": "median with / median without - 1, wall time (checksum_cost) and this process's CPU time "
+                   "over all its threads (checksum_cpu_cost: less swayed by other processes on a shared host)",
         "checksum_gb_per_s": {"save_record": nbytes / 1e9 / med["record_alone"],
                               "restore_check": nbytes / 1e9 / med["pieces_alone"]},
         "target": "checksum_cost <= 0.05 of a save and of a restore",
-        "samples": samples,
+        "samples": samples, "cpu_samples": cpu,
     }
     out = pathlib.Path(args.out or pathlib.Path(__file__).resolve().parent / "results"
                        / f"checkpoint_checksums_{args.model}.json")

@@ -107,7 +107,7 @@ def _own_newest(built, ckpt, memory, at_most: int | None, data_iterator=None, pr
         if disk_step < 0:
             return None, None, sorted(skip)
         try:
-            state = _restore_full(ckpt.path, disk_step, built.abstract, built.shardings, data_iterator, process_index)
+            state = _restore_verified(ckpt.path, disk_step, built, data_iterator, process_index, primary)
         except ck.CheckpointCorrupt as e:
             print_primary(primary, f"maxlite: checkpoint step {disk_step} in {ckpt.path} is corrupt: {e.what()}; "
                                    f"never restored: going back to an older state")
@@ -127,6 +127,19 @@ def _own_newest(built, ckpt, memory, at_most: int | None, data_iterator=None, pr
     if any(s > got.step for s in skip):
         ckpt.discard_after(got.step, why="they are corrupt; the run saves those steps again")
     return got, (snapshot.data_state if snapshot is not None else None), sorted(skip)
+
+
+def _restore_verified(root: str, step: int, built, data_iterator, process_index: int, primary: bool):
+    """A checkpoint's state; read a second time before it is called corrupt: a transient bad read
+    (the storage or the network returned wrong bytes once) must not cost a good checkpoint."""
+    try:
+        return _restore_full(root, step, built.abstract, built.shardings, data_iterator, process_index)
+    except ck.CheckpointCorrupt as e:
+        first = e
+    state = _restore_full(root, step, built.abstract, built.shardings, data_iterator, process_index)
+    print_primary(primary, f"maxlite: warning: the first read of checkpoint step {step} in {root} failed "
+                           f"verification ({first.what()}), the second passed: the storage returned wrong bytes once")
+    return state
 
 
 def rollback(built, ckpt, memory, at_most: int) -> Start | None:

@@ -193,3 +193,27 @@ def test_checkpoints_without_checksums_restore_unverified_and_a_dtype_change_is_
     assert ck.complete_steps(saver.path) == [2, 4] and not ck.checksums.marked(saver.path)  # 4 verified as saved
     assert all(np.array_equal(np.asarray(a), np.asarray(b).astype(a.dtype))
                for a, b in zip(jax.tree.leaves(bf16.params), jax.tree.leaves(state.params)))
+
+
+def test_a_checkpoint_is_read_twice_before_it_is_called_corrupt(tmp_path, monkeypatch):
+    """One bad read (the storage returned wrong bytes once; injected here) does not cost a good
+    checkpoint: the second read passes, the run starts from it and nothing is marked."""
+    from maxlite import resume
+
+    cfg, state, data = _trained(tmp_path, ["async_checkpointing=false"])
+    saver = Checkpointer(cfg, True, state_lib.nbytes(state))
+    for step in (1, 2):
+        assert saver.save(step, state, data)
+    saver.close()
+    real, calls = resume._restore_full, []
+
+    def once_bad(root, step, *args):
+        calls.append(step)
+        if len(calls) == 1:
+            raise ck.CheckpointCorrupt(f"{root}/{step}", ["params/embedding"], "checksum mismatch")
+        return real(root, step, *args)
+    monkeypatch.setattr(resume, "_restore_full", once_bad)
+    _, restored, _, c = _start(tmp_path, ["run_name=src"], 8)
+    c.close()
+    assert calls == [2, 2] and ck.complete_steps(saver.path) == [1, 2] and not ck.checksums.marked(saver.path)
+    assert all(np.array_equal(a, b) for a, b in zip(_host(restored), _host(state)))

@@ -315,18 +315,21 @@ def marker(root: str, step: int) -> dict | None:
         return {"damaged": [], "detail": "corrupt (its marker is unreadable)"}
 
 
-# Tensorstore's status codes for bytes that are there but wrong or short (a damaged checkpoint),
-# as opposed to storage that cannot be reached (UNAVAILABLE, DEADLINE_EXCEEDED, PERMISSION_DENIED):
-# those are not the checkpoint's fault and must not send a run back to an older one.
-_DAMAGE = re.compile(r"\b(DATA_LOSS|OUT_OF_RANGE|INVALID_ARGUMENT|FAILED_PRECONDITION|NOT_FOUND)\b|"
-                     r"Error decoding|checksum mismatch|Expecting value|Unterminated string", re.I)
+# What a read of damaged bytes raises (seen here: flipped, truncated and removed files of every
+# kind in a step): tensorstore's DATA_LOSS (a CRC of its own, a short zarr shard), OUT_OF_RANGE (a
+# truncated file), NOT_FOUND (a removed one), "Error decoding" (a b-tree node), "Invalid JSON" and
+# Python's JSON/UTF-8 errors (Orbax's metadata files), a missing file. Storage that cannot be
+# reached (UNAVAILABLE, DEADLINE_EXCEEDED, PERMISSION_DENIED) and a wrong target (INVALID_ARGUMENT)
+# are not the checkpoint's fault and must never send a run back to an older one.
+_DAMAGE = re.compile(r"\b(DATA_LOSS|OUT_OF_RANGE|NOT_FOUND)\b|Error decoding|checksum|Invalid JSON|"
+                     r"JSONDecodeError|UnicodeDecodeError|FileNotFoundError")
 _ARRAY = re.compile(r'"([^"/]+)/c/[^"]*" in OCDBT database at [^"]*"[^"]*/(params|optimizer)/"')
 
 
 def damage_of(e: BaseException) -> list[str] | None:
     """The arrays a restore error names, when it means damaged bytes; None when it does not."""
     text = "\n".join(f"{type(x).__name__}: {x}" for x in error_chain(e))
-    if not _DAMAGE.search(text) and "JSONDecodeError" not in text:
+    if not _DAMAGE.search(text):
         return None
     names = set()
     for key, item in _ARRAY.findall(text):

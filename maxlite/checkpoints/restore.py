@@ -74,6 +74,12 @@ def read_json_item(root: str, step: int, name: str) -> Any:
         return json.loads(f.read())
 
 
+def _nbytes(tree) -> int:
+    import jax
+    import numpy as np
+    return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
 def _as_saved(target, records, item: str):
     """`target` with the dtypes the arrays were saved in: the bytes read are checked as written,
     and cast afterwards (a run that changed weight_dtype)."""
@@ -118,9 +124,12 @@ def restore_items(root: str, step: int, targets: dict[str, Any], verify: bool = 
     # file), bytes read that its checksums do not match, and its reads' parts of each shard's CRC
     outcome: dict[str, Any] = {"error": None, "unreadable": [], "detail": "", "mismatch": [], "pieces": {}}
     reading = ""
+    # the biggest item first: the CRCs of each item run while the next is read, and the last
+    # item's are what the restore waits for (optimizer before params: a third of the state)
+    order = sorted(targets, key=lambda n: -_nbytes(targets[n]) if n in ARRAY_ITEMS else 0)
     try:
-        for name, target in targets.items():
-            reading = name
+        for name in order:
+            target, reading = targets[name], name
             if name in ARRAY_ITEMS:
                 saved = _as_saved(target, records, name) if records is not None else target
                 restored[name] = restore_array_item(f"{where}/{name}", saved)

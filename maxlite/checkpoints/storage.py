@@ -56,7 +56,7 @@ def error_line(e: BaseException) -> str:
     to write 4472832 bytes to file 27: No space left on device`), else the first line."""
     chain = error_chain(e)
     text = next((str(x) for x in chain if re.search(r"\b[A-Z]+_[A-Z_]+: ", str(x))), str(chain[-1]))
-    text = (text.splitlines() or [""])[0]
+    text = (text.splitlines() or [""])[0].split(" [tensorstore_spec=")[0].split(" [source locations=")[0]
     code = re.search(r"\b([A-Z]+_[A-Z_]+): ", text)
     tail = text.rsplit('": ', 1)[-1]
     return (f"{code.group(1)}: {tail}" if code and not tail.startswith(code.group(1)) else tail)[:300]
