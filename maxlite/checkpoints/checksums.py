@@ -22,6 +22,7 @@ import functools
 import json
 import os
 import re
+import threading
 import time
 from typing import Any, Iterator
 
@@ -114,17 +115,23 @@ def _pool() -> concurrent.futures.ThreadPoolExecutor:
 def _all(futures: list, then) -> concurrent.futures.Future:
     """A future of `then([results])` once every future in the list is done."""
     out: concurrent.futures.Future = concurrent.futures.Future()
+    left, lock = [len(futures)], threading.Lock()
 
-    def finish(_):
-        if all(f.done() for f in futures) and not out.done():
-            try:
-                out.set_result(then([f.result() for f in futures]))
-            except BaseException as e:  # noqa: BLE001 — handed to whoever waits on `out`
-                out.set_exception(e)
-    for f in futures:
-        f.add_done_callback(finish)
-    if not futures:
-        out.set_result(then([]))
+    def finish(_=None):
+        with lock:  # callbacks run on whichever threads finish: exactly one sees the count reach 0
+            left[0] -= 1
+            if left[0] > 0:
+                return
+        try:
+            out.set_result(then([f.result() for f in futures]))
+        except BaseException as e:  # noqa: BLE001 — handed to whoever waits on `out`
+            out.set_exception(e)
+    if futures:
+        for f in futures:
+            f.add_done_callback(finish)
+    else:
+        left[0] = 1
+        finish()
     return out
 
 
