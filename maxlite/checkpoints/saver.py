@@ -140,7 +140,7 @@ class Checkpointer:
         print_primary(self.primary, f"maxlite: saving checkpoint {ck.checkpoint_name(meta, step)} "
                            f"({self.state_bytes / 2**20:,.1f} MiB) → {self.path}")
         if self.writer is not None:
-            self.writer.submit(lambda: self._write(step, state, data, meta, json_items, metrics))
+            self.writer.submit(lambda: self._write(step, lambda: self._args(state, data, meta, json_items), metrics))
         else:
             try:  # Orbax's own async save returns before the CRCs are done: the state may be donated next
                 args = self._args(state, data, meta, json_items, wait=cfg.async_checkpointing)
@@ -172,10 +172,10 @@ class Checkpointer:
             optimizer=ck.array_save(optimizer, self.process_bytes),
             data=ocp.args.JsonSave(data), meta=ocp.args.JsonSave(meta), **items)
 
-    def _write(self, step: int, host_state, data, meta, json_items, metrics) -> None:
-        """On the writer thread: checksums of the host copy (waiting for it), then the whole Orbax
-        save of it, until it is durable."""
-        self.mngr.save(step, args=self._args(host_state, data, meta, json_items), metrics=metrics)
+    def _write(self, step: int, make_args, metrics) -> None:
+        """On the writer thread: the whole Orbax save of the host copy, until it is durable.
+        `make_args()` builds the save args there (its checksums wait for the host copy)."""
+        self.mngr.save(step, args=make_args(), metrics=metrics)
         self.mngr.wait_until_finished()
 
     def poll(self, wait: bool = False) -> None:
