@@ -1,6 +1,8 @@
-"""Checkpoint speed against this disk's own raw write speed, measured in the same run.
+"""Checkpoint speed against this disk's own raw write speed, measured in the same run; and what
+checksums cost a save and a restore.
 
     python benchmarks/bench_checkpoint.py [--dir /tmp/x] [--layers 16] [--repeats 5] [--out PATH]
+    python benchmarks/bench_checkpoint.py --checksums [--model llama-100m] [--repeats 5] [--out PATH]
 
 Writes benchmarks/results/checkpoint.json (--layers 16: a 0.8 GiB state). A small state shows the
 fixed per-save cost instead of write speed: `--layers 4 --repeats 9 --out
@@ -24,6 +26,13 @@ What is compared with what, and why:
   enqueued (maxlite/checkpoints/offload.py); that copy and the writer thread then share the CPU
   with the loop, so the step right after the save (a donated update of the whole state) is timed
   too, against the same step with no save running.
+
+`--checksums` (issue 29): a trained `--model` state saved and restored with and without its
+checksums (maxlite/checkpoints/checksums.py), interleaved, each timed section after `os.sync()`:
+a synchronous save until durable, an async save's blocking part and its total (the writer thread
+checksums the host copy before Orbax writes it), and a restore onto the run's shardings with and
+without verification (`restore_items(verify=...)`: the same checkpoint, from the page cache both
+times). Writes benchmarks/results/checkpoint_checksums_<model>.json. Aim: <= 5% of each.
 """
 
 from __future__ import annotations
@@ -109,13 +118,115 @@ def du(path: str) -> int:
     return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
 
 
+def checksum_cost(args) -> None:
+    """Save and restore with and without checksums (see the module docstring)."""
+    from maxlite import checkpoints as ck
+    from maxlite.checkpoints import checksums
+
+    where = tempfile.mkdtemp(prefix="bench-ckpt-sum-", dir=args.dir)
+    argv = ["base.yml", f"model_name={args.model}", f"base_output_directory={where}", "run_name=bench",
+            "max_num_checkpoints_to_keep=0"]
+    built = build(C.load(argv))
+    abstract, shardings, tx = built.abstract, built.shardings, built.tx
+    state = trained_state(built.init_state(), tx, shardings)
+    jax.block_until_ready(state)
+    nbytes = state_lib.nbytes(abstract)
+    print(f"{args.model}: {nbytes / 2**20:,.1f} MiB on {jax.device_count()} devices → {where}", flush=True)
+
+    def checkpointer(mode: str, sums: bool) -> Checkpointer:
+        c = C.resolve(C.load([*argv, f"async_checkpointing={mode}", f"run_name={mode}-{sums}"]), jax.device_count())
+        return Checkpointer(c, True, nbytes, checksums=sums)
+
+    savers = {(mode, sums): checkpointer(mode, sums) for mode in ("false", "true") for sums in (True, False)}
+    for (mode, sums), c in savers.items():  # the first save of each (compiles, thread pools) is not timed
+        c.save(1, state, _Data())
+        c.poll(wait=True)
+    targets = {"params": ck.sharded_target(abstract.params, shardings.params),
+               "optimizer": ck.sharded_target({"step": abstract.step, "opt_state": abstract.opt_state},
+                                              {"step": shardings.step, "opt_state": shardings.opt_state})}
+    root = savers["false", True].path
+    samples = {k: [] for k in ("sync_save_with", "sync_save_without", "async_block_with", "async_block_without",
+                               "async_total_with", "async_total_without", "restore_verified", "restore_unverified",
+                               "record_alone", "pieces_alone")}
+    cpu = {k: [] for k in ("sync_save_with", "sync_save_without", "async_total_with", "async_total_without",
+                           "restore_verified", "restore_unverified")}
+
+    def timed(key: str, fn) -> None:
+        """Wall seconds into `samples`, this process's CPU seconds (every thread) into `cpu`."""
+        os.sync()
+        wall, used = time.perf_counter(), time.process_time()
+        fn()
+        samples[key].append(time.perf_counter() - wall)
+        if key in cpu:
+            cpu[key].append(time.process_time() - used)
+
+    for r in range(args.repeats):
+        step = r + 2
+        for sums in ((True, False) if r % 2 == 0 else (False, True)):  # alternate who goes first
+            tag = "with" if sums else "without"
+            timed(f"sync_save_{tag}", lambda: savers["false", sums].save(step, state, _Data()))
+
+            def async_save():
+                savers["true", sums].save(step, state, _Data())
+                samples[f"async_block_{tag}"].append(time.perf_counter() - start)
+                savers["true", sums].poll(wait=True)
+            start = time.perf_counter()
+            timed(f"async_total_{tag}", async_save)
+        restored: dict = {}
+        for verify in ((True, False) if r % 2 == 0 else (False, True)):
+            def restore():
+                restored.update(ck.restore_items(root, step, targets, verify=verify))
+                jax.block_until_ready(restored)
+            timed("restore_verified" if verify else "restore_unverified", restore)
+        timed("record_alone", lambda: checksums.record(
+            {"params": state.params, "optimizer": {"step": state.step, "opt_state": state.opt_state}}, {}, 0, 1).result())
+        records = checksums.read(root, step)
+        timed("pieces_alone", lambda: [checksums.damaged(records, [checksums.pieces(records, restored[item], item).result()[0]])
+                                       for item in ("params", "optimizer")])
+        restored.clear()
+        print(f"repeat {r + 1}: " + ", ".join(f"{k} {v[-1]:.3f} s" for k, v in samples.items()), flush=True)
+    for c in savers.values():
+        c.close()
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    cost = {"sync_save": med["sync_save_with"] / med["sync_save_without"] - 1,
+            "async_save_total": med["async_total_with"] / med["async_total_without"] - 1,
+            "async_save_block": med["async_block_with"] / med["async_block_without"] - 1,
+            "restore": med["restore_verified"] / med["restore_unverified"] - 1}
+    med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
+    cpu_cost = {"sync_save": med_cpu["sync_save_with"] / med_cpu["sync_save_without"] - 1,
+                "async_save_total": med_cpu["async_total_with"] / med_cpu["async_total_without"] - 1,
+                "restore": med_cpu["restore_verified"] / med_cpu["restore_unverified"] - 1}
+    result = {
+        "command": " ".join(["python", "benchmarks/bench_checkpoint.py", *sys.argv[1:]]),
+        "model": args.model, "state_bytes": nbytes, "devices": jax.device_count(),
+        "platform": jax.devices()[0].platform, "repeats": args.repeats, "cpu_count": os.cpu_count(),
+        "load_average_1min": os.getloadavg()[0], "dir": where,
+        "median_seconds": med, "checksum_cost": cost,
+        "median_cpu_seconds": med_cpu, "checksum_cpu_cost": cpu_cost,
+        "cost_is": "median with / median without - 1, wall time (checksum_cost) and this process's CPU time "
+                   "over all its threads (checksum_cpu_cost: less swayed by other processes on a shared host)",
+        "checksum_gb_per_s": {"save_record": nbytes / 1e9 / med["record_alone"],
+                              "restore_check": nbytes / 1e9 / med["pieces_alone"]},
+        "target": "checksum_cost <= 0.05 of a save and of a restore",
+        "samples": samples, "cpu_samples": cpu,
+    }
+    out = pathlib.Path(args.out or pathlib.Path(__file__).resolve().parent / "results"
+                       / f"checkpoint_checksums_{args.model}.json")
+    write_result(result, out, indent=1)
+    shutil.rmtree(where, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir on /tmp)")
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/checkpoint.json)")
+    parser.add_argument("--checksums", action="store_true", help="what checksums cost a save and a restore")
+    parser.add_argument("--model", default="llama-100m", help="with --checksums: the model_name")
     args = parser.parse_args()
+    if args.checksums:
+        return checksum_cost(args)
     where = tempfile.mkdtemp(prefix="bench-ckpt-", dir=args.dir)
     argv = ["base.yml", "model_name=tiny", "base_emb_dim=512", "base_mlp_dim=2048", "base_num_query_heads=8",
             "base_num_kv_heads=8", "head_dim=64", f"base_num_decoder_layers={args.layers}",

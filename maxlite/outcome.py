@@ -32,6 +32,7 @@ HANG = 75  # the watchdog saw a section exceed its timeout (EX_TEMPFAIL: "try ag
 STRAGGLER = 76  # stop_if_straggler: a process scored below straggler_threshold
 PREEMPT_TIMEOUT = 77  # a preemption signal, but no safe point within preemption_grace_seconds
 DIVERGED = 78  # the loss went bad with no rollback left: a restart would repeat it
+BAD_STATE = 79  # restored states go bad at their first step and none older is left: a restart would too
 LEASE_LOST = 73  # another launch took the run directory over (EX_CANTCREAT): this one stops writing
 INTERRUPTED = 130  # the user stopped it (Ctrl-C, SIGINT; the shell's 128 + 2): saved first, unless pressed twice
 
@@ -51,6 +52,7 @@ _REASONS = {  # reason → (exit code, status state, next)
     "checkpoint_failed": (CHECKPOINT_FAILED, "failed", RESTART),
     "config": (CONFIG_ERROR, "failed", FAIL),
     "diverged": (DIVERGED, "failed", FAIL),
+    "bad_state": (BAD_STATE, "failed", FAIL),
     "crash": (FAILED, "failed", RESTART),
     "lease_lost": (LEASE_LOST, "failed", FAIL),  # status.json is the new holder's: not written
 }
@@ -58,7 +60,13 @@ STOP_REASONS = ("max_time", "preempted", "straggler", "interrupted", "lease_lost
 
 
 class LossDiverged(RuntimeError):
-    """The loss went bad and no rollback is left (or possible): the run stops with this line."""
+    """The loss went bad, the evidence points at the data or the optimisation, and no rollback is
+    left (or possible): the run stops with this line."""
+
+
+class BadState(RuntimeError):
+    """Restored states go bad at their first step, and no rollback to an older one is left (or
+    possible): not a diverged run; the run stops with this line."""
 
 
 class CheckpointSaveError(RuntimeError):
@@ -92,6 +100,8 @@ def reason_of(error: BaseException) -> str:
         return "config"
     if isinstance(error, LossDiverged):
         return "diverged"
+    if isinstance(error, BadState):
+        return "bad_state"
     if isinstance(error, CheckpointSaveError):
         return "checkpoint_failed"
     if isinstance(error, KeyboardInterrupt):  # Ctrl-C pressed twice: out at once, without a save
@@ -109,8 +119,8 @@ def decide(reason: str | None = None, error: BaseException | None = None,
     if error is not None:
         reason = reason_of(error)
         first = (str(error).strip().splitlines() or [""])[0]
-        text = (first if reason in ("config", "diverged") else f"{type(error).__name__}: {first}")[:500]
-    if lost_saves and reason not in ("config", "diverged"):
+        text = (first if reason in ("config", "diverged", "bad_state") else f"{type(error).__name__}: {first}")[:500]
+    if lost_saves and reason not in ("config", "diverged", "bad_state"):
         reason = "checkpoint_failed"
         text = text or f"{len(lost_saves)} checkpoint save(s) failed with no complete save after them " \
                        f"(first: step {lost_saves[0]['step']}: {lost_saves[0]['error']})"
@@ -140,7 +150,8 @@ def next_of(code: int, status: dict | None) -> str:
 
 def describe(reason: str) -> str:
     """A few words for a launcher's log line."""
-    return {"config": "configuration error", "diverged": "the loss diverged", "interrupted": "stopped by the user",
+    return {"config": "configuration error", "diverged": "the loss diverged",
+            "bad_state": "every state to roll back to goes bad", "interrupted": "stopped by the user",
             "checkpoint_failed": "a checkpoint save failed", "hang": "a hang", "straggler": "a straggler",
             "preempt_timeout": "no safe point within the preemption grace", "crash": "a crash",
             "preempted": "preempted", "max_time": "its max_time budget",

@@ -3,7 +3,10 @@
 In order:
 1. this run's own newest complete state: an in-memory snapshot complete on all hosts
    (`inmemory_snapshot_period`) or its latest complete disk checkpoint; memory wins a tie (it is
-   faster), the newer step wins otherwise;
+   faster), the newer step wins otherwise. A checkpoint whose bytes fail their checksums
+   (checkpoints/checksums.py) is never restored: it is marked corrupt, said in one line, and the
+   next older state is tried; the corrupt ones newer than where the run starts are deleted (the
+   run saves those steps again);
 2. `load_full_state_path`: another run's full state (params, optimizer, step, data position);
 3. `load_parameters_path`: weights only, fresh optimizer, step 0;
 4. a fresh sharded init.
@@ -34,10 +37,14 @@ class Start:
     step: int
     where: str = ""  # the checkpoint or snapshot it came from
     seconds: float = 0.0
+    corrupt: list = dataclasses.field(default_factory=list)  # {step, damaged, detail} passed over
 
     def record(self) -> dict[str, Any]:
         """What status.json says under `resumed_from`."""
-        return {"step": self.step, "source": self.source, "where": self.where, "seconds": round(self.seconds, 3)}
+        out = {"step": self.step, "source": self.source, "where": self.where, "seconds": round(self.seconds, 3)}
+        if self.corrupt:
+            out["corrupt"] = self.corrupt
+        return out
 
 
 def decide(built, ckpt, data_iterator, process_index: int, primary: bool, memory=None) -> Start:
@@ -46,18 +53,20 @@ def decide(built, ckpt, data_iterator, process_index: int, primary: bool, memory
     run's mesh whatever mesh saved the state."""
     cfg, abstract, shardings = built.cfg, built.abstract, built.shardings
     start = time.perf_counter()
-    disk_step, snapshot = _newest_own(built, ckpt, memory)
-    if snapshot is not None:
-        data_iterator.set_state(snapshot.data_state)  # this process's own: snapshots need the same hosts
-        got = Start(snapshot.state, "memory", snapshot.step, snapshot.detail)
-        _note_val_loss(ckpt, snapshot.step)
-    elif disk_step >= 0:
-        state = _restore_full(ckpt.path, disk_step, abstract, shardings, data_iterator, process_index)
-        got = Start(state, "checkpoint", disk_step, f"{ckpt.path}/{disk_step}")
-        _note_val_loss(ckpt, disk_step)
-        meta = ck.read_meta(ckpt.path, disk_step) if primary else {}
-        print_primary(primary, f"maxlite: resumed from step {disk_step} ({ck.checkpoint_name(meta, disk_step)}) "
+    got, data_state, passed_over = _own_newest(built, ckpt, memory, None, data_iterator, process_index)
+    if got is not None and got.source == "memory":
+        data_iterator.set_state(data_state)  # this process's own: snapshots need the same hosts
+        _note_val_loss(ckpt, got.step)
+    elif got is not None:
+        _note_val_loss(ckpt, got.step)
+        meta = ck.read_meta(ckpt.path, got.step) if primary else {}
+        print_primary(primary, f"maxlite: resumed from step {got.step} ({ck.checkpoint_name(meta, got.step)}) "
                       f"in {ckpt.path} in {time.perf_counter() - start:.1f} s")
+    elif passed_over:
+        steps = ", ".join(map(str, passed_over))
+        raise C.ConfigError(f"every checkpoint in {ckpt.path} is corrupt (step(s) {steps}; "
+                            f"`python -m maxlite.checkpoints list {ckpt.path}`): nothing intact to resume "
+                            f"from; delete them (or pick another run_name) to start afresh")
     elif cfg.load_full_state_path:
         root, step = ck.resolve_step_dir(cfg.load_full_state_path)
         state = _restore_full(root, step, abstract, shardings, data_iterator, process_index)
@@ -76,30 +85,72 @@ def decide(built, ckpt, data_iterator, process_index: int, primary: bool, memory
     return got
 
 
-def _newest_own(built, ckpt, memory, at_most: int | None = None):
-    """(newest complete disk step or -1, the in-memory snapshot if it is at least as new, or None),
-    of steps <= `at_most` when given. Collective when `memory` is given."""
-    steps = ck.complete_steps(ckpt.path) if ckpt is not None else []
-    disk_step = max((s for s in steps if at_most is None or s <= at_most), default=-1)
-    snapshot = memory(built.abstract, disk_step, at_most) if memory is not None else None
-    return disk_step, snapshot
+def _own_newest(built, ckpt, memory, at_most: int | None, data_iterator=None, process_index: int = 0):
+    """(Start or None, the snapshot's data state, the corrupt steps passed over) of this run's
+    newest own state (of a step <= `at_most` when given): a snapshot or a checkpoint, by the rule
+    in the module docstring. Given `data_iterator`, a checkpoint's data position is
+    applied to it. Collective: every host calls it and reaches the same answer."""
+    import jax
+
+    primary = jax.process_index() == 0
+    marked = ck.checksums.marked(ckpt.path) if ckpt is not None else {}  # found corrupt earlier
+    skip = set(marked)
+    corrupt = [{"step": s, "damaged": m.get("damaged", []), "detail": m.get("detail", ""),
+                "found_by": m.get("found_by", "")} for s, m in sorted(marked.items(), reverse=True)]
+    complete = ck.complete_steps(ckpt.path) if ckpt is not None else []
+    while True:
+        disk_step = max((s for s in complete if s not in skip and (at_most is None or s <= at_most)), default=-1)
+        snapshot = memory(built.abstract, disk_step, at_most) if memory is not None else None
+        if snapshot is not None:
+            got = Start(snapshot.state, "memory", snapshot.step, snapshot.detail)
+            break
+        if disk_step < 0:
+            return None, None, sorted(skip)
+        try:
+            state = _restore_verified(ckpt.path, disk_step, built, data_iterator, process_index, primary)
+        except ck.CheckpointCorrupt as e:
+            print_primary(primary, f"maxlite: checkpoint step {disk_step} in {ckpt.path} is corrupt: {e.what()}; "
+                                   f"never restored: going back to an older state")
+            if primary:
+                ck.checksums.mark(ckpt.path, disk_step, e, by="resume")
+            corrupt.append({"step": disk_step, "damaged": e.damaged, "detail": e.detail, "found_by": "resume"})
+            skip.add(disk_step)
+            continue
+        got = Start(state, "checkpoint", disk_step, f"{ckpt.path}/{disk_step}")
+        break
+    got.corrupt = sorted((c for c in corrupt if got.step < c["step"] <= (at_most if at_most is not None else c["step"])),
+                         key=lambda c: -c["step"])
+    for c in got.corrupt:
+        if c["found_by"] != "resume":
+            print_primary(primary, f"maxlite: checkpoint step {c['step']} in {ckpt.path} was found corrupt earlier "
+                                   f"({', '.join(c['damaged'][:6]) or c['detail']}; by {c['found_by']}): never restored")
+    if any(s > got.step for s in skip):
+        ckpt.discard_after(got.step, why="they are corrupt; the run saves those steps again")
+    return got, (snapshot.data_state if snapshot is not None else None), sorted(skip)
+
+
+def _restore_verified(root: str, step: int, built, data_iterator, process_index: int, primary: bool):
+    """A checkpoint's state; read a second time before it is called corrupt: a transient bad read
+    (the storage or the network returned wrong bytes once) must not cost a good checkpoint."""
+    try:
+        return _restore_full(root, step, built.abstract, built.shardings, data_iterator, process_index)
+    except ck.CheckpointCorrupt as e:
+        first = e
+    state = _restore_full(root, step, built.abstract, built.shardings, data_iterator, process_index)
+    print_primary(primary, f"maxlite: warning: the first read of checkpoint step {step} in {root} failed "
+                           f"verification ({first.what()}), the second passed: the storage returned wrong bytes once")
+    return state
 
 
 def rollback(built, ckpt, memory, at_most: int) -> Start | None:
     """Where a run that went bad after step `at_most` goes back to: its newest own state at or
-    before that step, by the rule `decide` uses (memory wins a tie, the newer step otherwise), with
-    the data position left where it is (the batches since are skipped); None when there is none.
-    Collective: every host calls it."""
+    before that step, by the rule `decide` uses (memory wins a tie, the newer step otherwise;
+    corrupt checkpoints passed over), with the data position left where it is (the batches since
+    are skipped); None when there is none. Collective: every host calls it."""
     start = time.perf_counter()
-    disk_step, snapshot = _newest_own(built, ckpt, memory, at_most)
-    if snapshot is not None:
-        got = Start(snapshot.state, "memory", snapshot.step, snapshot.detail)
-    elif disk_step >= 0:
-        state = _restore_full(ckpt.path, disk_step, built.abstract, built.shardings)
-        got = Start(state, "checkpoint", disk_step, f"{ckpt.path}/{disk_step}")
-    else:
-        return None
-    got.seconds = time.perf_counter() - start
+    got, _, _ = _own_newest(built, ckpt, memory, at_most)
+    if got is not None:
+        got.seconds = time.perf_counter() - start
     return got
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import jax
@@ -11,6 +10,7 @@ import optax
 from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from maxlite import hostmem
 from maxlite.config import ConfigError
 from maxlite.mesh import RULES
 from maxlite.models import Transformer
@@ -100,45 +100,39 @@ def nbytes(tree: Any) -> int:
     return sum(x.size * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
-def _host_memory_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def check_fits(cfg, abstract: TrainState, share: float | None = None) -> None:
     """Refuse to allocate a state (params + grads + optimizer) that cannot fit; before any allocation.
-    `share`: the part of the state this host holds on CPU (default: its devices' part; a launcher
-    whose workers all run on this host passes 1)."""
+    Host memory is what this process may use: the machine's, or its container's cgroup limit.
+    `share`: the part of the state this host holds (default: its devices' part; a launcher whose
+    workers all run on this host passes 1)."""
     if not cfg.check_memory_fit:
         return
-    state_bytes = nbytes(abstract) + nbytes(abstract.params)  # + gradients, same shapes as params
     devices = jax.local_devices()
-    n_params = sum(x.size for x in jax.tree.leaves(abstract.params))
-    gib = 2**30
+    if share is None:
+        share = len(devices) / jax.device_count()  # this host's part of every sharded array
+    state_bytes = nbytes(abstract) + nbytes(abstract.params)  # + gradients, same shapes as params
+    copy = nbytes(abstract) if cfg.enable_checkpointing and cfg.async_checkpointing else 0  # offload.py
     what = "parameters, gradients and optimizer state"
-    if devices[0].platform == "cpu":
-        if cfg.enable_checkpointing and cfg.async_checkpointing:  # an async save copies the state
-            state_bytes += nbytes(abstract)                         # (checkpoints/offload.py)
-            what += ", plus its copy while an async checkpoint is written,"
-        need = state_bytes * (len(devices) / jax.device_count() if share is None else share)  # this host's
-        have = _host_memory_bytes()
-        where = "this host has"
-    else:
-        stats = devices[0].memory_stats() or {}
-        have = stats.get("bytes_limit", 0)
-        need = state_bytes / jax.device_count()
-        where = f"each {devices[0].device_kind} has"
-        if not have:
-            return
+    if devices[0].platform == "cpu":  # device memory is host memory
+        host = hostmem.memory()
+        what += ", plus its copy while an async checkpoint is written," if copy else ""
+        _refuse_above(cfg, abstract, (state_bytes + copy) * share, host.available, what, host.describe())
+        return
+    limit = (devices[0].memory_stats() or {}).get("bytes_limit", 0)
+    if limit:
+        _refuse_above(cfg, abstract, state_bytes / jax.device_count(), limit, what,
+                      f"each {devices[0].device_kind} has {limit / 2**30:,.1f} GiB")
+    if copy:  # an async save's host copy of this host's part of the state, in pinned host memory
+        host = hostmem.memory()
+        _refuse_above(cfg, abstract, copy * share, host.available,
+                      "the host copy an async checkpoint writes from (async_checkpointing=false saves without it)",
+                      host.describe())
+
+
+def _refuse_above(cfg, abstract, need: float, have: float, what: str, where: str) -> None:
     if need > 0.9 * have:
+        n_params = sum(x.size for x in jax.tree.leaves(abstract.params))
         raise ConfigError(
-            f"model_name={cfg.model_name} ({n_params / 1e9:.2f}B params) needs ~{need / gib:,.1f} GiB "
-            f"for {what} per host, but {where} "
-            f"{have / gib:,.1f} GiB; use more devices/hosts, a smaller model, or check the fit "
+            f"model_name={cfg.model_name} ({n_params / 1e9:.2f}B params) needs ~{need / 2**30:,.1f} GiB "
+            f"for {what} per host, but {where}; use more devices/hosts, a smaller model, or check the fit "
             f"first with `python -m maxlite.plan`")

@@ -384,7 +384,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         elif end.reason != "checkpoint_failed":  # a failed save was reported on stderr already
             if not _several_processes() or sys.modules["jax"].process_index() == 0:
-                print(f"maxlite: {'error: ' if end.reason == 'diverged' else ''}{end.error}", file=sys.stderr)
+                print(f"maxlite: {'error: ' if end.reason in ('diverged', 'bad_state') else ''}{end.error}",
+                      file=sys.stderr)
         # Out now: a peer may be gone (jax.distributed's exit barrier would wait for it for
         # minutes), a failed save's writer threads may retry dead storage, a second Ctrl-C means now.
         sys.stdout.flush()

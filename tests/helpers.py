@@ -1,9 +1,13 @@
 """What tests share: a small in-process training driver (the library pieces the loop wires, on a
-device subset), small configs, a free port, polling with a deadline, and the matmuls of a jaxpr."""
+device subset), real `python -m` processes (one or several, jax.distributed over gloo), small
+configs, a free port, polling with a deadline, and the matmuls of a jaxpr."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import time
 from typing import Callable, TypeVar
 
@@ -72,6 +76,49 @@ def start(tmp_path, argv, devices, ckpt=True):
     return cfg, resume.decide(built, checkpointer, data, 0, True), data, checkpointer
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def process_env(devices: int, **extra: str) -> dict:
+    """The environment of a CPU subprocess with `devices` simulated devices, no launcher's variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAXLITE_", "RAY_ADDRESS"))}
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+               TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT, **extra)
+    return env
+
+
+def run_module(module: str, args, processes: int = 1, devices: int = 2, timeout: float = 600,
+               env: dict | None = None, prefix=()) -> tuple[list[int], list[str]]:
+    """`python -m module args` on `processes` local processes (jax.distributed over gloo when
+    several, `devices` simulated devices each): (exit codes, outputs with stderr merged). `prefix`:
+    a command the process is exec'ed from (e.g. `sh -c '...; exec "$@"' sh`)."""
+    import tempfile
+
+    port = free_port()
+    procs, logs = [], []
+    for i in range(processes):
+        extra = dict(MAXLITE_COORDINATOR=f"127.0.0.1:{port}", MAXLITE_NUM_PROCESSES=str(processes),
+                     MAXLITE_PROCESS_ID=str(i)) if processes > 1 else {}
+        logs.append(tempfile.TemporaryFile("w+"))  # files, not pipes: a full pipe would stall a peer
+        procs.append(subprocess.Popen([*prefix, sys.executable, "-m", module, *args], cwd=ROOT,
+                                      env={**process_env(devices, **extra), **(env or {})},
+                                      stdout=logs[-1], stderr=subprocess.STDOUT, text=True))
+    try:
+        deadline = time.monotonic() + timeout
+        codes = [p.wait(timeout=max(deadline - time.monotonic(), 1)) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    outs = []
+    for log in logs:
+        log.seek(0)
+        outs.append(log.read())
+        log.close()
+    return codes, outs
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A free TCP port on this machine (for test servers: emulator, Ray, Slurm)."""
     with socket.socket() as s:
@@ -97,3 +144,31 @@ def wait_until(check: Callable[[], T], timeout: float, poll: float = 0.5,
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f} s\n{context()}")
         time.sleep(poll)
+
+
+# ---- damaging a checkpoint on purpose (the checksum tests) ----
+
+def flip(path: str, offset: int, n: int = 4) -> None:
+    """Invert `n` bytes of a file at `offset` (bit rot)."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        data = f.read(n)
+        f.seek(offset)
+        f.write(bytes(b ^ 0xFF for b in data))
+
+
+def largest_data_file(step_dir: str, item: str, process: int = 0) -> str:
+    """The biggest OCDBT data file a process wrote for an array item of a local checkpoint step."""
+    import glob
+    import os
+    return max(glob.glob(f"{step_dir}/{item}/ocdbt.process_{process}/d/*"), key=os.path.getsize)
+
+
+def changed(root: str, step: int, item: str, before) -> set[str]:
+    """The arrays of `item` whose values differ from `before` (a load of them while intact), read
+    without verification: the independent account of what a damage did."""
+    from maxlite import checkpoints as ck
+    target = jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), ck.restore.saved_tree(root, step, item))
+    after = ck.restore_items(root, step, {item: target}, verify=False)[item]
+    return {name for (name, a), (_, b) in zip(ck.checksums.leaves(before, item), ck.checksums.leaves(after, item))
+            if not np.array_equal(a, b)}

@@ -126,3 +126,52 @@ def test_endpoint_dies_during_an_async_save(tmp_path, gcs_emulator, capsys):  # 
     import jax
     import numpy as np
     assert all(np.array_equal(a, np.asarray(b)) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(state.params)))
+
+
+def _damage_object(fs, prefix: str, how: str) -> None:
+    """The biggest object under `prefix`, bytes flipped (or cut in half), written back."""
+    path = max(fs.find(prefix), key=lambda p: fs.size(p))
+    data = bytearray(fs.cat_file(path))
+    if how == "flip":
+        data[64:68] = bytes(b ^ 0xFF for b in data[64:68])
+    else:
+        data = data[:len(data) // 2]
+    fs.pipe_file(path, bytes(data))
+
+
+def test_damaged_checkpoints_on_gcs_are_caught_and_passed_over(tmp_path, gcs_emulator, capsys):  # noqa: F811
+    """Flipped bytes in the newest of three gs:// checkpoints, a truncated object in the one before:
+    `verify` names them, `list` marks them, a resume restores the oldest, intact one."""
+    import gcsfs
+    from tests.helpers import changed
+
+    bucket = make_bucket(gcs_emulator.url, "ckpt-damage")
+    extra = [f"checkpoint_dir={bucket}/c", "async_checkpointing=false"]
+    cfg, state, data = _trained(tmp_path, extra, steps=1, devices=1, mesh=("ici_fsdp_parallelism=1",))
+    saver = Checkpointer(cfg, True, state_lib.nbytes(state))
+    for step in (1, 2, 3):
+        saver.save(step, state, data)
+    saver.close()
+    root = f"{bucket}/c"
+    before = ck.load_numpy(root, "params", step=3)
+    fs = gcsfs.GCSFileSystem()
+    _damage_object(fs, f"{root}/3/params/ocdbt.process_0/d", "flip")
+    _damage_object(fs, f"{root}/2/optimizer/ocdbt.process_0/d", "truncate")
+    damaged = changed(root, 3, "params", before)
+    assert damaged
+    capsys.readouterr()
+    assert ck.main(["verify", root]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("step 1: intact")
+    assert out[1].startswith("step 2: CORRUPT: optimizer/")
+    assert {part.split(" (")[0] for part in out[2].removeprefix("step 3: CORRUPT: ").split("; ")} == damaged
+    assert ck.main(["list", root]) == 0
+    assert [("CORRUPT" in line) for line in capsys.readouterr().out.splitlines()] == [False, True, True]
+    for step in (2, 3):  # as if found by a resume: no marker, the restore itself must catch them
+        fs.rm(f"{root}/{step}/corrupt.json")
+    _, restored, data2, c = _start(tmp_path, extra, 1)
+    c.close()
+    out = capsys.readouterr().out
+    assert "checkpoint step 3 in" in out and "is corrupt: " in out and "resumed from step 1 " in out
+    assert int(restored.step) == 1 and data2.get_state() == {"step": 1}
+    assert ck.complete_steps(root) == [1]  # the corrupt ones are gone: the run saves them again

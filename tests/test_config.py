@@ -118,13 +118,14 @@ def test_fit_check_on_cpu_counts_the_copy_an_async_checkpoint_makes(monkeypatch)
     import dataclasses
 
     import jax
-    from maxlite import mesh as mesh_lib, optim, state as state_lib
+    from maxlite import hostmem, mesh as mesh_lib, optim, state as state_lib
 
     cfg = C.resolve(C.load(["base.yml", "model_name=tiny"]), 1)
     _, abstract, _ = state_lib.abstract_state(cfg, mesh_lib.make_mesh(cfg, jax.devices()[:1]),
                                               optim.make_optimizer(cfg))
     alone = state_lib.nbytes(abstract) + state_lib.nbytes(abstract.params)  # state + gradients
-    monkeypatch.setattr(state_lib, "_host_memory_bytes", lambda: int(alone * 1.5))  # not for a 2nd state
+    room = hostmem.Memory(int(alone * 1.5), int(alone * 1.5), "host")  # not for a 2nd state
+    monkeypatch.setattr(state_lib.hostmem, "memory", lambda: room)
     with pytest.raises(C.ConfigError, match="plus its copy while an async checkpoint is written"):
         state_lib.check_fits(cfg, abstract)
     state_lib.check_fits(dataclasses.replace(cfg, async_checkpointing=False), abstract)

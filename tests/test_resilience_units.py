@@ -465,3 +465,26 @@ def test_a_productive_section_is_watched_and_counted_as_step_work():
     assert s["productive_rollout_seconds"] == pytest.approx(4.0)  # steps 2 and 3
     assert s["productive_seconds"] == pytest.approx(2 * 2.5)
     assert s["badput_compilation_seconds"] == pytest.approx(2.5) and s["badput_other_seconds"] == pytest.approx(0.0)
+
+
+def test_loss_watch_points_at_a_restored_state_bad_at_its_first_step():
+    """A bad loss at the first step after a rollback implicates the state it restored (other
+    batches than before went bad from it); one later than that, or before any rollback, does not."""
+    from maxlite.resilience.spikes import SpikeWatch
+
+    w = SpikeWatch(factor=0.0, patience=1)
+    assert w.see(1, 3.0) is None and w.see(2, 2.9) is None
+    assert w.see(3, float("nan")).state_step is None  # no rollback yet: data or state, unknown
+    w.rolled_back(2)
+    again = w.see(3, float("inf"))
+    assert (again.first_bad, again.state_step) == (3, 2)
+    w.rolled_back(1)
+    assert w.see(2, 2.8) is None
+    later = w.see(3, float("nan"))  # good first step from state 1: the data (or training) went bad
+    assert later.state_step is None
+    spiky = SpikeWatch(factor=2.0, patience=2)
+    for step in range(1, 9):
+        assert spiky.see(step, 4.0) is None
+    spiky.rolled_back(8)
+    assert spiky.see(9, 50.0) is None
+    assert spiky.see(10, 50.0).state_step == 8  # a spiked stretch that began at the first step

@@ -1,4 +1,4 @@
-"""`python -m maxlite.checkpoints list PATH`."""
+"""`python -m maxlite.checkpoints list PATH` and `verify PATH [STEP]`."""
 
 import sys
 

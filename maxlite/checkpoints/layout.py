@@ -1,8 +1,9 @@
-"""The on-disk format: one Orbax step directory per checkpoint, four items written together.
+"""The on-disk format: one Orbax step directory per checkpoint, five items written together.
 
 `<step>/params` (nnx.State), `<step>/optimizer` ({step, opt_state}), `<step>/data` (every
-process's data-iterator state) and `<step>/meta` (readable JSON: step, consumed samples, tokens
-seen, val loss, resolved config, mesh, version). Arrays are zarr3 inside OCDBT. A step is complete
+process's data-iterator state), `<step>/meta` (readable JSON: step, consumed samples, tokens
+seen, val loss, resolved config, mesh, version) and `<step>/checksums` (one JSON record per
+process: checksums.py). Arrays are zarr3 inside OCDBT. A step is complete
 when Orbax finalised it (`_CHECKPOINT_METADATA` locally, `commit_success.txt` on GCS); anything
 else is incomplete, never restored, and removed at the next start.
 """
@@ -20,7 +21,7 @@ from maxlite import config as C
 from maxlite.checkpoints.storage import check_path, fs_of, quiet_orbax, storage_error
 
 
-ITEMS = ("params", "optimizer", "data", "meta")
+ITEMS = ("params", "optimizer", "data", "meta", "checksums")
 TMP_STEP = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
 
 
@@ -176,13 +177,21 @@ def array_restore(target):
     return ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target))
 
 
-def open_manager(path: str, options):
+def array_handler():
+    """The handler of an array item (params, optimizer)."""
     import orbax.checkpoint as ocp
     _register_array_handler()
     quiet_orbax()
-    arrays = lambda: ocp.PyTreeCheckpointHandler(use_zarr3=True, use_compression=False)  # noqa: E731
-    handlers = {"params": arrays(), "optimizer": arrays(),
-                "data": ocp.JsonCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
+    return ocp.PyTreeCheckpointHandler(use_zarr3=True, use_compression=False)
+
+
+def open_manager(path: str, options):
+    import orbax.checkpoint as ocp
+
+    from maxlite.checkpoints import checksums
+    handlers = {"params": array_handler(), "optimizer": array_handler(),
+                "data": ocp.JsonCheckpointHandler(), "meta": ocp.JsonCheckpointHandler(),
+                checksums.ITEM: checksums.handler()}
     try:
         return ocp.CheckpointManager(path, options=options, item_handlers=handlers)
     except Exception as e:  # noqa: BLE001

@@ -1,4 +1,5 @@
-"""`python -m maxlite.checkpoints list PATH`: every step, complete or not, with NeMo-like names."""
+"""`python -m maxlite.checkpoints list PATH`: every step, complete or not (or found corrupt), with
+NeMo-like names; `verify PATH [STEP]` (verify.py) checks steps against their checksums."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import sys
 from typing import Any
 
 from maxlite import cli, config as C
+from maxlite.checkpoints import checksums
 from maxlite.checkpoints.layout import TMP_STEP, complete_steps, read_meta
 from maxlite.checkpoints.storage import fs_of, storage_error
 
@@ -32,10 +34,15 @@ def list_checkpoints(path: str) -> list[dict[str, Any]]:
             continue
         step = int(tmp.group(1) if tmp else name)
         ok = bool(not tmp and step in complete)
-        meta = read_meta(path, step) if ok else {}
+        corrupt = checksums.marker(path, step) if ok else None
+        try:
+            meta = read_meta(path, step) if ok else {}
+        except ValueError:  # a damaged meta item
+            meta = {}
         rows.append({"step": step, "name": checkpoint_name(meta, step), "dir": name,
-                     "bytes": fs.du(entry), "complete": ok, **{k: meta.get(k) for k in
-                     ("consumed_samples", "tokens_seen", "val_loss")}})
+                     "bytes": fs.du(entry), "complete": ok, "corrupt": corrupt,
+                     "checksums": ok and fs.exists(f"{entry}/{checksums.ITEM}"),
+                     **{k: meta.get(k) for k in ("consumed_samples", "tokens_seen", "val_loss")}})
     return sorted(rows, key=lambda r: (r["step"], r["complete"]))
 
 
@@ -47,14 +54,30 @@ def _human(n: float) -> str:
     return str(n)
 
 
+def _state(r: dict[str, Any]) -> str:
+    if not r["complete"]:
+        return "INCOMPLETE (ignored; removed at the next start)"
+    if r["corrupt"] is not None:
+        damaged = r["corrupt"].get("damaged") or []
+        names = ", ".join(damaged[:4]) + (f" and {len(damaged) - 4} more" if len(damaged) > 4 else "")
+        return f"CORRUPT (never restored: {names or r['corrupt'].get('detail', '')})"
+    return "complete" if r["checksums"] else "complete (no checksums: written before them)"
+
+
+USAGE = ("usage: python -m maxlite.checkpoints list PATH          (a checkpoint dir, local or gs://)\n"
+         "       python -m maxlite.checkpoints verify PATH [STEP] (check every array against its checksums)")
+
+
 @cli.entry_point()
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2 or argv[0] != "list":
-        print("usage: python -m maxlite.checkpoints list PATH   (a checkpoint dir, local or gs://)",
-              file=sys.stderr)
+    if not ((len(argv) == 2 and argv[0] in ("list", "verify")) or
+            (len(argv) == 3 and argv[0] == "verify" and argv[2].isdigit())):
+        print(USAGE, file=sys.stderr)
         return 2
     try:
+        if argv[0] == "verify":
+            return _verify(argv[1], int(argv[2]) if len(argv) == 3 else None)
         rows = list_checkpoints(argv[1])
     except C.ConfigError:
         raise
@@ -63,7 +86,23 @@ def main(argv: list[str] | None = None) -> int:
     if not rows:
         print(f"no checkpoints in {argv[1]}")
     for r in rows:
-        state = "complete" if r["complete"] else "INCOMPLETE (ignored; removed at the next start)"
-        print(f"{r['name']:<56} {_human(r['bytes']):>11}  {state}  [{r['dir']}]")
+        print(f"{r['name']:<56} {_human(r['bytes']):>11}  {_state(r)}  [{r['dir']}]")
     return 0
+
+
+def _verify(path: str, step: int | None) -> int:
+    """One line per step; exit 1 when any step is corrupt."""
+    from maxlite.checkpoints import verify
+
+    results = verify.run(path, step)
+    for r in results:
+        if not r["verified"]:
+            print(f"step {r['step']}: not verified (written before checksums)")
+        elif r["damaged"]:
+            what = "; ".join(f"{name} ({why})" for name, why in sorted(r["damaged"].items()))
+            print(f"step {r['step']}: CORRUPT: {what}")
+        else:
+            print(f"step {r['step']}: intact ({r['arrays']} arrays, {_human(r['bytes'])} checked in "
+                  f"{r['seconds']:.1f} s)")
+    return 1 if any(r["damaged"] for r in results) else 0
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from maxlite import checkpoints as ck
 from maxlite import config as C
-from maxlite.checkpoints import offload
+from maxlite.checkpoints import checksums, offload
 from maxlite.outcome import CheckpointSaveError  # a save failed under checkpoint_error_policy=stop
 from maxlite.rundir import print_primary, read_status
 
@@ -49,12 +49,13 @@ def data_record(states: list[Any]) -> dict[str, Any]:
 class Checkpointer:
     """Periodic + final saves of (params, optimizer, data states, meta) into `checkpoint_dir(cfg)`."""
 
-    def __init__(self, cfg, primary: bool, state_bytes: int, before_commit=None):
+    def __init__(self, cfg, primary: bool, state_bytes: int, before_commit=None, checksums: bool = True):
         """`before_commit(step)`: called once a save's files are written, before Orbax marks it
-        complete (fault injection: `Faults.in_checkpoint` dies there, leaving a torn save)."""
+        complete (fault injection: `Faults.in_checkpoint` dies there, leaving a torn save).
+        `checksums=False` saves without them: only to measure what they cost (bench_checkpoint.py)."""
         import jax
 
-        self.cfg, self.primary, self.state_bytes = cfg, primary, state_bytes
+        self.cfg, self.primary, self.state_bytes, self.checksums = cfg, primary, state_bytes, checksums
         self.process_bytes = state_bytes // jax.process_count()  # what this process writes, about
         self.path = ck.checkpoint_dir(cfg)
         if primary:
@@ -63,6 +64,10 @@ class Checkpointer:
             failed = {f["step"]: f["error"] for f in earlier.get("checkpoint_failures", [])}
             for name, why in ck.clean_leftovers(self.path, failed):
                 print_primary(True, f"maxlite: removed incomplete checkpoint {name}, left by {why}")
+            if "://" not in self.path:
+                warning = ck.check_room(self.path, state_bytes, cfg.max_num_checkpoints_to_keep, self._saves())
+                if warning:
+                    print_primary(True, warning, err=True)
         # Async saves: a host copy written by our writer thread (offload.py); Orbax's own async
         # path only where the backend has no pinned host memory.
         self.writer = offload.Writer() if cfg.async_checkpointing and offload.host_kind_available() else None
@@ -78,6 +83,13 @@ class Checkpointer:
         self.blocked_seconds: list[float] = []
         self.failures: list[dict[str, Any]] = []  # {step, error} of every failed save of this attempt
         self.saved: list[int] = []  # steps this attempt saved completely
+
+    def _saves(self) -> int:
+        """How many saves the schedule makes over the whole run (at most)."""
+        period, steps = self.cfg.checkpoint_period, self.cfg.steps
+        saves = steps // period if period > 0 else 0
+        final = self.cfg.save_checkpoint_on_completion and (period <= 0 or steps % period)
+        return max(saves + bool(final), 1)
 
     def unrecovered_failures(self) -> list[dict[str, Any]]:
         """Failed saves with no complete save after them: the run has not kept what they held."""
@@ -105,7 +117,6 @@ class Checkpointer:
 
     def save(self, step: int, state, data_iterator) -> bool:
         import jax
-        import orbax.checkpoint as ocp
 
         self.poll(wait=True)  # one save at a time: report the previous one first
         if self.writer is None:
@@ -121,17 +132,15 @@ class Checkpointer:
                 "mesh_shape": dict(zip(C.MESH_AXES, cfg.mesh_shape)),
                 "process_count": data["process_count"], "maxlite_version": ck.maxlite_version(),
                 "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        args = ocp.args.Composite(
-            params=ck.array_save(state.params, self.process_bytes),
-            optimizer=ck.array_save({"step": state.step, "opt_state": state.opt_state}, self.process_bytes),
-            data=ocp.args.JsonSave(data), meta=ocp.args.JsonSave(meta))
+        json_items = {"data": data, "meta": meta} if self.primary else {}
         metrics = {"val_loss": self.val_loss} if self.val_loss is not None else None
         print_primary(self.primary, f"maxlite: saving checkpoint {ck.checkpoint_name(meta, step)} "
                            f"({self.state_bytes / 2**20:,.1f} MiB) → {self.path}")
         if self.writer is not None:
-            self.writer.submit(lambda: self._write(step, args, metrics))
+            self.writer.submit(lambda: self._write(step, lambda: self._args(state, data, meta, json_items), metrics))
         else:
-            try:
+            try:  # Orbax's own async save returns before the CRCs are done: the state may be donated next
+                args = self._args(state, data, meta, json_items, wait=cfg.async_checkpointing)
                 self.mngr.save(step, args=args, metrics=metrics)
             except Exception as e:  # noqa: BLE001 — storage failures are reported, then policy decides
                 self._failed(step, e)
@@ -143,9 +152,27 @@ class Checkpointer:
             self.poll(wait=True)
         return True
 
-    def _write(self, step: int, args, metrics) -> None:
-        """On the writer thread: the whole Orbax save of the host copy, until it is durable."""
-        self.mngr.save(step, args=args, metrics=metrics)
+    def _args(self, state, data, meta, json_items, wait: bool = False):
+        """Orbax's save args, with this process's checksums of the bytes it is about to write:
+        computed while Orbax writes them (the checksums item waits for them), or first (`wait`)."""
+        import jax
+        import orbax.checkpoint as ocp
+
+        optimizer = {"step": state.step, "opt_state": state.opt_state}
+        items = {}
+        if self.checksums:
+            record = checksums.record({"params": state.params, "optimizer": optimizer}, json_items,
+                                      jax.process_index(), jax.process_count())
+            items[checksums.ITEM] = checksums.save_args(record.result() if wait else record)
+        return ocp.args.Composite(
+            params=ck.array_save(state.params, self.process_bytes),
+            optimizer=ck.array_save(optimizer, self.process_bytes),
+            data=ocp.args.JsonSave(data), meta=ocp.args.JsonSave(meta), **items)
+
+    def _write(self, step: int, make_args, metrics) -> None:
+        """On the writer thread: the whole Orbax save of the host copy, until it is durable.
+        `make_args()` builds the save args there (its checksums wait for the host copy)."""
+        self.mngr.save(step, args=make_args(), metrics=metrics)
         self.mngr.wait_until_finished()
 
     def poll(self, wait: bool = False) -> None:
@@ -168,10 +195,10 @@ class Checkpointer:
                            f"in {seconds:.2f} s ({self.state_bytes / 2**20 / max(seconds, 1e-9):,.0f} MiB/s; "
                            f"the loop waited {blocked:.2f} s)")
 
-    def discard_after(self, step: int) -> list[int]:
-        """Delete the checkpoints of steps after `step` (a rolled-back run's bad states: a later
-        restart must not resume from them, and the steps run again save anew); returns them.
-        Collective: every host calls it."""
+    def discard_after(self, step: int, why: str = "they hold the states being rolled back") -> list[int]:
+        """Delete the checkpoints of steps after `step` (a rolled-back run's bad states, or corrupt
+        ones: a later restart must not resume from them, and the steps run again save anew);
+        returns them. Collective: every host calls it."""
         self.poll(wait=True)
         gone = [s for s in self.mngr.all_steps() if s > step]
         for s in gone:
@@ -179,14 +206,14 @@ class Checkpointer:
         self.saved = [s for s in self.saved if s <= step]
         if gone:
             print_primary(self.primary, f"maxlite: deleted checkpoint(s) of step(s) {', '.join(map(str, gone))}: "
-                                        f"they hold the states being rolled back")
+                                        f"{why}")
         return gone
 
     def _failed(self, step: int, e: BaseException) -> None:
         earlier = [s for s in self.mngr.all_steps() if s != step]  # cached: the storage may be down
         intact = f"the previous checkpoint (step {earlier[-1]}) is intact" if earlier else "no earlier checkpoint"
-        text = (str(e).splitlines() or [""])[0][:300]
-        error = f"{type(e).__name__}: {text}"
+        text = ck.error_line(e)
+        error = f"{type(e).__name__}: {text}"  # tensorstore's code and its last clause: "No space left"
         self.failures.append({"step": step, "error": error})
         if self.primary and "://" not in self.path:
             # Local: remove the tmp dir now. Remote storage that just failed would make the loop wait

@@ -6,6 +6,8 @@ import functools
 import logging
 import os
 import re
+import shutil
+import sys
 
 import fsspec
 
@@ -39,6 +41,25 @@ def storage_error(path: str, e: BaseException) -> C.ConfigError:
         return C.ConfigError(f"{path}: bucket or path does not exist; create it first "
                              f"(gcloud storage buckets create gs://BUCKET) or fix the path")
     return C.ConfigError(f"cannot use checkpoint path {path}: {name}: {text[:300]}")
+
+
+def error_chain(e: BaseException) -> list[BaseException]:
+    out = []
+    while e is not None and len(out) < 8:
+        out.append(e)
+        e = e.__cause__ or e.__context__
+    return out
+
+
+def error_line(e: BaseException) -> str:
+    """An error in short: tensorstore's status code and its last clause (`RESOURCE_EXHAUSTED: Failed
+    to write 4472832 bytes to file 27: No space left on device`), else the first line."""
+    chain = error_chain(e)
+    text = next((str(x) for x in chain if re.search(r"\b[A-Z]+_[A-Z_]+: ", str(x))), str(chain[-1]))
+    text = (text.splitlines() or [""])[0].split(" [tensorstore_spec=")[0].split(" [source locations=")[0]
+    code = re.search(r"\b([A-Z]+_[A-Z_]+): ", text)
+    tail = text.rsplit('": ', 1)[-1]
+    return (f"{code.group(1)}: {tail}" if code and not tail.startswith(code.group(1)) else tail)[:300]
 
 
 def check_storage(cfg) -> None:
@@ -80,6 +101,33 @@ def check_path(path: str, must_exist: bool = False) -> None:
                                 f"set checkpoint_dir= or base_output_directory= to a writable path") from None
 
 
+def _du(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
+
+
+def check_room(path: str, checkpoint_bytes: int, keep: int, saves: int) -> str | None:
+    """Before the first save to a local path: a ConfigError when not even one checkpoint of
+    `checkpoint_bytes` fits in the free space (no save of this run could succeed); a warning line
+    when the most the retention holds at once (`keep` complete ones and one being written; all
+    `saves` when keep is 0) will not fit, counting what the retention will delete. On gs:// there
+    is no free space to ask: the first write's failure is the check."""
+    gib = 2**30
+    need = int(checkpoint_bytes * 1.01) + (1 << 20)  # + Orbax's metadata and the JSON items
+    free = shutil.disk_usage(path).free
+    if free < need:
+        raise C.ConfigError(f"{path} has {free / gib:,.2f} GiB free but one checkpoint of this state takes "
+                            f"~{need / gib:,.2f} GiB: no save can succeed; free space, set checkpoint_dir= to a "
+                            f"larger disk, or enable_checkpointing=false")
+    held = min(keep + 1, saves) if keep else saves
+    room = free + (_du(path) if keep else 0)  # the retention deletes this run's older ones
+    if room < held * need:
+        fits = room // need
+        return (f"maxlite: warning: {path} has {free / gib:,.2f} GiB free: this run holds up to {held} checkpoints "
+                f"of ~{need / gib:,.2f} GiB at once (max_num_checkpoints_to_keep={keep}, one more while a save "
+                f"runs) but only {fits} fit: a later save will fail (disk full) unless space is freed")
+    return None
+
+
 class _OrbaxNoise(logging.Filter):
     """Orbax log records that tell a maxlite user nothing: the read-only notices of every load and
     export, and the tracebacks of a failed save, which the Checkpointer reports itself in one line."""
@@ -93,6 +141,27 @@ class _OrbaxNoise(logging.Filter):
         return not (record.levelno >= logging.ERROR and (record.exc_info or "raised an exception" in text))
 
 
+def _closed_loop_callback(unraisable) -> bool:
+    """A tensorstore future that completes after Orbax's event loop has closed (the other writes
+    or reads of a save or restore that already failed) calls back into that closed loop: the error
+    is already reported, this only adds a traceback per pending chunk (~20 on a full disk)."""
+    e = unraisable.exc_value
+    if not isinstance(e, RuntimeError) or str(e) != "Event loop is closed":
+        return False
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "call_soon_threadsafe":
+            return True
+        tb = tb.tb_next
+    return False
+
+
 @functools.cache
 def quiet_orbax() -> None:
     logging.getLogger("absl").addFilter(_OrbaxNoise())
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if not _closed_loop_callback(unraisable):
+            previous(unraisable)
+    sys.unraisablehook = hook

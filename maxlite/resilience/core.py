@@ -37,7 +37,8 @@ class Restored:
 
 
 def _host_memory() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    from maxlite import hostmem
+    return hostmem.memory().limit  # the container's limit when it is tighter than the machine
 
 
 class Resilience:

@@ -1,0 +1,138 @@
+"""CRC32C of array boxes, and how the CRCs of pieces add up to the CRC of the whole.
+
+A checkpoint records the CRC32C (hardware-accelerated, `google_crc32c`) of every saved shard's
+bytes in C order. A restore onto another mesh reads other boxes; CRC is linear over GF(2), so the
+CRC of a saved shard is the XOR of what each box read contributes to it, each piece shifted to its
+place: `piece_crc0` computes that contribution from the piece's bytes alone, and any number of
+processes can add theirs. With the same mesh a read box is a saved shard and this is one plain CRC.
+
+`crc0` is the CRC with a zero initial register and no final XOR (the linear part):
+std(M) = crc0(M) ^ std(zeros(len M)), crc0(A || B) = shift(crc0(A), len B) ^ crc0(B).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import google_crc32c
+import numpy as np
+
+_POLY = 0x82F63B78  # CRC32C (Castagnoli), bit-reflected
+_MASK = 0xFFFFFFFF
+
+Box = tuple[tuple[int, int], ...]  # ((start, stop) per dimension)
+
+
+def as_bytes(data) -> np.ndarray:
+    """The bytes of an array in C order (a view when it is C-contiguous), or of a bytes-like object,
+    as a flat uint8 array (what google_crc32c reads without a copy)."""
+    if isinstance(data, np.ndarray):
+        return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    return np.frombuffer(data, np.uint8)
+
+
+def value(data) -> int:
+    """The standard CRC32C of an array's bytes in C order, or of a bytes-like object."""
+    return google_crc32c.value(as_bytes(data))
+
+
+def _mult(a: int, b: int) -> int:
+    """a(x) * b(x) mod P, bit-reflected (zlib's multmodp)."""
+    m, p = 1 << 31, 0
+    while True:
+        if a & m:
+            p ^= b
+            if not a & (m - 1):
+                return p
+        m >>= 1
+        b = (b >> 1) ^ _POLY if b & 1 else b >> 1
+
+
+@functools.cache
+def _x2n(k: int) -> int:
+    """x^(2^k) mod P."""
+    return 1 << 30 if k == 0 else _mult(_x2n(k - 1), _x2n(k - 1))
+
+
+@functools.lru_cache(maxsize=4096)
+def _x8n(n: int) -> int:
+    """x^(8n) mod P: what appending n zero bytes multiplies a CRC register by."""
+    p, k = 1 << 31, 3
+    while n:
+        if n & 1:
+            p = _mult(_x2n(k), p)
+        n >>= 1
+        k += 1
+    return p
+
+
+def shift(crc: int, nbytes: int) -> int:
+    """crc0(M) -> crc0(M || zeros(nbytes))."""
+    return _mult(_x8n(nbytes), crc) if nbytes else crc
+
+
+@functools.lru_cache(maxsize=4096)
+def zeros_crc(nbytes: int) -> int:
+    """The standard CRC32C of `nbytes` zero bytes, without allocating them."""
+    return shift(_MASK, nbytes) ^ _MASK
+
+
+def crc0(data) -> int:
+    data = as_bytes(data)
+    return google_crc32c.value(data) ^ zeros_crc(data.nbytes)
+
+
+@functools.lru_cache(maxsize=64)
+def _shift_table(nbytes: int) -> tuple[list[int], ...]:
+    """Byte tables for shift(·, nbytes): four lookups instead of 32 steps (runs of many rows)."""
+    m = _x8n(nbytes)
+    return tuple([_mult(m, b << (8 * i)) for b in range(256)] for i in range(4))
+
+
+def _shift_fast(crc: int, table) -> int:
+    t0, t1, t2, t3 = table
+    return t0[crc & 255] ^ t1[(crc >> 8) & 255] ^ t2[(crc >> 16) & 255] ^ t3[crc >> 24]
+
+
+def intersect(a: Box, b: Box) -> Box | None:
+    out = tuple((max(s0, s1), min(e0, e1)) for (s0, e0), (s1, e1) in zip(a, b))
+    return None if any(s >= e for s, e in out) else out
+
+
+def volume(box: Box) -> int:
+    return int(np.prod([e - s for s, e in box], dtype=np.int64))
+
+
+def piece_crc0(shard: Box, piece: Box, data: np.ndarray) -> int:
+    """What the bytes of `piece` (a box inside the saved shard `shard`, its values `data`) add to
+    crc0 of the shard's bytes in C order. XOR the pieces of a shard together to get its crc0."""
+    data = np.ascontiguousarray(data)
+    if piece == shard:
+        return crc0(data)
+    item = data.dtype.itemsize
+    extent = [e - s for s, e in shard]
+    size = [e - s for s, e in piece]
+    offset = [p - s for (p, _), (s, _) in zip(piece, shard)]
+    stride = [item * int(np.prod(extent[d + 1:], dtype=np.int64)) for d in range(len(shard))]
+    total = item * int(np.prod(extent, dtype=np.int64))
+    # k: the last dimension the piece does not span; a run = the piece's data for fixed leading
+    # coordinates (dims < k), contiguous both in the piece and in the shard's C order
+    k = max(d for d in range(len(shard)) if size[d] != extent[d])
+    run = size[k] * stride[k]
+    if k:
+        starts = np.indices(size[:k]).reshape(k, -1).T @ np.asarray(stride[:k], np.int64)
+        starts += int(np.dot(offset[:k], stride[:k])) + offset[k] * stride[k]
+    else:
+        starts = np.asarray([offset[k] * stride[k]], np.int64)
+    flat, zero = as_bytes(data), zeros_crc(run)
+    acc = google_crc32c.value(flat[:run]) ^ zero
+    for r, gap in enumerate(np.diff(starts).tolist(), 1):
+        table = _shift_table(gap)
+        acc = _shift_fast(acc, table) ^ google_crc32c.value(flat[r * run:(r + 1) * run]) ^ zero
+    last_end = int(starts[-1]) + run
+    return shift(acc, total - last_end)
+
+
+def shard_crc0(std_crc: int, shard: Box, itemsize: int) -> int:
+    """The crc0 of a saved shard from its recorded standard CRC."""
+    return std_crc ^ zeros_crc(itemsize * volume(shard))
