@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 import yaml
 
+from maxlite import quant  # its MODES (no JAX at import)
 from maxlite.models.families import FAMILIES
 
 CONFIG_DIR = pathlib.Path(__file__).parent / "configs"
@@ -295,6 +296,7 @@ _CHOICES = {
     "remat_policy": ("none", "full", "minimal", "save_dots", "save_qkv_proj", "save_dot_except_mlp",
                      "save_attn_mlp_proj", "offload_layer_inputs"),
     "attention": ("autoselected", "dot_product", "blockwise", "flash", "cudnn_flash"),
+    "quantization": quant.MODES,
     "lr_schedule_type": ("cosine", "linear", "constant"),
     "checkpoint_error_policy": ("continue", "stop"),
     "fault_type": ("", "crash", "hang", "slow", "starve", "sigterm", "crash_in_snapshot", "crash_in_checkpoint", "nan", "pause"),
