@@ -70,8 +70,12 @@ def _qwix_reference(spec, mode, x, w):
     return apply
 
 
-@pytest.mark.parametrize("quantized", sorted(EIGHT_BIT), indirect=True)
-@pytest.mark.parametrize("spec", sorted(WEIGHT_SPECS))
+# every projection's spec with int8; the other modes (their rules differ, not the specs) on the one
+# with two contracted axes
+CASES = [(spec, "int8") for spec in sorted(WEIGHT_SPECS)] + [("btnh,nhd->btd", m) for m in ("fp8", "fp8_full", "fp8_gpu")]
+
+
+@pytest.mark.parametrize("spec,quantized", CASES, indirect=["quantized"])
 def test_quantized_projection_equals_qwix_reference_in_values_and_gradients(spec, quantized):
     x, w, g = _operands(spec)
     got = _value_and_grads(lambda x, w: project(spec, x, w), x, w, g)
@@ -168,7 +172,8 @@ TINY = ["base.yml", "model_name=tiny", "max_target_length=32", "per_device_batch
 # The smallest per-step standard deviation of this recipe's loss across 8 bf16 seeds (0-7): 0.0131
 # at step 1 (median over the 50 steps 0.063), measured with benchmarks/bench_quant_losses.py
 # (benchmarks/results/quant_losses_tiny.json). A quantized run must stay closer than that to the
-# bf16 run of its own seed at every step; measured: int8 within 0.0026, fp8 within 0.0053.
+# bf16 run of its own seed at every step. Measured over 50 steps, seeds 0 and 4: int8 within 0.0030,
+# fp8 within 0.012 (seed 4, step 27; seed 0: 0.0039), fp8_full within 0.0126.
 DISTANCE = 0.013
 
 
