@@ -244,7 +244,7 @@ def default_run_name(recipe: str | None, model_name: str) -> str:
 # maxlite (the loop, Orbax's background threads, Ray workers, the bridge) sees the same absolute
 # path whatever the working directory: Orbax refuses relative paths, and a worker's cwd differs.
 PATH_KEYS = ("base_output_directory", "checkpoint_dir", "load_parameters_path", "load_full_state_path",
-             "tokenizer_path", "data_cache_dir", "jax_cache_dir")
+             "tokenizer_path", "data_cache_dir", "jax_cache_dir", "wandb_dir")
 PATH_LIST_KEYS = ("dataset_path", "eval_dataset_path")  # comma-separated files, directories, globs
 BLEND_KEYS = ("data_prefix", "eval_data_prefix")  # prefix, [prefix, ...] or [w1, prefix1, ...]
 
@@ -307,7 +307,7 @@ _CHOICES = {
     "data_bad_record_policy": ("skip", "error"),
     "loggers": ("wandb", "mlflow"),  # a list: each item is checked
     "lora_targets": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),  # a list
-    "wandb_mode": ("online", "offline", "disabled"),
+    "wandb_mode": ("", "online", "offline", "disabled"),
 }
 
 OBJECTIVE_DATASET = {"dpo": "preference", "grpo": "prompts"}  # the dataset_type an alignment objective reads
