@@ -308,6 +308,7 @@ _CHOICES = {
     "loggers": ("wandb", "mlflow"),  # a list: each item is checked
     "lora_targets": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),  # a list
     "wandb_mode": ("", "online", "offline", "disabled"),
+    "profiler": ("", "xplane"),
 }
 
 OBJECTIVE_DATASET = {"dpo": "preference", "grpo": "prompts"}  # the dataset_type an alignment objective reads
@@ -331,6 +332,7 @@ _RANGES: dict[str, tuple[float | None, float | None]] = {
     "ray_min_workers": (0, None), "elastic_wait_seconds": (1, None), "spike_factor": (0, None), "spike_patience": (1, None),
     "sample_every_steps": (0, None), "sample_max_new_tokens": (1, None), "sample_temperature": (0, None),
     "sample_top_k": (0, None), "sft_audit_records": (1, None), "sft_audit_examples": (0, None),
+    "skip_first_n_steps_for_profiler": (1, None), "profiler_steps": (1, None),
     "lora_rank": (0, None), "alignment_sft_steps": (0, None), "alignment_sft_learning_rate": (0, None), "dpo_beta": (0, None),
     "dpo_label_smoothing": (0, 0.499), "grpo_beta": (0, None), "grpo_epsilon": (0, None),
 }

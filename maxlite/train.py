@@ -71,8 +71,13 @@ class _Run:
     def failed(self, e: BaseException) -> None:
         import jax
 
+        for hook in self.hooks:  # e.g. the device-memory profile of a step out of memory
+            hook.on_failure(e)
         try:
             step = int(jax.device_get(self.state.step)) if self.state is not None else None
+        except Exception:  # noqa: BLE001 — a step that failed (out of memory) leaves its state unreadable
+            step = None
+        try:
             failures = {"checkpoint_failures": self.ckpt.failures} if self.ckpt and self.ckpt.failures else {}
             self.dir.set_status("failed", step=step, error=f"{type(e).__name__}: {e}",
                                 exit_code=exit_code_of(e), **failures)
