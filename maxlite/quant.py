@@ -21,8 +21,8 @@ untouched: each step quantizes the weights cast to the compute dtype, as MaxText
 (so a quantized projection's weight gradient comes back in the compute dtype, then accumulates in
 the master's).
 
-The mode is set once per process by the wiring (`maxlite.build.wire`) and read when a step is
-traced; a traced program keeps what it was traced with (the model's config, quantization included,
+The mode is set once per process by the wiring (`maxlite.build.wire`; `maxlite.api`'s model makers
+too) and read when a step is traced; a traced program keeps what it was traced with (the model's config, quantization included,
 is part of every jit cache key through the graphdef). Two runs with different modes may share a
 process one after the other, not interleaved.
 
@@ -36,7 +36,6 @@ exactly (pyproject.toml); tests/test_quant.py checks values and gradients agains
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 MODES = ("", "int8", "fp8", "fp8_full", "fp8_gpu")  # the `quantization` choices (config.py reads them)
@@ -104,7 +103,7 @@ def _qt_config(qt_rule):
     fwd = qt_rule.weight_qtype is not None or qt_rule.act_qtype is not None
     bwd = qt_rule.bwd_qtype is not None
     flat = qt_rule.disable_channelwise_axes
-    config = dot_general_qt.DotGeneralQtConfig(
+    return dot_general_qt.DotGeneralQtConfig(
         lhs_qtype=qt_rule.act_qtype, rhs_qtype=qt_rule.weight_qtype, tile_size=qt_rule.tile_size,
         lhs_calibration_method=qt_rule.act_calibration_method or "absmax",
         rhs_calibration_method=qt_rule.weight_calibration_method,
@@ -115,7 +114,6 @@ def _qt_config(qt_rule):
         drhs_tile_size=qt_rule.bwd_weight_grad_tile_size if bwd else None,
         drhs_grad_disable_channelwise_axes=flat,
         use_original_residuals=fwd and not bwd)
-    return dataclasses.replace(config, **(qt_rule.additional_qt_config or {}))
 
 
 def einsum(spec: str, x, w, mode: str | None = None):
