@@ -4,13 +4,15 @@
     python benchmarks/bench_train.py model_name=tiny max_target_length=8192 --compare-memory \
         attention=blockwise,dot_product
     python benchmarks/bench_train.py model_name=llama3.2-1b --compare attention=cudnn_flash,dot_product
+    python benchmarks/bench_train.py model_name=llama3.2-3b --compare quantization= --compare quantization=fp8
 
 Writes JSON (default benchmarks/results/train_<model_name>.json). Run it on an otherwise idle
 machine: the figures are ratios measured in one run (MFU against the matmul peak in the model's
 compute dtype, measured just before).
 Time to first step runs the recipe twice in fresh processes with a fresh compilation cache: cold
 (compiles) and warm (loads the compiled programs). Each `--compare k=v,k2=v2` trains the recipe
-with those overrides and reports each variant; each `--compare-memory k=v,...` runs 2 steps of a
+with those overrides and reports each variant, and each later variant's tokens/s and final loss
+as a ratio to the first's; each `--compare-memory k=v,...` runs 2 steps of a
 variant in a fresh process and reports its measured peak (device peak on accelerators, the
 process's max RSS on CPU) and the compiler's temporaries, with ratios to the first variant.
 On a GPU/TPU the same script uses every local device and also reports the published peak.
@@ -66,7 +68,8 @@ def _peak_child(overrides: list[str], out_dir: str) -> None:
     import jax.numpy as jnp
     from flax import nnx
 
-    from maxlite import config as C, mesh as mesh_lib, optim, state as state_lib, step as step_lib
+    from maxlite import config as C, mesh as mesh_lib
+    from maxlite.build import build
     from maxlite.train import train
 
     cfg = C.load(["base.yml", *overrides, "steps=2", f"base_output_directory={out_dir}",
@@ -76,21 +79,16 @@ def _peak_child(overrides: list[str], out_dir: str) -> None:
     device = jax.local_devices()[0]
     stats = device.memory_stats() or {}
     measured = stats.get("peak_bytes_in_use") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    # the compiler's view of the same step: temporaries at its peak
-    rcfg = C.resolve(cfg, jax.device_count())
-    mesh = mesh_lib.make_mesh(rcfg)
-    tx, schedule = optim.make_optimizer(rcfg), optim.learning_rate_schedule(rcfg)
-    graphdef, abstract, shardings = state_lib.abstract_state(rcfg, mesh, tx)
-    batch_sharding = mesh_lib.batch_sharding(mesh)
-    B, T = rcfg.global_batch_size, rcfg.max_target_length
+    # the compiler's view of the same step (the trainer's own wiring): temporaries at its peak
+    built = build(cfg)
+    B, T = built.cfg.global_batch_size, built.cfg.max_target_length
     batch = {k: jax.ShapeDtypeStruct((B, T), jnp.float32 if k == "weights" else jnp.int32,
-                                     sharding=batch_sharding)
+                                     sharding=built.batch_sharding)
              for k in ("inputs", "targets", "positions", "segment_ids", "weights")}
     state_in = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                            abstract, shardings)
-    step = step_lib.jit_train_step(rcfg, graphdef, tx, schedule, shardings, batch_sharding)
-    with jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.RULES):
-        analysis = step.lower(state_in, batch).compile().memory_analysis()
+                            built.abstract, built.shardings)
+    with jax.set_mesh(built.mesh), nnx.logical_axis_rules(mesh_lib.RULES):
+        analysis = built.train_step.lower(state_in, batch).compile().memory_analysis()
     print("PEAK " + json.dumps({
         "measured_peak_bytes": measured,
         "measured_by": "device peak_bytes_in_use" if stats else "process max RSS (ru_maxrss)",
@@ -139,6 +137,10 @@ def main() -> None:
         return write_result({"config": overrides, "peaks": rows}, out)
     if args.compare:
         runs = {v: measure(overrides + v.split(","), args.steps, args.skip_first_step) for v in args.compare}
+        first, *rest = args.compare
+        for variant in rest:  # e.g. quantization=int8 against quantization= (bf16), measured in one run
+            for k in ("tokens_per_second", "final_loss"):
+                runs[variant][f"{k}_ratio_to_first"] = runs[variant][k] / runs[first][k]
         out = pathlib.Path(args.out or ROOT / "benchmarks" / "results" / f"train_{name}_compare.json")
         return write_result({"config": overrides, "runs": runs}, out)
     out = pathlib.Path(args.out or ROOT / "benchmarks" / "results" / f"train_{name}.json")
@@ -177,6 +179,7 @@ def measure(overrides: list[str], steps: int, skip_first_step: bool) -> dict:
         "tokens_per_second_per_device": summary["tokens_per_second_per_device"],
         "tflops_per_device": summary["tflops_per_device"],
         "compute_dtype": cfg.dtype,
+        "quantization": cfg.quantization,
         # the run's own MFU: against the peak of its compute dtype (maxlite.peak, as train() picks it)
         "mfu": summary.get("mfu"),
         "mfu_peak_source": summary.get("peak_source"),

@@ -21,13 +21,16 @@
 #               document) and on the bundled corpus
 #   scanflags   the same scanned, remat none and save_dots, under XLA flags aimed at the stacked
 #               residuals (GEMMs reading and writing slices in place; fewer while-loop copies)
+#   quant       quantized training (needs qwix==0.1.8 in the interpreter): the projection test on the
+#               GPU, then llama3.2-3b bf16 against fp8, fp8_gpu, fp8_full and int8 (tokens/s ratios
+#               and final losses side by side in one JSON)
 # Each stage has its own time limit and the next runs whatever happened; logs and JSONs go to
 # OUT_DIR (default benchmarks/results, where *.log is ignored by git), and a table of the training
 # figures is printed last.
 set -uo pipefail
 out=${1:-benchmarks/results}
 shift || true
-stages=${*:-test compare sweep flags 3b attention remat policies policies3b scanflags packed}
+stages=${*:-test compare sweep flags 3b attention remat policies policies3b scanflags packed quant}
 py=${PYTHON:-python3}
 mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -115,6 +118,14 @@ if wanted packed; then
     stage packed_1b_text 150 $bench --steps 30 model_name=llama3.2-1b $tuned per_device_batch_size=4 \
         dataset_type=text --compare max_segments_per_seq=32 --compare max_segments_per_seq=0 \
         --out "$out/train_llama3.2-1b_gpu_packed_text.json"
+fi
+if wanted quant; then
+    stage test_quant 200 env MAXLITE_TEST_PLATFORMS=cuda "$py" -m pytest -q -n 0 tests/test_quant.py \
+        -k "reference or 8_bit or compute_dtype"
+    stage quant_3b 420 $bench --steps 30 model_name=llama3.2-3b $tuned per_device_batch_size=4 \
+        --compare quantization= --compare quantization=fp8 --compare quantization=fp8_gpu \
+        --compare quantization=fp8_full --compare quantization=int8 \
+        --out "$out/train_llama3.2-3b_gpu_quant.json"
 fi
 
 "$py" - "$out" <<'EOF'

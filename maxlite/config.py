@@ -287,7 +287,7 @@ def default_run_name(recipe: str | None, model_name: str) -> str:
 # maxlite (the loop, Orbax's background threads, Ray workers, the bridge) sees the same absolute
 # path whatever the working directory: Orbax refuses relative paths, and a worker's cwd differs.
 PATH_KEYS = ("base_output_directory", "checkpoint_dir", "load_parameters_path", "load_full_state_path",
-             "tokenizer_path", "data_cache_dir", "jax_cache_dir")
+             "tokenizer_path", "data_cache_dir", "jax_cache_dir", "wandb_dir")
 PATH_LIST_KEYS = ("dataset_path", "eval_dataset_path")  # comma-separated files, directories, globs
 BLEND_KEYS = ("data_prefix", "eval_data_prefix")  # prefix, [prefix, ...] or [w1, prefix1, ...]
 
@@ -396,6 +396,7 @@ _CHOICES = {
     "weight_dtype": ("float32", "bfloat16"),
     "remat_policy": names.REMAT_POLICIES,
     "attention": names.ATTENTION,
+    "quantization": names.QUANTIZATION,
     "lr_schedule_type": ("cosine", "linear", "constant"),
     "checkpoint_error_policy": ("continue", "stop"),
     "fault_type": ("", "crash", "hang", "slow", "starve", "sigterm", "crash_in_snapshot", "crash_in_checkpoint", "nan", "pause"),
@@ -406,7 +407,8 @@ _CHOICES = {
     "data_bad_record_policy": ("skip", "error"),
     "loggers": ("wandb", "mlflow"),  # a list: each item is checked
     "lora_targets": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),  # a list
-    "wandb_mode": ("online", "offline", "disabled"),
+    "wandb_mode": ("", "online", "offline", "disabled"),
+    "profiler": ("", "xplane"),
 }
 
 OBJECTIVE_DATASET = {"dpo": "preference", "grpo": "prompts"}  # the dataset_type an alignment objective reads
@@ -442,6 +444,7 @@ _RANGES: dict[str, tuple[float | None, float | None]] = {
     "ray_min_workers": (0, None), "elastic_wait_seconds": (1, None), "spike_factor": (0, None), "spike_patience": (1, None),
     "sample_every_steps": (0, None), "sample_max_new_tokens": (1, None), "sample_temperature": (0, None),
     "sample_top_k": (0, None), "sft_audit_records": (1, None), "sft_audit_examples": (0, None),
+    "skip_first_n_steps_for_profiler": (1, None), "profiler_steps": (1, None),
     "lora_rank": (0, None), "alignment_sft_steps": (0, None), "alignment_sft_learning_rate": (0, None), "dpo_beta": (0, None),
     "dpo_label_smoothing": (0, 0.499), "grpo_beta": (0, None), "grpo_epsilon": (0, None),
 }

@@ -7,10 +7,12 @@ periodic work — samples during training, loss-spike checks — is a new class 
     after_step(step, state)       after step `step` (a count of completed steps) was dispatched
     save_now(step, state, why)    a complete save at once, waited for (preemption notice, final save)
     at_end(step, state, reason)   after the last step; `reason` is the agreed stop reason or None
+    on_failure(error)             the run is ending with `error` (before status.json says failed)
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable
 
 from maxlite import config as C
@@ -27,6 +29,9 @@ class Hook:
         pass
 
     def at_end(self, step: int, state, reason: str | None) -> None:
+        pass
+
+    def on_failure(self, error: BaseException) -> None:
         pass
 
 
@@ -140,9 +145,73 @@ class SampleHook(Hook):
             self._sample(step, state)
 
 
+class ProfilerHook(Hook):
+    """`profiler: xplane`: a jax.profiler trace of `profiler_steps` steps, starting after the first
+    `skip_first_n_steps_for_profiler` steps of each attempt, on the primary process only (SPMD: its
+    devices run the same program as every host's), under {run_dir}/profile (maxlite/profiler.py).
+    Whatever the key, a step that runs out of device memory leaves that process's device-memory
+    profile there."""
+
+    def __init__(self, cfg, primary: bool, section: Callable):
+        self.cfg, self.primary, self.section = cfg, primary, section
+        self.trace, self.first, self.last = None, None, None
+
+    def after_step(self, step: int, state) -> None:
+        if self.first is None:
+            self.first = step - 1  # the step this attempt started from
+        self.last = step
+        if not (self.cfg.profiler and self.primary):
+            return
+        begin = self.first + self.cfg.skip_first_n_steps_for_profiler
+        if step == begin:
+            self._start(state)
+        elif step == begin + self.cfg.profiler_steps:
+            self._stop(state)
+
+    def _start(self, state) -> None:
+        import jax
+
+        from maxlite.profiler import Trace
+
+        with self.section("profile"):
+            jax.block_until_ready(state)  # the trace holds whole steps: the ones before it are done
+            self.trace = Trace(self.cfg.run_dir)
+            self.trace.start()
+
+    def _stop(self, state) -> None:
+        import jax
+
+        with self.section("profile"):
+            jax.block_until_ready(state)  # the traced steps have run
+            where = self.trace.stop()
+        self.trace = None
+        print_primary(self.primary, f"maxlite: profile of steps {self.last - self.cfg.profiler_steps + 1}-"
+                                    f"{self.last} → {where} (tensorboard --logdir {self.cfg.run_dir})")
+
+    def at_end(self, step: int, state, reason: str | None) -> None:
+        if self.trace is not None:  # the run ended inside the traced steps
+            self._stop(state)
+
+    def on_failure(self, error: BaseException) -> None:
+        import jax
+
+        from maxlite import profiler
+
+        if not profiler.out_of_memory(error):
+            return
+        try:  # no step in the name: dispatch runs ahead, the error may surface a step late
+            path = profiler.save_memory_profile(self.cfg.run_dir, f"memory_oom_p{jax.process_index()}.prof")
+            print(f"maxlite: out of device memory; device memory in use → {path} (pprof -http=: {path})",
+                  file=sys.stderr, flush=True)
+        except Exception as e:  # noqa: BLE001 — the run's own error is the one to report
+            print(f"maxlite: warning: no device memory profile ({type(e).__name__}: {e})", file=sys.stderr,
+                  flush=True)
+
+
 def standard(cfg, primary: bool, res, logger, batches, ckpt=None, evaluator=None, mesh=None) -> list[Any]:
     """The hooks every run has, in the order they run: eval first (a save records its loss), the
-    checkpointer, then in-memory snapshots, then samples (`sample_prompts`)."""
+    checkpointer, then in-memory snapshots, then samples (`sample_prompts`), then the profiler (its
+    trace stops after the others' work of that step)."""
     hooks: list[Hook] = []
     if evaluator is not None:
         hooks.append(EvalHook(evaluator, logger, res.section, [ckpt.note_eval] if ckpt is not None else []))
@@ -152,4 +221,5 @@ def standard(cfg, primary: bool, res, logger, batches, ckpt=None, evaluator=None
         hooks.append(SnapshotHook(res.snapshots, batches, res.section))
     if cfg.sample_prompts:
         hooks.append(SampleHook(cfg, mesh, primary, res.section))
+    hooks.append(ProfilerHook(cfg, primary, res.section))
     return hooks

@@ -49,6 +49,7 @@ class Run:
     config: str = ""
     num_devices: int = 1
     peak: float | None = None  # TFLOP/s per device the summary measured MFU against
+    profiles: dict[str, list[str]] = field(default_factory=dict)  # maxlite.profiler.files
 
     def series(self, get) -> tuple[list[int], list[float]]:
         points = [(r["step"], get(r, self)) for r in self.records]
@@ -91,8 +92,10 @@ def load_run(run_dir: str) -> Run:
     cfg = (yaml.safe_load(config) or {}) if config else {}
     name = cfg.get("run_name") or run_dir.rsplit("/", 1)[-1]
     peak = summary.get("peak_tflops_per_device") or (status.get("summary") or {}).get("peak_tflops_per_device")
+    from maxlite import profiler
+
     return Run(run_dir, name, records, summary or status.get("summary") or {}, status, config,
-               _devices(cfg), peak)
+               _devices(cfg), peak, profiler.files(run_dir))
 
 
 def _devices(cfg: dict) -> int:
@@ -147,8 +150,33 @@ def _fmt(value: Any) -> str:
     return html.escape(str(value))
 
 
-def page(runs: Sequence[Run], png: bytes) -> str:
-    """One self-contained HTML page: the plot inlined, a summary table, each run's config."""
+def _link(path: str, out_dir: str | None) -> str:
+    """A link to `path` from a page in `out_dir`: relative when both are local, else as given."""
+    import os
+
+    href = path if "://" in path or out_dir is None or "://" in out_dir else os.path.relpath(path, out_dir)
+    return f'<a href="{html.escape(href)}">{html.escape(path)}</a>'
+
+
+def _profiles(runs: Sequence[Run], out_dir: str | None) -> str:
+    """Each run's traces (TensorBoard's profile plugin or xprof open them) and memory profiles."""
+    items = []
+    for r in runs:
+        traces, memory = r.profiles.get("traces", []), r.profiles.get("memory", [])
+        if traces:
+            items.append(f"<li>{html.escape(r.name)}: traces {', '.join(_link(t, out_dir) for t in traces)}; "
+                         f"open with <code>tensorboard --logdir {html.escape(r.path)}</code> (Profile tab) or "
+                         f"<code>xprof --logdir={html.escape(r.path)}</code></li>")
+        if memory:
+            items.append(f"<li>{html.escape(r.name)}: device memory when a step ran out of it "
+                         f"{', '.join(_link(m, out_dir) for m in memory)}; open with "
+                         f"<code>pprof -http=: FILE</code></li>")
+    return f"<h2>Profiles</h2><ul>{''.join(items)}</ul>" if items else ""
+
+
+def page(runs: Sequence[Run], png: bytes, out_dir: str | None = None) -> str:
+    """One self-contained HTML page: the plot inlined, a summary table, profiles, each run's config
+    (`out_dir`: where the page goes, for relative links)."""
     keys = [k for k in SUMMARY_KEYS if any(k in r.summary for r in runs)]
     head = "".join(f"<th>{html.escape(k)}</th>" for k in ["run", "state", *keys])
     rows = "".join(
@@ -168,6 +196,7 @@ img{{max-width:100%}} pre{{background:#f6f6f6;padding:1em}}</style></head>
 <h2>Summary</h2><table id="summary"><tr>{head}</tr>{rows}</table>
 <h2>Curves</h2><img alt="loss, eval loss, learning rate, tokens/s, MFU and goodput over steps"
  src="data:image/png;base64,{base64.b64encode(png).decode()}">
+{_profiles(runs, out_dir)}
 <h2>Config</h2>{configs}
 </body></html>
 """
@@ -186,7 +215,7 @@ def write(run_dirs: Sequence[str], out_dir: str | None = None) -> tuple[str, str
     png = plot(runs)
     with fsspec.open(f"{out}/report.png", "wb") as f:
         f.write(png)
-    write_text(f"{out}/report.html", page(runs, png))
+    write_text(f"{out}/report.html", page(runs, png, out))
     return f"{out}/report.png", f"{out}/report.html"
 
 

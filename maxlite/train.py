@@ -87,9 +87,14 @@ class _Run:
         import jax
 
         if self.lease is not None and self.lease.lost:
-            return  # status.json is the new holder's
+            return  # the run directory is the new holder's: nothing more written
+        for hook in self.hooks:  # e.g. the device-memory profile of a step out of memory
+            hook.on_failure(e)
         try:
             step = int(jax.device_get(self.state.step)) if self.state is not None else None
+        except Exception:  # noqa: BLE001 — a step that failed (out of memory) leaves its state unreadable
+            step = None
+        try:
             failures = {"checkpoint_failures": self.ckpt.failures} if self.ckpt and self.ckpt.failures else {}
             lost = self.ckpt.unrecovered_failures() if self.ckpt is not None else []
             self.dir.set_status("failed", outcome=outcome.decide(error=e, lost_saves=lost), step=step, **failures)

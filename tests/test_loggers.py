@@ -150,3 +150,94 @@ def test_a_failing_logger_warns_once_and_the_run_goes_on(tmp_path, monkeypatch, 
         "maxlite: warning: mlflow logging is off for this run (ConnectionError: "
         "HTTPConnectionPool(host='mlflow.example', port=443): Max retries exceeded); training goes on"]
     assert [r["loss"] for r in jsonl(cfg.run_dir)] == [4.0, 3.0, 2.0]
+
+
+@pytest.fixture
+def fresh_wandb():
+    """W&B reads its environment once per process (wandb.setup); each of these tests is a new process's view."""
+    wandb.teardown()
+    yield
+    wandb.teardown()
+
+
+def _log_three_steps(argv):
+    """A MetricsLogger of this recipe (its sinks as a run builds them) logging steps 1-3."""
+    from maxlite.metrics import MetricsLogger
+
+    cfg = C.load(argv)
+    os.makedirs(cfg.run_dir, exist_ok=True)
+    logger = MetricsLogger(C.resolve(cfg, 8), cfg.run_dir, primary=True)
+    for step in (1, 2, 3):
+        logger.log_step(step, 0.5, {"loss": 5.0 - step, "total_weights": 16.0})
+    logger.close()
+    return cfg
+
+
+def _wandb_run(wandb_dir):
+    """(run record, history) of the one offline W&B run under `wandb_dir`."""
+    (path,) = glob.glob(f"{wandb_dir}/wandb/offline-run-*/run-*.wandb")
+    records = read_wandb_records(path)
+    return next(r.run for r in records if r.WhichOneof("record_type") == "run"), wandb_history(records)
+
+
+def test_wandb_and_mlflow_follow_their_environment_variables(tmp_path, monkeypatch, fresh_wandb, capsys):
+    """As cluster manifests and Slurm scripts set them, with no key in the recipe: W&B's mode, project,
+    group and directory, MLflow's tracking URI and experiment."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("WANDB_MODE", "offline")  # with the old default (online) this needed an API key
+    monkeypatch.setenv("WANDB_PROJECT", "env-project")
+    monkeypatch.setenv("WANDB_RUN_GROUP", "env-group")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-files"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", str(tmp_path / "store"))
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "env-experiment")
+    cfg = _log_three_steps([*SMALL, "run_name=env", f"base_output_directory={tmp_path}/runs",
+                            "loggers=[wandb, mlflow]"])
+    assert "logging is off" not in capsys.readouterr().err
+
+    run, history = _wandb_run(tmp_path / "wandb-files")
+    assert (run.project, run.run_group, run.display_name) == ("env-project", "env-group", "env")
+    assert {s: h["train/loss"] for s, h in history.items() if "train/loss" in h} == {1: 4.0, 2: 3.0, 3: 2.0}
+    assert not os.path.exists(f"{cfg.run_dir}/wandb")
+
+    client = MlflowClient(tracking_uri=str(tmp_path / "store"))
+    experiment = client.get_experiment_by_name("env-experiment")
+    (mlrun,) = client.search_runs([experiment.experiment_id])
+    assert mlrun.info.run_name == "env" and mlrun.data.metrics["train/loss"] == 2.0
+    assert not os.path.exists(f"{cfg.run_dir}/mlruns")
+
+
+def test_a_key_the_recipe_sets_overrides_the_environment(tmp_path, monkeypatch, fresh_wandb):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setenv("WANDB_PROJECT", "env-project")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", str(tmp_path / "env-store"))
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "env-experiment")
+    cfg = _log_three_steps([*SMALL, "run_name=keys", f"base_output_directory={tmp_path}/runs",
+                            "loggers=[wandb, mlflow]", "wandb_mode=offline", "wandb_project=key-project",
+                            "wandb_group=key-group", f"mlflow_tracking_uri={tmp_path}/key-store",
+                            "mlflow_experiment=key-experiment"])
+    run, _ = _wandb_run(cfg.run_dir)  # no WANDB_DIR, no wandb_dir: the run directory
+    assert (run.project, run.run_group) == ("key-project", "key-group")
+    client = MlflowClient(tracking_uri=str(tmp_path / "key-store"))
+    (mlrun,) = client.search_runs([client.get_experiment_by_name("key-experiment").experiment_id])
+    assert mlrun.info.run_name == "keys"
+    assert not os.path.exists(tmp_path / "env-store")
+
+
+def test_without_keys_or_variables_the_libraries_defaults_and_the_run_directory(tmp_path, monkeypatch, fresh_wandb):
+    """No group, W&B's default project (it names one after the working directory), MLflow's Default
+    experiment; the files in the run directory as before."""
+    from mlflow.tracking import MlflowClient
+
+    for name in ("WANDB_MODE", "WANDB_PROJECT", "WANDB_RUN_GROUP", "WANDB_DIR", "WANDB_ENTITY",
+                 "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID"):
+        monkeypatch.delenv(name, raising=False)
+    cfg = _log_three_steps([*SMALL, "run_name=plain", f"base_output_directory={tmp_path}/runs",
+                            "loggers=[wandb, mlflow]", "wandb_mode=offline"])
+    run, _ = _wandb_run(cfg.run_dir)
+    assert run.run_group == "" and run.project not in ("", "maxlite")
+    client = MlflowClient(tracking_uri=f"{cfg.run_dir}/mlruns")
+    (mlrun,) = client.search_runs([client.get_experiment_by_name("Default").experiment_id])
+    assert mlrun.info.run_name == "plain"

@@ -129,6 +129,29 @@ def test_hardware_flops_count_remat_recompute_and_kernel_backward():
     assert auto == flash
 
 
+def test_quantized_flops_are_the_projections_forward_backward_and_recomputed():
+    from maxlite import config as C
+    from maxlite.models.flops import forward_flops_by_part
+    from maxlite.plan.estimate import quantized_flops
+
+    def q(*keys):
+        cfg = C.resolve(C.load(["base.yml", "model_name=tiny", *keys]), 8)
+        parts = forward_flops_by_part(cfg)
+        return quantized_flops(cfg), parts["qkv"] + parts["out"] + parts["mlp"]
+
+    assert q("remat_policy=full")[0] == 0.0  # no quantization
+    none, projections = q("quantization=int8", "remat_policy=none")
+    assert none == 3 * projections  # forward and both backward matmuls
+    assert q("quantization=fp8", "remat_policy=full")[0] == 4 * projections  # + the forward again
+    assert q("quantization=int8", "remat_policy=save_dots")[0] == none
+
+
+def test_chips_carry_published_8_bit_peaks():
+    v6e, v5e = T.CHIPS["v6e"], T.CHIPS["v5e"]
+    assert (v6e.peak("bf16"), v6e.peak("int8"), v6e.peak("fp8")) == (918.0, 1836.0, 918.0)  # no fp8 units
+    assert v5e.peak("int8") == 393.0
+
+
 def test_without_libtpu_one_line_install_hint():
     code = ("import sys; sys.modules['libtpu'] = None\n"
             "from maxlite.plan.__main__ import main\n"
@@ -245,11 +268,15 @@ def test_sweep_ranks_fitting_meshes():
     from maxlite.plan import search
 
     rows = search.sweep(["base.yml", "model_name=tiny"], T.parse("v6e:2x2"), ("full", "save_dots"),
-                        progress=lambda _: None)
+                        ("", "int8"), progress=lambda _: None)
     meshes = {(r["mesh"]["data"], r["mesh"]["fsdp"], r["mesh"]["tensor"]) for r in rows}
     assert meshes == {(1, 4, 1), (1, 2, 2), (2, 2, 1)}
     steps = [r["step_seconds"] for r in rows if r["fits"]]
-    assert len(steps) == 6 and steps == sorted(steps)
+    assert len(steps) == 7 and steps == sorted(steps)
+    # int8 tried once, on the fastest bf16 mesh × remat
+    plain = [r for r in rows if not r["quantization"]]
+    (int8,) = [r for r in rows if r["quantization"] == "int8"]
+    assert (int8["mesh"], int8["remat_policy"]) == (plain[0]["mesh"], plain[0]["remat_policy"])
 
 
 @needs_libtpu
@@ -272,6 +299,25 @@ def test_suggestions_are_compiled_and_the_smaller_micro_batch_fits():
     more_chips = [r for r in rows if r["change"].startswith("topology")]
     assert len(more_chips) == 1 and not more_chips[0]["fits"]  # the per-device batch is the problem
 
+
+
+@needs_libtpu
+def test_an_int8_plan_compiles_and_runs_its_projections_at_the_int8_peak():
+    """The quantized step compiles for v6e; its compute term spends the projections' FLOPs (forward
+    and backward) at v6e's int8 peak, twice bf16's, and the rest as before."""
+    from maxlite.models.flops import forward_flops_by_part
+    from maxlite.plan.compile import compile_plan, resolve
+
+    args = ["base.yml", "model_name=tiny", "max_target_length=512", "remat_policy=none"]
+    topo = T.parse("v6e:2x2")
+    plain, int8 = compile_plan(args, topo), compile_plan([*args, "quantization=int8"], topo)
+    assert plain.fits and int8.fits and int8.recipe["quantization"] == "int8"
+    parts = forward_flops_by_part(resolve(args, topo))
+    projections = 3 * (parts["qkv"] + parts["out"] + parts["mlp"]) / int8.num_devices
+    v6e = topo.chip
+    saved = projections / (v6e.peak_tflops * 1e12) - projections / (v6e.peak("int8") * 1e12)
+    assert int8.estimate["compute_seconds"] == pytest.approx(plain.estimate["compute_seconds"] - saved)
+    assert int8.estimate["quantized_flops_per_device"] == pytest.approx(projections)
 
 
 @needs_libtpu

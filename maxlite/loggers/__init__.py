@@ -10,10 +10,15 @@ Weights & Biases and MLflow. Only the primary process builds sinks (`metrics.Met
 
 A sink that is `optional` (W&B, MLflow) and fails — package missing, no network, bad credentials —
 is dropped with one warning line and training goes on; JSONL and TensorBoard failures are errors.
+
+W&B and MLflow follow their own conventions: a `wandb_*` / `mlflow_*` key left "" lets the library's
+environment variable (WANDB_MODE, WANDB_PROJECT, MLFLOW_TRACKING_URI, ...) or its own default decide;
+a key the recipe sets overrides the variable (`setting`).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -58,6 +63,14 @@ def scalars(record: dict[str, Any], group: str) -> dict[str, float]:
     return out
 
 
+def setting(key_value: str, variable: str, fallback: str | None = None) -> str | None:
+    """A logger setting: the recipe's key when set, else the library's environment variable when set
+    (None: the library reads it itself), else `fallback` (None: the library's own default)."""
+    if key_value:
+        return key_value
+    return None if os.environ.get(variable) else fallback
+
+
 def make_sinks(cfg, run_dir: str) -> list[Sink]:
     """The sinks this config asks for, in order; an optional one that cannot start is left out."""
     from maxlite.loggers.jsonl_sink import JsonlSink
@@ -68,8 +81,6 @@ def make_sinks(cfg, run_dir: str) -> list[Sink]:
 
         sinks.append(TensorBoardSink(run_dir))
     for name in dict.fromkeys(cfg.loggers):  # each once, in order
-        if name == "wandb" and cfg.wandb_mode == "disabled":
-            continue
         sink = guarded(name, lambda name=name: _extra(name, cfg, run_dir))
         if sink is not None:
             sinks.append(sink)

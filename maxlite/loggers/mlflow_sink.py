@@ -1,9 +1,11 @@
 """MLflow: params (the resolved config), metrics per step, the config as an artifact, the summary.
 
-`mlflow_tracking_uri` "" → a file store `{run_dir}/mlruns` (`mlflow ui --backend-store-uri
-{run_dir}/mlruns`); a local path is resolved like every maxlite path; http(s)://, databricks,
-sqlite:/// ... are passed to MLflow as given. The MLflow run id is kept in
-`{run_dir}/mlflow_run_id.txt`: a resumed maxlite run logs into the same MLflow run.
+The tracking URI is `mlflow_tracking_uri` when the recipe sets it, else MLFLOW_TRACKING_URI, else a
+file store `{run_dir}/mlruns` (`mlflow ui --backend-store-uri {run_dir}/mlruns`); a local path is
+resolved like every maxlite path; http(s)://, databricks, sqlite:/// ... are passed to MLflow as
+given. The experiment is `mlflow_experiment`, else MLFLOW_EXPERIMENT_NAME, else MLFLOW_EXPERIMENT_ID,
+else MLflow's Default experiment. The MLflow run id is kept in `{run_dir}/mlflow_run_id.txt`: a
+resumed maxlite run logs into the same MLflow run.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ _MAX_PARAMS_PER_BATCH = 100  # MLflow's log_batch limit
 
 
 def tracking_uri(cfg, run_dir: str) -> str:
-    uri = cfg.mlflow_tracking_uri or f"{run_dir}/mlruns"
+    uri = cfg.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"{run_dir}/mlruns"
     if ":" in uri.split("/")[0] or uri.startswith("databricks"):
         return uri  # a scheme: http://, file:, sqlite:///, databricks
     return C.resolve_path(uri)
@@ -49,12 +51,20 @@ class MlflowSink(Sink):
                 run_id = f.read().strip()
             self.client.update_run(run_id, status="RUNNING")
             return run_id, True
-        experiment = self.client.get_experiment_by_name(cfg.mlflow_experiment)
-        experiment_id = (experiment.experiment_id if experiment is not None
-                         else self.client.create_experiment(cfg.mlflow_experiment))
-        run_id = self.client.create_run(experiment_id, run_name=cfg.run_name).info.run_id
+        run_id = self.client.create_run(self._experiment_id(cfg), run_name=cfg.run_name).info.run_id
         write_text(self.id_path, run_id + "\n")
         return run_id, False
+
+    def _experiment_id(self, cfg) -> str:
+        """The recipe's experiment, else MLflow's variables', else its Default (created when missing)."""
+        name = cfg.mlflow_experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME")
+        if not name and os.environ.get("MLFLOW_EXPERIMENT_ID"):
+            return os.environ["MLFLOW_EXPERIMENT_ID"]
+        from mlflow.entities import Experiment
+
+        name = name or Experiment.DEFAULT_EXPERIMENT_NAME
+        experiment = self.client.get_experiment_by_name(name)
+        return experiment.experiment_id if experiment is not None else self.client.create_experiment(name)
 
     def start(self, cfg) -> None:
         from mlflow.entities import Param

@@ -11,11 +11,16 @@ dtype). On TPU the explicit f32 result would cost HBM traffic the fused bf16 dot
 gradient comes back in float32 as accumulated, never rounded to bf16 on the way (a bf16 round of a
 batch-summed gradient would make data-parallel layouts differ by an ulp).
 
-The custom VJP hides its dot from `jax.checkpoint`'s dot policies, which look for `dot_general`
+With `quantization` set (maxlite/quant.py), a weight projection of the decoder layers runs through
+Qwix's quantized dot instead, forward and backward, on every platform; the output head (the
+vocabulary, V in the shape legend) and attention's batched products stay as above.
+
+The CPU custom VJP hides its dot from `jax.checkpoint`'s dot policies, which look for `dot_general`
 itself: under `remat_policy=minimal` or `save_dots` a CPU backward pass recomputed every matmul, as
-`full` does. So on CPU `project` names its result (a weight matmul, or a batched one such as
-attention's), and `dots_saveable` / `dots_with_no_batch_dims_saveable` below are JAX's policies plus
-those names: the same choice on every platform.
+`full` does. Qwix's dot they do see, but what they would keep of it is the int8 product's int32
+accumulator, twice the bytes of the scaled bf16 result. So `project` names those results (a weight
+matmul, or a batched one such as attention's), and `dots_saveable` / `dots_with_no_batch_dims_saveable`
+below are JAX's policies plus those names: the same choice on every platform, quantized or not.
 """
 
 from __future__ import annotations
@@ -26,11 +31,13 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from maxlite import quant
 from maxlite.models.platform import target_platform
 
-_WEIGHT, _BATCHED = "cpu_weight_matmul", "cpu_batched_matmul"  # the names of CPU results
+_WEIGHT, _BATCHED = "weight_matmul", "batched_matmul"  # the names of results a custom VJP computes
+_VOCAB = "v"  # the output head's index (layers.py's legend): never quantized
 _cp = jax.checkpoint_policies
-# JAX's dot policies, seeing the CPU matmuls too (a projection's result is saved, not recomputed)
+# JAX's dot policies, seeing the named matmuls too (a projection's result is saved, not recomputed)
 dots_saveable = _cp.save_from_both_policies(_cp.dots_saveable,
                                             _cp.save_only_these_names(_WEIGHT, _BATCHED))
 dots_with_no_batch_dims_saveable = _cp.save_from_both_policies(_cp.dots_with_no_batch_dims_saveable,
@@ -38,7 +45,10 @@ dots_with_no_batch_dims_saveable = _cp.save_from_both_policies(_cp.dots_with_no_
 
 
 def project(spec: str, x, w):
-    """einsum(spec, x, w) in x's dtype (w cast to it), accumulated in float32 on every platform."""
+    """einsum(spec, x, w) in x's dtype (w cast to it), accumulated in float32 on every platform;
+    quantized when the process's `quantization` covers it."""
+    if quant.active() and not _batched(spec) and _VOCAB not in spec.split("->")[1]:
+        return checkpoint_name(quant.einsum(spec, x, w.astype(x.dtype)), _WEIGHT)
     if target_platform() == "cpu":
         return checkpoint_name(_accumulated(spec, x, w), _BATCHED if _batched(spec) else _WEIGHT)
     return jnp.einsum(spec, x, w.astype(x.dtype))

@@ -1,6 +1,6 @@
 """The model's name tables, without JAX: config validation, the planner and the reports read them.
 
-`attention` and `remat_policy` name implementations whose code lives in attention.py and
+`attention`, `remat_policy` and `quantization` name implementations whose code lives in attention.py and
 transformer.py (which check their tables against these names); `resolve_attention` is THE rule
 that turns `autoselected` into the implementation that runs — resolved once, where the config is
 resolved against its devices (maxlite.config.resolve), so the model, the planner, the benchmarks
@@ -12,6 +12,7 @@ from __future__ import annotations
 ATTENTION = ("autoselected", "dot_product", "blockwise", "flash", "cudnn_flash")
 REMAT_POLICIES = ("none", "full", "minimal", "save_dots", "save_qkv_proj", "save_dot_except_mlp",
                   "save_attn_mlp_proj", "offload_layer_inputs")
+QUANTIZATION = ("", "int8", "fp8", "fp8_full", "fp8_gpu")  # MaxText's values; maxlite/quant.py runs them
 BLOCKWISE_MIN_LENGTH = 2048  # on CPU, dot_product's T×T scores cost more than blocking saves below this
 
 

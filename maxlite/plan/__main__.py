@@ -24,9 +24,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--topology", required=True, help="chip:shape, e.g. v6e:4x4, v5e:2x2, v5p:4x4x4, v4:2x2x1")
     p.add_argument("--num-slices", type=int, default=None, help="multislice: slices joined over DCN "
                    "(default: the recipe's num_slices, else 1)")
-    p.add_argument("--sweep", action="store_true", help="rank meshes × remat policies that fit")
+    p.add_argument("--sweep", action="store_true", help="rank meshes × remat policies that fit, then "
+                   "quantization modes on the fastest")
     p.add_argument("--sweep-remat", default=",".join(search.SWEEP_REMATS),
                    help="remat policies the sweep tries")
+    p.add_argument("--sweep-quantization", default=",".join(m for m in search.SWEEP_QUANTIZATIONS if m),
+                   help="quantization modes the sweep tries on the fastest mesh × remat ('' for none)")
     p.add_argument("--no-suggest", action="store_true", help="do not search for what would fit")
     p.add_argument("--shardings", action="store_true", help="list every parameter's sharding")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
@@ -57,7 +60,8 @@ def run(argv: Sequence[str]) -> int:
         suggestions = search.suggest(recipe, topology, plan)
     if opts.sweep:
         remats = tuple(r.strip() for r in opts.sweep_remat.split(",") if r.strip())
-        sweep = search.sweep(recipe, topology, remats)
+        modes = ("", *(m.strip() for m in opts.sweep_quantization.split(",") if m.strip()))
+        sweep = search.sweep(recipe, topology, remats, modes)
     if opts.json:
         print(report.to_json(plan, suggestions, sweep))
     else:

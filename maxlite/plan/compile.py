@@ -17,7 +17,8 @@ from maxlite.plan import estimate as estimate_lib, hlo
 from maxlite.plan.topology import Topology, devices as topology_devices
 
 _RECIPE_KEYS = ("model_name", "per_device_batch_size", "max_target_length", "gradient_accumulation_steps",
-                "remat_policy", "weight_dtype", "dtype", "scan_layers", "attention", "num_vocab_tiling")
+                "remat_policy", "weight_dtype", "dtype", "scan_layers", "attention", "num_vocab_tiling",
+                "quantization")
 _BATCH_KEYS = ("inputs", "targets", "positions", "segment_ids", "weights")
 # libtpu 0.0.42: "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO
 # temporaries (82.77G) exceeds available HBM (31.25G)." (G = GiB); older: "Used 45.3G of 31.2G hbm"

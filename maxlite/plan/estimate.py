@@ -1,6 +1,7 @@
 """A step-time ESTIMATE from the compiled program and the chip's published figures (a roofline, not a run).
 
-  compute  = hardware FLOPs per device / bf16 peak   (MaxText FLOPs + what remat recomputes)
+  compute  = hardware FLOPs per device / bf16 peak   (MaxText FLOPs + what remat recomputes);
+             with `quantization`, the quantized projections' share / the chip's int8 or fp8 peak
   memory   = HBM bytes per device / HBM bandwidth    (operands + results of every top-level op of
                                                       the compiled program, loops × trip count;
                                                       XLA's own count sees a loop body once)
@@ -29,19 +30,32 @@ def _per_layer_forward(cfg) -> dict[str, float]:
     return {part: parts[part] for part in ("qkv", "out", "mlp", "attention")}
 
 
+_LAYER_PARTS = ("qkv", "out", "mlp", "attention")
+_PROJECTIONS = ("qkv", "out", "mlp")  # what `quantization` quantizes (maxlite/quant.py)
+RECOMPUTED = {  # the forward parts a remat policy's backward pass runs again
+    "none": (), "save_dots": (),
+    "full": _LAYER_PARTS, "offload_layer_inputs": _LAYER_PARTS,  # the layer input is all that is kept
+    "minimal": ("attention",), "save_attn_mlp_proj": ("attention",),  # QKᵀ, PV re-run
+    "save_qkv_proj": ("out", "mlp", "attention"),
+    "save_dot_except_mlp": ("mlp", "attention"),
+}
+
+
+def quantized_flops(cfg) -> float:
+    """FLOPs of the quantized projections (all devices): forward, both backward matmuls, and what
+    remat runs again of them; 0 without `quantization`."""
+    if not cfg.quantization:
+        return 0.0
+    fwd = _per_layer_forward(cfg)
+    return sum(3 * fwd[p] + (fwd[p] if p in RECOMPUTED[cfg.remat_policy] else 0.0) for p in _PROJECTIONS)
+
+
 def hardware_flops(cfg, flops_formula: float) -> float:
     """FLOPs the chips execute: the formula, plus the forward work remat recomputes, plus the
     score recomputation of a flash kernel's backward pass (`cfg.attention` as resolved for the
     target: maxlite.config.resolve)."""
     fwd = _per_layer_forward(cfg)
-    layers = sum(fwd.values())
-    recompute = {
-        "none": 0.0, "save_dots": 0.0,
-        "full": layers, "offload_layer_inputs": layers,  # the layer input is all that is kept
-        "minimal": fwd["attention"], "save_attn_mlp_proj": fwd["attention"],  # QKᵀ, PV re-run
-        "save_qkv_proj": layers - fwd["qkv"],
-        "save_dot_except_mlp": layers - fwd["qkv"] - fwd["out"],
-    }[cfg.remat_policy]
+    recompute = sum(fwd[p] for p in RECOMPUTED[cfg.remat_policy])
     kernel = 0.0
     if cfg.attention in ("flash", "cudnn_flash"):
         # its backward recomputes the scores: S and dP in the dQ and the dK/dV kernels (+3 of the
@@ -51,10 +65,13 @@ def hardware_flops(cfg, flops_formula: float) -> float:
 
 
 def estimate(plan, cfg, chip: Chip, num_slices: int) -> dict:
+    from maxlite import quant
+
     n = plan.num_devices
     model_flops = plan.flops_formula / n
     hw_flops = hardware_flops(cfg, plan.flops_formula) / n
-    compute_s = hw_flops / (chip.peak_tflops * 1e12)
+    q_flops, q_peak = quantized_flops(cfg) / n, chip.peak(quant.precision(cfg.quantization))
+    compute_s = (hw_flops - q_flops) / (chip.peak_tflops * 1e12) + q_flops / (q_peak * 1e12)
     hbm_bytes = plan.hbm_bytes or 0.0
     memory_s = hbm_bytes / (chip.hbm_gbps * 1e9)
     moved = sum(c["moved"] for c in plan.collectives.values())
@@ -75,11 +92,13 @@ def estimate(plan, cfg, chip: Chip, num_slices: int) -> dict:
         "dcn_seconds": dcn_s,
         "bound": "compute" if compute_s >= memory_s else "memory",
         "hardware_flops_per_device": hw_flops,
+        "quantized_flops_per_device": q_flops,  # of hardware_flops, run at quantized_peak_tflops
+        "quantized_peak_tflops": q_peak,
         "model_flops_per_device": model_flops,
         "hbm_bytes_per_device": hbm_bytes,
         "collective_bytes_per_device": moved,
         "dcn_bytes_per_device": dcn_bytes,
-        "mfu": model_flops / step_s / (chip.peak_tflops * 1e12) if step_s else 0.0,
+        "mfu": model_flops / step_s / (chip.peak_tflops * 1e12) if step_s else 0.0,  # of the bf16 peak
         "tflops_per_device": model_flops / step_s / 1e12 if step_s else 0.0,
         "tokens_per_second_per_device": tokens / n / step_s if step_s else 0.0,
     }

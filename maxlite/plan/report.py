@@ -67,7 +67,8 @@ def text(plan: Plan, chip: Chip, shardings: bool = False) -> str:
              f"  batch              {r['global_batch_size']} sequences × {r['max_target_length']} tokens "
              f"(per_device_batch_size={r['per_device_batch_size']:g}, gradient_accumulation_steps="
              f"{r['gradient_accumulation_steps']}); remat_policy={r['remat_policy']}, "
-             f"weights {r['weight_dtype']}, compute {r['dtype']}",
+             f"weights {r['weight_dtype']}, compute {r['dtype']}"
+             + (f", quantization={r['quantization']}" if r.get("quantization") else ""),
              f"  attention          {_attention(r)}; loss over {r['loss_chunks']} sequence chunk(s) "
              f"(num_vocab_tiling={r['num_vocab_tiling']})",
              f"  parameters         {plan.param_count / 1e9:,.3f} B = {_si(plan.param_bytes_total, 'B')}"
@@ -93,6 +94,10 @@ def text(plan: Plan, chip: Chip, shardings: bool = False) -> str:
         lines.append(f"                     step ≈ {_s(e['step_seconds'])} = max(compute "
                      f"{_s(e['compute_seconds'])}, HBM {_s(e['memory_seconds'])}) + ICI "
                      f"{_s(e['ici_seconds'])} + DCN {_s(e['dcn_seconds'])}; {e['bound']}-bound")
+        if e.get("quantized_flops_per_device"):
+            lines.append(f"                     of compute: {_si(e['quantized_flops_per_device'], 'FLOP')} per device "
+                         f"in {r['quantization']} projections at {e['quantized_peak_tflops']:,.0f} TFLOP/s, "
+                         f"the rest at {chip.peak_tflops:,.0f} (bf16)")
         lines.append(f"                     MFU ≤ {e['mfu']:.0%}, {e['tflops_per_device']:,.0f} TFLOP/s/device, "
                      f"{e['tokens_per_second_per_device']:,.0f} tokens/s/device")
     if not plan.fits and plan.error:
@@ -122,15 +127,17 @@ def suggestion_lines(suggestions: list[dict]) -> list[str]:
 def sweep_lines(rows: list[dict]) -> list[str]:
     if not rows:
         return []
-    lines = ["sweep: meshes × remat policies (estimated step time; fitting ones ranked first)",
-             f"  {'rank':>4}  {'data':>4} {'fsdp':>4} {'tensor':>6}  {'remat':9s}  {'peak':>10}  "
+    lines = ["sweep: meshes × remat policies, then quantization on the fastest (estimated step time; "
+             "fitting ones ranked first)",
+             f"  {'rank':>4}  {'data':>4} {'fsdp':>4} {'tensor':>6}  {'remat':9s}  {'quant':8s}  {'peak':>10}  "
              f"{'est. step':>9}  {'MFU≤':>5}"]
     for i, r in enumerate(rows, 1):
         rank = str(i) if r["fits"] else "-"
         step = _s(r["step_seconds"]) if r["fits"] else "no fit"
         mfu = f"{r['mfu']:.0%}" if r["fits"] else ""
         lines.append(f"  {rank:>4}  {r['mesh']['data']:>4} {r['mesh']['fsdp']:>4} {r['mesh']['tensor']:>6}"
-                     f"  {r['remat_policy']:9s}  {_gib(r['peak_bytes']):>10}  {step:>9}  {mfu:>5}")
+                     f"  {r['remat_policy']:9s}  {r['quantization'] or '-':8s}  {_gib(r['peak_bytes']):>10}"
+                     f"  {step:>9}  {mfu:>5}")
     return lines
 
 

@@ -6,7 +6,7 @@ import shlex
 import sys
 from typing import Callable
 
-from maxlite import config as C
+from maxlite import config as C, quant
 from maxlite.plan.compile import Plan, compile_plan, resolve
 from maxlite.plan.topology import GIB, Topology, bigger
 
@@ -14,6 +14,8 @@ Progress = Callable[[str], None]
 # from the most recomputation to the least memory saved; offloading trades HBM for host memory
 SWEEP_REMATS = ("full", "offload_layer_inputs", "save_qkv_proj", "save_dot_except_mlp",
                 "save_attn_mlp_proj", "minimal", "save_dots")
+# maxlite/quant.py's modes a TPU runs ("" too: a quantized recipe's sweep tries it without)
+SWEEP_QUANTIZATIONS = tuple(m for m in quant.MODES if not m or m in quant.modes_for("tpu"))
 
 
 def stderr_progress(message: str) -> None:
@@ -140,16 +142,29 @@ def sweep_candidates(args: list[str], topology: Topology, remats: tuple[str, ...
 
 
 def sweep(args: list[str], topology: Topology, remats: tuple[str, ...] = SWEEP_REMATS,
-          progress: Progress = stderr_progress) -> list[dict]:
-    """Compile every candidate; fitting ones ranked by estimated step time, then the rest."""
+          quantizations: tuple[str, ...] = SWEEP_QUANTIZATIONS, progress: Progress = stderr_progress) -> list[dict]:
+    """Compile every mesh × remat candidate, then each of `quantizations` on the fastest that fits
+    (a quantized matmul changes the compute term, not which mesh or policy fits); fitting rows
+    ranked by estimated step time, then the rest."""
+    def row(overrides: list[str]) -> dict:
+        plan = compile_plan(args, topology, overrides)
+        return {"mesh": plan.mesh, "remat_policy": plan.recipe["remat_policy"],
+                "quantization": plan.recipe["quantization"], "fits": plan.fits,
+                "peak_bytes": plan.peak_bytes, "usable_bytes": plan.usable_bytes,
+                "step_seconds": plan.estimate.get("step_seconds"), "mfu": plan.estimate.get("mfu"),
+                "overrides": overrides, "command": command(args, overrides, topology)}
+
+    def ranked(rows: list[dict]) -> list[dict]:
+        return sorted(rows, key=lambda r: (not r["fits"], r["step_seconds"] or 0.0, (r["peak_bytes"] or 0.0)))
+
     rows = []
     candidates = sweep_candidates(args, topology, remats)
     for i, overrides in enumerate(candidates, 1):
         progress(f"sweep {i}/{len(candidates)}: {' '.join(overrides)}")
-        plan = compile_plan(args, topology, overrides)
-        rows.append({"mesh": plan.mesh, "remat_policy": plan.recipe["remat_policy"], "fits": plan.fits,
-                     "peak_bytes": plan.peak_bytes, "usable_bytes": plan.usable_bytes,
-                     "step_seconds": plan.estimate.get("step_seconds"), "mfu": plan.estimate.get("mfu"),
-                     "overrides": overrides, "command": command(args, overrides, topology)})
-    return sorted(rows, key=lambda r: (not r["fits"], r["step_seconds"] or 0.0,
-                                       (r["peak_bytes"] or 0.0)))
+        rows.append(row(overrides))
+    best = ranked(rows)[0] if any(r["fits"] for r in rows) else None
+    for mode in (m for m in quantizations if best is not None and m != best["quantization"]):
+        overrides = [*best["overrides"], f"quantization={mode}"]
+        progress(f"sweep {overrides[-1]} on the fastest: {' '.join(best['overrides'])}")
+        rows.append(row(overrides))
+    return ranked(rows)

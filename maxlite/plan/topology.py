@@ -9,6 +9,8 @@ Chip figures (per chip; "bidirectional" ICI as Google publishes it):
        DCN 50 Gb/s per chip).
   v6e  Cloud TPU docs "TPU v6e" (32 GB, 1638 GB/s, 918 TFLOP/s, ICI 800 GB/s over 4 ports);
        DCN assumed 4 × 200 Gb/s NICs per 8-chip host → 12.5 GB/s per chip.
+Int8 and fp8 peaks (quantized matmuls): maxlite/chips.py, with their sources; none of these chips
+has fp8 matrix units, so fp8 runs at the bf16 peak.
 HBM "GB" in the docs is GiB in practice (libtpu reports 31.25 GiB usable of a v6e's 32 GiB).
 The compiler, not this table, decides whether a program fits: libtpu knows the usable HBM. The table feeds the report and the step-time estimate only.
 """
@@ -20,7 +22,7 @@ import math
 import os
 import re
 
-from maxlite.chips import PEAK_TFLOPS
+from maxlite.chips import peak_tflops
 
 GIB = 2**30
 
@@ -36,6 +38,12 @@ class Chip:
     dcn_gbps: float        # data-centre network bandwidth per chip, GB/s (cross-slice traffic)
     dims: int              # topology dimensions: 2 (AxB) or 3 (AxBxC)
     megacore: bool         # one JAX device per chip spanning both TensorCores
+    peak_tflops_int8: float = 0.0  # dense int8 peak per chip (maxlite/chips.py)
+    peak_tflops_fp8: float = 0.0   # dense fp8 peak per chip: the bf16 one where XLA converts fp8
+
+    def peak(self, precision: str) -> float:
+        """The dense peak of matmuls in `precision` (bf16, int8, fp8)."""
+        return {"bf16": self.peak_tflops, "int8": self.peak_tflops_int8, "fp8": self.peak_tflops_fp8}[precision]
 
     @property
     def ring_gbps(self) -> float:
@@ -43,11 +51,16 @@ class Chip:
         return self.ici_gbps / self.ici_ports
 
 
+def _chip(name: str, published: str, *figures) -> Chip:
+    return Chip(name, figures[0], peak_tflops(published), *figures[1:],
+                peak_tflops_int8=peak_tflops(published, "int8"), peak_tflops_fp8=peak_tflops(published, "fp8"))
+
+
 CHIPS: dict[str, Chip] = {
-    "v4": Chip("v4", 32 * GIB, PEAK_TFLOPS["TPU v4"], 1200.0, 540.0, 6, 6.25, 3, True),
-    "v5e": Chip("v5e", 16 * GIB, PEAK_TFLOPS["TPU v5e"], 819.0, 400.0, 4, 3.125, 2, False),
-    "v5p": Chip("v5p", 95 * GIB, PEAK_TFLOPS["TPU v5p"], 2765.0, 1200.0, 6, 6.25, 3, True),
-    "v6e": Chip("v6e", 32 * GIB, PEAK_TFLOPS["TPU v6e"], 1638.0, 800.0, 4, 12.5, 2, False),
+    "v4": _chip("v4", "TPU v4", 32 * GIB, 1200.0, 540.0, 6, 6.25, 3, True),
+    "v5e": _chip("v5e", "TPU v5e", 16 * GIB, 819.0, 400.0, 4, 3.125, 2, False),
+    "v5p": _chip("v5p", "TPU v5p", 95 * GIB, 2765.0, 1200.0, 6, 6.25, 3, True),
+    "v6e": _chip("v6e", "TPU v6e", 32 * GIB, 1638.0, 800.0, 4, 12.5, 2, False),
 }
 
 # Slice shapes offered for each chip family, smallest first (the "bigger topology" ladder).
