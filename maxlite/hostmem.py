@@ -114,6 +114,35 @@ def cgroup(proc: str = "/proc") -> Memory | None:
     return best
 
 
+def oom_counter(proc: str = "/proc") -> tuple[str, int] | None:
+    """(the file that counts this process's cgroup's out-of-memory kills, its count now), or None:
+    v2 `memory.events` (its `oom_kill` counts the cgroup's descendants too), v1
+    `memory.oom_control`. Whoever finds the process gone compares the count (maxlite/lease.py
+    records it when the run starts; `maxlite.status` reads it)."""
+    v1_path = v2_path = None
+    for line in (_read(f"{proc}/self/cgroup") or "").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3 and parts[0] == "0" and parts[1] == "":
+            v2_path = parts[2]
+        elif len(parts) == 3 and "memory" in parts[1].split(","):
+            v1_path = parts[2]
+    for fstype, mount_root, mount_point, options in _mounts(proc):
+        if fstype == "cgroup" and v1_path is not None and "memory" in options.split(","):
+            path = os.path.join(_levels(mount_root, mount_point, v1_path)[0], "memory.oom_control")
+        elif fstype == "cgroup2" and v2_path is not None and v1_path is None:
+            path = os.path.join(_levels(mount_root, mount_point, v2_path)[0], "memory.events")
+        else:
+            continue
+        if _read(path) is not None:
+            return path, oom_kills(path)
+    return None
+
+
+def oom_kills(path: str) -> int:
+    """The `oom_kill` count of a cgroup's memory.events (v2) or memory.oom_control (v1) file."""
+    return _stat(path, "oom_kill")
+
+
 def memory(proc: str = "/proc") -> Memory:
     """What this process may still allocate: the host's available memory, or its container's
     when that is less."""

@@ -41,13 +41,35 @@ class Holder:
     pid: int = dataclasses.field(default_factory=os.getpid)
     token: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
     since: float = dataclasses.field(default_factory=time.time)
+    oom: tuple | None = dataclasses.field(default_factory=lambda: _oom_counter())  # (file, kills at start)
 
     def record(self, heartbeat: float) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "heartbeat": heartbeat}
 
-    @classmethod
-    def of(cls, record: dict[str, Any]) -> "Holder":
-        return cls(**{f.name: record[f.name] for f in dataclasses.fields(cls) if f.name in record})
+
+def _oom_counter():
+    from maxlite import hostmem
+
+    return hostmem.oom_counter()
+
+
+def gone_because(record: dict[str, Any]) -> str:
+    """Why a holder that is gone went, as far as this host can tell: killed for memory when its
+    cgroup's out-of-memory kill count rose since it started, else not known."""
+    from maxlite import hostmem
+
+    oom = record.get("oom")
+    if oom and record.get("host") == socket.gethostname():
+        kills = hostmem.oom_kills(oom[0]) - oom[1]
+        if kills > 0:
+            return f"killed for memory: its cgroup's OOM killer ran {kills} time(s) since it started ({oom[0]})"
+    return "ended without a word (killed, or its machine went away)"
+
+
+def read(run_dir: str) -> dict[str, Any] | None:
+    """The lease record of a run directory, or None."""
+    store = _GCS(f"{run_dir}/{FILE}") if run_dir.startswith("gs://") else _Local(f"{run_dir}/{FILE}")
+    return store.read()[0]
 
 
 def describe(record: dict[str, Any], now: float) -> str:
@@ -60,7 +82,13 @@ def takeover_reason(held: dict[str, Any], me: Holder, timeout: float, now: float
     """Why `me` may take over the lease `held` (None: it may not) — THE rule."""
     if held.get("job") and held.get("job") == me.job and held.get("since", 0) <= me.since:
         return "a later attempt of the same job"
-    if held.get("host") == me.host and not _alive(int(held.get("pid", -1))):
+    return gone(held, timeout, now)
+
+
+def gone(held: dict[str, Any], timeout: float, now: float) -> str | None:
+    """How the holder of `held` is known to be gone (a dead process of this host, or no heartbeat
+    for `timeout` seconds), or None."""
+    if held.get("host") == socket.gethostname() and not _alive(int(held.get("pid", -1))):
         return "its process is gone"
     if now - held.get("heartbeat", 0) > timeout:
         return f"no heartbeat for {now - held.get('heartbeat', 0):.0f} s (run_lease_seconds={timeout:g})"

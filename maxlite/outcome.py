@@ -34,6 +34,8 @@ PREEMPT_TIMEOUT = 77  # a preemption signal, but no safe point within preemption
 DIVERGED = 78  # the loss went bad with no rollback left: a restart would repeat it
 BAD_STATE = 79  # restored states go bad at their first step and none older is left: a restart would too
 LEASE_LOST = 73  # another launch took the run directory over (EX_CANTCREAT): this one stops writing
+OUT_OF_MEMORY = 137  # killed by the kernel (or Ray's monitor) for memory, as a launcher found out: a
+#                     restart would be killed again. 137 alone (any SIGKILL) is not proof: a restart
 INTERRUPTED = 130  # the user stopped it (Ctrl-C, SIGINT; the shell's 128 + 2): saved first, unless pressed twice
 
 # ---- next actions ----
@@ -55,6 +57,7 @@ _REASONS = {  # reason → (exit code, status state, next)
     "bad_state": (BAD_STATE, "failed", FAIL),
     "crash": (FAILED, "failed", RESTART),
     "lease_lost": (LEASE_LOST, "failed", FAIL),  # status.json is the new holder's: not written
+    "out_of_memory": (OUT_OF_MEMORY, "failed", FAIL),  # decided by a launcher with the evidence
 }
 STOP_REASONS = ("max_time", "preempted", "straggler", "interrupted", "lease_lost")  # what the loop's vote can answer
 
@@ -135,7 +138,7 @@ def decide(reason: str | None = None, error: BaseException | None = None,
 def without_status(code: int) -> str:
     """The next action from an exit code alone (the trainer was killed, or wrote no status)."""
     for reason, (c, _, action) in _REASONS.items():
-        if c == code and code not in (FINISHED, FAILED):  # 0 and 1 are shared; their status tells
+        if c == code and code not in (FINISHED, FAILED, OUT_OF_MEMORY):  # shared codes: their status tells
             return action
     return DONE if code == FINISHED else RESTART  # a crash, a kill (negative, or 128+N from a shell)
 
@@ -155,4 +158,4 @@ def describe(reason: str) -> str:
             "checkpoint_failed": "a checkpoint save failed", "hang": "a hang", "straggler": "a straggler",
             "preempt_timeout": "no safe point within the preemption grace", "crash": "a crash",
             "preempted": "preempted", "max_time": "its max_time budget",
-            "lease_lost": "another launch took the run over"}.get(reason, reason or "finished")
+            "lease_lost": "another launch took the run over", "out_of_memory": "killed for memory"}.get(reason, reason or "finished")

@@ -1,14 +1,17 @@
 """`python -m maxlite.status RUN_DIR`: where a run stands, from its run directory alone.
 
 Reads status.json (state, step), metrics.jsonl (last loss, tokens/s, step times for the ETA,
-the summary's goodput) and the checkpoint listing (`checkpoints.list_checkpoints`). Works for any
-run directory a local, Ray or Slurm run writes, on local disk or gs://.
+the summary's goodput), the checkpoint listing (`checkpoints.list_checkpoints`) and the run's lease
+(maxlite/lease.py): a run whose status still says `running` but whose lease holder is gone is
+`lost`, and said to be killed for memory when its cgroup's OOM killer ran since it started. Works
+for any run directory a local, Ray or Slurm run writes, on local disk or gs://.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Any
 
 import fsspec
@@ -76,7 +79,22 @@ def run_status(run_dir: str) -> dict[str, Any]:
         complete = []
     if complete:
         out["last_checkpoint"] = complete[-1]["step"]
+    if out["state"] in ("running", "unknown"):  # unknown: it went before its first status
+        _lost(run_dir, cfg, out)
     return out
+
+
+def _lost(run_dir: str, cfg: dict[str, Any], out: dict[str, Any]) -> None:
+    """`running` with no one running it: the lease's holder is gone (killed -9, for memory, ...)."""
+    from maxlite import lease
+
+    held = lease.read(run_dir)
+    why = held and lease.gone(held, float(cfg.get("run_lease_seconds") or 120), time.time())
+    if why:
+        out["state"] = "lost"
+        out["lost"] = f"{why}; {lease.gone_because(held)}; run it again to resume from its last checkpoint"
+        if "killed for memory" in out["lost"]:
+            out["reason"] = "out_of_memory"
 
 
 def _fmt_seconds(s: float) -> str:
@@ -86,7 +104,8 @@ def _fmt_seconds(s: float) -> str:
 
 def format_status(st: dict[str, Any]) -> str:
     steps = f"/{st['steps']}" if st.get("steps") else ""
-    lines = [f"run: {st['run_dir']}", f"state: {st['state']}", f"step: {st['step']}{steps}"]
+    state = st["state"] + (f" ({st['lost']})" if "lost" in st else "")
+    lines = [f"run: {st['run_dir']}", f"state: {state}", f"step: {st['step']}{steps}"]
     if "loss" in st:
         lines.append(f"loss: {st['loss']:.4f}")
     if st.get("tokens_per_second_per_device") is not None:

@@ -172,3 +172,22 @@ def changed(root: str, step: int, item: str, before) -> set[str]:
     after = ck.restore_items(root, step, {item: target}, verify=False)[item]
     return {name for (name, a), (_, b) in zip(ck.checksums.leaves(before, item), ck.checksums.leaves(after, item))
             if not np.array_equal(a, b)}
+
+
+def memory_cgroup(limit: int) -> str | None:
+    """A child of this process's memory cgroup (v1, else v2) limited to `limit`; None if none can be made."""
+    own = {parts[1]: parts[2] for parts in (line.split(":", 2) for line in open("/proc/self/cgroup")) if len(parts) == 3}
+    for base, key, limit_file in ((f"/sys/fs/cgroup/memory{own.get('memory', '').strip()}", "memory", "memory.limit_in_bytes"),
+                                  (f"/sys/fs/cgroup{own.get('', '').strip()}", "", "memory.max")):
+        if key not in own or not os.path.isdir(base):
+            continue
+        path = f"{base}/maxlite-test-{os.getpid()}"
+        try:
+            os.mkdir(path)
+            with open(f"{path}/{limit_file}", "w") as f:
+                f.write(str(limit))
+            return path
+        except OSError:
+            if os.path.isdir(path):
+                os.rmdir(path)
+    return None

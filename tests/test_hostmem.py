@@ -8,7 +8,7 @@ import os
 import pytest
 
 from maxlite import hostmem
-from tests.helpers import run_module
+from tests.helpers import memory_cgroup, run_module
 
 GIB = 2**30
 
@@ -66,27 +66,8 @@ def test_cgroup_v1_tightest_level_and_a_namespaced_root(tmp_path):
     assert hostmem.memory(ns).where == f"{mem}/slurm/uid_0/job_7/memory.limit_in_bytes"
 
 
-def _memory_cgroup(limit: int) -> str | None:
-    """A child of this process's memory cgroup (v1, else v2) limited to `limit`; None if none can be made."""
-    own = {parts[1]: parts[2] for parts in (line.split(":", 2) for line in open("/proc/self/cgroup")) if len(parts) == 3}
-    for base, key, limit_file in ((f"/sys/fs/cgroup/memory{own.get('memory', '').strip()}", "memory", "memory.limit_in_bytes"),
-                                  (f"/sys/fs/cgroup{own.get('', '').strip()}", "", "memory.max")):
-        if key not in own or not os.path.isdir(base):
-            continue
-        path = f"{base}/maxlite-test-{os.getpid()}"
-        try:
-            os.mkdir(path)
-            with open(f"{path}/{limit_file}", "w") as f:
-                f.write(str(limit))
-            return path
-        except OSError:
-            if os.path.isdir(path):
-                os.rmdir(path)
-    return None
-
-
 def test_a_run_in_a_memory_limited_cgroup_is_refused_in_one_line(run_dir):
-    path = _memory_cgroup(3 * GIB // 2)
+    path = memory_cgroup(3 * GIB // 2)
     if path is None:
         pytest.skip("cannot make a memory-limited cgroup here (no writable memory controller under /sys/fs/cgroup)")
     try:
@@ -99,3 +80,25 @@ def test_a_run_in_a_memory_limited_cgroup_is_refused_in_one_line(run_dir):
     errors = [line for line in outs[0].splitlines() if line.startswith("maxlite: error: ")]
     assert len(errors) == 1 and "Traceback" not in outs[0] and "completed step" not in outs[0]
     assert "this container's memory limit is 1.50 GiB (cgroup v" in errors[0] and f"{path}/memory." in errors[0]
+
+
+def test_a_run_killed_for_memory_is_said_so_by_maxlite_status(run_dir):
+    """The kernel kills a run whose container is too small (the fit check turned off): the process
+    writes nothing more, but its lease names its cgroup's OOM counter, and `maxlite.status` reads
+    the run as lost, killed for memory."""
+    from maxlite import status
+
+    path = memory_cgroup(3 * GIB // 2)
+    if path is None:
+        pytest.skip("cannot make a memory-limited cgroup here (no writable memory controller under /sys/fs/cgroup)")
+    try:
+        enter = ["sh", "-c", f'echo $$ > {path}/cgroup.procs && exec "$@"', "sh"]
+        codes, outs = run_module("maxlite.train", ["base.yml", "model_name=llama-100m", "steps=20", "run_name=k",
+                                                   "check_memory_fit=false", f"base_output_directory={run_dir}"],
+                                 devices=1, prefix=enter)
+        assert codes in ([-9], [137]), outs[0][-3000:]  # SIGKILL: no line, no status of its own
+        st = status.run_status(f"{run_dir}/k")
+    finally:
+        os.rmdir(path)
+    assert st["state"] == "lost" and st["reason"] == "out_of_memory", st
+    assert "its process is gone" in st["lost"] and "killed for memory: its cgroup's OOM killer ran" in st["lost"]

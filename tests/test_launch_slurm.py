@@ -247,3 +247,34 @@ def test_sigterm_arrives_before_the_time_limit(tmp_path, cluster_env):
     assert "SIGTERM (time limit or preemption): forwarding it to the trainer" in log, log
     assert "trainer exited with 0; run state: preempted; next: requeue" in log, log  # outlived its trainer
     assert launch(tmp_path, "cancel", "limit", env=cluster_env).returncode in (0, 2)  # it would go on
+
+
+def test_the_batch_script_sees_a_step_killed_for_memory(tmp_path):
+    """The batch script's OOM check, run for real: a job cgroup (Slurm's layout: job_7/step_batch
+    beside job_7/step_0, under a 200 MiB limit) whose step the kernel kills for memory; the
+    script's `oom_kills` counts it, which makes the job end OUT_OF_MEMORY instead of being requeued.
+    A shell outside a job cgroup counts nothing. Skipped where no memory cgroup can be made."""
+    from tests.helpers import memory_cgroup
+
+    out = launch(tmp_path, "slurm", *TINY, "--partition", "debug", "--experiment-name", "m", "--dry-run")
+    script = out.stdout
+    fn = script[script.index("oom_kills() {"):script.index("\n}\n", script.index("oom_kills() {")) + 3]
+    limited = memory_cgroup(200 * 2**20)
+    if limited is None:
+        pytest.skip("cannot make a memory-limited cgroup here (no writable memory controller under /sys/fs/cgroup)")
+    job, made = f"{limited}/job_7", []
+    try:
+        for d in (job, f"{job}/step_batch", f"{job}/step_0"):
+            os.mkdir(d)
+            made.append(d)
+        test = (f"{fn}\noutside=$(oom_kills)\necho $$ > {job}/step_batch/cgroup.procs\nbefore=$(oom_kills)\n"
+                f"(echo $BASHPID > {job}/step_0/cgroup.procs && exec {sys.executable} -c 'x = bytearray(600 << 20); x[::4096] = b\"1\" * len(x[::4096])')\n"
+                f"echo \"rc=$? outside=$outside before=$before after=$(oom_kills)\"")
+        done = subprocess.run(["bash", "-c", test], capture_output=True, text=True, timeout=120)
+    finally:
+        for d in reversed(made):
+            os.rmdir(d)
+        os.rmdir(limited)
+    rc, outside, before, after = (int(x.split("=")[1]) for x in done.stdout.split())
+    assert rc == 137 and after == before + 1 and outside == 0, done.stdout + done.stderr
+    assert "trainer killed for memory" in script and "record OUT_OF_MEMORY" in script

@@ -65,3 +65,23 @@ def test_exit_codes_and_next_actions_are_assigned_in_one_module():
                             r"launcher_action|exit_codes\.", "--", "maxlite", "ray_entry"],
                            cwd=ROOT, capture_output=True, text=True).stdout
     assert found == "", found
+
+
+def test_a_kill_is_a_restart_unless_a_launcher_knows_it_was_for_memory():
+    """137 alone is any SIGKILL (a crash test, a node's death): restarted. Killed for memory is a
+    launcher's finding (the job cgroup's OOM count, Ray's memory monitor): not retried."""
+    import ray.exceptions
+
+    from maxlite.launch import ray_trainer
+
+    assert O.without_status(137) == "restart"
+    end = O.decide("out_of_memory")
+    assert (end.code, end.state, end.next) == (137, "failed", "fail")
+
+    class Failed(Exception):  # Ray Train's TrainingFailedError carries the workers' causes
+        def __init__(self, causes):
+            self.worker_failures = causes
+
+    monitor = ray.exceptions.OutOfMemoryError("Task was killed due to the node running low on memory.")
+    assert ray_trainer._killed_for_memory(Failed({1: monitor}))
+    assert not ray_trainer._killed_for_memory(Failed({1: RuntimeError("maxlite: training stopped with exit code 75")}))

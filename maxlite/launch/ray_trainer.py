@@ -369,6 +369,17 @@ def _first_cause(error: Exception) -> str:
     return f"{type(cause).__name__}: {lines[-1] if lines else ''}"[:300]
 
 
+def _killed_for_memory(error: Exception) -> bool:
+    """Whether Ray says a worker of the failed run was killed for memory: its memory monitor's
+    OutOfMemoryError, or a worker the OOM killer ended (Ray names it in the failure)."""
+    causes = list((getattr(error, "worker_failures", None) or {}).values()) or [getattr(error, "controller_failure", error)]
+    for cause in causes:
+        text = f"{type(cause).__name__}: {cause}".lower()
+        if "outofmemoryerror" in text or "oom killer" in text or "low on memory" in text:
+            return True
+    return False
+
+
 def _warn_if_inside_job_copy(cfg: C.Config) -> None:
     """Config paths are absolute (config.resolve_path); under `ray job submit` a relative one lands in
     Ray's temporary copy of the working dir, which goes away with the cluster."""
@@ -473,6 +484,13 @@ def run(cfg: C.Config) -> dict[str, Any]:
                     try:
                         result = _fit(build_trainer(cfg, attempt, job))
                     except TrainingFailedError as e:
+                        if _killed_for_memory(e):  # a worker was, every attempt: no status of its own
+                            end = outcome.decide("out_of_memory")
+                            _ended_without_workers(cfg, end)
+                            print(f"maxlite: error: a Ray worker was killed for memory ({_first_cause(e)}); "
+                                  f"lower per_device_batch_size or check the fit with python -m maxlite.plan; "
+                                  f"status in {cfg.run_dir}/status.json", file=sys.stderr, flush=True)
+                            return end.fields()
                         print(f"maxlite: error: Ray training failed after {budget} restart(s) (max_restarts): "
                               f"{_first_cause(e)}; worker logs above, status in {cfg.run_dir}/status.json",
                               file=sys.stderr, flush=True)

@@ -214,6 +214,20 @@ status_field() {{  # a field of the trainer's status.json, only if written durin
   [ -r "$RUN_STATUS" ] && [ "$RUN_STATUS" -nt "$EXP_DIR/.attempt" ] || return 0
   sed -n "s/.*\"$1\"[[:space:]]*:[[:space:]]*\"\([a-z_]*\)\".*/\1/p" "$RUN_STATUS" | head -n 1
 }}
+oom_kills() {{  # out-of-memory kills in this job's cgroup (Slurm's job_<id>, the parent of this shell's
+  # step_batch; the job's steps run beside it): v2 memory.events counts its descendants' too; v1
+  # counts each cgroup's own, summed here over the job's; 0 without a memory cgroup of the job
+  local cg
+  cg=$(sed -n 's/^0:://p' /proc/self/cgroup | head -n 1)
+  if [ -n "$cg" ] && [ -r "/sys/fs/cgroup$(dirname "$cg")/memory.events" ]; then
+    case "$(basename "$(dirname "$cg")")" in job_*) ;; *) echo 0; return ;; esac
+    sed -n 's/^oom_kill \([0-9]*\)$/\1/p' "/sys/fs/cgroup$(dirname "$cg")/memory.events"; return
+  fi
+  cg=$(sed -n 's/^[0-9]*:[^:]*memory[^:]*://p' /proc/self/cgroup | head -n 1)
+  case "$(basename "$(dirname "${{cg:-/}}")")" in job_*) ;; *) echo 0; return ;; esac
+  find "/sys/fs/cgroup/memory$(dirname "$cg")" -name memory.oom_control 2>/dev/null |
+    xargs -r cat | awk '$1 == "oom_kill" {{ n += $2 }} END {{ print n + 0 }}'
+}}
 no_status_action() {{  # maxlite.outcome.without_status(code): the trainer wrote no status
   case "$1" in {fallback} esac
 }}
@@ -239,6 +253,7 @@ trap on_int INT
 touch "$EXP_DIR/.attempt"
 note "attempt $ATTEMPT (max_restarts=$RETRIES) of job $SLURM_JOB_ID on $SLURM_JOB_NODELIST; coordinator $MAXLITE_COORDINATOR"
 record RUNNING null
+oom_before=$(oom_kills)
 {command} &
 pid=$!
 rc=1
@@ -249,6 +264,11 @@ done
 state=$(status_field state)
 reason=$(status_field reason)
 next=$(status_field next)  # the trainer's answer (maxlite.outcome)
+oom_after=$(oom_kills)
+if [ -z "$next" ] && [ "${{oom_after:-0}}" -gt "${{oom_before:-0}}" ]; then  # killed by the kernel, for memory
+  note "trainer killed for memory: this job's cgroup counted $((oom_after - oom_before)) out-of-memory kill(s); not requeued (it would be killed again): lower per_device_batch_size, give the job more memory, or check the fit with python -m maxlite.plan"
+  record OUT_OF_MEMORY "$rc"; exit "$rc"
+fi
 [ -n "$next" ] || next=$(no_status_action "$rc")
 slurm_state=$(squeue -h -j "$SLURM_JOB_ID" -o %T 2>/dev/null)
 failures=$(cat "$EXP_DIR/failures" 2>/dev/null || echo 0)
