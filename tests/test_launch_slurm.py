@@ -182,9 +182,11 @@ def _trainer_pids(marker: str) -> list[int]:
 
 @pytest.mark.slurm
 def test_crashed_attempt_is_requeued_and_finishes(tmp_path, cluster_env):
-    info = submit(tmp_path, "crash", cluster_env, *TINY, "steps=4", "--retries", "1")
+    # the first attempt stalls at step 1 (a pause that fires once per run): killed there, surely alive
+    info = submit(tmp_path, "crash", cluster_env, *TINY, "steps=4", "fault_type=pause", "fault_step=1",
+                  "fault_pause_seconds=600", "--retries", "1")
     info = wait_for(tmp_path, "crash", cluster_env,
-                    lambda i: i["run_state"] == "running" or i["status"] not in ("PENDING", "RUNNING"))
+                    lambda i: "fault injection: pause" in log_text(i) or i["status"] not in ("PENDING", "RUNNING"))
     assert info["run_state"] == "running", log_text(info)
     pids = _trainer_pids(info["local_directory"])
     assert len(pids) == 1
@@ -194,7 +196,7 @@ def test_crashed_attempt_is_requeued_and_finishes(tmp_path, cluster_env):
     log = log_text(info)
     assert info["status"] == "FINISHED" and info["run_state"] == "finished", log
     # one log holds both attempts (--open-mode=append)
-    assert "attempt 0 (max_restarts=1)" in log and "(a crash): requeueing (restart 1 of max_restarts=1)" in log
+    assert "attempt 0 (max_restarts=1)" in log and "run failed (exit 137): requeueing (restart 1 of max_restarts=1)" in log
     assert "attempt 1 (max_restarts=1)" in log and log.rstrip().endswith("run finished")
     lease = json.loads(pathlib.Path(info["run_status_file"]).read_text())["lease"]  # handed on by the requeue
     assert lease["launcher"].endswith("attempt 1") and lease["took_over"]["launcher"].endswith("attempt 0")

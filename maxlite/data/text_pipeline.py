@@ -139,7 +139,8 @@ def text_files(config, split: str, bundled: tuple[str, str] = (BUNDLED_TRAIN, BU
         return sources.expand_paths(config.dataset_path or bundled[0], "dataset_path")
     if config.eval_dataset_path:
         return sources.expand_paths(config.eval_dataset_path, "eval_dataset_path")
-    assert not config.dataset_path, "config validation asks for eval_dataset_path with your own data"
+    if config.dataset_path:  # a recipe with eval_interval > 0 is refused earlier (maxlite/config.py)
+        raise ConfigError(f"dataset_type={config.dataset_type}: set eval_dataset_path for evaluation on your own data")
     return [bundled[1]]
 
 

@@ -339,8 +339,9 @@ def connect(cfg: C.Config) -> Iterator[str]:
         # binds it (seen once in CI): pick another.
         for tries_left in (2, 1, 0):
             try:
-                ray.init(address="local", num_cpus=cpus, include_dashboard=True, dashboard_port=_free_port(),
-                         _temp_dir=temp_dir, log_to_driver=True, logging_level="WARNING")
+                with _children_ignore_sigint():
+                    ray.init(address="local", num_cpus=cpus, include_dashboard=True, dashboard_port=_free_port(),
+                             _temp_dir=temp_dir, log_to_driver=True, logging_level="WARNING")
                 break
             except ValueError as e:
                 ray.shutdown()
@@ -355,6 +356,24 @@ def connect(cfg: C.Config) -> Iterator[str]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextlib.contextmanager
+def _children_ignore_sigint():
+    """The local cluster's processes (GCS, raylet, dashboard, and the workers the raylet starts)
+    inherit an ignored SIGINT: a terminal's Ctrl-C reaches the driver's whole process group, and
+    the driver alone decides what it means (a stop request the workers read, `_DriverInterrupt`)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _first_cause(error: Exception) -> str:

@@ -185,10 +185,15 @@ def _no_status_cases() -> str:
 
 
 def _reason_cases() -> str:
-    """The bash `case` arms naming a run's `reason` in the log (maxlite.outcome.describe)."""
-    reasons = ("config", "diverged", "interrupted", "checkpoint_failed", "hang", "straggler", "preempt_timeout",
-               "crash", "preempted", "max_time")
-    return " ".join(f"{r}) echo {shlex.quote(outcome.describe(r))} ;;" for r in reasons) + " *) echo \"exit $rc\" ;;"
+    """The bash `case` arms naming a run's `reason` in the log (maxlite.outcome.describe); a trainer
+    that wrote no status (a wrong recipe refused before its run directory) is named by its exit
+    code, where that code is a reason's own."""
+    reasons = [r for r in outcome._REASONS if r]
+    arms = [f"{r}) echo {shlex.quote(outcome.describe(r))} ;;" for r in reasons]
+    own = {c: r for r, (c, _, _) in outcome._REASONS.items()
+           if r and c not in (outcome.FINISHED, outcome.FAILED, outcome.OUT_OF_MEMORY)}
+    arms += [f"{c}) echo {shlex.quote(outcome.describe(r))} ;;" for c, r in sorted(own.items())]
+    return " ".join(arms) + " *) echo \"exit $rc\" ;;"
 
 
 # The batch shell. Bash, not Python: it must run on a bare login image and inside no container.
@@ -263,6 +268,7 @@ while :; do  # `wait` returns early when the trap runs; wait again for the real 
 done
 state=$(status_field state)
 reason=$(status_field reason)
+[ -n "$reason" ] || reason=$rc  # no status of this attempt: the exit code names it
 next=$(status_field next)  # the trainer's answer (maxlite.outcome)
 oom_after=$(oom_kills)
 if [ -z "$next" ] && [ "${{oom_after:-0}}" -gt "${{oom_before:-0}}" ]; then  # killed by the kernel, for memory
