@@ -97,3 +97,23 @@ def wait_until(check: Callable[[], T], timeout: float, poll: float = 0.5,
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f} s\n{context()}")
         time.sleep(poll)
+
+
+def preset_names() -> list[str]:
+    """Every shipped model preset (configs/models/*.yml)."""
+    return sorted(p.stem for p in (C.CONFIG_DIR / "models").glob("*.yml"))
+
+
+def shrunk(model_name: str) -> list[str]:
+    """A preset at CPU size that keeps its traits: its family, tied head or not, biases, RoPE
+    scaling, GQA (or not), a head_dim that is (or is not) emb/heads. Default dtypes (bf16 compute)."""
+    cfg = C.load(["base.yml", f"model_name={model_name}"])
+    kv = min(cfg.base_num_kv_heads, 2)
+    heads = kv * min(cfg.base_num_query_heads // cfg.base_num_kv_heads, 2)
+    proportional = cfg.base_num_query_heads * cfg.head_dim == cfg.base_emb_dim
+    head_dim = 64 // heads if proportional else 24  # 24 · heads ≠ 64 for heads in 1, 2, 4
+    return ["base.yml", f"model_name={model_name}", "base_emb_dim=64", "base_mlp_dim=128",
+            f"base_num_query_heads={heads}", f"base_num_kv_heads={kv}", f"head_dim={head_dim}",
+            f"base_num_decoder_layers={min(cfg.base_num_decoder_layers, 2)}", "vocab_size=512",
+            "max_target_length=32", "per_device_batch_size=1", "enable_tensorboard=false",
+            "write_report=false"]

@@ -123,10 +123,9 @@ def generate_tokens(graphdef, params, prompt_BP, lengths_B, key, *, max_new_toke
     B, P = prompt_BP.shape
     cache = empty_cache(model.cfg, B, P + max_new_tokens)
     x_BPD, cache = forward(model, prompt_BP, jnp.broadcast_to(jnp.arange(P), (B, P)), cache)
-    head_DV = model.head_DV()
-    x_BD = jnp.take_along_axis(x_BPD, (lengths_B - 1)[:, None, None], axis=1)[:, 0]
+    x_B1D = jnp.take_along_axis(x_BPD, (lengths_B - 1)[:, None, None], axis=1)
     key, sub = jax.random.split(key)
-    token_B = sample((x_BD @ head_DV).astype(jnp.float32), sub, temperature, top_k, top_p)
+    token_B = sample(model.logits(x_B1D)[:, 0], sub, temperature, top_k, top_p)
     out_BN = jnp.full((B, max_new_tokens), eos_id, jnp.int32).at[:, 0].set(token_B)
     # the params ride in the loop state: NNX modules are rebuilt at the loop body's trace level
     state = (jnp.int32(1), token_B, lengths_B, token_B == eos_id, cache, out_BN, key, params)
@@ -140,7 +139,7 @@ def generate_tokens(graphdef, params, prompt_BP, lengths_B, key, *, max_new_toke
         model = nnx.merge(graphdef, params)
         x_B1D, cache = forward(model, token_B[:, None], pos_B[:, None], cache)
         key, sub = jax.random.split(key)
-        nxt_B = sample((x_B1D[:, 0] @ model.head_DV()).astype(jnp.float32), sub, temperature, top_k, top_p)
+        nxt_B = sample(model.logits(x_B1D)[:, 0], sub, temperature, top_k, top_p)
         nxt_B = jnp.where(done_B, eos_id, nxt_B)
         out_BN = jax.lax.dynamic_update_slice(out_BN, nxt_B[:, None], (0, i))
         return i + 1, nxt_B, pos_B + 1, done_B | (nxt_B == eos_id), cache, out_BN, key, params

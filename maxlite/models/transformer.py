@@ -107,16 +107,22 @@ class Transformer(nnx.Module):
         x_BTD = constrain(x_BTD, BTD)
         return self.final_norm(self._run_layers(x_BTD, positions_BT, segment_ids_BT, dropout_key))
 
-    def _stored_head_DV(self):
-        """The output projection [D, V] as stored (tied to the embedding or not)."""
-        return self.embedding[...].T if self.cfg.logits_via_embedding else self.unembedding[...]
+    def head(self) -> tuple[str, jax.Array]:
+        """The output head as stored, with its einsum operand spec: the embedding table [V, D]
+        ("vd") when tied, else the unembedding [D, V] ("dv"). Every product with the head (the
+        logits below, the chunked loss, decoding) names the table in its stored layout: through a
+        transpose, its gradient would be a transposed bf16 × bf16 → f32 dot, which XLA's CPU dot
+        cannot compute (UNIMPLEMENTED: DotThunk BF16 x BF16 = F32)."""
+        if self.cfg.logits_via_embedding:
+            return "vd", self.embedding[...]
+        return "dv", self.unembedding[...]
 
-    def head_DV(self):
-        """The output projection [D, V] in the compute dtype (the chunked loss, decoding)."""
-        return self._stored_head_DV().astype(jnp.dtype(self.cfg.dtype))
+    def logits(self, x_BTD):
+        """logits_BTV (float32) of final-normed hidden states; `project` casts the stored head
+        itself and on CPU returns its gradient in its own dtype."""
+        spec, w = self.head()
+        logits_BTV = matmul.project(f"btd,{spec}->btv", x_BTD, w).astype(jnp.float32)
+        return constrain(logits_BTV, ("activation_batch", "activation_length", "activation_vocab"))
 
     def __call__(self, inputs_BT, positions_BT, segment_ids_BT, dropout_key=None):
-        x_BTD = self.hidden(inputs_BT, positions_BT, segment_ids_BT, dropout_key)
-        # project casts the stored head itself (and on CPU returns its gradient in its own dtype)
-        logits_BTV = matmul.project("btd,dv->btv", x_BTD, self._stored_head_DV()).astype(jnp.float32)
-        return constrain(logits_BTV, ("activation_batch", "activation_length", "activation_vocab"))
+        return self.logits(self.hidden(inputs_BT, positions_BT, segment_ids_BT, dropout_key))
