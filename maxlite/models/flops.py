@@ -15,9 +15,11 @@ from __future__ import annotations
 from maxlite.models.families import family
 
 
-def attention_flops(B: int, T: int, N: int, H: int) -> float:
-    """Forward FLOPs of one layer's causal attention (QKᵀ and PV, the causal half)."""
-    return 4 * B * T * T * N * H / 2
+def attention_flops(B: int, T: int, N: int, H: int, window: int = 0) -> float:
+    """Forward FLOPs of one layer's causal attention (QKᵀ and PV) over the keys it attends: the
+    causal half T²/2, or with a sliding window W < T the band T·W − W²/2 (the same T²/2 at W = T)."""
+    keys = T * T / 2 if not window or window >= T else T * window - window * window / 2
+    return 4 * B * N * H * keys
 
 
 def forward_flops_by_part(cfg, batch_size: int | None = None) -> dict[str, float]:
