@@ -39,9 +39,19 @@ def _recomputed_greedy(model, ids, n):
     return ids[-n:]
 
 
-@pytest.mark.parametrize("scan", ["true", "false"])
-def test_cached_decoding_equals_recomputing_the_prefix_and_batching_changes_nothing(scan):
-    cfg, model, params = _model(f"scan_layers={scan}")
+FAMILIES = {  # windows shorter than the prompts: the ring caches wrap during prefill and decoding
+    "llama": [], "qwen2": ["decoder_block=qwen2", "use_bias=true"], "qwen3": ["decoder_block=qwen3"],
+    "mistral-window": ["sliding_window=3"],
+    "gemma3": ["decoder_block=gemma3", "sliding_window=4", "local_rope_max_timescale=100",
+               "base_num_decoder_layers=7", "query_pre_attn_scalar=24"],
+}
+
+
+@pytest.mark.parametrize("family, scan", [("llama", "true"), ("llama", "false"), ("qwen2", "true"),
+                                          ("qwen3", "true"), ("mistral-window", "true"), ("gemma3", "true"),
+                                          ("gemma3", "false")])
+def test_cached_decoding_equals_recomputing_the_prefix_and_batching_changes_nothing(family, scan):
+    cfg, model, params = _model(f"scan_layers={scan}", *FAMILIES[family])
     batched = generate_ids(cfg, params, PROMPTS, Sampling(max_new_tokens=8))
     assert batched.steps == 8
     for ids, got in zip(PROMPTS, batched.tokens):
@@ -147,7 +157,7 @@ def test_on_a_tensor_parallel_mesh_the_cache_splits_kv_heads_and_decodes_the_sam
     built = build(cfg, jax.devices()[:4])
     with jax.set_mesh(built.mesh), nnx.logical_axis_rules(mesh_lib.DECODE_RULES):
         cache = jax.jit(lambda: decode.empty_cache(cfg, 3, 16))()
-    assert cache.k_LBSKH.sharding.spec == PartitionSpec(None, None, None, "tensor")  # [L, B, S, K, H]
+    assert cache.stacks[0].k_LBSKH.sharding.spec == PartitionSpec(None, None, None, "tensor")  # [L, B, S, K, H]
     leaves = map(jax.device_put, jax.tree.leaves(params), jax.tree.leaves(built.shardings.params))
     sharded = jax.tree.unflatten(jax.tree.structure(params), list(leaves))
     on_mesh = generate_ids(built.cfg, sharded, PROMPTS, Sampling(max_new_tokens=8), mesh=built.mesh).tokens

@@ -11,19 +11,28 @@ from maxlite import config as C, mesh as mesh_lib
 from maxlite.data.synthetic import make_synthetic_iterator
 
 
+def _traits(cfg) -> tuple:
+    """What a shrunk preset keeps: family, head, biases, RoPE scaling and local RoPE, window, query
+    scaling, and (through the shrunk shapes) GQA and whether head_dim is emb/heads."""
+    return (cfg.decoder_block, cfg.logits_via_embedding, cfg.use_bias, cfg.rope_scaling_factor > 0,
+            cfg.rope_scaling_type, cfg.sliding_window, cfg.local_rope_max_timescale > 0,
+            cfg.query_pre_attn_scalar > 0, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim,
+            cfg.base_num_decoder_layers)
+
+
 def _distinct(argvs: dict[str, list[str]]) -> dict[tuple, list[str]]:
-    """Presets whose shrunk models are the same model share one run (their names in its id)."""
+    """Presets whose shrunk models have the same traits share one run (their names in its id)."""
     groups: dict[tuple, list[str]] = {}
     for name, argv in argvs.items():
-        key = tuple(sorted((k, str(v)) for k, v in C.load(argv).to_dict().items()
-                           if k not in ("model_name", "run_name")))
-        groups.setdefault(key, []).append(name)
+        groups.setdefault(_traits(C.load(argv)), []).append(name)
     return groups
 
 
 _GROUPS = list(_distinct({name: shrunk(name) for name in preset_names()}).values())
-# every group through the unchunked head; tied heads through the chunked one too
-_CASES = [(g, 1) for g in _GROUPS] + [(g, 2) for g in _GROUPS if C.load(shrunk(g[0])).logits_via_embedding]
+# every group through the unchunked head; one tied group per family through the chunked one too
+_TIED = {C.load(shrunk(g[0])).decoder_block: g for g in reversed(_GROUPS)
+         if C.load(shrunk(g[0])).logits_via_embedding}
+_CASES = [(g, 1) for g in _GROUPS] + [(g, 2) for g in _TIED.values()]
 
 
 @pytest.mark.parametrize("names, loss_chunks", _CASES, ids=[f"{'+'.join(g)}-chunks{n}" for g, n in _CASES])
