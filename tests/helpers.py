@@ -123,3 +123,15 @@ def shrunk(model_name: str) -> list[str]:
             f"base_num_decoder_layers={layers}", "vocab_size=512", *window,
             "max_target_length=32", "per_device_batch_size=1", "enable_tensorboard=false",
             "write_report=false"]
+
+
+def jax_logits(cfg, pure, ids):
+    """maxlite's float32 logits [B, T, V] of a nested numpy params tree on token ids [B, T]."""
+    from maxlite.state import abstract_params
+
+    graphdef, state = abstract_params(cfg)  # no init: merge the structure with our values
+    nnx.replace_by_pure_dict(state, pure)
+    model = nnx.merge(graphdef, state)
+    B, T = ids.shape
+    forward = nnx.jit(lambda m, *args: m(*args))
+    return np.asarray(forward(model, ids, np.broadcast_to(np.arange(T), (B, T)), np.ones((B, T), np.int32)))

@@ -56,3 +56,23 @@ def _at(tree, path):
     for key in path:
         tree = tree[key.key]
     return tree
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_parameter_count_equals_the_hugging_face_model_of_the_same_config(name):
+    """The preset exported as config.json, the model transformers builds from it (on the meta
+    device: no memory) has exactly our parameter count (tied heads counted once)."""
+    import torch
+    import transformers
+
+    from maxlite.bridge.hf import ARCHITECTURES
+    from maxlite.models.families import family
+    from maxlite.models.flops import param_count
+    from maxlite.state import abstract_params
+
+    cfg = C.load(["base.yml", f"model_name={name}"])
+    config = transformers.AutoConfig.for_model(**ARCHITECTURES[family(cfg).hf_module].hf_config(cfg))
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    assert type(model).__name__ == config.architectures[0]
+    assert sum(p.numel() for p in model.parameters()) == param_count(abstract_params(cfg)[1])
