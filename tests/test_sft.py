@@ -275,3 +275,11 @@ def test_the_audit_refuses_data_whose_answers_are_all_empty(tmp_path, capsys):
     one = _write_jsonl(tmp_path / "one.jsonl", [{"prompt": "q?", "completion": ""}] * 49 + [
         {"prompt": "q?", "completion": "an answer"}])
     assert sft_audit.run(_config(tmp_path, f"dataset_path={one}"), tok, str(tmp_path), primary=True).empty_answers == 49
+
+
+def test_a_processor_chat_template_json_is_the_tokenizer_own(tmp_path):
+    """Multimodal checkpoints (Gemma 3 4B-27B) ship their template as chat_template.json."""
+    _hf_tokenizer(tmp_path / "tok", None)
+    (tmp_path / "tok" / "chat_template.json").write_text(json.dumps({"chat_template": chat.BUILTIN["llama3"]}))
+    cfg = _config(tmp_path, f"tokenizer_path={tmp_path}/tok")
+    assert chat.template_source(cfg) == ("tokenizer's own", chat.BUILTIN["llama3"])

@@ -117,6 +117,8 @@ def own_template(tokenizer_path: str) -> tuple[str | None, dict[str, str]]:
         if isinstance(template, list):  # named templates: the default one
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
         specials = {k: _token_text(cfg.get(k)) for k in ("bos_token", "eos_token") if cfg.get(k)}
+    if template is None and (folder / "chat_template.json").is_file():  # a multimodal processor's (Gemma 3)
+        template = json.loads((folder / "chat_template.json").read_text()).get("chat_template")
     if (folder / "chat_template.jinja").is_file():
         template = (folder / "chat_template.jinja").read_text()
     return template, specials
