@@ -21,13 +21,15 @@
 #               document) and on the bundled corpus
 #   scanflags   the same scanned, remat none and save_dots, under XLA flags aimed at the stacked
 #               residuals (GEMMs reading and writing slices in place; fewer while-loop copies)
+#   families    the cuDNN test with sliding windows; qwen3-4b and gemma3-4b (5 local : 1 global,
+#               cuDNN's sliding window) at 2 × 2048 with bf16 weights, remat full (not yet run)
 # Each stage has its own time limit and the next runs whatever happened; logs and JSONs go to
 # OUT_DIR (default benchmarks/results, where *.log is ignored by git), and a table of the training
 # figures is printed last.
 set -uo pipefail
 out=${1:-benchmarks/results}
 shift || true
-stages=${*:-test compare sweep flags 3b attention remat policies policies3b scanflags packed}
+stages=${*:-test compare sweep flags 3b attention remat policies policies3b scanflags packed families}
 py=${PYTHON:-python3}
 mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -115,6 +117,14 @@ if wanted packed; then
     stage packed_1b_text 150 $bench --steps 30 model_name=llama3.2-1b $tuned per_device_batch_size=4 \
         dataset_type=text --compare max_segments_per_seq=32 --compare max_segments_per_seq=0 \
         --out "$out/train_llama3.2-1b_gpu_packed_text.json"
+fi
+if wanted families; then
+    stage test_windows 150 env MAXLITE_TEST_PLATFORMS=cuda "$py" -m pytest -q -n 0 \
+        tests/test_attention.py -k "cudnn"
+    for m in qwen3-4b gemma3-4b; do
+        stage "train_$m" 300 $bench --steps 20 model_name=$m $common attention=cudnn_flash \
+            per_device_batch_size=2 remat_policy=full weight_dtype=bfloat16 --out "$out/train_${m}_gpu.json"
+    done
 fi
 
 "$py" - "$out" <<'EOF'
