@@ -97,7 +97,8 @@ def dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window: int = 0, scale: 
     # the mask as an additive bias: its gradient is the identity, so the backward pass keeps no
     # [B, K, G, T, S] mask (a select would); every row keeps its own diagonal, so none is all _NEG
     bias_B11TS = jnp.where(mask_BTS, 0.0, _NEG)[:, None, None]
-    probs_BKGTS = jax.nn.softmax(scores_BKGTS * _scale(H, scale) + bias_B11TS, axis=-1).astype(q_BTNH.dtype)
+    scaled_BKGTS = scores_BKGTS / math.sqrt(H) if scale is None else scores_BKGTS * scale
+    probs_BKGTS = jax.nn.softmax(scaled_BKGTS + bias_B11TS, axis=-1).astype(q_BTNH.dtype)
     out_BTKGH = project("bkgts,bskh->btkgh", probs_BKGTS, v_BSKH)
     return out_BTKGH.reshape(B, T, N, H)
 
