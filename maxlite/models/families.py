@@ -85,7 +85,3 @@ def layer_windows(cfg) -> tuple[int, ...]:
     return tuple(cfg.sliding_window if pattern[i % len(pattern)] == "local" else 0
                  for i in range(cfg.base_num_decoder_layers))
 
-
-def uses_local_rope(cfg, window: int) -> bool:
-    """Whether a layer with this window rotates with the local RoPE (its own base, unscaled)."""
-    return bool(window) and cfg.local_rope_max_timescale > 0
