@@ -84,4 +84,3 @@ def layer_windows(cfg) -> tuple[int, ...]:
     pattern = family(cfg).layer_pattern
     return tuple(cfg.sliding_window if pattern[i % len(pattern)] == "local" else 0
                  for i in range(cfg.base_num_decoder_layers))
-
