@@ -1,7 +1,7 @@
 """Attention alone, forward + backward: each implementation's time and TFLOP/s at one shape.
 
     python benchmarks/bench_attention.py [--impl cudnn_flash,dot_product] [--B 1 --T 8192 \
-        --N 32 --K 8 --H 64] [--documents 4] [--out FILE]
+        --N 32 --K 8 --H 64] [--documents 4] [--window W] [--out FILE]
 
 Times jit(grad) of sum(attention(q, k, v, segments) · dout) in bf16 (median of --repeats after
 warm-up), for rows holding one document and rows packing --documents of them. FLOPs are
@@ -10,7 +10,8 @@ On a GPU it adds `cudnn_flash dense mask` (`max_segments_per_seq=0`: the documen
 [B, 1, T, S] mask) and `cudnn causal only`: the cuDNN kernel with no segment mask at all, the
 floor. Writes JSON (default benchmarks/results/attention_<platform>.json). The default shape is
 a GPU's; on a CPU pass a smaller one (`--T 1024 --N 4 --K 2`): dot_product's f32 scores at the
-default take 8.6 GB.
+default take 8.6 GB. `--window W` also times each implementation as a sliding-window layer
+(keys i − W < j ≤ i) and records its speed-up over the same implementation's causal run.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def main() -> None:
     for dim, default in (("B", 1), ("T", 8192), ("N", 32), ("K", 8), ("H", 64)):
         parser.add_argument(f"--{dim}", type=int, default=default)
     parser.add_argument("--documents", type=int, default=4, help="documents packed in a row")
+    parser.add_argument("--window", type=int, default=0, help="also time a sliding window of W keys")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -75,33 +77,48 @@ def main() -> None:
     q, dout = (jax.random.normal(k, (B, T, N, H), jnp.bfloat16) for k in (keys[0], keys[3]))
     k, v = (jax.random.normal(key, (B, T, K, H), jnp.bfloat16) for key in keys[1:3])
     impls = {name: getattr(attention, name) for name in (args.impl or default).split(",")}
-    if "blockwise" in impls:
-        impls["blockwise"] = lambda q, k, v, s: attention.blockwise(q, k, v, s, min(512, T))
-    if "flash" in impls:
-        sizes = attention.splash_block_sizes(C.load(["base.yml", f"max_target_length={T}"]), T)
-        impls["flash"] = lambda q, k, v, s: attention.flash(q, k, v, s, sizes)
-    if "cudnn_flash" in impls:  # as a recipe runs it: documents as offsets, then the dense mask
-        most = C.load(["base.yml"]).max_segments_per_seq
-        impls["cudnn_flash"] = lambda q, k, v, s: attention.cudnn_flash(q, k, v, s, most)
-        impls["cudnn_flash dense mask"] = lambda q, k, v, s: attention.cudnn_flash(q, k, v, s, 0)
+    block = min(512, T)
+    sizes = attention.splash_block_sizes(C.load(["base.yml", f"max_target_length={T}"]), T)
+    most = C.load(["base.yml"]).max_segments_per_seq
+    variants = {  # name → fn(q, k, v, segments, window)
+        "dot_product": attention.dot_product,
+        "blockwise": lambda q, k, v, s, window=0: attention.blockwise(q, k, v, s, block, window=window),
+        "flash": lambda q, k, v, s, window=0: attention.flash(q, k, v, s, sizes, window=window),
+        # as a recipe runs it: documents as offsets, then the dense mask
+        "cudnn_flash": lambda q, k, v, s, window=0: attention.cudnn_flash(q, k, v, s, most, window=window),
+        "cudnn_flash dense mask": lambda q, k, v, s, window=0: attention.cudnn_flash(q, k, v, s, 0, window=window),
+    }
+    names = (args.impl or default).split(",")
+    if "cudnn_flash" in names:
+        names.append("cudnn_flash dense mask")
+    impls = {name: variants[name] for name in names}
     if platform == "gpu":
-        impls["cudnn causal only"] = lambda q, k, v, s: jax.nn.dot_product_attention(
-            q, k, v, is_causal=True, implementation="cudnn")
-    flops = 3 * attention_flops(B, T, N, H)  # forward + backward, the causal half
-    rows = {}
+        impls["cudnn causal only"] = lambda q, k, v, s, window=0: jax.nn.dot_product_attention(
+            q, k, v, is_causal=True, implementation="cudnn", local_window_size=(window - 1, 0) if window else None)
+    windows = [0] + ([args.window] if args.window else [])
+    rows, speedups = {}, {}
     for name, fn in impls.items():
-        grad = jax.jit(jax.grad(lambda q, k, v, s, fn=fn: jnp.sum(
-            (fn(q, k, v, s) * dout).astype(jnp.float32)), argnums=(0, 1, 2)))
-        for documents in sorted({1, args.documents}):
-            seg = jnp.asarray(_segments(B, T, documents))
-            seconds = _time(grad, (q, k, v, seg), args.repeats)
-            rows[f"{name}, {documents} document(s)"] = {
-                "ms": seconds * 1e3, "tflops": flops / seconds / 1e12}
-            print(f"{name:18s} {documents} doc(s): {seconds * 1e3:9.3f} ms  "
-                  f"{flops / seconds / 1e12:8.3f} TFLOP/s", flush=True)
+        for window in windows:
+            flops = 3 * attention_flops(B, T, N, H, window)  # forward + backward, the keys attended
+            grad = jax.jit(jax.grad(lambda q, k, v, s, fn=fn, w=window: jnp.sum(
+                (fn(q, k, v, s, window=w) * dout).astype(jnp.float32)), argnums=(0, 1, 2)))
+            label = name + (f" window {window}" if window else "")
+            for documents in sorted({1, args.documents}):
+                seg = jnp.asarray(_segments(B, T, documents))
+                seconds = _time(grad, (q, k, v, seg), args.repeats)
+                rows[f"{label}, {documents} document(s)"] = {
+                    "ms": seconds * 1e3, "tflops": flops / seconds / 1e12}
+                print(f"{label:30s} {documents} doc(s): {seconds * 1e3:9.3f} ms  "
+                      f"{flops / seconds / 1e12:8.3f} TFLOP/s", flush=True)
+                if window:
+                    causal = rows[f"{name}, {documents} document(s)"]["ms"]
+                    speedups[f"{name}, {documents} document(s)"] = causal / (seconds * 1e3)
     out = pathlib.Path(args.out or ROOT / "benchmarks" / "results" / f"attention_{platform}.json")
-    write_result({"device": jax.devices()[0].device_kind, "shape": dict(B=B, T=T, N=N, K=K, H=H),
-                  "dtype": "bfloat16", "causal_flops_fwd_bwd": flops, "runs": rows}, out)
+    result = {"device": jax.devices()[0].device_kind, "shape": dict(B=B, T=T, N=N, K=K, H=H),
+              "dtype": "bfloat16", "causal_flops_fwd_bwd": 3 * attention_flops(B, T, N, H), "runs": rows}
+    if args.window:
+        result.update(window=args.window, window_speedup_over_causal=speedups)
+    write_result(result, out)
 
 
 if __name__ == "__main__":

@@ -24,13 +24,15 @@
 #   quant       quantized training (needs qwix==0.1.8 in the interpreter): the projection test on the
 #               GPU, then llama3.2-3b bf16 against fp8, fp8_gpu, fp8_full and int8 (tokens/s ratios
 #               and final losses side by side in one JSON)
+#   families    the cuDNN test with sliding windows; qwen3-4b and gemma3-4b (5 local : 1 global,
+#               cuDNN's sliding window) at 2 × 2048 with bf16 weights, remat full (not yet run)
 # Each stage has its own time limit and the next runs whatever happened; logs and JSONs go to
 # OUT_DIR (default benchmarks/results, where *.log is ignored by git), and a table of the training
 # figures is printed last.
 set -uo pipefail
 out=${1:-benchmarks/results}
 shift || true
-stages=${*:-test compare sweep flags 3b attention remat policies policies3b scanflags packed quant}
+stages=${*:-test compare sweep flags 3b attention remat policies policies3b scanflags packed quant families}
 py=${PYTHON:-python3}
 mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -126,6 +128,14 @@ if wanted quant; then
         --compare quantization= --compare quantization=fp8 --compare quantization=fp8_gpu \
         --compare quantization=fp8_full --compare quantization=int8 \
         --out "$out/train_llama3.2-3b_gpu_quant.json"
+fi
+if wanted families; then
+    stage test_windows 150 env MAXLITE_TEST_PLATFORMS=cuda "$py" -m pytest -q -n 0 \
+        tests/test_attention.py -k "cudnn"
+    for m in qwen3-4b gemma3-4b; do
+        stage "train_$m" 300 $bench --steps 20 model_name=$m $common attention=cudnn_flash \
+            per_device_batch_size=2 remat_policy=full weight_dtype=bfloat16 --out "$out/train_${m}_gpu.json"
+    done
 fi
 
 "$py" - "$out" <<'EOF'

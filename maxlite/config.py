@@ -397,6 +397,7 @@ _CHOICES = {
     "remat_policy": names.REMAT_POLICIES,
     "attention": names.ATTENTION,
     "quantization": names.QUANTIZATION,
+    "rope_scaling_type": ("llama3", "linear"),
     "lr_schedule_type": ("cosine", "linear", "constant"),
     "checkpoint_error_policy": ("continue", "stop"),
     "fault_type": ("", "crash", "hang", "slow", "starve", "sigterm", "crash_in_snapshot", "crash_in_checkpoint", "nan", "pause"),
@@ -447,6 +448,7 @@ _RANGES: dict[str, tuple[float | None, float | None]] = {
     "skip_first_n_steps_for_profiler": (1, None), "profiler_steps": (1, None),
     "lora_rank": (0, None), "alignment_sft_steps": (0, None), "alignment_sft_learning_rate": (0, None), "dpo_beta": (0, None),
     "dpo_label_smoothing": (0, 0.499), "grpo_beta": (0, None), "grpo_epsilon": (0, None),
+    "sliding_window": (0, None), "local_rope_max_timescale": (0, None), "query_pre_attn_scalar": (0, None),
 }
 _POSITIVE = ("steps", "max_target_length", "base_emb_dim", "base_num_decoder_layers",
              "base_num_query_heads", "base_num_kv_heads", "base_mlp_dim", "head_dim",
@@ -509,9 +511,13 @@ def _validate(c: Config) -> None:
     _validate_launch(c)
     if not 0 <= c.lora_dropout < 1:
         raise ConfigError(f"lora_dropout={c.lora_dropout} must be in [0, 1)")
+    if c.local_rope_max_timescale and not c.sliding_window:
+        raise ConfigError(f"local_rope_max_timescale={c.local_rope_max_timescale} is the RoPE base of "
+                          f"sliding-window layers: set sliding_window too, or leave it 0")
     if c.lora_rank:
-        if c.decoder_block != "llama2":
-            raise ConfigError(f"lora_rank={c.lora_rank}: LoRA is available for llama2-block models, not {c.decoder_block}")
+        if not FAMILIES[c.decoder_block].gated:
+            raise ConfigError(f"lora_rank={c.lora_rank}: LoRA is available for gated-MLP families "
+                              f"({', '.join(f.name for f in FAMILIES.values() if f.gated)}), not {c.decoder_block}")
         if c.lora_alpha <= 0 or not c.lora_targets:
             raise ConfigError("LoRA needs lora_alpha > 0 and at least one of lora_targets")
     for prefix in ("ici", "dcn"):

@@ -3,6 +3,7 @@
 
     python -m maxlite.generate runs/demo --prompt "And God said" --max-new-tokens 40
     python -m maxlite.generate ckpt/ --prompts-file prompts.jsonl --temperature 0.8 --top-p 0.9
+    python -m maxlite.generate ckpt/ dtype=float32 attention=dot_product --prompt "..."   # key=value overrides
 
 The source is a run directory (its checkpoints/), a checkpoint directory, or one step of it — also
 what `python -m maxlite.bridge.hf import` writes (the imported model keeps its HF tokenizer). The
@@ -152,9 +153,10 @@ def _continuation(tok, prompt: list[int], new: list[int]) -> str:
     return whole[len(head):] if whole.startswith(head) else tok.decode(new)
 
 
-def load(source: str, step: int | None = None):
+def load(source: str, step: int | None = None, overrides: Sequence[str] = ()):
     """(cfg, params sharded onto the recipe's mesh over this host's devices, mesh) from a run
-    directory, a checkpoint directory or a step directory."""
+    directory, a checkpoint directory or a step directory; `overrides` (key=value, as every entry
+    point takes them) change the saved recipe, e.g. dtype=float32 to compute in float32."""
     import fsspec
     import jax
 
@@ -168,6 +170,8 @@ def load(source: str, step: int | None = None):
     if fs.exists(f"{source}/checkpoints"):
         source = f"{source}/checkpoints"
     cfg, params = ck.load_params(source, step=step)
+    if overrides:  # key=value above the saved recipe, validated as a recipe is
+        cfg = C.load(list(overrides), **C.to_plain_dict(cfg))
     # this host's devices, whatever mesh the model trained on: weights sharded fsdp-style over all
     cfg = dataclasses.replace(cfg, ici_data_parallelism=1, ici_fsdp_parallelism=-1, ici_tensor_parallelism=1,
                               dcn_data_parallelism=-1, dcn_fsdp_parallelism=1, dcn_tensor_parallelism=1,
@@ -199,6 +203,7 @@ def _prompts(args) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m maxlite.generate", description=__doc__.split("\n")[0])
     ap.add_argument("source", help="a run directory, a checkpoint directory or one step of it")
+    ap.add_argument("overrides", nargs="*", help="key=value changes to the saved recipe (dtype=float32, ...)")
     which = ap.add_mutually_exclusive_group(required=True)
     which.add_argument("--prompt")
     which.add_argument("--prompts-file", help="jsonl: one {\"prompt\": ...} per line, decoded as one batch")
@@ -213,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sampling = Sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed).check()
     prompts = _prompts(args)
-    cfg, params, mesh = load(args.source, args.step)
+    cfg, params, mesh = load(args.source, args.step, args.overrides)
     texts, got = generate_text(cfg, params, prompts, None, sampling, mesh, chat=args.chat)
     for prompt, text in zip(prompts, texts):
         print(json.dumps({"prompt": prompt, "completion": text}, ensure_ascii=False) if len(prompts) > 1

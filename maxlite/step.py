@@ -24,8 +24,9 @@ def loss_sums(params, graphdef, batch: Batch, z_loss_weight: float = 0.0, dropou
     n = loss_lib.num_chunks(model.cfg, batch["inputs"].shape[1])
     if n > 1:  # never holds [B, T, V] logits
         x_BTD = model.hidden(batch["inputs"], batch["positions"], batch["segment_ids"], dropout_key)
-        loss_sum, xent_sum = loss_lib.chunked_loss_sums(x_BTD, model.head_DV(), batch["targets"],
-                                                        weights_BT, float(z_loss_weight), n)
+        spec, head = model.head()
+        loss_sum, xent_sum = loss_lib.chunked_loss_sums(x_BTD, head, batch["targets"], weights_BT,
+                                                        float(z_loss_weight), n, spec)
         return loss_sum, (xent_sum, jnp.sum(weights_BT))
     log_z_BT, target_logit_BT = _log_z_and_target(model, batch, dropout_key)
     xent_sum = jnp.sum((log_z_BT - target_logit_BT) * weights_BT)

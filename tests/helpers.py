@@ -191,3 +191,41 @@ def memory_cgroup(limit: int) -> str | None:
             if os.path.isdir(path):
                 os.rmdir(path)
     return None
+
+
+def preset_names() -> list[str]:
+    """Every shipped model preset (configs/models/*.yml)."""
+    return sorted(p.stem for p in (C.CONFIG_DIR / "models").glob("*.yml"))
+
+
+def shrunk(model_name: str) -> list[str]:
+    """A preset at CPU size that keeps its traits: its family (with one whole period of its layer
+    pattern: Gemma 3's 5 local + 1 global), tied head or not, biases, RoPE scaling and local RoPE,
+    a sliding window (8 of 32 tokens), query scaling, GQA (or not), a head_dim that is (or is not)
+    emb/heads. Default dtypes (bf16 compute)."""
+    from maxlite.models.families import family
+
+    cfg = C.load(["base.yml", f"model_name={model_name}"])
+    kv = min(cfg.base_num_kv_heads, 2)
+    heads = kv * min(cfg.base_num_query_heads // cfg.base_num_kv_heads, 2)
+    proportional = cfg.base_num_query_heads * cfg.head_dim == cfg.base_emb_dim
+    head_dim = 64 // heads if proportional else 24  # 24 · heads ≠ 64 for heads in 1, 2, 4
+    layers = min(cfg.base_num_decoder_layers, max(2, len(family(cfg).layer_pattern)))
+    window = [f"sliding_window={min(cfg.sliding_window, 8)}"] if cfg.sliding_window else []
+    return ["base.yml", f"model_name={model_name}", "base_emb_dim=64", "base_mlp_dim=128",
+            f"base_num_query_heads={heads}", f"base_num_kv_heads={kv}", f"head_dim={head_dim}",
+            f"base_num_decoder_layers={layers}", "vocab_size=512", *window,
+            "max_target_length=32", "per_device_batch_size=1", "enable_tensorboard=false",
+            "write_report=false"]
+
+
+def jax_logits(cfg, pure, ids):
+    """maxlite's float32 logits [B, T, V] of a nested numpy params tree on token ids [B, T]."""
+    from maxlite.state import abstract_params
+
+    graphdef, state = abstract_params(cfg)  # no init: merge the structure with our values
+    nnx.replace_by_pure_dict(state, pure)
+    model = nnx.merge(graphdef, state)
+    B, T = ids.shape
+    forward = nnx.jit(lambda m, *args: m(*args))
+    return np.asarray(forward(model, ids, np.broadcast_to(np.arange(T), (B, T)), np.ones((B, T), np.int32)))

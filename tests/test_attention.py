@@ -40,6 +40,79 @@ def _check_equal(fn, inputs):
         np.testing.assert_allclose(g, ref, **TOL)
 
 
+def _masked_reference(q, k, v, seg, window=0, scale=None):
+    """Attention written out plainly (kv heads repeated, an explicit [B, T, S] mask): the rule is
+    key j visible to query i iff j <= i, same document, and i - j < window when window > 0."""
+    B, T, N, H = q.shape
+    G = N // k.shape[2]
+    k, v = jnp.repeat(k, G, axis=2), jnp.repeat(v, G, axis=2)
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    near = (j <= i) & ((i - j < window) if window else True)
+    mask = near[None] & (np.asarray(seg)[:, :, None] == np.asarray(seg)[:, None, :])
+    scores = jnp.einsum("btnh,bsnh->bnts", q, k) * (H ** -0.5 if scale is None else scale)
+    probs = jax.nn.softmax(jnp.where(mask[:, None], scores, -jnp.inf), axis=-1)
+    return jnp.einsum("bnts,bsnh->btnh", probs, v)
+
+
+def _check_against_reference(fn, inputs, window, scale=None):
+    q, k, v, seg, dout = inputs
+    ref = functools.partial(_masked_reference, window=window, scale=scale)
+    ref_out, ref_grads = _value_and_grads(ref, q, k, v, seg, dout)
+    out, grads = _value_and_grads(fn, q, k, v, seg, dout)
+    np.testing.assert_allclose(out, ref_out, **TOL)
+    for g, r in zip(grads, ref_grads):  # dq, dk, dv
+        np.testing.assert_allclose(g, r, **TOL)
+
+
+# windows below one block (40 < 64), above it (150), of one token, and past the sequence (global)
+WINDOWS = [40, 150, 1, 300]
+
+
+@pytest.mark.parametrize("window", [0, *WINDOWS])
+def test_dot_product_equals_the_masked_reference_with_and_without_a_window(window):
+    _check_against_reference(lambda q, k, v, s: attention.dot_product(q, k, v, s, window=window),
+                             _inputs(), window)
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("block", [64, 128])
+def test_blockwise_sliding_window_equals_the_masked_reference(window, block):
+    """Packed documents (boundaries off the block edges) and GQA, values and dq/dk/dv."""
+    _check_against_reference(lambda q, k, v, s: attention.blockwise(q, k, v, s, block, window=window),
+                             _inputs(), window)
+
+
+def test_blockwise_visits_only_the_key_blocks_a_window_reaches():
+    """O(T·W) work: the scan runs ⌈(W−1)/C⌉+1 key-block offsets forward and backward, not T/C."""
+    q, k, v, seg, dout = _inputs(T=512)
+
+    def scan_lengths(window):
+        loss = lambda q, k, v: jnp.sum(attention.blockwise(q, k, v, seg, 64, window=window) * dout)  # noqa: E731
+        jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v).jaxpr
+        return sorted(e.params["length"] for e in _equations(jaxpr) if e.primitive.name == "scan")
+
+    assert scan_lengths(0) == [512 // 64] * 2
+    assert scan_lengths(100) == [3, 3]  # keys i-99 … i span at most 3 blocks of 64
+    assert scan_lengths(65) == [2, 2] and scan_lengths(66) == [3, 3]  # i-64 is one block back, i-65 two
+
+
+def _equations(jaxpr):
+    import jax.extend
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            yield from _equations(sub)
+
+
+def test_a_query_scale_other_than_the_head_dim_reaches_every_implementation():
+    """Gemma 3's query_pre_attn_scalar: the scores scaled by 1/√(that), not 1/√H."""
+    inputs, scale = _inputs(), 0.3
+    _check_against_reference(lambda q, k, v, s: attention.dot_product(q, k, v, s, window=40, scale=scale),
+                             inputs, 40, scale)
+    _check_against_reference(lambda q, k, v, s: attention.blockwise(q, k, v, s, 64, window=40, scale=scale),
+                             inputs, 40, scale)
+
+
 def test_dot_product_keeps_packed_documents_apart():
     q, k, v, seg, _ = _inputs()
     out = attention.dot_product(q, k, v, seg)
@@ -77,6 +150,14 @@ def test_flash_splash_kernel_equals_dot_product_in_interpret_mode():
     _check_equal(lambda q, k, v, s: attention.flash(q, k, v, s, sizes), _inputs(B=1, N=2, K=1))
 
 
+@pytest.mark.parametrize("window", [40, 150])  # below and above the 128 block
+def test_flash_local_mask_equals_the_masked_reference_in_interpret_mode(window):
+    cfg = C.load(["base.yml"] + [f"sa_{k}=128" for k in attention._SPLASH_KEYS])
+    sizes = attention.splash_block_sizes(cfg, 256)
+    _check_against_reference(lambda q, k, v, s: attention.flash(q, k, v, s, sizes, window=window, scale=0.2),
+                             _inputs(B=1, N=2, K=1), window, 0.2)
+
+
 def test_segment_offsets_give_each_document_its_start_and_length():
     _, _, _, seg, _ = _inputs()  # row 0: documents at 0, 70 and 190 of 256; row 1: one
     offsets, lengths, fits = attention.segment_offsets(seg, 4)
@@ -97,13 +178,15 @@ def _relative_errors(got, ref):
 
 @pytest.mark.skipif(jax.devices()[0].platform != "gpu", reason="cuDNN attention needs an NVIDIA GPU "
                     "(run with MAXLITE_TEST_PLATFORMS=cuda)")
+@pytest.mark.parametrize("window", [0, 40, 150])
 @pytest.mark.parametrize("max_segments", [0, 2, 32])  # the dense mask; too few: the fallback; packed
-def test_cudnn_flash_equals_dot_product(max_segments):
+def test_cudnn_flash_equals_dot_product(max_segments, window):
     q, k, v, seg, dout = _inputs(H=64)
     with jax.default_matmul_precision("highest"):  # an f32 reference (GPUs default to TF32)
-        ref_out, ref_grads = _value_and_grads(attention.dot_product, q, k, v, seg, dout)
+        ref = functools.partial(_masked_reference, window=window)
+        ref_out, ref_grads = _value_and_grads(ref, q, k, v, seg, dout)
     bf16 = [x.astype(jnp.bfloat16) for x in (q, k, v, dout)]
-    cudnn = functools.partial(attention.cudnn_flash, max_segments=max_segments)
+    cudnn = functools.partial(attention.cudnn_flash, max_segments=max_segments, window=window)
     out, grads = _value_and_grads(cudnn, *bf16[:3], seg, bf16[3])
     errors = _relative_errors((out, *grads), (ref_out, *ref_grads))
     # bf16 operands: ‖out − ref‖/‖ref‖ lands between 1e-3 and 1e-2; a leak across documents or

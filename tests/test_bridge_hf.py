@@ -11,13 +11,12 @@ import pytest
 import safetensors
 import torch
 import transformers
-from flax import nnx
 
 from maxlite import config as C
 from maxlite.bridge import hf, hf_llama
 from maxlite.bridge import params as P
 from maxlite.bridge.safetensors_io import SafetensorsDir, parse_size
-from maxlite.state import abstract_params
+from tests.helpers import jax_logits
 
 T = 40
 
@@ -38,15 +37,6 @@ def make(case, seed=0):
     """A float32 config and random params with non-trivial norm scales and biases (read-only)."""
     cfg = C.load(["base.yml", "dtype=float32", *CASES[case]])
     return cfg, P.random_params(cfg, seed)
-
-
-def jax_logits(cfg, pure, ids):
-    graphdef, state = abstract_params(cfg)  # no init: merge the structure with our values
-    nnx.replace_by_pure_dict(state, pure)
-    model = nnx.merge(graphdef, state)
-    B, T_ = ids.shape
-    forward = nnx.jit(lambda m, *args: m(*args))
-    return np.asarray(forward(model, ids, np.broadcast_to(np.arange(T_), (B, T_)), np.ones((B, T_), np.int32)))
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -314,16 +304,19 @@ def test_import_keeps_the_model_tokenizer_and_keys_and_export_ships_them_back(tm
     assert theirs.apply_chat_template(chat) == mine.apply_chat_template(chat)
 
 
-def test_a_tokenizer_of_another_vocabulary_is_refused(tmp_path, capsys):
-    _hf_dir_with_tokenizer(tmp_path / "big", 4200)  # model vocab 4200, tokenizer 4096 ids
+def test_a_tokenizer_with_ids_the_model_cannot_embed_is_refused(tmp_path, capsys):
+    _hf_dir_with_tokenizer(tmp_path / "small", 4000)  # model vocab 4000, tokenizer 4096 ids
     capsys.readouterr()  # transformers' own progress bar
-    assert hf.main(["import", str(tmp_path / "big"), str(tmp_path / "ckpt")]) == 2
+    assert hf.main(["import", str(tmp_path / "small"), str(tmp_path / "ckpt")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "has 4096 ids but the model's vocab_size is 4200" in err[0]
+    assert len(err) == 1 and "has 4096 ids but the model's vocab_size is 4000" in err[0]
     assert not (tmp_path / "ckpt").exists()  # refused before anything was written
-    cfg = C.load(["base.yml", "model_name=tiny", "vocab_size=4200", "dataset_type=text"])
-    with pytest.raises(ValueError, match="has 4096 ids but the model's vocab_size is 4200"):
+    cfg = C.load(["base.yml", "model_name=tiny", "vocab_size=4000", "dataset_type=text"])
+    with pytest.raises(ValueError, match="has 4096 ids but the model's vocab_size is 4000"):
         hf.export_hf(cfg, P.random_params(cfg), str(tmp_path / "out"))
+    # a table padded past the tokenizer (Qwen2.5: 151,665 ids, 151,936 rows) is the model's own
+    _hf_dir_with_tokenizer(tmp_path / "padded", 4160)
+    assert hf.main(["import", str(tmp_path / "padded"), str(tmp_path / "ckpt2")]) == 0
 
 
 def test_a_config_json_missing_a_key_is_one_line(tmp_path, capsys):

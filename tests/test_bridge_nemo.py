@@ -6,6 +6,7 @@ import pytest
 
 from maxlite import config as C
 from maxlite.bridge import nemo
+from maxlite.models.families import family
 
 PRESETS = sorted(p.stem for p in (C.CONFIG_DIR / "models").glob("*.yml"))
 
@@ -17,6 +18,8 @@ def mapping(*args, nodes=1, gpus=8):
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_maps_its_architecture(preset):
     cfg = C.load(["base.yml", f"model_name={preset}"])
+    if family(cfg).post_norms:  # Gemma 3: see the refusal test
+        return
     m = nemo.map_recipe(cfg)
     a, n = m.megatron_dict(), dict(m.nemo)
     gpt3 = cfg.decoder_block == "gpt3"
@@ -36,7 +39,10 @@ def test_every_preset_maps_its_architecture(preset):
     assert a["--norm-epsilon"] == cfg.normalization_layer_epsilon
     assert ("--untie-embeddings-and-output-weights" in a) == (not cfg.logits_via_embedding)
     assert n["recipe.model.config.share_embeddings_and_output_weights"] == cfg.logits_via_embedding
-    assert ("--disable-bias-linear" in a) == (not cfg.use_bias)
+    all_biases = cfg.use_bias and family(cfg).biases == "all"
+    assert ("--disable-bias-linear" in a) == (not all_biases)
+    assert ("--add-qkv-bias" in a) == n["recipe.model.config.add_qkv_bias"] == (cfg.use_bias and not all_biases)
+    assert ("--qk-layernorm" in a) == n["recipe.model.config.qk_layernorm"] == family(cfg).qk_norm
     if gpt3:
         assert a["--max-position-embeddings"] == cfg.max_position_embeddings
         assert "--rotary-base" not in a
@@ -185,3 +191,16 @@ def test_what_megatron_cannot_schedule_is_refused_in_one_line():
     with pytest.raises(C.ConfigError, match="alignment_sft_steps") as e:
         nemo.map_recipe(cfg)
     assert "\n" not in str(e.value)
+
+
+def test_gemma3_is_refused_in_one_line_and_windows_and_qk_norms_map(capsys):
+    assert nemo.main(["base.yml", "model_name=gemma3-4b"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot express norms after attention and after the MLP" in err[0], err
+    a, n = (lambda m: (m.megatron_dict(), dict(m.nemo)))(mapping("model_name=mistral-7b", "sliding_window=4096"))
+    assert a["--window-size"] == [4095, 0] and n["recipe.model.config.window_size"] == (4095, 0)
+    assert "--window-attn-skip-freq" not in a  # every layer is local
+    q = mapping("model_name=qwen3-8b").megatron_dict()
+    assert "--qk-layernorm" in q and "--disable-bias-linear" in q and "--add-qkv-bias" not in q
+    q2 = mapping("model_name=qwen2.5-7b")
+    assert "--add-qkv-bias" in q2.megatron_dict() and q2.factory == "qwen25_7b" and q2.factory_exact

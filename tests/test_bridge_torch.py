@@ -24,6 +24,7 @@ CASES = {
     "llama3-tied-bias-unscanned": ["model_name=tiny", "rope_scaling_factor=8.0",
                                    "rope_original_max_position=16", "logits_via_embedding=true",
                                    "use_bias=true", "scan_layers=false"],
+    "mistral-window": ["model_name=tiny", "sliding_window=7", "base_num_decoder_layers=2"],
     "gpt3-like": ["decoder_block=gpt3", "base_emb_dim=128", "base_num_decoder_layers=2",
                   "base_num_query_heads=4", "base_num_kv_heads=4", "base_mlp_dim=512", "head_dim=32",
                   "vocab_size=512", "max_position_embeddings=128", "max_target_length=64",
@@ -188,3 +189,9 @@ def test_the_twin_schedule_is_optax_schedule_at_every_step(keys):
     schedule = learning_rate_schedule(cfg)
     for step in range(cfg.steps + 5):
         assert TM.learning_rate(cfg, step) == pytest.approx(float(schedule(step)), rel=1e-5, abs=1e-12), step
+
+
+def test_families_the_twin_does_not_model_are_refused_in_one_line():
+    cfg = C.load(["base.yml", "model_name=tiny", "decoder_block=qwen3"])
+    with pytest.raises(ValueError, match="for this model transformers is the reference"):
+        TM.from_maxlite(cfg, P.random_params(cfg))

@@ -39,9 +39,19 @@ def _recomputed_greedy(model, ids, n):
     return ids[-n:]
 
 
-@pytest.mark.parametrize("scan", ["true", "false"])
-def test_cached_decoding_equals_recomputing_the_prefix_and_batching_changes_nothing(scan):
-    cfg, model, params = _model(f"scan_layers={scan}")
+FAMILIES = {  # windows shorter than the prompts: the ring caches wrap during prefill and decoding
+    "llama": [], "qwen2": ["decoder_block=qwen2", "use_bias=true"], "qwen3": ["decoder_block=qwen3"],
+    "mistral-window": ["sliding_window=3"],
+    "gemma3": ["decoder_block=gemma3", "sliding_window=4", "local_rope_max_timescale=100",
+               "base_num_decoder_layers=7", "query_pre_attn_scalar=24"],
+}
+
+
+@pytest.mark.parametrize("family, scan", [("llama", "true"), ("llama", "false"), ("qwen2", "true"),
+                                          ("qwen3", "true"), ("mistral-window", "true"), ("gemma3", "true"),
+                                          ("gemma3", "false")])
+def test_cached_decoding_equals_recomputing_the_prefix_and_batching_changes_nothing(family, scan):
+    cfg, model, params = _model(f"scan_layers={scan}", *FAMILIES[family])
     batched = generate_ids(cfg, params, PROMPTS, Sampling(max_new_tokens=8))
     assert batched.steps == 8
     for ids, got in zip(PROMPTS, batched.tokens):
@@ -82,7 +92,7 @@ def test_greedy_equals_transformers_generate_on_an_imported_llama31(tmp_path):
     config = transformers.LlamaConfig(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, vocab_size=300, max_position_embeddings=256,
-        rope_theta=500000.0, tie_word_embeddings=False, initializer_range=0.3,
+        rope_theta=500000.0, tie_word_embeddings=False, initializer_range=0.1,
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                       "high_freq_factor": 4.0, "original_max_position_embeddings": 32})
     torch.manual_seed(0)
@@ -97,23 +107,30 @@ def test_greedy_equals_transformers_generate_on_an_imported_llama31(tmp_path):
         return out[0, len(ids):].tolist()
 
     # from Python: batched prompts of different lengths, token for token
-    cfg, pure = hf.import_hf(str(tmp_path / "hf"), ["dtype=float32"])
+    cfg, pure = hf.import_hf(str(tmp_path / "hf"))
+    assert cfg.dtype == "float32"  # what config.json states
     params = P.to_state(cfg, P.to_jax_inplace(pure))
     prompts = [[11, 22, 33, 44, 55, 66], [7, 8, 9]]
     ours = generate_ids(cfg, params, prompts, Sampling(max_new_tokens=16)).tokens
     assert ours == [theirs(ids) for ids in prompts]
 
-    # from the command line: import, then generate with the model's own tokenizer
+    # from the command line: import (the float32 config.json: float32 compute recorded), then generate
+    # with the model's own tokenizer; a checkpoint imported as bfloat16 computes in float32 on request
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
     run = dict(cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    imp = subprocess.run([sys.executable, "-m", "maxlite.bridge.hf", "import", "hf", "ckpt", "dtype=float32"], **run)
-    assert imp.returncode == 0, imp.stderr[-3000:]
-    prompt = "w11 w22 w33 w44"
-    out = subprocess.run([sys.executable, "-m", "maxlite.generate", "ckpt", "--prompt", prompt,
-                          "--max-new-tokens", "10"], **run)
-    assert out.returncode == 0, out.stderr[-3000:]
+    prompt = "w254 w190 w152 w80"  # 32 tokens without <eos>, where bfloat16 compute drifts off
     ids = tok.encode(prompt).ids
-    assert out.stdout.rstrip("\n") == tok.decode([*ids, *theirs(ids, 10)])  # "w11 ... w44 w.. w.."
+    expected = tok.decode([*ids, *theirs(ids, 32)])  # "w254 ... w80 w.. w.."
+    for ckpt, import_keys in (("ckpt", []), ("ckpt16", ["dtype=bfloat16"])):
+        imp = subprocess.run([sys.executable, "-m", "maxlite.bridge.hf", "import", "hf", ckpt, *import_keys], **run)
+        assert imp.returncode == 0, imp.stderr[-3000:]
+        recorded = "float32" if not import_keys else "bfloat16"
+        assert f"dtype: {recorded}" in (tmp_path / ckpt / "recipe.yml").read_text()
+    for ckpt, generate_keys, same in (("ckpt", [], True), ("ckpt16", [], False), ("ckpt16", ["dtype=float32"], True)):
+        out = subprocess.run([sys.executable, "-m", "maxlite.generate", ckpt, *generate_keys, "--prompt", prompt,
+                              "--max-new-tokens", "32"], **run)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert (out.stdout.rstrip("\n") == expected) == same, (ckpt, generate_keys)  # bf16 drifts off by token 32
 
 
 def test_cli_on_a_trained_run(tmp_path):
@@ -147,7 +164,7 @@ def test_on_a_tensor_parallel_mesh_the_cache_splits_kv_heads_and_decodes_the_sam
     built = build(cfg, jax.devices()[:4])
     with jax.set_mesh(built.mesh), nnx.logical_axis_rules(mesh_lib.DECODE_RULES):
         cache = jax.jit(lambda: decode.empty_cache(cfg, 3, 16))()
-    assert cache.k_LBSKH.sharding.spec == PartitionSpec(None, None, None, "tensor")  # [L, B, S, K, H]
+    assert cache.stacks[0].k_LBSKH.sharding.spec == PartitionSpec(None, None, None, "tensor")  # [L, B, S, K, H]
     leaves = map(jax.device_put, jax.tree.leaves(params), jax.tree.leaves(built.shardings.params))
     sharded = jax.tree.unflatten(jax.tree.structure(params), list(leaves))
     on_mesh = generate_ids(built.cfg, sharded, PROMPTS, Sampling(max_new_tokens=8), mesh=built.mesh).tokens

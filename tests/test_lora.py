@@ -75,13 +75,21 @@ def test_only_adapters_train_shard_like_their_base_and_resume(tmp_path):
     assert not any(moved[n] for n in moved if "_lora_" not in n)  # the base is frozen, bit for bit
 
 
-def test_merged_export_and_peft_adapter_compute_what_maxlite_computes(tmp_path):
+HF_SMALL = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                max_position_embeddings=64)
+HF_CONFIGS = {  # the families PEFT export covers; Gemma 3's window (4) is shorter than the 8 test tokens
+    "llama": lambda: transformers.LlamaConfig(**HF_SMALL, num_hidden_layers=2, head_dim=16, tie_word_embeddings=False),
+    "qwen3": lambda: transformers.Qwen3Config(**HF_SMALL, num_hidden_layers=2, head_dim=32, tie_word_embeddings=False),
+    "gemma3": lambda: transformers.Gemma3TextConfig(**HF_SMALL, num_hidden_layers=6, head_dim=16, sliding_window=4,
+                                                    query_pre_attn_scalar=16),
+}
+
+
+@pytest.mark.parametrize("family", sorted(HF_CONFIGS))
+def test_merged_export_and_peft_adapter_compute_what_maxlite_computes(family, tmp_path):
     peft = pytest.importorskip("peft")  # in the test extra; the skip is for installs without it
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256,
-                                      max_position_embeddings=64, tie_word_embeddings=False)
     torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(str(tmp_path / "base_hf"))
+    transformers.AutoModelForCausalLM.from_config(HF_CONFIGS[family]()).save_pretrained(str(tmp_path / "base_hf"))
     cfg, pure = hf.import_hf(str(tmp_path / "base_hf"), ["dtype=float32"])
     checkpoints.save_params(str(tmp_path / "base"), cfg, P.to_state(cfg, P.to_jax_inplace(pure)))
 
@@ -100,12 +108,12 @@ def test_merged_export_and_peft_adapter_compute_what_maxlite_computes(tmp_path):
     assert generate_ids(lcfg, params, [ids[0].tolist()], Sampling(max_new_tokens=1)).tokens == [[int(ours[0, -1].argmax())]]
 
     hf.export_hf(lcfg, params, str(tmp_path / "merged"), tokenizer="none")
-    merged = transformers.LlamaForCausalLM.from_pretrained(str(tmp_path / "merged")).eval()
+    merged = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged")).eval()
     with torch.no_grad():
         np.testing.assert_allclose(merged(torch.tensor(ids)).logits.numpy(), ours, atol=2e-4)
 
     export_peft(lcfg, params, str(tmp_path / "adapter"), base_model=str(tmp_path / "base_hf"))
-    base_model = transformers.LlamaForCausalLM.from_pretrained(str(tmp_path / "base_hf")).eval()
+    base_model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "base_hf")).eval()
     with_adapter = peft.PeftModel.from_pretrained(base_model, str(tmp_path / "adapter")).eval()
     with torch.no_grad():
         np.testing.assert_allclose(with_adapter(torch.tensor(ids)).logits.numpy(), ours, atol=2e-4)
@@ -161,3 +169,9 @@ def test_dropout_run_resumes_to_the_uninterrupted_losses(tmp_path):
     a, b, c = (_losses(f"{tmp_path}/{r}") for r in "abc")
     assert [a[s] for s in (3, 4)] == [b[s] for s in (3, 4)]
     assert b[4] != c[4]
+
+
+def test_lora_is_refused_in_one_line_for_a_family_without_gated_projections():
+    with pytest.raises(C.ConfigError, match="LoRA is available for gated-MLP families .*not gpt3"):
+        C.load(["base.yml", "model_name=gpt3-126m", "lora_rank=4"])
+    assert C.load(["base.yml", "model_name=gemma3-1b", "lora_rank=4"]).lora_rank == 4

@@ -27,9 +27,12 @@ def _inputs(B=2, T=64, D=32, V=50):
     return x, head, targets, weights
 
 
-@pytest.mark.parametrize("n,z", [(4, 0.0), (8, 1e-2)])
-def test_chunked_loss_and_gradients_equal_unchunked(n, z):
+@pytest.mark.parametrize("n,z,spec", [(4, 0.0, "dv"), (8, 1e-2, "dv"), (4, 1e-2, "vd")])
+def test_chunked_loss_and_gradients_equal_unchunked(n, z, spec):
+    """spec "vd": a tied head, the embedding table [V, D] as stored (its gradient in that layout)."""
     x, head, targets, weights = _inputs()
+    if spec == "vd":
+        head = head.T
 
     def combined(fn):  # both outputs feed the gradient, with different cotangents
         def f(x, head):
@@ -37,8 +40,8 @@ def test_chunked_loss_and_gradients_equal_unchunked(n, z):
             return loss + 0.5 * xent
         return jax.value_and_grad(f, argnums=(0, 1))(x, head)
 
-    ref_value, ref_grads = combined(lambda x, h: _reference(x, h, targets, weights, z))
-    value, grads = combined(lambda x, h: loss_lib.chunked_loss_sums(x, h, targets, weights, z, n))
+    ref_value, ref_grads = combined(lambda x, h: _reference(x, h if spec == "dv" else h.T, targets, weights, z))
+    value, grads = combined(lambda x, h: loss_lib.chunked_loss_sums(x, h, targets, weights, z, n, spec))
     np.testing.assert_allclose(value, ref_value, rtol=1e-5)
     for g, ref in zip(grads, ref_grads):
         np.testing.assert_allclose(g, ref, rtol=1e-4, atol=1e-6)

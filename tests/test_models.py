@@ -155,3 +155,19 @@ def test_attention_flops_are_the_causal_half_of_what_dot_product_computes():
     seg = jax.ShapeDtypeStruct((B, T), np.int32)
     xla_flops = jax.jit(attention.dot_product).lower(q, kv, kv, seg).compile().cost_analysis()["flops"]
     assert xla_flops == pytest.approx(2 * attention_flops(B, T, N, H), rel=0.05), xla_flops
+
+
+def test_attention_flops_count_a_local_layer_over_its_window_only():
+    """Gemma 3's 5 local : 1 global at T = 1024, W = 128: the attention term is to six causal layers
+    as the visible (query, key) pairs of an explicit mask are (the formula's T²/2 and T·W − W²/2
+    leave out the diagonal's half, < 1%)."""
+    from maxlite.models.flops import forward_flops_by_part
+
+    T, W = 1024, 128
+    cfg = tiny(decoder_block="gemma3", base_num_decoder_layers=6, sliding_window=W, max_target_length=T)
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    causal, local = np.sum(j <= i), np.sum((j <= i) & (i - j < W))
+    counted = forward_flops_by_part(cfg)["attention"]
+    six_global = 6 * attention_flops(cfg.global_batch_size, T, cfg.base_num_query_heads, cfg.head_dim)
+    assert counted / six_global == pytest.approx((5 * local + causal) / (6 * causal), rel=0.01)
+    assert counted / six_global < 0.4  # the bands, not six triangles

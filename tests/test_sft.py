@@ -1,8 +1,9 @@
 """Supervised fine-tuning (dataset_type=sft): the ids we render equal transformers'
 apply_chat_template, the assistant mask equals transformers' generation-marker mask without using
 the markers, packed batches train on answers only and resume exactly, the audit refuses a mask of
-0% or 100%, and `python -m maxlite.train sft.yml` fine-tunes, audits and exports a model that
-transformers runs with the same chat template."""
+0% or 100% and data whose answers are all empty, a template that rewrites earlier answers (Qwen3's
+reasoning) trains each as it was produced, and `python -m maxlite.train sft.yml` fine-tunes, audits
+and exports a model that transformers runs with the same chat template."""
 
 import json
 import os
@@ -206,3 +207,79 @@ def test_sft_recipe_fine_tunes_audits_and_exports_for_transformers(tmp_path):
         out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=12, pad_token_id=0)
     answer = fast.decode(out[0, len(ids):])
     assert answer.strip()  # it answers (a 40-step model: words, not yet the right book)
+
+
+# A template written as Qwen3's behaves (ours, not a copy): answers after the last user turn carry
+# their reasoning in <think>…</think>, earlier ones are rendered without it.
+QWEN3_STYLE = (
+    "{%- set ns = namespace(last_query=-1) %}"
+    "{%- for m in messages %}{%- if m['role'] == 'user' %}{%- set ns.last_query = loop.index0 %}{%- endif %}"
+    "{%- endfor %}"
+    "{%- for m in messages %}"
+    "{%- if m['role'] == 'assistant' %}"
+    "{%- set content = m['content'] %}{%- set reasoning = '' %}"
+    "{%- if '</think>' in content %}"
+    "{%- set reasoning = content.split('</think>')[0].split('<think>')[-1].strip('\\n') %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}"
+    "{%- endif %}"
+    "{%- if loop.index0 > ns.last_query %}"
+    "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning + '\\n</think>\\n\\n' + content + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>assistant\\n' + content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+REASONING = [{"role": "user", "content": "Who made the light?"},
+             {"role": "assistant", "content": "<think>\nThe first verses.\n</think>\n\nGod did."},
+             {"role": "user", "content": "And then?"},
+             {"role": "assistant", "content": "<think>\nRead on.\n</think>\n\nThere was light."}]
+
+
+def test_a_template_that_rewrites_earlier_answers_trains_each_as_it_was_produced(tmp_path):
+    """Qwen3's reasoning: the whole conversation (ids equal to transformers') supervises the last
+    answer with its reasoning; the first answer, whose reasoning the whole drops, is its own
+    example rendered up to it, reasoning included."""
+    fast = _hf_tokenizer(tmp_path / "tok", QWEN3_STYLE)
+    cfg = _config(tmp_path, f"tokenizer_path={tmp_path}/tok")
+    ours = chat.ChatTemplate.for_config(cfg, load_tokenizer(cfg.tokenizer_path))
+    got = ours.examples(REASONING)
+    assert [ids.tolist() for ids, _ in got] == [list(_theirs(fast, REASONING)["input_ids"]),
+                                                list(_theirs(fast, REASONING[:2])["input_ids"])]
+    supervised = [[fast.decode(ids[lo:hi]) for lo, hi in _runs(mask)] for ids, mask in got]
+    assert supervised == [["<think>\nRead on.\n</think>\n\nThere was light.<|im_end|>"],
+                          ["<think>\nThe first verses.\n</think>\n\nGod did.<|im_end|>"]]
+    assert "The first verses" not in fast.decode(got[0][0])  # the history as the template renders it
+    with pytest.raises(C.ConfigError, match="renders assistant turn 1 differently"):
+        ours.encode(REASONING)  # one sequence cannot supervise both
+    # the pipeline packs both documents
+    data = _write_jsonl(tmp_path / "r.jsonl", [{"messages": REASONING}] * 8)
+    it = make_iterator(_config(tmp_path, f"tokenizer_path={tmp_path}/tok", f"dataset_path={data}",
+                               "max_target_length=128", "per_device_batch_size=1"), "train", 0, 1)
+    answers = set()
+    for _ in range(12):  # first-fit packing emits the longer whole conversations first
+        batch = next(it)
+        for seg, w, targets in zip(batch["segment_ids"], batch["weights"], batch["targets"]):
+            answers |= {fast.decode(targets[(seg == s) & (w > 0)]) for s in set(seg[seg > 0].tolist())}
+    it.close()
+    assert answers == {s[0] for s in supervised}
+
+
+def test_the_audit_refuses_data_whose_answers_are_all_empty(tmp_path, capsys):
+    tok = load_tokenizer("")
+    empty = _write_jsonl(tmp_path / "e.jsonl", [{"prompt": f"question {i}?", "completion": ""} for i in range(50)])
+    cfg = _config(tmp_path, f"dataset_path={empty}")
+    with pytest.raises(C.ConfigError, match="all 50 assistant answers of the first 50 conversations are empty"):
+        sft_audit.run(cfg, tok, str(tmp_path), primary=True)
+    allowed = sft_audit.run(_config(tmp_path, f"dataset_path={empty}", "sft_allow_degenerate_mask=true"), tok,
+                            str(tmp_path), primary=True)
+    assert 0 < allowed.fraction < 0.5 and allowed.empty_answers == allowed.answers == 50  # end-of-turn tokens only
+    one = _write_jsonl(tmp_path / "one.jsonl", [{"prompt": "q?", "completion": ""}] * 49 + [
+        {"prompt": "q?", "completion": "an answer"}])
+    assert sft_audit.run(_config(tmp_path, f"dataset_path={one}"), tok, str(tmp_path), primary=True).empty_answers == 49
+
+
+def test_a_processor_chat_template_json_is_the_tokenizer_own(tmp_path):
+    """Multimodal checkpoints (Gemma 3 4B-27B) ship their template as chat_template.json."""
+    _hf_tokenizer(tmp_path / "tok", None)
+    (tmp_path / "tok" / "chat_template.json").write_text(json.dumps({"chat_template": chat.BUILTIN["llama3"]}))
+    cfg = _config(tmp_path, f"tokenizer_path={tmp_path}/tok")
+    assert chat.template_source(cfg) == ("tokenizer's own", chat.BUILTIN["llama3"])

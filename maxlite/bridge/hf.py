@@ -1,4 +1,5 @@
-"""Hugging Face weights both ways: llama2-block models ↔ Llama, gpt3-block models ↔ GPT-2.
+"""Hugging Face weights both ways, one adapter per family (`Family.hf_module`): llama2 ↔ Llama (Mistral
+with a sliding window), qwen2/qwen3 ↔ Qwen2/Qwen3, gemma3 ↔ Gemma3ForCausalLM, gpt3 ↔ GPT-2.
 
     python -m maxlite.bridge.hf export CKPT OUT_DIR [--step N] [--dtype float32|bfloat16]
                                         [--max-shard-size 5GB] [--tokenizer auto|none|PATH]
@@ -7,6 +8,8 @@
 Numpy only: torch is not needed to convert. Tensors are converted one at a time (a layer is
 sliced out of the stacked [L, ...] arrays, cast, written, freed), so the converter needs the
 parameters plus about one tensor of memory. The layout conventions are in hf_llama.py/hf_gpt2.py.
+An import records the compute dtype config.json states (float32 stays float32; float16 computes in
+float32), unless the recipe or key=value sets `dtype`.
 """
 
 from __future__ import annotations
@@ -23,18 +26,22 @@ import ml_dtypes
 import numpy as np
 
 from maxlite import cli, config as C
-from maxlite.bridge import hf_convert, hf_gpt2, hf_llama
+from maxlite.bridge import hf_convert, hf_gemma3, hf_gpt2, hf_llama, hf_qwen
 from maxlite.bridge import params as P
 from maxlite.models.families import family
 from maxlite.bridge.safetensors_io import SafetensorsDir, parse_size, write_sharded
 
-ARCHITECTURES = {"maxlite.bridge.hf_llama": hf_llama, "maxlite.bridge.hf_gpt2": hf_gpt2}  # Family.hf_module
-MODEL_TYPES = {"llama": hf_llama, "mistral": hf_llama, "gpt2": hf_gpt2}  # by HF model_type
+ARCHITECTURES = {m.__name__: m for m in (hf_llama, hf_gpt2, hf_qwen, hf_gemma3)}  # by Family.hf_module
+MODEL_TYPES = {"llama": hf_llama, "mistral": hf_llama, "qwen2": hf_qwen, "qwen3": hf_qwen,
+               "gemma3_text": hf_gemma3, "gemma3": hf_gemma3, "gpt2": hf_gpt2}  # by HF model_type
 MODEL_KEYS = ("decoder_block", "base_emb_dim", "base_num_decoder_layers", "base_num_query_heads",
               "base_num_kv_heads", "base_mlp_dim", "head_dim", "vocab_size", "max_position_embeddings",
-              "rope_max_timescale", "rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor",
-              "rope_original_max_position", "normalization_layer_epsilon", "logits_via_embedding",
-              "use_bias")
+              "rope_max_timescale", "rope_scaling_factor", "rope_scaling_type", "rope_low_freq_factor",
+              "rope_high_freq_factor", "rope_original_max_position", "sliding_window", "local_rope_max_timescale",
+              "query_pre_attn_scalar", "normalization_layer_epsilon", "logits_via_embedding", "use_bias")
+# config.json's dtype → the compute dtype an import records (float16 is not a maxlite compute dtype:
+# float32 computes its values exactly)
+COMPUTE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float32"}
 EXPORT_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 
 
@@ -62,8 +69,9 @@ def _tokenizer(cfg, spec: str):
 
 
 def check_vocab(tok, vocab_size: int, escape: str) -> None:
-    """A tokenizer belongs to a model only when their vocabularies are the same size."""
-    if tok.vocab_size != vocab_size:
+    """A tokenizer fits a model when the model embeds every id it makes (the data pipeline's rule);
+    models pad their tables past the tokenizer (Qwen2.5: 151,665 ids, 151,936 rows)."""
+    if tok.vocab_size > vocab_size:
         raise ValueError(f"tokenizer {tok.path} has {tok.vocab_size} ids but the model's vocab_size is "
                          f"{vocab_size}: not this model's tokenizer; give the right one or {escape}")
 
@@ -74,7 +82,8 @@ TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_tem
 
 def export_hf(cfg, params, out_dir: str, dtype: str = "float32", max_shard_size: str | int = "5GB",
               tokenizer: str = "auto", verbose: bool = False) -> list[str]:
-    """maxlite params (nnx.State or nested dict) → an HF directory (Llama or GPT-2); returns the shard names."""
+    """maxlite params (nnx.State or nested dict) → an HF directory (the family's architecture); returns
+    the shard names."""
     arch = ARCHITECTURES[family(cfg).hf_module]
     maps = arch.tensor_maps(cfg)  # refuses what the architecture cannot hold, before writing
     if dtype not in EXPORT_DTYPES:
@@ -133,10 +142,21 @@ def _own_tokenizer(hf_dir: str) -> str | None:
     return None
 
 
-def import_hf(hf_dir: str, argv: Sequence[str] = (), verbose: bool = False):
-    """HF Llama/GPT-2 directory → (maxlite Config, nested numpy params in weight_dtype).
+def stored_dtype(hf_cfg: dict) -> str | None:
+    """The dtype config.json says the weights are in (5.x `dtype`, 4.x `torch_dtype`; a multimodal
+    model's text config may state its own)."""
+    for where in (hf_cfg.get("text_config") or {}, hf_cfg):
+        for key in ("dtype", "torch_dtype"):
+            if isinstance(where.get(key), str):
+                return where[key]
+    return None
 
-    `argv` is a maxlite recipe and/or key=value (training keys); the model keys come from config.json.
+
+def import_hf(hf_dir: str, argv: Sequence[str] = (), verbose: bool = False):
+    """HF directory (any of MODEL_TYPES) → (maxlite Config, nested numpy params in weight_dtype).
+
+    `argv` is a maxlite recipe and/or key=value (training keys); the model keys come from config.json,
+    and so does the compute dtype unless `argv` sets it.
     """
     hf_dir = C.resolve_path(hf_dir)
     hf_cfg = read_hf_config(hf_dir)
@@ -149,18 +169,18 @@ def import_hf(hf_dir: str, argv: Sequence[str] = (), verbose: bool = False):
     except KeyError as e:
         raise ValueError(f"{hf_dir}/config.json: required key {e.args[0]!r} is missing") from None
     own = _own_tokenizer(hf_dir)
-    if own and "tokenizer_path" not in C.user_keys(argv):  # the model's own tokenizer, unless told otherwise
+    user = C.user_keys(argv)
+    if own and "tokenizer_path" not in user:  # the model's own tokenizer, unless told otherwise
         overrides["tokenizer_path"] = own
+    if "dtype" not in user and stored_dtype(hf_cfg) in COMPUTE_DTYPES:  # compute as it was stored
+        overrides["dtype"] = COMPUTE_DTYPES[stored_dtype(hf_cfg)]
     cfg = C.load(list(argv), **overrides)
     if cfg.tokenizer_path:
         from maxlite.data.tokenizer import load_tokenizer
         check_vocab(load_tokenizer(cfg.tokenizer_path, cfg.bos_id, cfg.eos_id), cfg.vocab_size,
                     "pass tokenizer_path= for this model")
     source = SafetensorsDir(hf_dir)
-    if arch is hf_gpt2 and "wte.weight" in source:  # the original GPT-2 checkpoints have no prefix
-        maps = hf_gpt2.tensor_maps(cfg, prefix="")
-    else:
-        maps = arch.tensor_maps(cfg)
+    maps = arch.import_maps(cfg, set(source.names()))  # the prefix its writer used
     pure = hf_convert.import_params(cfg, maps, source, np.dtype(cfg.weight_dtype), arch.ignore,
                                     _progress(len(source.names())) if verbose else None)
     return cfg, pure
@@ -199,7 +219,7 @@ def _checkpoints():
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m maxlite.bridge.hf", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    ex = sub.add_parser("export", help="maxlite checkpoint → Hugging Face Llama (or GPT-2) directory")
+    ex = sub.add_parser("export", help="maxlite checkpoint → Hugging Face directory (the family's architecture)")
     ex.add_argument("checkpoint")
     ex.add_argument("out_dir")
     ex.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
@@ -211,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pe.add_argument("out_dir")
     pe.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
     pe.add_argument("--base-model", default="", help="base_model_name_or_path for adapter_config.json")
-    im = sub.add_parser("import", help="Hugging Face Llama/Mistral/GPT-2 directory → maxlite checkpoint")
+    im = sub.add_parser("import", help="Hugging Face Llama/Mistral/Qwen2/Qwen3/Gemma 3/GPT-2 directory → maxlite checkpoint")
     im.add_argument("hf_dir")
     im.add_argument("checkpoint")
     im.add_argument("recipe", nargs="*", help="[RECIPE.yml] [key=value ...] training keys to store")

@@ -20,6 +20,9 @@ def check_supported(cfg) -> None:
     if N != K or N * H != D or not cfg.use_bias:
         raise ValueError(f"a GPT-2 export needs kv heads = heads, heads × head_dim = emb dim and "
                          f"use_bias=true; this model has N={N}, K={K}, H={H}, D={D}, use_bias={cfg.use_bias}")
+    if cfg.sliding_window or cfg.query_pre_attn_scalar:
+        raise ValueError("a GPT-2 export has no sliding window and scales attention by 1/sqrt(head_dim): "
+                         "set sliding_window=0 and query_pre_attn_scalar=0")
 
 
 def _qkv(hf: str, paths, D: int, NH: int, shape) -> TensorMap:
@@ -56,6 +59,11 @@ def tensor_maps(cfg, prefix: str = "transformer.") -> list[TensorMap]:
         same(h + "mlp.c_proj.weight", ("mlp", "down"), (F, D)),
         same(h + "mlp.c_proj.bias", ("mlp", "down_bias"), (D,)),
     ]
+
+
+def import_maps(cfg, names: set[str]) -> list[TensorMap]:
+    """The original GPT-2 checkpoints have no `transformer.` prefix."""
+    return tensor_maps(cfg, prefix="" if "wte.weight" in names else "transformer.")
 
 
 def ignore(name: str) -> bool:

@@ -1,6 +1,7 @@
-"""maxlite llama2-block params ↔ Hugging Face `LlamaForCausalLM` (config.json + safetensors).
+"""maxlite llama2-block params ↔ Hugging Face `LlamaForCausalLM` / `MistralForCausalLM` (config.json +
+safetensors), and the Llama-style tensor table the Qwen and Gemma 3 adapters share.
 
-Conventions (checked against transformers by tests/test_bridge_hf.py, not assumed):
+Conventions (checked against transformers by tests/test_bridge_hf*.py, not assumed):
 - RoPE: maxlite rotates split halves of each head (x[:H/2], x[H/2:]), exactly HF's `rotate_half`,
   so q/k need no permutation. (Meta's original checkpoints interleave pairs; HF's own converter
   permutes those once, with the kv-head count for k. Weights already in HF layout need nothing.)
@@ -9,12 +10,18 @@ Conventions (checked against transformers by tests/test_bridge_hf.py, not assume
   gate/up [D,F] → [F,D]; down [F,D] → [D,F]; unembedding [D,V] → lm_head.weight [V,D].
 - Head order: query head n uses kv head n // (N/K) in both (maxlite reshapes N → [K, N/K]).
 - Tied embeddings (logits_via_embedding): no lm_head tensor, `tie_word_embeddings: true`.
-- RMSNorm scales map 1:1 (both compute x·rsqrt(mean(x²)+eps)·scale in float32).
+- Norm scales map 1:1 (RMSNorm in float32 both sides; Gemma's (1 + w) stores w in both).
+- By trait: biases (`q/k/v/o_proj.bias`), q/k norms (`self_attn.{q,k}_norm.weight`), and with
+  post-norms Gemma's names: `post_attention_layernorm` is then the norm *after* attention and
+  `pre_feedforward_layernorm` / `post_feedforward_layernorm` surround the MLP (in Llama,
+  `post_attention_layernorm` is the MLP's pre-norm).
+- A sliding window (all layers local) exports as Mistral, which Llama cannot express.
 """
 
 from __future__ import annotations
 
 from maxlite.bridge.hf_convert import TensorMap, config_tail, linear, same
+from maxlite.models.families import family, layer_windows
 
 
 def check_supported(cfg) -> None:
@@ -23,32 +30,53 @@ def check_supported(cfg) -> None:
             f"decoder_block={cfg.decoder_block}: only llama2-block models (Llama 2/3/3.1/3.2, Mistral) "
             f"have a Hugging Face Llama equivalent; GPT-3 style models (LayerNorm, GELU, learned "
             f"positions) export as GPT-2 instead")
+    if cfg.sliding_window and cfg.use_bias:
+        raise ValueError("sliding_window with use_bias=true: Mistral (the HF model with a sliding window) has "
+                         "no attention biases")
+    check_plain_attention(cfg, "Llama/Mistral")
 
 
-def tensor_maps(cfg) -> list[TensorMap]:
-    """Every tensor of the model in HF's naming (layer maps carry `{i}`)."""
-    check_supported(cfg)
+def check_plain_attention(cfg, name: str) -> None:
+    """Architectures with one RoPE and scores scaled by 1/√head_dim."""
+    if cfg.local_rope_max_timescale or cfg.query_pre_attn_scalar not in (0, cfg.head_dim):
+        raise ValueError(f"{name} has one RoPE for every layer and scales scores by 1/sqrt(head_dim): set "
+                         f"local_rope_max_timescale=0 and query_pre_attn_scalar=0 to export as {name}")
+
+
+def decoder_maps(cfg, prefix: str = "model.") -> list[TensorMap]:
+    """Every tensor of a Llama-style decoder in HF's naming (layer maps carry `{i}`), by trait;
+    `prefix` is the decoder's (a multimodal checkpoint nests it)."""
+    fam = family(cfg)
     D, N, K, H = cfg.base_emb_dim, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
     F, V = cfg.base_mlp_dim, cfg.vocab_size
-    a, m = "model.layers.{i}.self_attn.", "model.layers.{i}.mlp."
-    maps = [same("model.embed_tokens.weight", ("embedding",), (V, D), layer=False),
-            same("model.norm.weight", ("final_norm", "scale"), (D,), layer=False)]
+    layer = prefix + "layers.{i}."
+    a, m = layer + "self_attn.", layer + "mlp."
+    maps = [same(prefix + "embed_tokens.weight", ("embedding",), (V, D), layer=False),
+            same(prefix + "norm.weight", ("final_norm", "scale"), (D,), layer=False)]
     if not cfg.logits_via_embedding:
         maps.append(linear("lm_head.weight", ("unembedding",), (D,), (V,), layer=False))
     maps += [
-        same("model.layers.{i}.input_layernorm.weight", ("attn_norm", "scale"), (D,)),
+        same(layer + "input_layernorm.weight", ("attn_norm", "scale"), (D,)),
         linear(a + "q_proj.weight", ("attn", "q"), (D,), (N, H)),
         linear(a + "k_proj.weight", ("attn", "k"), (D,), (K, H)),
         linear(a + "v_proj.weight", ("attn", "v"), (D,), (K, H)),
         linear(a + "o_proj.weight", ("attn", "o"), (N, H), (D,)),
     ]
-    if cfg.use_bias:  # maxlite's llama2 block has attention biases only (HF: attention_bias)
-        maps += [same(a + "q_proj.bias", ("attn", "q_bias"), (N, H), (N * H,)),
-                 same(a + "k_proj.bias", ("attn", "k_bias"), (K, H), (K * H,)),
-                 same(a + "v_proj.bias", ("attn", "v_bias"), (K, H), (K * H,)),
-                 same(a + "o_proj.bias", ("attn", "o_bias"), (D,))]
+    bias_shapes = {"q_bias": ((N, H), (N * H,)), "k_bias": ((K, H), (K * H,)), "v_bias": ((K, H), (K * H,)),
+                   "o_bias": ((D,), (D,))}
+    for leaf in fam.bias_leaves if cfg.use_bias else ():
+        shape, hf_shape = bias_shapes[leaf]
+        maps.append(same(f"{a}{leaf[0]}_proj.bias", ("attn", leaf), shape, hf_shape))
+    if fam.qk_norm:
+        maps += [same(a + "q_norm.weight", ("attn", "q_norm", "scale"), (H,)),
+                 same(a + "k_norm.weight", ("attn", "k_norm", "scale"), (H,))]
+    if fam.post_norms:
+        maps += [same(layer + "post_attention_layernorm.weight", ("attn_post_norm", "scale"), (D,)),
+                 same(layer + "pre_feedforward_layernorm.weight", ("mlp_norm", "scale"), (D,)),
+                 same(layer + "post_feedforward_layernorm.weight", ("mlp_post_norm", "scale"), (D,))]
+    else:
+        maps.append(same(layer + "post_attention_layernorm.weight", ("mlp_norm", "scale"), (D,)))
     maps += [
-        same("model.layers.{i}.post_attention_layernorm.weight", ("mlp_norm", "scale"), (D,)),
         linear(m + "gate_proj.weight", ("mlp", "gate"), (D,), (F,)),
         linear(m + "up_proj.weight", ("mlp", "up"), (D,), (F,)),
         linear(m + "down_proj.weight", ("mlp", "down"), (F,), (D,)),
@@ -56,31 +84,71 @@ def tensor_maps(cfg) -> list[TensorMap]:
     return maps
 
 
+def tensor_maps(cfg) -> list[TensorMap]:
+    check_supported(cfg)
+    return decoder_maps(cfg)
+
+
+def import_maps(cfg, names: set[str]) -> list[TensorMap]:
+    return tensor_maps(cfg)
+
+
 def ignore(name: str) -> bool:
     """Tensors some writers store that carry no weights."""
     return name.endswith("rotary_emb.inv_freq")
 
 
-# ---- config.json ----
+# ---- config.json: RoPE, both ways ----
 
-def hf_config(cfg, dtype: str = "float32", bos_id: int | None = None, eos_id: int | None = None) -> dict:
-    """A config.json that transformers 5.x (`rope_parameters`, `dtype`) and 4.x (`rope_scaling`,
-    `rope_theta`, `torch_dtype`) both read."""
-    check_supported(cfg)
+def rope_dict(cfg, local: bool = False) -> dict:
+    """HF's rope parameters of global layers (or of sliding-window layers with their own base)."""
+    if local and cfg.local_rope_max_timescale > 0:
+        return {"rope_type": "default", "rope_theta": float(cfg.local_rope_max_timescale)}
     rope: dict = {"rope_type": "default"}
-    max_pos = max(cfg.max_position_embeddings, cfg.max_target_length)
-    if cfg.rope_scaling_factor > 0:
+    if cfg.rope_scaling_factor > 0 and cfg.rope_scaling_type == "linear":
+        rope = {"rope_type": "linear", "type": "linear", "factor": cfg.rope_scaling_factor}
+    elif cfg.rope_scaling_factor > 0:
         rope = {"rope_type": "llama3", "type": "llama3", "factor": cfg.rope_scaling_factor,
                 "low_freq_factor": cfg.rope_low_freq_factor,
                 "high_freq_factor": cfg.rope_high_freq_factor,
                 "original_max_position_embeddings": cfg.rope_original_max_position}
-        # HF wants the context to exceed the original one (informational for llama3 RoPE); a model's
-        # own value (an imported Llama 3.1's 131072) is kept as it is.
-        if max_pos <= cfg.rope_original_max_position:
-            max_pos = int(cfg.rope_original_max_position * cfg.rope_scaling_factor)
+    return {**rope, "rope_theta": float(cfg.rope_max_timescale)}
+
+
+def max_positions(cfg) -> int:
+    """The context length config.json records: the recipe's, and past llama3's original context
+    (HF wants it larger; informational for llama3 RoPE). A model's own value is kept as it is."""
+    max_pos = max(cfg.max_position_embeddings, cfg.max_target_length)
+    if cfg.rope_scaling_factor > 0 and cfg.rope_scaling_type == "llama3" and max_pos <= cfg.rope_original_max_position:
+        max_pos = int(cfg.rope_original_max_position * cfg.rope_scaling_factor)
+    return max_pos
+
+
+def rope_keys(rope: dict, theta) -> dict:
+    """HF rope parameters (5.x `rope_parameters` or 4.x `rope_scaling`) → maxlite's global RoPE keys."""
+    theta = rope.get("rope_theta", theta)
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    out = {"rope_max_timescale": int(theta) if float(theta).is_integer() else theta,
+           "rope_scaling_factor": 0.0, "rope_scaling_type": "llama3"}
+    if kind == "llama3":
+        out.update(rope_scaling_factor=float(rope["factor"]),
+                   rope_low_freq_factor=float(rope["low_freq_factor"]),
+                   rope_high_freq_factor=float(rope["high_freq_factor"]),
+                   rope_original_max_position=int(rope["original_max_position_embeddings"]))
+    elif kind == "linear":
+        out.update(rope_scaling_factor=float(rope["factor"]), rope_scaling_type="linear")
+    elif kind != "default":
+        raise ValueError(f"config.json rope type {kind!r} is not supported (default, linear and llama3 are)")
+    return out
+
+
+def common_config(cfg, architecture: str, model_type: str, dtype: str, bos_id, eos_id) -> dict:
+    """The keys every Llama-style config.json has; transformers 5.x reads `rope_parameters` and
+    `dtype`, 4.x `rope_scaling`, `rope_theta` and `torch_dtype`."""
+    rope = rope_dict(cfg)
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [architecture],
+        "model_type": model_type,
         "hidden_size": cfg.base_emb_dim,
         "intermediate_size": cfg.base_mlp_dim,
         "num_hidden_layers": cfg.base_num_decoder_layers,
@@ -88,39 +156,24 @@ def hf_config(cfg, dtype: str = "float32", bos_id: int | None = None, eos_id: in
         "num_key_value_heads": cfg.base_num_kv_heads,
         "head_dim": cfg.head_dim,
         "vocab_size": cfg.vocab_size,
-        "max_position_embeddings": max_pos,
-        "hidden_act": "silu",
+        "max_position_embeddings": max_positions(cfg),
         "rms_norm_eps": cfg.normalization_layer_epsilon,
         "rope_theta": float(cfg.rope_max_timescale),
-        "rope_scaling": rope if cfg.rope_scaling_factor > 0 else None,
-        "rope_parameters": {**rope, "rope_theta": float(cfg.rope_max_timescale)},
+        "rope_scaling": {k: v for k, v in rope.items() if k != "rope_theta"} if cfg.rope_scaling_factor > 0 else None,
+        "rope_parameters": rope,
         "tie_word_embeddings": bool(cfg.logits_via_embedding),
-        "attention_bias": bool(cfg.use_bias),
         "attention_dropout": 0.0,
-        "mlp_bias": False,
         "initializer_range": cfg.init_scale,
-        "pretraining_tp": 1,
         **config_tail(dtype, bos_id, eos_id),
     }
 
 
-def config_overrides(hf: dict) -> dict:
-    """HF config.json → maxlite model keys (for `maxlite.config.load(**overrides)`)."""
-    model_type = hf.get("model_type")
-    if model_type not in ("llama", "mistral"):
-        raise ValueError(f"config.json model_type={model_type!r}: only llama (and mistral without a "
-                         f"sliding window) convert to maxlite's llama2 block")
-    if hf.get("hidden_act", "silu") != "silu" or hf.get("mlp_bias"):
-        raise ValueError("config.json: only SwiGLU MLPs (hidden_act silu, mlp_bias false) are supported")
-    window = hf.get("sliding_window")
-    if window and window < hf.get("max_position_embeddings", 0):
-        raise ValueError(f"config.json: sliding_window={window} is not modelled by maxlite")
+def common_overrides(hf: dict, decoder_block: str) -> dict:
+    """The Llama-style config.json keys → maxlite model keys."""
     D, N = hf["hidden_size"], hf["num_attention_heads"]
-    rope = dict(hf.get("rope_scaling") or hf.get("rope_parameters") or {})
-    theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    out = {
-        "decoder_block": "llama2",
+    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    return {
+        "decoder_block": decoder_block,
         "base_emb_dim": D,
         "base_num_decoder_layers": hf["num_hidden_layers"],
         "base_num_query_heads": N,
@@ -129,17 +182,64 @@ def config_overrides(hf: dict) -> dict:
         "head_dim": hf.get("head_dim") or D // N,
         "vocab_size": hf["vocab_size"],
         "max_position_embeddings": hf.get("max_position_embeddings", 8192),
-        "rope_max_timescale": int(theta) if float(theta).is_integer() else theta,
         "normalization_layer_epsilon": float(hf.get("rms_norm_eps", 1e-6)),
         "logits_via_embedding": bool(hf.get("tie_word_embeddings", False)),
-        "use_bias": bool(hf.get("attention_bias", False)),
-        "rope_scaling_factor": 0.0,
+        "sliding_window": 0,
+        **rope_keys(rope, hf.get("rope_theta", 10000.0)),
     }
-    if kind == "llama3":
-        out.update(rope_scaling_factor=float(rope["factor"]),
-                   rope_low_freq_factor=float(rope["low_freq_factor"]),
-                   rope_high_freq_factor=float(rope["high_freq_factor"]),
-                   rope_original_max_position=int(rope["original_max_position_embeddings"]))
-    elif kind != "default":
-        raise ValueError(f"config.json rope type {kind!r} is not supported (only default and llama3)")
+
+
+def windows_of(hf: dict, num_layers: int) -> list[int]:
+    """Each layer's window as config.json states it (`layer_types`, else Qwen's use_sliding_window
+    from max_window_layers on, else Mistral's sliding_window on every layer)."""
+    window = hf.get("sliding_window") or 0
+    types = hf.get("layer_types")
+    if types is None and "use_sliding_window" in hf:
+        first = hf.get("max_window_layers", num_layers)
+        types = ["sliding_attention" if hf["use_sliding_window"] and i >= first else "full_attention"
+                 for i in range(num_layers)]
+    if types is None:
+        return [window] * num_layers
+    return [window if t == "sliding_attention" else 0 for t in types]
+
+
+def check_windows(decoder_block: str, stated: list[int]) -> None:
+    """The imported model's layer windows must be its family's pattern."""
+    import types
+
+    expected = list(layer_windows(types.SimpleNamespace(decoder_block=decoder_block, sliding_window=max(stated),
+                                                        base_num_decoder_layers=len(stated))))
+    if expected != stated:
+        raise ValueError(f"config.json: layer windows {stated} are not the {decoder_block} pattern {expected}: "
+                         f"not modelled by maxlite")
+
+
+def check_mlp(hf: dict, activation: str) -> None:
+    act = hf.get("hidden_act", hf.get("hidden_activation", activation))
+    if act != activation or hf.get("mlp_bias"):
+        raise ValueError(f"config.json: hidden_act={act!r}, mlp_bias={hf.get('mlp_bias', False)}: this family's "
+                         f"MLP is {activation}-gated without biases")
+
+
+# ---- Llama / Mistral ----
+
+def hf_config(cfg, dtype: str = "float32", bos_id: int | None = None, eos_id: int | None = None) -> dict:
+    check_supported(cfg)
+    if cfg.sliding_window:
+        return {**common_config(cfg, "MistralForCausalLM", "mistral", dtype, bos_id, eos_id),
+                "hidden_act": "silu", "sliding_window": cfg.sliding_window}
+    return {**common_config(cfg, "LlamaForCausalLM", "llama", dtype, bos_id, eos_id),
+            "hidden_act": "silu", "attention_bias": bool(cfg.use_bias), "mlp_bias": False, "pretraining_tp": 1}
+
+
+def config_overrides(hf: dict) -> dict:
+    """HF config.json → maxlite model keys (for `maxlite.config.load(**overrides)`)."""
+    model_type = hf.get("model_type")
+    if model_type not in ("llama", "mistral"):
+        raise ValueError(f"config.json model_type={model_type!r}: only llama and mistral convert to "
+                         f"maxlite's llama2 block")
+    check_mlp(hf, "silu")
+    out = {**common_overrides(hf, "llama2"), "use_bias": bool(hf.get("attention_bias", False))}
+    if model_type == "mistral":
+        out["sliding_window"] = hf.get("sliding_window") or 0
     return out

@@ -4,7 +4,10 @@
                                   [--format both|megatron|nemo|json]
 
 The mesh is resolved for nodes × gpus-per-node GPUs (Megatron's data parallel size is what is left
-after tensor × pipeline). Whatever has no faithful equivalent is listed under "not mapped".
+after tensor × pipeline). Whatever has no faithful equivalent is listed under "not mapped"; a model
+Megatron's GPT layer cannot express at all (Gemma 3's post-norms and √d-scaled embeddings, a second
+RoPE base for local layers) is refused in one line. Flags and NeMo attributes of the newer features
+(q/k norms, sliding windows, the score scale) are megatron-core's TransformerConfig field names.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ NEMO_FACTORIES = {
     "llama2-7b": "llama2_7b", "llama3-8b": "llama3_8b", "llama3.1-8b": "llama31_8b",
     "llama3.1-70b": "llama31_70b", "llama3.1-405b": "llama31_405b", "llama3.2-1b": "llama32_1b",
     "llama3.2-3b": "llama32_3b", "mistral-7b": "mistral_7b",
+    "qwen2.5-0.5b": "qwen25_500m", "qwen2.5-1.5b": "qwen25_1p5b", "qwen2.5-7b": "qwen25_7b",
+    "qwen2.5-14b": "qwen25_14b", "qwen2.5-32b": "qwen25_32b", "qwen2.5-72b": "qwen25_72b",
+    "qwen3-0.6b": "qwen3_600m", "qwen3-1.7b": "qwen3_1p7b", "qwen3-4b": "qwen3_4b", "qwen3-8b": "qwen3_8b",
+    "qwen3-14b": "qwen3_14b", "qwen3-32b": "qwen3_32b",
 }
 # Megatron's --use-rope-scaling hard-codes Llama 3.1's low/high frequency factors and context.
 MEGATRON_ROPE_FIXED = {"rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0,
@@ -153,9 +160,28 @@ def _optimizer(cfg, notes: list[str]) -> tuple[list[tuple[str, Any]], list[tuple
     return mega, nemo
 
 
+def inexpressible(cfg) -> list[str]:
+    """What Megatron-LM's GPT layer cannot express of this model (by trait)."""
+    fam, out = family(cfg), []
+    if fam.post_norms:
+        out.append("norms after attention and after the MLP")
+    if fam.embed_scale:
+        out.append("embeddings scaled by sqrt(emb_dim)")
+    if fam.mlp == "geglu":
+        out.append("a GeGLU MLP (--swiglu is SiLU)")
+    if cfg.sliding_window and cfg.local_rope_max_timescale:
+        out.append("a second RoPE base for the sliding-window layers")
+    return out
+
+
 def _model(cfg, tp: int, notes: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
     D, N, K, H = cfg.base_emb_dim, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
     fam = family(cfg)
+    missing = inexpressible(cfg)
+    if missing:
+        raise C.ConfigError(f"decoder_block={cfg.decoder_block}: Megatron-LM's GPT model cannot express "
+                            f"{', '.join(missing)}; train it with maxlite, or use NeMo's or Megatron-Bridge's "
+                            f"own recipes for this family")
     m = "recipe.model.config."
     max_pos = max(cfg.max_position_embeddings, cfg.max_target_length)
     mega = [("--num-layers", cfg.base_num_decoder_layers), ("--hidden-size", D),
@@ -179,7 +205,13 @@ def _model(cfg, tp: int, notes: list[str]) -> tuple[list[tuple[str, Any]], list[
         nemo += [(m + "position_embedding_type", "rope"), (m + "rotary_base", int(cfg.rope_max_timescale)),
                  (m + "rotary_percent", 1.0), (m + "normalization", "RMSNorm"),
                  (m + "gated_linear_unit", True), (m + "activation_func", "torch.nn.functional.silu")]
-        if cfg.rope_scaling_factor > 0:
+        if cfg.rope_scaling_factor > 0 and cfg.rope_scaling_type == "linear":  # positions ÷ factor
+            mega.append(("--rotary-seq-len-interpolation-factor", int(cfg.rope_scaling_factor)))
+            nemo.append((m + "seq_len_interpolation_factor", int(cfg.rope_scaling_factor)))
+            if not float(cfg.rope_scaling_factor).is_integer():
+                notes.append(f"rope_scaling_factor={cfg.rope_scaling_factor}: Megatron's interpolation factor "
+                             f"is an integer; rounded down")
+        elif cfg.rope_scaling_factor > 0:
             mega += [("--use-rope-scaling", None), ("--rope-scaling-factor", cfg.rope_scaling_factor)]
             nemo += [(m + "scale_factor", cfg.rope_scaling_factor),
                      (m + "low_freq_factor", cfg.rope_low_freq_factor),
@@ -191,17 +223,31 @@ def _model(cfg, tp: int, notes: list[str]) -> tuple[list[tuple[str, Any]], list[
                              f"Llama 3.1's 1.0/4.0/8192 (NeMo's Llama31Config takes them)")
     mega.append(("--norm-epsilon", cfg.normalization_layer_epsilon))
     nemo.append((m + "layernorm_epsilon", cfg.normalization_layer_epsilon))
+    if fam.qk_norm:  # Megatron normalises q and k per head with the model's `normalization`
+        mega.append(("--qk-layernorm", None))
+    nemo.append((m + "qk_layernorm", fam.qk_norm))
+    if cfg.sliding_window:  # (left, right) keys around each query: i − (W − 1) … i
+        mega.append(("--window-size", [cfg.sliding_window - 1, 0]))
+        nemo.append((m + "window_size", (cfg.sliding_window - 1, 0)))
+        period = len(fam.layer_pattern)
+        if "global" in fam.layer_pattern:  # every period-th layer (1-indexed) is global
+            mega.append(("--window-attn-skip-freq", period))
+            nemo.append((m + "window_attn_skip_freq", period))
+    if cfg.query_pre_attn_scalar:
+        mega.append(("--softmax-scale", cfg.query_pre_attn_scalar ** -0.5))
+        nemo.append((m + "softmax_scale", cfg.query_pre_attn_scalar ** -0.5))
     if not cfg.logits_via_embedding:
         mega.append(("--untie-embeddings-and-output-weights", None))
     nemo.append((m + "share_embeddings_and_output_weights", bool(cfg.logits_via_embedding)))
-    if not cfg.use_bias:
+    if not (cfg.use_bias and fam.biases == "all"):  # no MLP biases: Megatron's linear biases off
         mega.append(("--disable-bias-linear", None))
-    elif fam.biases == "attention":
+    if cfg.use_bias and fam.biases in ("attention", "qkv"):
         mega.append(("--add-qkv-bias", None))
-        notes.append("use_bias=true on a llama2 block: maxlite has q/k/v/o biases and no MLP biases; "
-                     "Megatron's --add-qkv-bias covers q/k/v only (no o_proj bias)")
+    if cfg.use_bias and fam.biases == "attention":
+        notes.append(f"use_bias=true on a {cfg.decoder_block} block: maxlite has q/k/v/o biases and no MLP "
+                     f"biases; Megatron's --add-qkv-bias covers q/k/v only (no o_proj bias)")
     nemo += [(m + "add_bias_linear", bool(cfg.use_bias and fam.biases == "all")),
-             (m + "add_qkv_bias", bool(cfg.use_bias and fam.biases == "attention"))]
+             (m + "add_qkv_bias", bool(cfg.use_bias and fam.biases in ("attention", "qkv")))]
     mega += [("--init-method-std", cfg.init_scale), ("--attention-dropout", 0.0),
              ("--hidden-dropout", 0.0), ("--attention-softmax-in-fp32", None),
              # pad the vocabulary to exactly vocab_size (Megatron pads to a multiple of this × TP)

@@ -4,7 +4,11 @@ Shape legend as in maxlite/models/layers.py (B batch, T time, D model, N query h
 G = N/K, H head dim, F mlp, V vocab). Parameters keep maxlite's names and layouts (q [D,N,H],
 o [N,H,D], gate [D,F], ...; layers as `layers.<i>.<leaf>`), so loading is a copy, not a
 conversion. Numerics follow the JAX model: norms and softmax in float32, RoPE in split halves
-(with Llama 3.1 scaling), tanh-approximated GELU, causal attention within segment ids.
+(with Llama 3.1 scaling), tanh-approximated GELU, causal attention within segment ids (and within a
+sliding window, Mistral-style). The twin models the llama2 and gpt3 blocks; the newer families'
+traits (q/k norms, post-norms, Gemma's norms and embeddings, interleaved windows) it refuses: their
+reference is transformers itself (`python -m maxlite.bridge.hf export`, then AutoModelForCausalLM),
+as tests/test_bridge_hf_families.py checks.
 """
 
 from __future__ import annotations
@@ -136,11 +140,20 @@ class Block(nn.Module):
         return x_BTD + self.mlp(self.mlp_norm(x_BTD))
 
 
+def check_supported(cfg) -> None:
+    """One line for a model the twin does not model."""
+    fam = family(cfg)
+    if fam.name not in ("llama2", "gpt3") or cfg.local_rope_max_timescale or cfg.query_pre_attn_scalar:
+        raise ValueError(f"decoder_block={cfg.decoder_block}: the torch twin models llama2 and gpt3 blocks; "
+                         f"for this model transformers is the reference (hf export, then AutoModelForCausalLM)")
+
+
 class TorchTransformer(nn.Module):
     """inputs_BT (+ positions_BT, segment_ids_BT; default one document from 0) → logits_BTV float32."""
 
     def __init__(self, cfg):
         super().__init__()
+        check_supported(cfg)
         self.cfg = cfg
         D, V, s = cfg.base_emb_dim, cfg.vocab_size, cfg.init_scale
         self.embedding = _normal((V, D), s)
@@ -159,6 +172,8 @@ class TorchTransformer(nn.Module):
         if segment_ids_BT is None:
             segment_ids_BT = torch.ones_like(inputs_BT)
         causal_TS = torch.ones(T, T, dtype=torch.bool, device=inputs_BT.device).tril()
+        if self.cfg.sliding_window:  # keys i − W < j ≤ i
+            causal_TS = causal_TS & ~torch.ones_like(causal_TS).tril(-self.cfg.sliding_window)
         mask_B1TS = (causal_TS & (segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :]))[:, None]
         x_BTD = self.embedding[inputs_BT]
         if family(self.cfg).positions == "learned":

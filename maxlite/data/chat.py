@@ -11,9 +11,12 @@ Jinja environment as transformers renders it) or a built-in one (`llama3`, `chat
 
 Which tokens the loss covers is found without `{% generation %}` markers: for each assistant turn
 the conversation is rendered up to it with the generation prompt and up to its end; the text in
-between (less trailing whitespace) is the answer. Templates that are not prefix-consistent (the
-text rendered for a prefix of the conversation is not a prefix of the whole) are refused. Token
-spans come from the tokenizer's character offsets.
+between (less trailing whitespace) is the answer. Token spans come from the tokenizer's character
+offsets. Some templates rewrite earlier turns once a later one follows (Qwen3 drops the reasoning
+`<think>…</think>` of every answer before the last user turn): such a turn, rendered as the model
+produces it (the conversation up to it), is not a prefix of the whole. It is trained as the model
+produces it, in an example of its own (`examples`); the whole conversation supervises the turns it
+renders as produced. A template whose generation prompt is not the start of its own turn is refused.
 """
 
 from __future__ import annotations
@@ -114,6 +117,8 @@ def own_template(tokenizer_path: str) -> tuple[str | None, dict[str, str]]:
         if isinstance(template, list):  # named templates: the default one
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
         specials = {k: _token_text(cfg.get(k)) for k in ("bos_token", "eos_token") if cfg.get(k)}
+    if template is None and (folder / "chat_template.json").is_file():  # a multimodal processor's (Gemma 3)
+        template = json.loads((folder / "chat_template.json").read_text()).get("chat_template")
     if (folder / "chat_template.jinja").is_file():
         template = (folder / "chat_template.jinja").read_text()
     return template, specials
@@ -163,30 +168,56 @@ class ChatTemplate:
         except jinja2.TemplateError as e:
             raise ConfigError(f"chat template {self.name}: {e}") from None
 
-    def assistant_spans(self, messages: Sequence[dict]) -> tuple[str, list[tuple[int, int]]]:
-        """(the rendered conversation, character spans of the assistant answers)."""
+    def assistant_spans(self, messages: Sequence[dict]) -> tuple[str, list[tuple[int, int]], list[int]]:
+        """(the rendered conversation, character spans of the answers it renders as they were
+        produced, the indices of the assistant turns it rewrites)."""
         whole = self.render(messages)
-        spans = []
+        spans, rewritten = [], []
         for i, m in enumerate(messages):
             if m["role"] != "assistant":
                 continue
-            before, upto = self.render(messages[:i], True), self.render(messages[:i + 1])
-            if not (upto.startswith(before) and whole.startswith(upto)):
-                raise ConfigError(f"chat template {self.name} is not prefix-consistent (rendering the first "
-                                  f"{i} messages with the generation prompt is not a prefix of the whole "
-                                  f"conversation): the assistant tokens cannot be found")
+            before, upto = self._turn(messages, i)
+            if not whole.startswith(upto):
+                rewritten.append(i)
+                continue
             end = len(upto.rstrip())
             if end > len(before):
                 spans.append((len(before), end))
-        return whole, spans
+        return whole, spans, rewritten
+
+    def _turn(self, messages: Sequence[dict], i: int) -> tuple[str, str]:
+        """(the conversation before turn i with the generation prompt, the conversation up to it)."""
+        before, upto = self.render(messages[:i], True), self.render(messages[:i + 1])
+        if not upto.startswith(before):
+            raise ConfigError(f"chat template {self.name}: the generation prompt after the first {i} messages is "
+                              f"not the start of the assistant turn that follows them: the answer cannot be found")
+        return before, upto
+
+    def examples(self, messages: Sequence[dict], train_on_inputs: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(ids, mask) of the whole conversation, then one per assistant turn the whole rewrites:
+        that turn rendered as the model produced it (the conversation up to it), it alone supervised."""
+        out = [self.encode(messages, train_on_inputs, rewritten_ok=True)]
+        if train_on_inputs:
+            return out
+        for i in self.assistant_spans(messages)[2]:
+            before, upto = self._turn(messages, i)
+            out.append(self._ids_and_mask(upto, [(len(before), len(upto.rstrip()))], False))
+        return out
 
     def encode(self, messages: Sequence[dict], train_on_inputs: bool = False,
-               answers_from: int = 0) -> tuple[np.ndarray, np.ndarray]:
+               answers_from: int = 0, rewritten_ok: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(token ids int32, mask bool: the token belongs to an assistant answer — one starting at
         character `answers_from` or later: a preference pair's response after its prompt —, or
-        every token)."""
-        text, spans = self.assistant_spans(messages)
+        every token). An answer the whole conversation rewrites is refused (`examples` trains it on
+        its own) unless `rewritten_ok`."""
+        text, spans, rewritten = self.assistant_spans(messages)
+        if rewritten and not rewritten_ok and len(self.render(messages[:rewritten[-1]], True)) >= answers_from:
+            raise ConfigError(f"chat template {self.name} renders assistant turn {rewritten[-1]} differently once "
+                              f"the conversation goes on: that answer cannot be supervised in this conversation")
         spans = [(lo, hi) for lo, hi in spans if lo >= answers_from]
+        return self._ids_and_mask(text, spans, train_on_inputs)
+
+    def _ids_and_mask(self, text: str, spans: list[tuple[int, int]], train_on_inputs: bool):
         enc = self.tok._backend.encode(text, add_special_tokens=False)
         ids = np.asarray(enc.ids, np.int32)
         if train_on_inputs:

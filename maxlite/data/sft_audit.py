@@ -4,8 +4,9 @@ It reads the first `sft_audit_records` records of the train files (in file order
 training does (data/sft_pipeline.py) and counts the target tokens the loss covers. The file shows
 `sft_audit_examples` rendered conversations with the supervised spans marked [[ like this ]]. A
 mask that covers no target token, or every one (a template whose answers cannot be told from its
-prompts, the silent SFT bug), stops the run with exit 2 unless `sft_allow_degenerate_mask: true`
-(or `sft_train_on_inputs: true`, which asks for every token).
+prompts, the silent SFT bug), or data whose assistant answers are all empty (the loss would see
+only the template's end-of-turn tokens) stops the run with exit 2 unless
+`sft_allow_degenerate_mask: true` (or `sft_train_on_inputs: true`, which asks for every token).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 
 from maxlite.config import ConfigError
 from maxlite.data import chat, sources
-from maxlite.data.sft_pipeline import example, sft_files
+from maxlite.data.sft_pipeline import examples, sft_files
 
 
 @dataclasses.dataclass
@@ -29,6 +30,8 @@ class Audit:
     bad_records: int
     length: int
     examples: list[str]
+    answers: int = 0        # assistant turns read
+    empty_answers: int = 0  # of which empty (whitespace only)
 
     @property
     def fraction(self) -> float:
@@ -54,19 +57,22 @@ def _marked(template: chat.ChatTemplate, ids: np.ndarray, mask: np.ndarray) -> s
 def audit(config, tok) -> Audit:
     template = chat.ChatTemplate.for_config(config, tok)
     bad = sources.BadRecords(config.data_bad_record_policy)
-    n = targets = supervised = truncated = 0
-    examples = []
+    n = targets = supervised = truncated = answers = empty = 0
+    shown = []
     for path in sft_files(config, "train"):
         for _, messages in sources.iter_documents(path, (), bad, chat.messages_of):
-            ex = example(template, messages, config.max_target_length, config.sft_train_on_inputs)
             n += 1
-            targets += len(ex["targets"])
-            supervised += int(ex["weights"].sum())
-            truncated += ex["truncated"]
-            if len(examples) < config.sft_audit_examples:
-                ids = np.concatenate([ex["inputs"][:1], ex["targets"]])
-                mask = np.concatenate([[False], ex["weights"] > 0])
-                examples.append(_marked(template, ids, mask))
+            replies = [m["content"] for m in messages if m["role"] == "assistant"]
+            answers += len(replies)
+            empty += sum(not r.strip() for r in replies)
+            for ex in examples(template, messages, config.max_target_length, config.sft_train_on_inputs):
+                targets += len(ex["targets"])
+                supervised += int(ex["weights"].sum())
+                truncated += ex["truncated"]
+                if len(shown) < config.sft_audit_examples:
+                    ids = np.concatenate([ex["inputs"][:1], ex["targets"]])
+                    mask = np.concatenate([[False], ex["weights"] > 0])
+                    shown.append(_marked(template, ids, mask))
             if n >= config.sft_audit_records:
                 break
         if n >= config.sft_audit_records:
@@ -74,7 +80,8 @@ def audit(config, tok) -> Audit:
     if n == 0:
         raise ConfigError(f"dataset_type=sft: no well-formed conversation in {', '.join(sft_files(config, 'train'))} "
                           f"({bad.summary()})")
-    return Audit(template.name, n, targets, supervised, truncated, bad.count, config.max_target_length, examples)
+    return Audit(template.name, n, targets, supervised, truncated, bad.count, config.max_target_length, shown,
+                 answers, empty)
 
 
 def report(a: Audit) -> str:
@@ -102,4 +109,9 @@ def run(config, tok, run_dir: str, primary: bool) -> Audit:
         what = "no target token" if a.supervised_tokens == 0 else "every target token"
         raise ConfigError(f"sft audit: the loss mask covers {what} ({a.fraction:.0%}) with the {a.template} "
                           f"template: see {path}; fix the data or template, or set sft_allow_degenerate_mask=true")
+    if a.answers and a.empty_answers == a.answers and not (config.sft_allow_degenerate_mask
+                                                             or config.sft_train_on_inputs):
+        raise ConfigError(f"sft audit: all {a.answers} assistant answers of the first {a.conversations} conversations "
+                          f"are empty: the loss ({a.fraction:.0%} of target tokens) would see only the template's "
+                          f"end-of-turn tokens; see {path}; fix the data, or set sft_allow_degenerate_mask=true")
     return a

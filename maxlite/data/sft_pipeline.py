@@ -4,7 +4,8 @@ batched, as dataset_type=text does for plain text (data/text_pipeline.py), resum
 Each conversation becomes one packed document: inputs = ids[:-1], targets = ids[1:], and the loss
 weight of a target is 1 when that token belongs to an assistant answer (data/chat.py), so packing
 keeps documents apart (segment ids) and the loss covers answers only (`sft_train_on_inputs: true`:
-every token). A conversation longer than `max_target_length + 1` tokens is cut to that length
+every token). An answer the template rewrites once the conversation goes on (Qwen3's reasoning)
+is one more document: the conversation up to that answer (`ChatTemplate.examples`). A conversation longer than `max_target_length + 1` tokens is cut to that length
 (the run's audit counts how many: data/sft_audit.py). `dataset_path` "" is the bundled chat set.
 """
 
@@ -27,22 +28,26 @@ def sft_files(config, split: str) -> list[str]:
     return text_files(config, split, (BUNDLED_TRAIN, BUNDLED_EVAL))
 
 
-def example(template: chat.ChatTemplate, messages, length: int, train_on_inputs: bool) -> dict[str, Any]:
-    """One conversation as a packable document; `truncated` says whether it was cut."""
-    ids, mask = template.encode(messages, train_on_inputs)
-    truncated = len(ids) > length + 1
-    ids, mask = ids[:length + 1], mask[:length + 1]
-    return {"inputs": ids[:-1], "targets": ids[1:], "weights": mask[1:].astype(np.float32),
-            "truncated": truncated}
+def examples(template: chat.ChatTemplate, messages, length: int, train_on_inputs: bool) -> list[dict[str, Any]]:
+    """One conversation as packable documents (usually one); `truncated` says whether one was cut."""
+    out = []
+    for ids, mask in template.examples(messages, train_on_inputs):
+        truncated = len(ids) > length + 1
+        ids, mask = ids[:length + 1], mask[:length + 1]
+        out.append({"inputs": ids[:-1], "targets": ids[1:], "weights": mask[1:].astype(np.float32),
+                    "truncated": truncated})
+    return out
 
 
-class _RenderAndMask(grain.transforms.Map):
+class _RenderAndMask(grain.experimental.FlatMapTransform):
+    max_fan_out = 64  # declared by grain's FlatMap; FlatMapIterDataset does not bound it
+
     def __init__(self, template: chat.ChatTemplate, length: int, train_on_inputs: bool):
         self.template, self.length, self.train_on_inputs = template, length, train_on_inputs
 
-    def map(self, element: dict[str, Any]) -> dict[str, np.ndarray]:
-        ex = example(self.template, element["texts"], self.length, self.train_on_inputs)
-        return {k: ex[k] for k in ("inputs", "targets", "weights")}
+    def flat_map(self, element: dict[str, Any]) -> list[dict[str, np.ndarray]]:
+        return [{k: ex[k] for k in ("inputs", "targets", "weights")}
+                for ex in examples(self.template, element["texts"], self.length, self.train_on_inputs)]
 
 
 def _finish(row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -64,7 +69,7 @@ def make_sft_dataset(config, split: str, process_index: int, process_count: int,
     if shuffle and config.data_shuffle_window > 1:
         ds = grain.experimental.WindowShuffleIterDataset(ds, window_size=config.data_shuffle_window, seed=seed)
     length = config.max_target_length
-    ds = ds.map(_RenderAndMask(template, length, config.sft_train_on_inputs))
+    ds = grain.experimental.FlatMapIterDataset(ds, _RenderAndMask(template, length, config.sft_train_on_inputs))
     ds = ds.filter(lambda ex: len(ex["inputs"]) > 0)
     ds = grain.experimental.FirstFitPackIterDataset(
         ds, length_struct={"inputs": length, "targets": length, "weights": length},

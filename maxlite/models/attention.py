@@ -12,7 +12,12 @@
                 runs is what the planner and status.json name
 
 Every implementation takes q_BTNH, k_BSKH, v_BSKH (K/V never repeated to N heads) and segment ids:
-a token attends to earlier tokens of its own segment (packed documents stay apart).
+a token attends to earlier tokens of its own segment (packed documents stay apart). With a
+`window` W > 0 (a sliding-window layer: Mistral, Gemma 3's local layers) it attends to the last W
+tokens only, itself included (key index j with i − W < j ≤ i, Hugging Face's rule): blockwise then
+visits only the key blocks the window reaches, splash skips the blocks its LocalMask empties and
+cuDNN gets its sliding-window length, so the work is O(T·W), not O(T²). Scores are scaled by
+`scale` (default 1/√H; Gemma 3's query_pre_attn_scalar^-½).
 Shape legend as in layers.py. Sharding-free: the splash kernel, which GSPMD cannot partition, is
 wrapped in a shard_map whose specs come from the logical-axis rules that are active.
 """
@@ -38,139 +43,164 @@ except ImportError:  # pragma: no cover - a JAX without it: cudnn_flash keeps th
 _NEG = -1e30  # masked score; finite so that a fully masked key block gives exp(0)·0, not NaN
 
 
-def attend(cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT):
+def attend(cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window: int = 0, scale: float | None = None):
     """Dispatch on cfg.attention (resolved with the config; a config that never was — a model built
-    by hand — is resolved here by the same rule); returns out_BTNH in q's dtype."""
+    by hand — is resolved here by the same rule); `window` (static) is the layer's sliding window,
+    0 for a global layer. Returns out_BTNH in q's dtype."""
+    T = q_BTNH.shape[1]
     impl = cfg.attention
     if impl == "autoselected":
-        impl = resolve_attention(impl, target_platform(), q_BTNH.shape[1], cfg.attention_block_size, cfg.sa_block_q)
+        impl = resolve_attention(impl, target_platform(), T, cfg.attention_block_size, cfg.sa_block_q)
+    args = (q_BTNH, k_BSKH, v_BSKH, segment_ids_BT)
     if impl == "dot_product":
-        return dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT)
+        return dot_product(*args, window=window, scale=scale)
     if impl == "blockwise":
-        block = min(cfg.attention_block_size, k_BSKH.shape[1])
-        return blockwise(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, block)
+        return blockwise(*args, min(cfg.attention_block_size, k_BSKH.shape[1]), window=window, scale=scale)
     if impl == "flash":
-        return flash(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, splash_block_sizes(cfg, q_BTNH.shape[1]))
+        return flash(*args, splash_block_sizes(cfg, T), window=window, scale=scale)
     assert impl == "cudnn_flash" and impl in ATTENTION, impl
-    return cudnn_flash(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, cfg.max_segments_per_seq)
+    return cudnn_flash(*args, cfg.max_segments_per_seq, window=window, scale=scale)
 
 
-def _mask_BTS(segment_ids_BT, q_pos_T, k_pos_S, k_segment_ids_BS=None):
-    k_segment_ids_BS = segment_ids_BT if k_segment_ids_BS is None else k_segment_ids_BS
-    causal_TS = q_pos_T[:, None] >= k_pos_S[None, :]
-    return causal_TS[None] & (segment_ids_BT[:, :, None] == k_segment_ids_BS[:, None, :])
+def _scale(H: int, scale: float | None) -> float:
+    return 1.0 / math.sqrt(H) if scale is None else scale
+
+
+def visible(q_idx, k_idx, window: int):
+    """Causal, and within the window when there is one (indices of one row, any broadcast shape)."""
+    ok = q_idx >= k_idx
+    return ok if not window else ok & (q_idx - k_idx < window)
 
 
 # ---- dot_product ----------------------------------------------------------------------------
 
 
-def dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT):
+def dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window: int = 0, scale: float | None = None):
     B, T, N, H = q_BTNH.shape
     K = k_BSKH.shape[2]
     q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
     scores_BKGTS = project("btkgh,bskh->bkgts", q_BTKGH, k_BSKH).astype(jnp.float32)
     pos_T = jnp.arange(T)
+    mask_BTS = (visible(pos_T[:, None], pos_T[None, :], window)[None]
+                & (segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :]))
     # the mask as an additive bias: its gradient is the identity, so the backward pass keeps no
     # [B, K, G, T, S] mask (a select would); every row keeps its own diagonal, so none is all _NEG
-    bias_B11TS = jnp.where(_mask_BTS(segment_ids_BT, pos_T, pos_T), 0.0, _NEG)[:, None, None]
-    probs_BKGTS = jax.nn.softmax(scores_BKGTS / math.sqrt(H) + bias_B11TS, axis=-1).astype(q_BTNH.dtype)
+    bias_B11TS = jnp.where(mask_BTS, 0.0, _NEG)[:, None, None]
+    scaled_BKGTS = scores_BKGTS / math.sqrt(H) if scale is None else scores_BKGTS * scale
+    probs_BKGTS = jax.nn.softmax(scaled_BKGTS + bias_B11TS, axis=-1).astype(q_BTNH.dtype)
     out_BTKGH = project("bkgts,bskh->btkgh", probs_BKGTS, v_BSKH)
     return out_BTKGH.reshape(B, T, N, H)
 
 
 # ---- blockwise (online softmax over key blocks, flash-attention-2 backward) -------------------
+#
+# T is cut into n blocks of C. Step d of a scan pairs every query block i with key block i − d
+# (jnp.roll of the key blocks by d; blocks i < d wrap around and are masked), so a step costs
+# T·C scores whatever d is, and the mask depends on (d, c, s) only: query index − key index =
+# d·C + c − s. A causal layer needs d = 0 … n−1; a sliding-window layer only the offsets its
+# window reaches, ⌈(W − 1)/C⌉ + 1 of them: O(T·W) work. Extra legend: n blocks, C = S block length.
 
 
-def _key_blocks(x_BS, block: int):
-    """[B, S, ...] → [S/block, B, block, ...] (the scan axis first)."""
-    B, S = x_BS.shape[:2]
-    return jnp.swapaxes(x_BS.reshape(B, S // block, block, *x_BS.shape[2:]), 0, 1)
+def num_offsets(T: int, block: int, window: int) -> int:
+    """Key-block offsets a query block needs: all n causally, fewer with a window."""
+    n = T // block
+    return n if not window else min(n, -(-(window - 1) // block) + 1)
 
 
-def _block_scores(q_BTKGH, k_BCKH, seg_BT, seg_BC, j, block):
-    """Scaled, masked f32 scores of all queries against key block j, and the mask."""
-    T, H = q_BTKGH.shape[1], q_BTKGH.shape[-1]
-    s_BKGTC = jnp.einsum("btkgh,bckh->bkgtc", q_BTKGH, k_BCKH).astype(jnp.float32) / math.sqrt(H)
-    mask_B11TC = _mask_BTS(seg_BT, jnp.arange(T), j * block + jnp.arange(block), seg_BC)[:, None, None]
-    return jnp.where(mask_B11TC, s_BKGTC, _NEG), mask_B11TC
+def _blocks(x_BT, block: int):
+    """[B, T, ...] → [B, n, C, ...]."""
+    B, T = x_BT.shape[:2]
+    return x_BT.reshape(B, T // block, block, *x_BT.shape[2:])
 
 
-def _blockwise_fwd(q_BTKGH, k_BSKH, v_BSKH, seg_BT, block):
-    B, T, K, G, H = q_BTKGH.shape
-    xs = (jnp.arange(k_BSKH.shape[1] // block), _key_blocks(k_BSKH, block),
-          _key_blocks(v_BSKH, block), _key_blocks(seg_BT, block))
-
-    def body(carry, x):
-        m_BKGT, l_BKGT, acc_BKGTH = carry
-        j, k_BCKH, v_BCKH, seg_BC = x
-        s_BKGTC, mask = _block_scores(q_BTKGH, k_BCKH, seg_BT, seg_BC, j, block)
-        m_new = jnp.maximum(m_BKGT, s_BKGTC.max(-1))
-        p_BKGTC = jnp.where(mask, jnp.exp(s_BKGTC - m_new[..., None]), 0.0)
-        correction = jnp.exp(m_BKGT - m_new)
-        l_new = l_BKGT * correction + p_BKGTC.sum(-1)
-        pv_BKGTH = jnp.einsum("bkgtc,bckh->bkgth", p_BKGTC.astype(v_BCKH.dtype), v_BCKH)
-        acc_new = acc_BKGTH * correction[..., None] + pv_BKGTH.astype(jnp.float32)
-        return (m_new, l_new, acc_new), None
-
-    init = (jnp.full((B, K, G, T), _NEG, jnp.float32), jnp.zeros((B, K, G, T), jnp.float32),
-            jnp.zeros((B, K, G, T, H), jnp.float32))
-    (m_BKGT, l_BKGT, acc_BKGTH), _ = jax.lax.scan(body, init, xs)
-    out_BKGTH = acc_BKGTH / l_BKGT[..., None]
-    lse_BKGT = m_BKGT + jnp.log(l_BKGT)
-    out_BTKGH = jnp.transpose(out_BKGTH, (0, 3, 1, 2, 4)).astype(q_BTKGH.dtype)
-    return out_BTKGH, lse_BKGT
+def _offset_scores(q_BnCKGH, k_BnSKH, seg_BnC, kseg_BnS, d, window, scale):
+    """Scaled f32 scores of query block i against key block i − d (k already rolled), masked, and
+    the mask [B, n, 1, 1, C, S]."""
+    n, C = q_BnCKGH.shape[1:3]
+    s = jnp.einsum("bnckgh,bnskh->bnkgcs", q_BnCKGH, k_BnSKH).astype(jnp.float32) * scale
+    c_C, s_S = jnp.arange(C), jnp.arange(C)
+    near_CS = visible(d * C + c_C[:, None], s_S[None, :], window)
+    mask_BnCS = (near_CS[None, None] & (jnp.arange(n) >= d)[None, :, None, None]
+                 & (seg_BnC[:, :, :, None] == kseg_BnS[:, :, None, :]))
+    mask = mask_BnCS[:, :, None, None]
+    return jnp.where(mask, s, _NEG), mask
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _blockwise(q_BTKGH, k_BSKH, v_BSKH, seg_BT, block):
-    return _blockwise_fwd(q_BTKGH, k_BSKH, v_BSKH, seg_BT, block)[0]
+def _rolled(d, *xs):
+    return tuple(jnp.roll(x, d, axis=1) for x in xs)
 
 
-def _blockwise_vjp_fwd(q_BTKGH, k_BSKH, v_BSKH, seg_BT, block):
-    out_BTKGH, lse_BKGT = _blockwise_fwd(q_BTKGH, k_BSKH, v_BSKH, seg_BT, block)
-    return out_BTKGH, (q_BTKGH, k_BSKH, v_BSKH, seg_BT, out_BTKGH, lse_BKGT)
+def _blockwise_fwd(q_BnCKGH, k_BnSKH, v_BnSKH, seg_BnC, window, scale, offsets):
+    B, n, C, K, G, H = q_BnCKGH.shape
+
+    def body(carry, d):
+        m, l, acc = carry  # [B, n, K, G, C] (acc: ..., H)
+        k, v, kseg = _rolled(d, k_BnSKH, v_BnSKH, seg_BnC)
+        s, mask = _offset_scores(q_BnCKGH, k, seg_BnC, kseg, d, window, scale)
+        m_new = jnp.maximum(m, s.max(-1))
+        p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
+        correction = jnp.exp(m - m_new)
+        l_new = l * correction + p.sum(-1)
+        pv = jnp.einsum("bnkgcs,bnskh->bnkgch", p.astype(v.dtype), v)
+        return (m_new, l_new, acc * correction[..., None] + pv.astype(jnp.float32)), None
+
+    init = (jnp.full((B, n, K, G, C), _NEG, jnp.float32), jnp.zeros((B, n, K, G, C), jnp.float32),
+            jnp.zeros((B, n, K, G, C, H), jnp.float32))
+    (m, l, acc), _ = jax.lax.scan(body, init, jnp.arange(offsets))
+    out_BnCKGH = jnp.transpose(acc / l[..., None], (0, 1, 4, 2, 3, 5)).astype(q_BnCKGH.dtype)
+    return out_BnCKGH, m + jnp.log(l)
 
 
-def _blockwise_vjp_bwd(block, res, dout_BTKGH):
-    q_BTKGH, k_BSKH, v_BSKH, seg_BT, out_BTKGH, lse_BKGT = res
-    H = q_BTKGH.shape[-1]
-    scale = 1.0 / math.sqrt(H)
-    dout_f32 = dout_BTKGH.astype(jnp.float32)
-    delta_BKGT = jnp.einsum("btkgh,btkgh->bkgt", dout_f32, out_BTKGH.astype(jnp.float32))
-    xs = (jnp.arange(k_BSKH.shape[1] // block), _key_blocks(k_BSKH, block),
-          _key_blocks(v_BSKH, block), _key_blocks(seg_BT, block))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _blockwise(q_BnCKGH, k_BnSKH, v_BnSKH, seg_BnC, window, scale, offsets):
+    return _blockwise_fwd(q_BnCKGH, k_BnSKH, v_BnSKH, seg_BnC, window, scale, offsets)[0]
 
-    def body(dq_BTKGH, x):
-        j, k_BCKH, v_BCKH, seg_BC = x
-        s_BKGTC, mask = _block_scores(q_BTKGH, k_BCKH, seg_BT, seg_BC, j, block)
-        p_BKGTC = jnp.where(mask, jnp.exp(s_BKGTC - lse_BKGT[..., None]), 0.0)
-        dv_BCKH = jnp.einsum("bkgtc,btkgh->bckh", p_BKGTC, dout_f32)
-        dp_BKGTC = jnp.einsum("btkgh,bckh->bkgtc", dout_f32, v_BCKH.astype(jnp.float32))
-        ds_BKGTC = p_BKGTC * (dp_BKGTC - delta_BKGT[..., None]) * scale
-        dq_BTKGH = dq_BTKGH + jnp.einsum("bkgtc,bckh->btkgh", ds_BKGTC, k_BCKH.astype(jnp.float32))
-        dk_BCKH = jnp.einsum("bkgtc,btkgh->bckh", ds_BKGTC, q_BTKGH.astype(jnp.float32))
-        return dq_BTKGH, (dk_BCKH, dv_BCKH)
 
-    dq_BTKGH, (dk_NBCKH, dv_NBCKH) = jax.lax.scan(body, jnp.zeros(q_BTKGH.shape, jnp.float32), xs)
+def _blockwise_vjp_fwd(q, k, v, seg, window, scale, offsets):
+    out, lse = _blockwise_fwd(q, k, v, seg, window, scale, offsets)
+    return out, (q, k, v, seg, out, lse)
 
-    def unblock(x_NBCKH, like):
-        return jnp.swapaxes(x_NBCKH, 0, 1).reshape(like.shape).astype(like.dtype)
 
-    seg_zero = np.zeros(seg_BT.shape, jax.dtypes.float0)
-    return (dq_BTKGH.astype(q_BTKGH.dtype), unblock(dk_NBCKH, k_BSKH), unblock(dv_NBCKH, v_BSKH),
-            seg_zero)
+def _blockwise_vjp_bwd(window, scale, offsets, res, dout_BnCKGH):
+    q_BnCKGH, k_BnSKH, v_BnSKH, seg_BnC, out_BnCKGH, lse_BnKGC = res
+    dout = dout_BnCKGH.astype(jnp.float32)
+    delta_BnKGC = jnp.einsum("bnckgh,bnckgh->bnkgc", dout, out_BnCKGH.astype(jnp.float32))
+    q32 = q_BnCKGH.astype(jnp.float32)
+
+    def body(carry, d):
+        dq, dk, dv = carry  # dk, dv: f32 [B, n, S, K, H], in key-block order
+        k, v, kseg = _rolled(d, k_BnSKH, v_BnSKH, seg_BnC)
+        s, mask = _offset_scores(q_BnCKGH, k, seg_BnC, kseg, d, window, scale)
+        p = jnp.where(mask, jnp.exp(s - lse_BnKGC[..., None]), 0.0)
+        dp = jnp.einsum("bnckgh,bnskh->bnkgcs", dout, v.astype(jnp.float32))
+        ds = p * (dp - delta_BnKGC[..., None]) * scale
+        dq = dq + jnp.einsum("bnkgcs,bnskh->bnckgh", ds, k.astype(jnp.float32))
+        # the key block these came from is i − d: roll back (the wrapped blocks carry zeros: masked)
+        dk_d, dv_d = (jnp.einsum("bnkgcs,bnckgh->bnskh", ds, q32), jnp.einsum("bnkgcs,bnckgh->bnskh", p, dout))
+        dk_d, dv_d = _rolled(-d, dk_d, dv_d)
+        return (dq, dk + dk_d, dv + dv_d), None
+
+    zeros = lambda x: jnp.zeros(x.shape, jnp.float32)  # noqa: E731
+    (dq, dk, dv), _ = jax.lax.scan(body, (zeros(q_BnCKGH), zeros(k_BnSKH), zeros(v_BnSKH)),
+                                   jnp.arange(offsets))
+    seg_zero = np.zeros(seg_BnC.shape, jax.dtypes.float0)
+    return (dq.astype(q_BnCKGH.dtype), dk.astype(k_BnSKH.dtype), dv.astype(v_BnSKH.dtype), seg_zero)
 
 
 _blockwise.defvjp(_blockwise_vjp_fwd, _blockwise_vjp_bwd)
 
 
-def blockwise(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, block: int):
+def blockwise(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, block: int, window: int = 0,
+              scale: float | None = None):
     B, T, N, H = q_BTNH.shape
     K = k_BSKH.shape[2]
     if T % block:
         raise ValueError(f"blockwise attention: block {block} must divide the sequence length {T}")
-    q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
-    return _blockwise(q_BTKGH, k_BSKH, v_BSKH, segment_ids_BT, block).reshape(B, T, N, H)
+    q_BnCKGH = _blocks(q_BTNH.reshape(B, T, K, N // K, H), block)
+    out = _blockwise(q_BnCKGH, _blocks(k_BSKH, block), _blocks(v_BSKH, block),
+                     _blocks(segment_ids_BT, block), window, _scale(H, scale),
+                     num_offsets(T, block, window))
+    return out.reshape(B, T, N, H)
 
 
 # ---- flash: Pallas splash attention ----------------------------------------------------------
@@ -189,12 +219,14 @@ def splash_block_sizes(cfg, seq_len: int):
     return sk.BlockSizes(**sizes, use_fused_bwd_kernel=cfg.sa_use_fused_bwd_kernel)
 
 
-def _splash_local(q_BNTH, k_BKSH, v_BKSH, seg_BT, block_sizes, interpret):
+def _splash_local(q_BNTH, k_BKSH, v_BKSH, seg_BT, block_sizes, interpret, window):
     from jax.experimental.pallas.ops.tpu.splash_attention import (splash_attention_kernel as sk,
                                                                   splash_attention_mask as sm)
 
     N, T = q_BNTH.shape[1], q_BNTH.shape[2]
-    mask = sm.MultiHeadMask([sm.CausalMask((T, T))] * N)
+    # a window: keys i − (W − 1) … i; the kernel skips the blocks this mask leaves empty
+    head = sm.LocalMask((T, T), (window - 1, 0), offset=0) if window else sm.CausalMask((T, T))
+    mask = sm.MultiHeadMask([head] * N)
     kernel = sk.make_splash_mha(mask, block_sizes=block_sizes, head_shards=1, q_seq_shards=1,
                                 interpret=interpret)
     segment_ids = sk.SegmentIds(q=seg_BT, kv=seg_BT)
@@ -208,12 +240,17 @@ def _mesh_spec(*logical):
     return nn.logical_to_mesh_axes(logical)
 
 
-def flash(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, block_sizes):
+def flash(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, block_sizes, window: int = 0,
+          scale: float | None = None):
     H = q_BTNH.shape[-1]
     interpret = target_platform() != "tpu"  # the Pallas interpreter: CPU tests
-    q_BNTH = jnp.swapaxes(q_BTNH / jnp.asarray(math.sqrt(H), q_BTNH.dtype), 1, 2)  # the kernel does not scale
+    if scale is None:  # the kernel does not scale
+        q_BTNH = q_BTNH / jnp.asarray(math.sqrt(H), q_BTNH.dtype)
+    else:
+        q_BTNH = q_BTNH * jnp.asarray(scale, q_BTNH.dtype)
+    q_BNTH = jnp.swapaxes(q_BTNH, 1, 2)
     k_BKSH, v_BKSH = jnp.swapaxes(k_BSKH, 1, 2), jnp.swapaxes(v_BSKH, 1, 2)
-    local = functools.partial(_splash_local, block_sizes=block_sizes, interpret=interpret)
+    local = functools.partial(_splash_local, block_sizes=block_sizes, interpret=interpret, window=window)
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         out_BNTH = local(q_BNTH, k_BKSH, v_BKSH, segment_ids_BT)
@@ -245,14 +282,19 @@ def segment_offsets(segment_ids_BT, max_segments: int):
     return offsets_BM1, lengths_BM, fits
 
 
-def cudnn_flash(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, max_segments: int = 0):
+def cudnn_flash(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, max_segments: int = 0, window: int = 0,
+                scale: float | None = None):
     """With `max_segments` > 0, rows of at most that many contiguous segments (as the packer
     writes them; padding is one more) go to cuDNN as offsets and lengths; a batch with a longer row
-    takes the dense [B, 1, T, S] mask, which costs 1.4-1.6x in the kernel (docs/performance.md)."""
+    takes the dense [B, 1, T, S] mask, which costs 1.4-1.6x in the kernel (docs/performance.md).
+    A window reaches cuDNN as its sliding-window length (keys i − W < j ≤ i)."""
+    scale = _scale(q_BTNH.shape[-1], scale)
+
     def dense():
         same_doc_B1TS = (segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :])[:, None]
-        return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask=same_doc_B1TS,
-                                            is_causal=True, implementation="cudnn")
+        return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask=same_doc_B1TS, scale=scale,
+                                            is_causal=True, implementation="cudnn",
+                                            local_window_size=(window - 1, 0) if window else None)
 
     if not max_segments or _cudnn is None:
         return dense()
@@ -261,7 +303,7 @@ def cudnn_flash(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, max_segments: int = 0):
     def packed():
         return _cudnn.dot_product_attention(
             q_BTNH, k_BSKH, v_BSKH, q_seqlen=lengths_BM, kv_seqlen=lengths_BM, q_offsets=offsets_BM1,
-            kv_offsets=offsets_BM1, scale=1.0 / math.sqrt(q_BTNH.shape[-1]),
-            mask_type=_cudnn.MaskType.PADDING_CAUSAL, qkv_layout="BTNH")
+            kv_offsets=offsets_BM1, scale=scale, mask_type=_cudnn.MaskType.PADDING_CAUSAL,
+            qkv_layout="BTNH", sliding_window_length=window or None)
 
     return jax.lax.cond(fits, packed, dense)

@@ -1,13 +1,17 @@
 """Decoding with a KV cache: the prompt in one pass (prefill), then one token per step inside one
 compiled loop.
 
-Shape legend as in layers.py, plus S cache length (prompt + new tokens) and L layers.
-Prompts are right-padded: row b's tokens sit at positions [0, len_b) and generation writes position
-len_b on, so a query at position p sees key j iff j <= p — one rule for prefill and decode (padding
-written past len_b is overwritten before any query can see it). The cache holds the K/V heads only
-(GQA: K of them, not N), per layer [B, S, K, H] in the compute dtype, stacked to [L, B, S, K, H].
-The blocks are the training blocks (`Attention.qkv`/`out`, the same norms and MLPs): what was
-trained is what decodes.
+Shape legend as in layers.py, plus S cache slots and L layers. Prompts are right-padded: row b's
+tokens sit at positions [0, len_b) and generation writes position len_b on. The cache holds the K/V
+heads only (GQA: K of them, not N) in the compute dtype, one stack per kind of layer
+(`families.layer_windows`): global layers keep every position (S = prompt + new tokens), a
+sliding-window layer only its last W (S = min(W, prompt + new tokens)) as a ring: position p lives
+in slot p mod S, and each stack records the position in every slot (-1: empty). A step's queries
+attend to the cache as it was plus the step's own keys, under one rule: key position j is visible
+to query position p iff 0 ≤ j ≤ p (and p − j < W in a window); padding past len_b is never
+written. The blocks are the training blocks (`Attention.qkv`/`out`, `Block.add_attention`/
+`add_mlp`): what was trained is what decodes. A model whose layers differ in window (Gemma 3)
+runs its layers one by one (sliced out of a scanned stack); the others scan as they train.
 """
 
 from __future__ import annotations
@@ -19,80 +23,137 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from maxlite.models.families import family
+from maxlite.models.families import layer_windows
 from maxlite.models.layers import constrain
 
 # the cache's logical axes: K/V heads split like the attention's (tensor), layers and batch not split
 CACHE_AXES = ("layers", "activation_batch", "activation_length", "activation_kv_heads", "head_dim")
 
 
-class Cache(NamedTuple):
+class Stack(NamedTuple):
+    """The cache of every layer with one window: K and V [L_w, B, S, K, H], slot positions [B, S]."""
     k_LBSKH: jax.Array
     v_LBSKH: jax.Array
+    pos_BS: jax.Array
+
+
+class Cache(NamedTuple):
+    stacks: dict  # window (0: global) → Stack
+
+
+def layer_groups(cfg) -> dict[int, list[int]]:
+    """window → the layers with it, in order."""
+    groups: dict[int, list[int]] = {}
+    for i, window in enumerate(layer_windows(cfg)):
+        groups.setdefault(window, []).append(i)
+    return groups
+
+
+def slots(window: int, length: int) -> int:
+    return min(window, length) if window else length
 
 
 def empty_cache(cfg, batch: int, length: int) -> Cache:
-    shape = (cfg.base_num_decoder_layers, batch, length, cfg.base_num_kv_heads, cfg.head_dim)
-    zeros = lambda: constrain(jnp.zeros(shape, jnp.dtype(cfg.dtype)), CACHE_AXES)  # noqa: E731
-    return Cache(zeros(), zeros())
+    def stack(window, layers):
+        shape = (len(layers), batch, slots(window, length), cfg.base_num_kv_heads, cfg.head_dim)
+        zeros = lambda: constrain(jnp.zeros(shape, jnp.dtype(cfg.dtype)), CACHE_AXES)  # noqa: E731
+        return Stack(zeros(), zeros(), jnp.full(shape[1:3], -1, jnp.int32))
+    return Cache({w: stack(w, layers) for w, layers in layer_groups(cfg).items()})
 
 
 def cache_bytes(cfg, batch: int, length: int) -> int:
-    """K and V for every layer: 2·L·B·S·K·H elements of the compute dtype."""
-    return (2 * cfg.base_num_decoder_layers * batch * length * cfg.base_num_kv_heads * cfg.head_dim
-            * jnp.dtype(cfg.dtype).itemsize)
+    """K and V for every layer: 2·B·K·H elements of the compute dtype per layer and slot."""
+    return sum(2 * len(layers) * batch * slots(w, length) * cfg.base_num_kv_heads * cfg.head_dim
+               * jnp.dtype(cfg.dtype).itemsize for w, layers in layer_groups(cfg).items())
 
 
-def _write(cache_BSKH, new_BTKH, positions_BT):
-    """The T new entries of each row written at their positions (rows may sit at different ones)."""
-    S = cache_BSKH.shape[1]
-    onehot_BTS = (positions_BT[:, :, None] == jnp.arange(S)).astype(cache_BSKH.dtype)
-    keep_BS = 1 - jnp.max(onehot_BTS, axis=1)
+def _written(positions_BT, lengths_B, size: int):
+    """Which slot each new token goes to [B, T, S]: its position mod S, for the last S real tokens
+    (position < len_b) only, so no two of them collide and padding is never written."""
+    valid_BT = (positions_BT < lengths_B[:, None]) & (positions_BT >= lengths_B[:, None] - size)
+    return ((positions_BT % size)[:, :, None] == jnp.arange(size)) & valid_BT[:, :, None]
+
+
+def _write(cache_BSKH, new_BTKH, onehot_BTS):
+    onehot = onehot_BTS.astype(cache_BSKH.dtype)
+    keep_BS = 1 - jnp.max(onehot, axis=1)
     return (cache_BSKH * keep_BS[:, :, None, None]
-            + jnp.einsum("bts,btkh->bskh", onehot_BTS, new_BTKH.astype(cache_BSKH.dtype)))
+            + jnp.einsum("bts,btkh->bskh", onehot, new_BTKH.astype(cache_BSKH.dtype)))
 
 
-def _attend(q_BTNH, k_BSKH, v_BSKH, positions_BT):
+def _slot_positions(pos_BS, positions_BT, onehot_BTS):
+    written_BS = jnp.any(onehot_BTS, axis=1)
+    return jnp.where(written_BS, jnp.max(jnp.where(onehot_BTS, positions_BT[:, :, None], -1), axis=1), pos_BS)
+
+
+def _attend(q_BTNH, k_BSKH, v_BSKH, kpos_BS, qpos_BT, window: int, scale: float):
     B, T, N, H = q_BTNH.shape
     K = k_BSKH.shape[2]
     q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
-    scores_BKGTS = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k_BSKH).astype(jnp.float32) / math.sqrt(H)
-    visible_BTS = jnp.arange(k_BSKH.shape[1]) <= positions_BT[:, :, None]
+    scores_BKGTS = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k_BSKH).astype(jnp.float32) * scale
+    kpos, qpos = kpos_BS[:, None, :], qpos_BT[:, :, None]
+    visible_BTS = (kpos >= 0) & (kpos <= qpos)
+    if window:
+        visible_BTS &= qpos - kpos < window
     scores_BKGTS = jnp.where(visible_BTS[:, None, None], scores_BKGTS, jnp.finfo(jnp.float32).min)
     probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(v_BSKH.dtype)
     return jnp.einsum("bkgts,bskh->btkgh", probs_BKGTS, v_BSKH).reshape(B, T, N, H)
 
 
-def _block(layer, x_BTD, positions_BT, k_BSKH, v_BSKH):
-    q_BTNH, k_new, v_new = layer.attn.qkv(layer.attn_norm(x_BTD), positions_BT)
-    k_BSKH, v_BSKH = (constrain(_write(c, new, positions_BT), CACHE_AXES[1:])
-                      for c, new in ((k_BSKH, k_new), (v_BSKH, v_new)))
-    x_BTD = x_BTD + layer.attn.out(_attend(q_BTNH, k_BSKH, v_BSKH, positions_BT))
-    return x_BTD + layer.mlp(layer.mlp_norm(x_BTD)), k_BSKH, v_BSKH
+def _block(layer, x_BTD, positions_BT, onehot_BTS, k_BSKH, v_BSKH, pos_BS, window: int):
+    """One layer over T new tokens: attention to (cache, new keys), then the cache written."""
+    q_BTNH, k_new, v_new = layer.attn.qkv(layer.attn_norm(x_BTD), positions_BT, local=bool(window))
+    scale = layer.attn.query_scale or 1.0 / math.sqrt(q_BTNH.shape[-1])
+    keys, values = (jnp.concatenate([c, new.astype(c.dtype)], axis=1) for c, new in ((k_BSKH, k_new), (v_BSKH, v_new)))
+    kpos_BS = jnp.concatenate([pos_BS, positions_BT], axis=1)
+    out_BTNH = _attend(q_BTNH, keys, values, kpos_BS, positions_BT, window, scale)
+    x_BTD = layer.add_mlp(layer.add_attention(x_BTD, layer.attn.out(out_BTNH)))
+    k_BSKH, v_BSKH = (constrain(_write(c, new, onehot_BTS), CACHE_AXES[1:]) for c, new in
+                      ((k_BSKH, k_new), (v_BSKH, v_new)))
+    return x_BTD, k_BSKH, v_BSKH
 
 
-def forward(model, tokens_BT, positions_BT, cache: Cache) -> tuple[jax.Array, Cache]:
-    """(final-normed hidden states x_BTD, the cache with these T tokens written in)."""
+def _layers(model) -> list:
+    """The blocks one by one (a scanned stack sliced per layer)."""
+    if not model.cfg.scan_layers:
+        return list(model.layers)
+    graphdef, state = nnx.split(model.layers)
+    return [nnx.merge(graphdef, jax.tree.map(lambda x, i=i: x[i], state))
+            for i in range(model.cfg.base_num_decoder_layers)]
+
+
+def forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache) -> tuple[jax.Array, Cache]:
+    """(final-normed hidden states x_BTD, the cache with these T tokens written in); `lengths_B`
+    is each row's count of real tokens once these are in (tokens at positions ≥ it are padding)."""
     cfg = model.cfg
-    dt = jnp.dtype(cfg.dtype)
-    x_BTD = jnp.take(model.embedding[...], tokens_BT, axis=0).astype(dt)
-    if family(cfg).positions == "learned":
-        x_BTD = x_BTD + jnp.take(model.positions[...], positions_BT, axis=0).astype(dt)
-    if cfg.scan_layers:
-        def body(x, layer, k, v, positions):
-            x, k, v = _block(layer, x, positions, k, v)
+    x_BTD = model.embed(tokens_BT, positions_BT)
+    groups = layer_groups(cfg)
+    onehot = {w: _written(positions_BT, lengths_B, s.pos_BS.shape[1]) for w, s in cache.stacks.items()}
+    if cfg.scan_layers and len(groups) == 1:  # every layer alike: scan them as training does
+        (window, stack), = cache.stacks.items()
+
+        def body(x, layer, k, v):
+            x, k, v = _block(layer, x, positions_BT, onehot[window], k, v, stack.pos_BS, window)
             return x, (k, v)
-        scan = nnx.scan(body, in_axes=(nnx.Carry, 0, 0, 0, None), out_axes=(nnx.Carry, 0),
+        scan = nnx.scan(body, in_axes=(nnx.Carry, 0, 0, 0), out_axes=(nnx.Carry, 0),
                         transform_metadata={nnx.PARTITION_NAME: "layers"})
-        x_BTD, (k_LBSKH, v_LBSKH) = scan(x_BTD, model.layers, cache.k_LBSKH, cache.v_LBSKH, positions_BT)
+        x_BTD, (k_LBSKH, v_LBSKH) = scan(x_BTD, model.layers, stack.k_LBSKH, stack.v_LBSKH)
+        new = {window: (k_LBSKH, v_LBSKH)}
     else:
-        ks, vs = [], []
-        for i, layer in enumerate(model.layers):
-            x_BTD, k, v = _block(layer, x_BTD, positions_BT, cache.k_LBSKH[i], cache.v_LBSKH[i])
-            ks.append(k)
-            vs.append(v)
-        k_LBSKH, v_LBSKH = jnp.stack(ks), jnp.stack(vs)
-    return model.final_norm(x_BTD), Cache(k_LBSKH, v_LBSKH)
+        layers, windows = _layers(model), layer_windows(cfg)
+        ks = {w: [] for w in groups}
+        vs = {w: [] for w in groups}
+        for i, layer in enumerate(layers):
+            w = windows[i]
+            j = len(ks[w])
+            stack = cache.stacks[w]
+            x_BTD, k, v = _block(layer, x_BTD, positions_BT, onehot[w], stack.k_LBSKH[j], stack.v_LBSKH[j],
+                                 stack.pos_BS, w)
+            ks[w].append(k)
+            vs[w].append(v)
+        new = {w: (jnp.stack(ks[w]), jnp.stack(vs[w])) for w in groups}
+    stacks = {w: Stack(*new[w], _slot_positions(s.pos_BS, positions_BT, onehot[w])) for w, s in cache.stacks.items()}
+    return model.final_norm(x_BTD), Cache(stacks)
 
 
 def sample(logits_BV, key, temperature: float, top_k: int, top_p: float):
@@ -122,11 +183,10 @@ def generate_tokens(graphdef, params, prompt_BP, lengths_B, key, *, max_new_toke
     model = nnx.merge(graphdef, params)
     B, P = prompt_BP.shape
     cache = empty_cache(model.cfg, B, P + max_new_tokens)
-    x_BPD, cache = forward(model, prompt_BP, jnp.broadcast_to(jnp.arange(P), (B, P)), cache)
-    head_DV = model.head_DV()
-    x_BD = jnp.take_along_axis(x_BPD, (lengths_B - 1)[:, None, None], axis=1)[:, 0]
+    x_BPD, cache = forward(model, prompt_BP, jnp.broadcast_to(jnp.arange(P), (B, P)), lengths_B, cache)
+    x_B1D = jnp.take_along_axis(x_BPD, (lengths_B - 1)[:, None, None], axis=1)
     key, sub = jax.random.split(key)
-    token_B = sample((x_BD @ head_DV).astype(jnp.float32), sub, temperature, top_k, top_p)
+    token_B = sample(model.logits(x_B1D)[:, 0], sub, temperature, top_k, top_p)
     out_BN = jnp.full((B, max_new_tokens), eos_id, jnp.int32).at[:, 0].set(token_B)
     # the params ride in the loop state: NNX modules are rebuilt at the loop body's trace level
     state = (jnp.int32(1), token_B, lengths_B, token_B == eos_id, cache, out_BN, key, params)
@@ -138,9 +198,9 @@ def generate_tokens(graphdef, params, prompt_BP, lengths_B, key, *, max_new_toke
     def step(s):
         i, token_B, pos_B, done_B, cache, out_BN, key, params = s
         model = nnx.merge(graphdef, params)
-        x_B1D, cache = forward(model, token_B[:, None], pos_B[:, None], cache)
+        x_B1D, cache = forward(model, token_B[:, None], pos_B[:, None], pos_B + 1, cache)
         key, sub = jax.random.split(key)
-        nxt_B = sample((x_B1D[:, 0] @ model.head_DV()).astype(jnp.float32), sub, temperature, top_k, top_p)
+        nxt_B = sample(model.logits(x_B1D)[:, 0], sub, temperature, top_k, top_p)
         nxt_B = jnp.where(done_B, eos_id, nxt_B)
         out_BN = jax.lax.dynamic_update_slice(out_BN, nxt_B[:, None], (0, i))
         return i + 1, nxt_B, pos_B + 1, done_B | (nxt_B == eos_id), cache, out_BN, key, params

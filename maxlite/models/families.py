@@ -1,8 +1,8 @@
 """One entry per model family (`decoder_block`): what differs between them, said once.
 
-The transformer, the layers, the FLOP count, the planner, the torch twin, the HF adapters and the
-NeMo/Megatron mapping read these traits instead of testing the family's name. A new family is a
-new entry here plus its HF adapter module in maxlite/bridge/.
+The transformer, the layers, the FLOP count, the planner, decoding, the torch twin, the HF adapters
+and the NeMo/Megatron mapping read these traits instead of testing the family's name. A new family
+is a new entry here plus its HF adapter module in maxlite/bridge/.
 
 Pure data: importable without JAX (config validation and the bridge use it).
 """
@@ -17,32 +17,70 @@ class Family:
     name: str               # the `decoder_block` value
     summary: str
     norm: str               # "rmsnorm" | "layernorm" (pre-norm, before attention and MLP)
-    mlp: str                # "swiglu" (gate, up, down) | "gelu" (up, down, with biases)
+    mlp: str                # "swiglu" (silu(gate)·up, down) | "geglu" (tanh-GELU(gate)·up, down) |
+                            # "gelu" (up, down, with biases)
     positions: str          # "rope" (rotary, in attention) | "learned" (absolute, added to the embedding)
-    biases: str             # what use_bias=true adds: "attention" (q/k/v/o) | "all" (every linear and norm)
+    biases: str             # what use_bias=true adds: "attention" (q/k/v/o) | "qkv" (q/k/v, no o) |
+                            # "all" (every linear and norm)
     hf_module: str          # maxlite.bridge module mapping the weights to and from Hugging Face
     nemo_factory: str       # the closest NeMo 2.0 recipe factory when the preset has none of its own
+    norm_offset: float = 0.0    # RMSNorm multiplies by (offset + scale): Gemma's (1 + w), w stored from 0
+    qk_norm: bool = False       # RMSNorm over each head's q and k (head_dim) before RoPE
+    post_norms: bool = False    # a norm after attention and after the MLP too, before each residual add
+    embed_scale: bool = False   # input embeddings multiplied by √emb_dim
+    # the attention kind of layer i is layer_pattern[i % len(layer_pattern)]: "local" layers attend
+    # within `sliding_window` (when it is > 0), "global" layers to the whole causal context
+    layer_pattern: tuple[str, ...] = ("local",)
 
     @property
     def mlp_matrices(self) -> int:
         """Weight matrices in the MLP (the FLOP count's m)."""
-        return 3 if self.mlp == "swiglu" else 2
+        return 2 if self.mlp == "gelu" else 3
+
+    @property
+    def gated(self) -> bool:
+        """A gated MLP (gate, up, down)."""
+        return self.mlp in ("swiglu", "geglu")
 
     @property
     def rope(self) -> bool:
         return self.positions == "rope"
 
+    @property
+    def bias_leaves(self) -> tuple[str, ...]:
+        """The attention biases use_bias=true creates."""
+        return ("q_bias", "k_bias", "v_bias") if self.biases == "qkv" else (
+            "q_bias", "k_bias", "v_bias", "o_bias")
+
 
 FAMILIES = {f.name: f for f in (
-    Family("llama2", "Llama 2/3/3.1/3.2 and Mistral: pre-RMSNorm, RoPE, GQA, SwiGLU",
+    Family("llama2", "Llama 2/3/3.1/3.2 and Mistral (sliding_window): pre-RMSNorm, RoPE, GQA, SwiGLU",
            norm="rmsnorm", mlp="swiglu", positions="rope", biases="attention", hf_module="maxlite.bridge.hf_llama",
            nemo_factory="llama3_8b"),
     Family("gpt3", "GPT-3 / GPT-2: pre-LayerNorm, learned positions, biases, GELU",
            norm="layernorm", mlp="gelu", positions="learned", biases="all", hf_module="maxlite.bridge.hf_gpt2",
            nemo_factory="gpt3_175b"),
+    Family("qwen2", "Qwen2 / Qwen2.5: Llama's block with q/k/v biases (no o bias)",
+           norm="rmsnorm", mlp="swiglu", positions="rope", biases="qkv", hf_module="maxlite.bridge.hf_qwen",
+           nemo_factory="qwen25_7b"),
+    Family("qwen3", "Qwen3 (dense): Llama's block with per-head RMSNorm on q and k before RoPE",
+           norm="rmsnorm", mlp="swiglu", positions="rope", biases="attention", hf_module="maxlite.bridge.hf_qwen",
+           nemo_factory="qwen3_8b", qk_norm=True),
+    Family("gemma3", "Gemma 3 (text): 5 sliding-window layers to 1 global, (1 + w) RMSNorm before and after "
+           "attention and MLP, q/k norms, GeGLU, √d-scaled tied embeddings",
+           norm="rmsnorm", mlp="geglu", positions="rope", biases="attention", hf_module="maxlite.bridge.hf_gemma3",
+           nemo_factory="gemma3_1b", norm_offset=1.0, qk_norm=True, post_norms=True, embed_scale=True,
+           layer_pattern=("local",) * 5 + ("global",)),
 )}
 
 
 def family(cfg) -> Family:
     """The family of a config (its `decoder_block`; config validation keeps it one of FAMILIES)."""
     return FAMILIES[cfg.decoder_block]
+
+
+def layer_windows(cfg) -> tuple[int, ...]:
+    """Each layer's sliding window (0: global): the family's pattern with the config's window."""
+    pattern = family(cfg).layer_pattern
+    return tuple(cfg.sliding_window if pattern[i % len(pattern)] == "local" else 0
+                 for i in range(cfg.base_num_decoder_layers))

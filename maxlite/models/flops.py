@@ -1,10 +1,11 @@
 """Training FLOPs per step, counted the way MaxText counts them.
 
 Per layer and per token-batch (B sequences of T tokens; D, N, K, H, F, V, L as in layers.py):
-  mlp        = 2·B·T·D·F·m        (m = 3 matrices for SwiGLU, 2 for GELU)
+  mlp        = 2·B·T·D·F·m        (m = 3 matrices for SwiGLU/GeGLU, 2 for GELU)
   qkv        = 2·B·T·D·(N + 2K)·H
   out proj   = 2·B·T·N·H·D
-  attention  = 4·B·T²·N·H / 2     (QKᵀ and PV; halved because the causal mask skips half)
+  attention  = 4·B·T²·N·H / 2     (QKᵀ and PV; halved because the causal mask skips half; a
+                                   sliding-window layer only over its window: 4·B·N·H·(T·W − W²/2))
 and once per model: unembedding = 2·B·T·D·V (the input embedding is a lookup, not a matmul).
 Training = 3 × forward (forward + backward's two matmuls per forward matmul). Rematerialised
 recomputation is not counted (it is overhead, not useful work), as in MaxText's MFU.
@@ -12,12 +13,14 @@ recomputation is not counted (it is overhead, not useful work), as in MaxText's 
 
 from __future__ import annotations
 
-from maxlite.models.families import family
+from maxlite.models.families import family, layer_windows
 
 
-def attention_flops(B: int, T: int, N: int, H: int) -> float:
-    """Forward FLOPs of one layer's causal attention (QKᵀ and PV, the causal half)."""
-    return 4 * B * T * T * N * H / 2
+def attention_flops(B: int, T: int, N: int, H: int, window: int = 0) -> float:
+    """Forward FLOPs of one layer's causal attention (QKᵀ and PV) over the keys it attends: the
+    causal half T²/2, or with a sliding window W < T the band T·W − W²/2 (the same T²/2 at W = T)."""
+    keys = T * T / 2 if not window or window >= T else T * window - window * window / 2
+    return 4 * B * N * H * keys
 
 
 def forward_flops_by_part(cfg, batch_size: int | None = None) -> dict[str, float]:
@@ -29,7 +32,8 @@ def forward_flops_by_part(cfg, batch_size: int | None = None) -> dict[str, float
     tokens = B * T
     return {"qkv": L * 2 * tokens * D * (N + 2 * K) * H, "out": L * 2 * tokens * N * H * D,
             "mlp": L * 2 * tokens * D * F * family(cfg).mlp_matrices,
-            "attention": L * attention_flops(B, T, N, H), "unembed": 2 * tokens * D * V}
+            "attention": sum(attention_flops(B, T, N, H, w) for w in layer_windows(cfg)),
+            "unembed": 2 * tokens * D * V}
 
 
 def train_flops_per_step(cfg, batch_size: int | None = None) -> float:

@@ -1,4 +1,4 @@
-"""Building blocks of Llama- and GPT-3-style decoders (Flax NNX).
+"""Building blocks of the decoder families (Flax NNX; traits in maxlite/models/families.py).
 
 Shape legend: B batch, T query time, S key time, D model dim, N query heads, K kv heads,
 G query heads per kv head (N = K·G), H head dim, F mlp dim, V vocab, P max positions.
@@ -8,6 +8,7 @@ Compute runs in `dtype`; parameters are stored in `weight_dtype` and cast at use
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -44,18 +45,23 @@ BTD = ("activation_batch", "activation_length", "activation_embed")
 
 
 class RMSNorm(nnx.Module):
-    def __init__(self, dim: int, eps: float, dtype, weight_dtype, *, rngs: nnx.Rngs):
-        self.scale = param(rngs, (dim,), ("norm",), weight_dtype, init="ones")
-        self.eps, self.dtype = eps, dtype
+    """x·rsqrt(mean(x²) + eps)·(offset + scale) over the last axis, in float32. offset 1 is Gemma's
+    (1 + w) norm, its scale stored from 0."""
+
+    def __init__(self, dim: int, eps: float, dtype, weight_dtype, *, rngs: nnx.Rngs, offset: float = 0.0,
+                 axes: Axes = ("norm",)):
+        self.scale = param(rngs, (dim,), axes, weight_dtype, init="zeros" if offset else "ones")
+        self.eps, self.dtype, self.offset = eps, dtype, offset
 
     def __call__(self, x_BTD: jax.Array) -> jax.Array:
         x = x_BTD.astype(jnp.float32)
         x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
-        return (x * self.scale[...].astype(jnp.float32)).astype(self.dtype)
+        return (x * (self.offset + self.scale[...].astype(jnp.float32))).astype(self.dtype)
 
 
 class LayerNorm(nnx.Module):
-    def __init__(self, dim: int, eps: float, dtype, weight_dtype, *, rngs: nnx.Rngs):
+    def __init__(self, dim: int, eps: float, dtype, weight_dtype, *, rngs: nnx.Rngs, offset: float = 0.0,
+                 axes: Axes = ("norm",)):
         self.scale = param(rngs, (dim,), ("norm",), weight_dtype, init="ones")
         self.bias = param(rngs, (dim,), ("norm",), weight_dtype, init="zeros")
         self.eps, self.dtype = eps, dtype
@@ -69,12 +75,28 @@ class LayerNorm(nnx.Module):
         return x.astype(self.dtype)
 
 
-def rope_frequencies(cfg) -> np.ndarray:
-    """Inverse frequencies [H/2] (a trace-time constant), with Llama 3.1 scaling when enabled."""
+NORMS = {"rmsnorm": RMSNorm, "layernorm": LayerNorm}  # by Family.norm
+
+
+def make_norm(cfg, dim: int, rngs: nnx.Rngs, axes: Axes = ("norm",)):
+    """The family's norm over `dim` (its kind and offset)."""
+    fam = family(cfg)
+    return NORMS[fam.norm](dim, cfg.normalization_layer_epsilon, jnp.dtype(cfg.dtype), jnp.dtype(cfg.weight_dtype),
+                           rngs=rngs, offset=fam.norm_offset, axes=axes)
+
+
+def rope_frequencies(cfg, local: bool = False) -> np.ndarray:
+    """Inverse frequencies [H/2] (a trace-time constant) of global layers, with the configured
+    scaling (llama3's rule or linear), or of sliding-window layers: their own unscaled base when
+    local_rope_max_timescale is set, else the global layers' RoPE."""
     h = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_max_timescale ** (np.arange(0, h, 2, dtype=np.float64) / h))
-    if cfg.rope_scaling_factor <= 0:
+    own = local and cfg.local_rope_max_timescale > 0
+    base = cfg.local_rope_max_timescale if own else cfg.rope_max_timescale
+    inv_freq = 1.0 / (base ** (np.arange(0, h, 2, dtype=np.float64) / h))
+    if own or cfg.rope_scaling_factor <= 0:
         return inv_freq
+    if cfg.rope_scaling_type == "linear":  # positions ÷ factor
+        return inv_freq / cfg.rope_scaling_factor
     # Same piecewise rule as Meta's reference and HF's `rope_type: llama3`.
     factor, lo, hi = cfg.rope_scaling_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
     old_len = cfg.rope_original_max_position
@@ -120,8 +142,17 @@ def _adapted(module, kernel: str, x, y, dropout_key=None):
     return y + lora.delta(x, a, getattr(module, f"{kernel}_lora_b"), n_in, module.lora_scale, y.dtype)
 
 
+def pick(local, if_local, if_global):
+    """if_local or if_global: statically for a Python bool, else a select on the traced flag (a
+    scanned stack whose layers differ)."""
+    if isinstance(local, bool):
+        return if_local if local else if_global
+    return jnp.where(local, if_local, if_global)
+
+
 class Attention(nnx.Module):
-    """Grouped-query causal attention; tokens attend only within their own segment (document)."""
+    """Grouped-query causal attention; tokens attend only within their own segment (document), and
+    in a sliding-window layer (`local`) to the last `sliding_window` tokens only."""
 
     def __init__(self, cfg, *, rngs: nnx.Rngs):
         D, N, K, H = cfg.base_emb_dim, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
@@ -134,28 +165,38 @@ class Attention(nnx.Module):
                                     "k": ((D, K, H), ("embed", "kv_heads", "head_dim")),
                                     "v": ((D, K, H), ("embed", "kv_heads", "head_dim")),
                                     "o": ((N, H, D), ("heads", "head_dim", "embed"))})
-        self.use_bias = cfg.use_bias
-        if cfg.use_bias:
-            self.q_bias = param(rngs, (N, H), ("heads", "head_dim"), wd, init="zeros")
-            self.k_bias = param(rngs, (K, H), ("kv_heads", "head_dim"), wd, init="zeros")
-            self.v_bias = param(rngs, (K, H), ("kv_heads", "head_dim"), wd, init="zeros")
-            self.o_bias = param(rngs, (D,), ("norm",), wd, init="zeros")
-        self.use_rope = family(cfg).rope
+        fam = family(cfg)
+        self.biases = fam.bias_leaves if cfg.use_bias else ()
+        bias_shapes = {"q_bias": ((N, H), ("heads", "head_dim")), "k_bias": ((K, H), ("kv_heads", "head_dim")),
+                       "v_bias": ((K, H), ("kv_heads", "head_dim")), "o_bias": ((D,), ("norm",))}
+        for name in self.biases:
+            shape, axes = bias_shapes[name]
+            setattr(self, name, param(rngs, shape, axes, wd, init="zeros"))
+        if fam.qk_norm:  # one scale [H] per projection, shared by its heads
+            self.q_norm = make_norm(cfg, H, rngs, ("head_dim",))
+            self.k_norm = make_norm(cfg, H, rngs, ("head_dim",))
+        self.qk_norm, self.use_rope = fam.qk_norm, fam.rope
+        self.query_scale = cfg.query_pre_attn_scalar ** -0.5 if cfg.query_pre_attn_scalar > 0 else None
         self.cfg = cfg
         self.num_kv, self.dtype = K, jnp.dtype(cfg.dtype)
 
-    def qkv(self, x_BTD, positions_BT, dropout_key=None):
-        """q_BTNH, k_BTKH, v_BTKH: projections (+ biases) and RoPE, shared by training and decoding."""
-        dt, key = self.dtype, dropout_key
+    def _bias(self, name: str, x):
+        return x + getattr(self, name)[...].astype(self.dtype) if name in self.biases else x
+
+    def qkv(self, x_BTD, positions_BT, dropout_key=None, local=False):
+        """q_BTNH, k_BTKH, v_BTKH: projections (+ biases), q/k norms and RoPE (a sliding-window
+        layer's own when `local`), shared by training and decoding."""
+        key = dropout_key
         q_BTNH = _adapted(self, "q", x_BTD, project("btd,dnh->btnh", x_BTD, self.q[...]), key)
         k_BSKH = _adapted(self, "k", x_BTD, project("bsd,dkh->bskh", x_BTD, self.k[...]), key)
         v_BSKH = _adapted(self, "v", x_BTD, project("bsd,dkh->bskh", x_BTD, self.v[...]), key)
-        if self.use_bias:
-            q_BTNH = q_BTNH + self.q_bias[...].astype(dt)
-            k_BSKH = k_BSKH + self.k_bias[...].astype(dt)
-            v_BSKH = v_BSKH + self.v_bias[...].astype(dt)
+        q_BTNH, k_BSKH, v_BSKH = (self._bias(n, x) for n, x in
+                                  (("q_bias", q_BTNH), ("k_bias", k_BSKH), ("v_bias", v_BSKH)))
+        if self.qk_norm:
+            q_BTNH, k_BSKH = self.q_norm(q_BTNH), self.k_norm(k_BSKH)
         if self.use_rope:
-            inv_freq = jnp.asarray(rope_frequencies(self.cfg))
+            inv_freq = pick(local, jnp.asarray(rope_frequencies(self.cfg, local=True), jnp.float32),
+                            jnp.asarray(rope_frequencies(self.cfg), jnp.float32))
             q_BTNH = apply_rope(q_BTNH, positions_BT, inv_freq)
             k_BSKH = apply_rope(k_BSKH, positions_BT, inv_freq)
         return q_BTNH, k_BSKH, v_BSKH
@@ -163,24 +204,39 @@ class Attention(nnx.Module):
     def out(self, out_BTNH, dropout_key=None):
         """The output projection (+ bias): [B, T, N, H] → [B, T, D]."""
         out_BTD = _adapted(self, "o", out_BTNH, project("btnh,nhd->btd", out_BTNH, self.o[...]), dropout_key)
-        if self.use_bias:
-            out_BTD = out_BTD + self.o_bias[...].astype(self.dtype)
-        return out_BTD
+        return self._bias("o_bias", out_BTD)
 
-    def __call__(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None):
-        q_BTNH, k_BSKH, v_BSKH = self.qkv(x_BTD, positions_BT, dropout_key)
+    def _attend(self, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, local):
+        """The attention implementation with this layer's window: static for a Python bool; a
+        scanned stack of local and global layers (Gemma 3) branches on its traced flag."""
+        W = self.cfg.sliding_window
+
+        def run(window):
+            return attention.attend(self.cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window=window,
+                                    scale=self.query_scale)
+        if isinstance(local, bool) or not W:
+            return run(W if local else 0)
+        return jax.lax.cond(local, lambda: run(W), lambda: run(0))
+
+    def __call__(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None, local=False):
+        q_BTNH, k_BSKH, v_BSKH = self.qkv(x_BTD, positions_BT, dropout_key, local)
         q_BTNH = constrain(q_BTNH, ("activation_batch", "activation_length", "activation_heads", None))
         k_BSKH = constrain(k_BSKH, ("activation_batch", "activation_length", "activation_kv_heads", None))
         q_BTNH = checkpoint_name(q_BTNH, "query_proj")  # names the remat policies refer to
         k_BSKH = checkpoint_name(k_BSKH, "key_proj")
         v_BSKH = checkpoint_name(v_BSKH, "value_proj")
 
-        out_BTNH = attention.attend(self.cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT)
+        out_BTNH = self._attend(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, local)
         out_BTNH = constrain(out_BTNH, ("activation_batch", "activation_length", "activation_heads", None))
         return constrain(checkpoint_name(self.out(out_BTNH, dropout_key), "out_proj"), BTD)
 
 
-class SwiGLU(nnx.Module):
+ACTIVATIONS = {"swiglu": jax.nn.silu, "geglu": functools.partial(jax.nn.gelu, approximate=True)}
+
+
+class GatedMLP(nnx.Module):
+    """down(act(gate(x)) · up(x)): SwiGLU (SiLU) or GeGLU (tanh GELU), by the family's `mlp`."""
+
     def __init__(self, cfg, *, rngs: nnx.Rngs):
         D, F, wd, s = cfg.base_emb_dim, cfg.base_mlp_dim, jnp.dtype(cfg.weight_dtype), cfg.init_scale
         self.gate = param(rngs, (D, F), ("embed", "mlp"), wd, scale=s)
@@ -189,6 +245,7 @@ class SwiGLU(nnx.Module):
         _adapters(self, cfg, rngs, {"gate": ((D, F), ("embed", "mlp")), "up": ((D, F), ("embed", "mlp")),
                                     "down": ((F, D), ("mlp", "embed"))})
         self.dtype = jnp.dtype(cfg.dtype)
+        self.act = ACTIVATIONS[family(cfg).mlp]
 
     def _proj(self, kernel: str, spec: str, x, dropout_key):
         return _adapted(self, kernel, x, project(spec, x, getattr(self, kernel)[...]),
@@ -196,7 +253,7 @@ class SwiGLU(nnx.Module):
 
     def __call__(self, x_BTD, dropout_key=None):
         gate_BTF = checkpoint_name(self._proj("gate", "btd,df->btf", x_BTD, dropout_key), "mlpwi_0")
-        gate_BTF = jax.nn.silu(gate_BTF)
+        gate_BTF = self.act(gate_BTF)
         up_BTF = checkpoint_name(self._proj("up", "btd,df->btf", x_BTD, dropout_key), "mlpwi_1")
         h_BTF = constrain(gate_BTF * up_BTF, ("activation_batch", "activation_length", "activation_mlp"))
         return constrain(checkpoint_name(self._proj("down", "btf,fd->btd", h_BTF, dropout_key), "mlpwo"), BTD)

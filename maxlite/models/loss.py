@@ -4,6 +4,9 @@ The sequence is cut into `num_vocab_tiling` chunks (MaxText's key); a scan compu
 logits [B, C, V], its log-partition and target logit, and keeps only sums. The backward pass (a
 custom VJP) recomputes each chunk's logits and turns them into the chunk's input gradient and its
 share of the head's gradient, so peak memory holds one chunk of logits, never T·V per sequence.
+The head comes as stored (`Transformer.head()`: the embedding table [V, D], spec "vd", when tied,
+else [D, V], "dv") and its gradient leaves in that layout and dtype, accumulated in float32: never
+a transposed bf16 dot result (XLA's CPU dot cannot produce one) nor a bf16-rounded sum.
 Shape legend as in layers.py; C chunk length, n number of chunks.
 """
 
@@ -16,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxlite.models.layers import constrain
+from maxlite.models.matmul import project
 
 AUTO_CHUNK = 512               # tokens per chunk when num_vocab_tiling = -1 ...
 AUTO_MIN_LOGITS = 2**27        # ... and a sequence's logits T·V reach this many values
@@ -44,16 +48,16 @@ def _unchunk(x_nBC):
     return jnp.swapaxes(x_nBC, 0, 1).reshape(B, n * C, *x_nBC.shape[3:])
 
 
-def _logits(x_BCD, head_DV):
-    logits_BCV = (x_BCD @ head_DV).astype(jnp.float32)
+def _logits(x_BCD, head, spec: str):
+    logits_BCV = project(f"bcd,{spec}->bcv", x_BCD, head).astype(jnp.float32)
     return constrain(logits_BCV, ("activation_batch", "activation_length", "activation_vocab"))
 
 
-def _forward(x_BTD, head_DV, targets_BT, weights_BT, z_loss_weight, n):
+def _forward(x_BTD, head, targets_BT, weights_BT, z_loss_weight, n, spec):
     def body(carry, xs):
         loss_sum, xent_sum = carry
         x_BCD, targets_BC, weights_BC = xs
-        logits_BCV = _logits(x_BCD, head_DV)
+        logits_BCV = _logits(x_BCD, head, spec)
         log_z_BC = jax.nn.logsumexp(logits_BCV, axis=-1)
         target_BC = jnp.take_along_axis(logits_BCV, targets_BC[..., None], axis=-1)[..., 0]
         xent = jnp.sum((log_z_BC - target_BC) * weights_BC)
@@ -66,41 +70,45 @@ def _forward(x_BTD, head_DV, targets_BT, weights_BT, z_loss_weight, n):
     return (loss_sum, xent_sum), log_z_nBC
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def chunked_loss_sums(x_BTD, head_DV, targets_BT, weights_BT, z_loss_weight: float, n: int):
-    """(Σ w·(xent + z_loss_weight·log_z²), Σ w·xent) over all tokens, in n sequence chunks."""
-    return _forward(x_BTD, head_DV, targets_BT, weights_BT, z_loss_weight, n)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def chunked_loss_sums(x_BTD, head, targets_BT, weights_BT, z_loss_weight: float, n: int,
+                      spec: str = "dv"):
+    """(Σ w·(xent + z_loss_weight·log_z²), Σ w·xent) over all tokens, in n sequence chunks; `head`
+    is [D, V] (spec "dv") or [V, D] ("vd"), in any dtype (cast to x's for the products)."""
+    return _forward(x_BTD, head, targets_BT, weights_BT, z_loss_weight, n, spec)[0]
 
 
-def _fwd(x_BTD, head_DV, targets_BT, weights_BT, z_loss_weight, n):
-    sums, log_z_nBC = _forward(x_BTD, head_DV, targets_BT, weights_BT, z_loss_weight, n)
-    return sums, (x_BTD, head_DV, targets_BT, weights_BT, log_z_nBC)
+def _fwd(x_BTD, head, targets_BT, weights_BT, z_loss_weight, n, spec):
+    sums, log_z_nBC = _forward(x_BTD, head, targets_BT, weights_BT, z_loss_weight, n, spec)
+    return sums, (x_BTD, head, targets_BT, weights_BT, log_z_nBC)
 
 
-def _bwd(z_loss_weight, n, res, cotangents):
-    x_BTD, head_DV, targets_BT, weights_BT, log_z_nBC = res
+def _bwd(z_loss_weight, n, spec, res, cotangents):
+    x_BTD, head, targets_BT, weights_BT, log_z_nBC = res
     g_loss, g_xent = cotangents
-    V = head_DV.shape[1]
+    V = head.shape[spec.index("v")]
+    head_c = head.astype(x_BTD.dtype)  # the forward products ran in x's dtype
 
-    def body(dhead_DV, xs):
+    def body(dhead, xs):
         x_BCD, targets_BC, weights_BC, log_z_BC = xs
-        logits_BCV = _logits(x_BCD, head_DV)
+        logits_BCV = _logits(x_BCD, head, spec)
         probs_BCV = jnp.exp(logits_BCV - log_z_BC[..., None])
         # d/dlogits of w·xent is w·(softmax − onehot); of w·log_z² it is 2·w·log_z·softmax
         scale_BC = weights_BC * (g_loss + g_xent + 2 * z_loss_weight * g_loss * log_z_BC)
         onehot_BCV = jax.nn.one_hot(targets_BC, V, dtype=jnp.float32)
         dlogits_BCV = (probs_BCV * scale_BC[..., None]
                        - onehot_BCV * (weights_BC * (g_loss + g_xent))[..., None])
-        dlogits_BCV = dlogits_BCV.astype(head_DV.dtype)  # the forward matmul ran in head's dtype
-        dx_BCD = dlogits_BCV @ head_DV.T
-        dhead_DV = dhead_DV + jnp.einsum("bcd,bcv->dv", x_BCD, dlogits_BCV,
-                                         preferred_element_type=jnp.float32)
-        return dhead_DV, dx_BCD
+        dlogits_BCV = dlogits_BCV.astype(head_c.dtype)
+        dx_BCD = jnp.einsum(f"bcv,{spec}->bcd", dlogits_BCV, head_c,
+                            preferred_element_type=jnp.float32).astype(x_BCD.dtype)
+        dhead = dhead + jnp.einsum(f"bcd,bcv->{spec}", x_BCD, dlogits_BCV,
+                                   preferred_element_type=jnp.float32)
+        return dhead, dx_BCD
 
     xs = (_chunks(x_BTD, n), _chunks(targets_BT, n), _chunks(weights_BT, n), log_z_nBC)
-    dhead_DV, dx_nBCD = jax.lax.scan(body, jnp.zeros(head_DV.shape, jnp.float32), xs)
+    dhead, dx_nBCD = jax.lax.scan(body, jnp.zeros(head.shape, jnp.float32), xs)
     zeros_int = np.zeros(targets_BT.shape, jax.dtypes.float0)  # integer inputs: no gradient
-    return (_unchunk(dx_nBCD).astype(x_BTD.dtype), dhead_DV.astype(head_DV.dtype), zeros_int,
+    return (_unchunk(dx_nBCD).astype(x_BTD.dtype), dhead.astype(head.dtype), zeros_int,
             jnp.zeros_like(weights_BT))
 
 

@@ -1,8 +1,11 @@
 """The decoder: embeddings, a stack of blocks (scanned or unrolled, with remat), the output head.
 
 Shape legend as in layers.py (B batch, T time, D model dim, V vocab, P max positions, L layers).
-`decoder_block` picks the family (maxlite/models/families.py): llama2 (pre-RMSNorm, RoPE, GQA,
-SwiGLU; Llama 2/3/3.1/3.2 and Mistral) or gpt3 (pre-LayerNorm, learned positions, biases, GELU).
+`decoder_block` picks the family (maxlite/models/families.py); its traits decide the norms (and
+whether they also follow attention and the MLP), the MLP, positions, biases, q/k norms, the
+embedding scale and which layers attend within `sliding_window` (`families.layer_windows`).
+A scanned stack whose layers differ in window (Gemma 3's 5 local : 1 global) passes each layer
+its kind as a scanned flag; attention branches on it (layers.Attention._attend).
 """
 
 from __future__ import annotations
@@ -12,13 +15,13 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from maxlite.models import matmul
-from maxlite.models.families import family
-from maxlite.models.layers import (BTD, Attention, GeluMLP, LayerNorm, RMSNorm, SwiGLU, constrain,
-                                   param)
+import math
 
-NORMS = {"rmsnorm": RMSNorm, "layernorm": LayerNorm}  # by Family.norm
-MLPS = {"swiglu": SwiGLU, "gelu": GeluMLP}  # by Family.mlp
+from maxlite.models import matmul
+from maxlite.models.families import family, layer_windows
+from maxlite.models.layers import BTD, Attention, GatedMLP, GeluMLP, constrain, make_norm, param
+
+MLPS = {"swiglu": GatedMLP, "geglu": GatedMLP, "gelu": GeluMLP}  # by Family.mlp
 _cp = jax.checkpoint_policies
 _QKV = ("query_proj", "key_proj", "value_proj")
 _MLP = ("mlpwi_0", "mlpwi_1", "mlpwo")
@@ -37,20 +40,34 @@ REMAT_POLICIES = {  # names: maxlite.models.layers' checkpoint_name calls and "d
 
 
 class Block(nnx.Module):
-    def __init__(self, cfg, *, rngs: nnx.Rngs):
-        norm = NORMS[family(cfg).norm]
-        args = (cfg.base_emb_dim, cfg.normalization_layer_epsilon, jnp.dtype(cfg.dtype),
-                jnp.dtype(cfg.weight_dtype))
-        self.attn_norm = norm(*args, rngs=rngs)
-        self.attn = Attention(cfg, rngs=rngs)
-        self.mlp_norm = norm(*args, rngs=rngs)
-        self.mlp = MLPS[family(cfg).mlp](cfg, rngs=rngs)
+    """x + attn(norm(x)), then + mlp(norm(·)); with the family's post-norms each branch is normed
+    again before its residual add (Gemma's sandwich)."""
 
-    def __call__(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None):
+    def __init__(self, cfg, *, rngs: nnx.Rngs):
+        fam, D = family(cfg), cfg.base_emb_dim
+        self.attn_norm = make_norm(cfg, D, rngs)
+        self.attn = Attention(cfg, rngs=rngs)
+        if fam.post_norms:
+            self.attn_post_norm = make_norm(cfg, D, rngs)
+        self.mlp_norm = make_norm(cfg, D, rngs)
+        self.mlp = MLPS[fam.mlp](cfg, rngs=rngs)
+        if fam.post_norms:
+            self.mlp_post_norm = make_norm(cfg, D, rngs)
+        self.post_norms = fam.post_norms
+
+    def add_attention(self, x_BTD, attn_BTD):
+        """The residual add of the attention branch (decoding calls it with its cached attention)."""
+        return x_BTD + (self.attn_post_norm(attn_BTD) if self.post_norms else attn_BTD)
+
+    def add_mlp(self, x_BTD, dropout_key=None):
+        h_BTD = self.mlp(self.mlp_norm(x_BTD), dropout_key)
+        return x_BTD + (self.mlp_post_norm(h_BTD) if self.post_norms else h_BTD)
+
+    def __call__(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None, local=False):
         key_attn, key_mlp = (None, None) if dropout_key is None else jax.random.split(dropout_key)
-        x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), positions_BT, segment_ids_BT, key_attn)
-        x_BTD = x_BTD + self.mlp(self.mlp_norm(x_BTD), key_mlp)
-        return constrain(x_BTD, BTD)
+        x_BTD = self.add_attention(x_BTD, self.attn(self.attn_norm(x_BTD), positions_BT, segment_ids_BT,
+                                                    key_attn, local))
+        return constrain(self.add_mlp(x_BTD, key_mlp), BTD)
 
 
 class Transformer(nnx.Module):
@@ -75,48 +92,81 @@ class Transformer(nnx.Module):
             keys = nnx.split_rngs(rngs, splits=cfg.base_num_decoder_layers,
                                   graph_updates=False).params.key[...]
             self.layers = nnx.List([Block(cfg, rngs=nnx.Rngs(params=key)) for key in keys])
-        norm = NORMS[family(cfg).norm]
-        self.final_norm = norm(D, cfg.normalization_layer_epsilon, jnp.dtype(cfg.dtype), wd, rngs=rngs)
+        self.final_norm = make_norm(cfg, D, rngs)
         if not cfg.logits_via_embedding:
             self.unembedding = param(rngs, (D, V), ("embed", "vocab"), wd, scale=cfg.init_scale)
+
+    def layer_kinds(self):
+        """Each layer's `local` flag for the layer calls: Python bools for unrolled layers; for a
+        scan, one bool when every layer is alike, else a [L] array scanned with the layers."""
+        local = tuple(w > 0 for w in layer_windows(self.cfg))
+        if not self.cfg.scan_layers:
+            return local
+        return local[0] if len(set(local)) == 1 else jnp.asarray(local)
 
     def _run_layers(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None):
         cfg = self.cfg
         keys_L = None if dropout_key is None else jax.random.split(dropout_key, cfg.base_num_decoder_layers)
+        local = self.layer_kinds()
 
-        def block_fn(x, layer, positions, segment_ids, key):
-            return layer(checkpoint_name(x, "decoder_layer_input"), positions, segment_ids, key)
+        def block_fn(x, layer, positions, segment_ids, key, local):
+            return layer(checkpoint_name(x, "decoder_layer_input"), positions, segment_ids, key, local)
 
-        if cfg.remat_policy != "none":
-            block_fn = nnx.remat(block_fn, policy=REMAT_POLICIES[cfg.remat_policy],
-                                 prevent_cse=not cfg.scan_layers)
-        if not cfg.scan_layers:
+        def static(flag: bool):  # the flag bound as a constant (NNX transforms take positions only)
+            return lambda x, layer, positions, segment_ids, key: block_fn(x, layer, positions, segment_ids,
+                                                                          key, flag)
+
+        def remat(fn):
+            if cfg.remat_policy == "none":
+                return fn
+            return nnx.remat(fn, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=not cfg.scan_layers)
+
+        if not cfg.scan_layers:  # a static flag per layer
             for i, layer in enumerate(self.layers):
-                x_BTD = block_fn(x_BTD, layer, positions_BT, segment_ids_BT, None if keys_L is None else keys_L[i])
+                fn = remat(static(local[i]))
+                x_BTD = fn(x_BTD, layer, positions_BT, segment_ids_BT, None if keys_L is None else keys_L[i])
             return x_BTD
-        scan_fn = nnx.scan(block_fn, in_axes=(nnx.Carry, 0, None, None, None if keys_L is None else 0),
+        key_axis = None if keys_L is None else 0
+        if isinstance(local, bool):  # every layer alike: the flag is static
+            scan_fn = nnx.scan(remat(static(local)),
+                               in_axes=(nnx.Carry, 0, None, None, key_axis), out_axes=nnx.Carry,
+                               transform_metadata={nnx.PARTITION_NAME: "layers"})
+            return scan_fn(x_BTD, self.layers, positions_BT, segment_ids_BT, keys_L)
+        scan_fn = nnx.scan(remat(block_fn), in_axes=(nnx.Carry, 0, None, None, key_axis, 0),
                            out_axes=nnx.Carry, transform_metadata={nnx.PARTITION_NAME: "layers"})
-        return scan_fn(x_BTD, self.layers, positions_BT, segment_ids_BT, keys_L)
+        return scan_fn(x_BTD, self.layers, positions_BT, segment_ids_BT, keys_L, local)
+
+    def embed(self, inputs_BT, positions_BT):
+        """Token embeddings (× √D when the family scales them; + learned positions) in the compute dtype."""
+        dt = jnp.dtype(self.cfg.dtype)
+        x_BTD = jnp.take(self.embedding[...], inputs_BT, axis=0).astype(dt)
+        if family(self.cfg).embed_scale:
+            x_BTD = x_BTD * jnp.asarray(math.sqrt(self.cfg.base_emb_dim), dt)
+        if family(self.cfg).positions == "learned":
+            x_BTD = x_BTD + jnp.take(self.positions[...], positions_BT, axis=0).astype(dt)
+        return constrain(x_BTD, BTD)
 
     def hidden(self, inputs_BT, positions_BT, segment_ids_BT, dropout_key=None):
         """The final-normed hidden states x_BTD (what the output head multiplies)."""
-        dt = jnp.dtype(self.cfg.dtype)
-        x_BTD = jnp.take(self.embedding[...], inputs_BT, axis=0).astype(dt)
-        if family(self.cfg).positions == "learned":
-            x_BTD = x_BTD + jnp.take(self.positions[...], positions_BT, axis=0).astype(dt)
-        x_BTD = constrain(x_BTD, BTD)
+        x_BTD = self.embed(inputs_BT, positions_BT)
         return self.final_norm(self._run_layers(x_BTD, positions_BT, segment_ids_BT, dropout_key))
 
-    def _stored_head_DV(self):
-        """The output projection [D, V] as stored (tied to the embedding or not)."""
-        return self.embedding[...].T if self.cfg.logits_via_embedding else self.unembedding[...]
+    def head(self) -> tuple[str, jax.Array]:
+        """The output head as stored, with its einsum operand spec: the embedding table [V, D]
+        ("vd") when tied, else the unembedding [D, V] ("dv"). Every product with the head (the
+        logits below, the chunked loss, decoding) names the table in its stored layout: through a
+        transpose, its gradient would be a transposed bf16 × bf16 → f32 dot, which XLA's CPU dot
+        cannot compute (UNIMPLEMENTED: DotThunk BF16 x BF16 = F32)."""
+        if self.cfg.logits_via_embedding:
+            return "vd", self.embedding[...]
+        return "dv", self.unembedding[...]
 
-    def head_DV(self):
-        """The output projection [D, V] in the compute dtype (the chunked loss, decoding)."""
-        return self._stored_head_DV().astype(jnp.dtype(self.cfg.dtype))
+    def logits(self, x_BTD):
+        """logits_BTV (float32) of final-normed hidden states; `project` casts the stored head
+        itself and on CPU returns its gradient in its own dtype."""
+        spec, w = self.head()
+        logits_BTV = matmul.project(f"btd,{spec}->btv", x_BTD, w).astype(jnp.float32)
+        return constrain(logits_BTV, ("activation_batch", "activation_length", "activation_vocab"))
 
     def __call__(self, inputs_BT, positions_BT, segment_ids_BT, dropout_key=None):
-        x_BTD = self.hidden(inputs_BT, positions_BT, segment_ids_BT, dropout_key)
-        # project casts the stored head itself (and on CPU returns its gradient in its own dtype)
-        logits_BTV = matmul.project("btd,dv->btv", x_BTD, self._stored_head_DV()).astype(jnp.float32)
-        return constrain(logits_BTV, ("activation_batch", "activation_length", "activation_vocab"))
+        return self.logits(self.hidden(inputs_BT, positions_BT, segment_ids_BT, dropout_key))

@@ -1,0 +1,173 @@
+"""Qwen2, Qwen3, Gemma 3 (text) and Mistral with a sliding window, each built small and random by
+transformers: import → float32 logits equal transformers' over a batch longer than the window
+(relative error ≤ 1e-5), greedy decoding of 32 tokens identical to `generate`, export → transformers
+loads it and its logits equal ours, the tokenizer and chat template come back unchanged, and the
+compute dtype config.json states is the one the import records."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from maxlite import config as C
+from maxlite.bridge import hf
+from maxlite.bridge import params as P
+from maxlite.data.tokenizer import BUNDLED_DIR
+from maxlite.generate import Sampling, generate_ids
+from tests.helpers import jax_logits
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+V, T, WINDOW = 4096, 40, 6  # the bundled tokenizer's vocabulary; sequences well past the window
+SMALL = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+             vocab_size=V, max_position_embeddings=256, initializer_range=0.3)
+TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+
+
+def _config(family):
+    if family == "qwen2":  # q/k/v biases, tied
+        return transformers.Qwen2Config(**SMALL, num_hidden_layers=2, rope_theta=1e6, tie_word_embeddings=True)
+    if family == "qwen3":  # q/k norms, head_dim (32) ≠ hidden/heads (16), untied
+        return transformers.Qwen3Config(**SMALL, num_hidden_layers=2, head_dim=32, rope_theta=1e6,
+                                        tie_word_embeddings=False)
+    if family == "gemma3":  # 5 local : 1 global (+ 1 local), two RoPEs (global scaled), query scalar
+        return transformers.Gemma3TextConfig(
+            **SMALL, num_hidden_layers=7, head_dim=32, sliding_window=WINDOW, query_pre_attn_scalar=24,
+            rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+    return transformers.MistralConfig(**SMALL, num_hidden_layers=2, head_dim=16, sliding_window=WINDOW,
+                                      rope_theta=1e6, tie_word_embeddings=False)
+
+
+FAMILIES = ["qwen2", "qwen3", "gemma3", "mistral"]
+DECODER_BLOCK = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3", "mistral": "llama2"}
+
+
+def _hf_model(family, path, dtype=torch.float32):
+    """A random HF model saved with its tokenizer and chat template; norms and biases perturbed
+    (HF starts them at 1 or 0, where a swapped or dropped one would not show)."""
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(_config(family)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1:
+                p.add_(0.2 * torch.randn_like(p))
+        if family == "gemma3":  # √d-scaled tied embeddings: a random Gemma repeats itself unless shrunk
+            model.get_input_embeddings().weight.mul_(0.05)
+    model.to(dtype).save_pretrained(str(path))
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(BUNDLED_DIR / "tokenizer.json"),
+                                               eos_token="<|endoftext|>")
+    tok.chat_template = TEMPLATE
+    tok.save_pretrained(str(path))
+    return model
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor(ids)).logits.float().numpy()
+
+
+def _relative(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_import_logits_greedy_export_and_tokenizer_round_trip(family, tmp_path):
+    model = _hf_model(family, tmp_path / "hf")
+    cfg, pure = hf.import_hf(str(tmp_path / "hf"), ["max_target_length=64"])
+    assert cfg.decoder_block == DECODER_BLOCK[family] and cfg.dtype == "float32"  # as config.json states
+    if family in ("gemma3", "mistral"):
+        assert cfg.sliding_window == WINDOW
+    ids = np.random.default_rng(1).integers(0, V, (2, T))
+    theirs = _logits(model, ids)
+    assert _relative(jax_logits(cfg, pure, ids), theirs) <= 1e-5
+
+    # greedy: 32 tokens, batched prompts of different lengths, the windows wrapping in the cache
+    prompts = [list(range(100, 112)), [7, 8, 9]]
+    ours = generate_ids(cfg, P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure))), prompts,
+                        Sampling(max_new_tokens=32)).tokens
+    for prompt, got in zip(prompts, ours):
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=32, min_new_tokens=32,
+                                 eos_token_id=None, pad_token_id=0)
+        assert got == out[0, len(prompt):].tolist()
+        assert len(set(got)) > 4, got  # a varied path, not one token repeated
+
+    # export: transformers loads it as the same architecture and computes our logits
+    hf.export_hf(cfg, pure, str(tmp_path / "back"))
+    back = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "back"), dtype=torch.float32)
+    assert type(back) is type(model)
+    assert back.config.to_dict().get("layer_types") == model.config.to_dict().get("layer_types")
+    assert _relative(_logits(back, ids), theirs) <= 1e-5
+    # the tokenizer and chat template come back as they were
+    assert (tmp_path / "back" / "tokenizer.json").read_bytes() == (tmp_path / "hf" / "tokenizer.json").read_bytes()
+    chat = [{"role": "user", "content": "In the beginning"}, {"role": "assistant", "content": "God created"}]
+    mine, again = (transformers.AutoTokenizer.from_pretrained(str(tmp_path / d)) for d in ("hf", "back"))
+    assert again.apply_chat_template(chat) == mine.apply_chat_template(chat)
+    assert again.apply_chat_template(chat, tokenize=False) == "<|user|>In the beginning\n<|assistant|>God created\n"
+
+
+def test_a_bfloat16_checkpoint_imports_to_bfloat16_compute_unless_told_otherwise(tmp_path):
+    _hf_model("qwen3", tmp_path / "hf", dtype=torch.bfloat16)
+    assert hf.import_hf(str(tmp_path / "hf"))[0].dtype == "bfloat16"
+    assert hf.import_hf(str(tmp_path / "hf"), ["dtype=float32"])[0].dtype == "float32"
+
+
+def test_gemma3_text_defaults_are_transformers_own():
+    """A multimodal config.json's text_config states only what differs from these."""
+    from maxlite.bridge.hf_gemma3 import TEXT_DEFAULTS
+
+    theirs = transformers.Gemma3TextConfig().to_dict()
+    rope = theirs["rope_parameters"]
+    theirs.update(rope_theta=rope["full_attention"]["rope_theta"],
+                  rope_local_base_freq=rope["sliding_attention"]["rope_theta"])
+    for key, value in TEXT_DEFAULTS.items():
+        assert theirs[key] == value, key
+
+
+def test_a_multimodal_gemma3_checkpoint_imports_its_text_model(tmp_path):
+    """The hub's Gemma 3 4B-27B are Gemma3ForConditionalGeneration: config.json nests text_config,
+    the tensors sit under the language model's prefix beside a vision tower we leave behind."""
+    text = _config("gemma3")
+    vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=2, image_size=32, patch_size=8)
+    torch.manual_seed(0)
+    config = transformers.Gemma3Config(text_config=text.to_dict(), vision_config=vision.to_dict(),
+                                       mm_tokens_per_image=4)
+    full = transformers.Gemma3ForConditionalGeneration(config).eval()
+    full.save_pretrained(str(tmp_path / "mm"))
+    cfg, pure = hf.import_hf(str(tmp_path / "mm"))
+    assert (cfg.decoder_block, cfg.sliding_window, cfg.base_num_decoder_layers) == ("gemma3", WINDOW, 7)
+    ids = np.random.default_rng(3).integers(0, 256, (1, T))  # text tokens only
+    with torch.no_grad():
+        theirs = full(input_ids=torch.tensor(ids)).logits.float().numpy()
+    assert _relative(jax_logits(cfg, pure, ids), theirs) <= 1e-5
+
+
+@pytest.mark.parametrize("config, message", [
+    (dict(model_type="qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=1),
+     "sliding windows on layers 1..1 only"),
+    (dict(model_type="gemma3_text", final_logit_softcapping=30.0), "softcapping"),
+    (dict(model_type="gemma3_text", layer_types=["full_attention", "sliding_attention"]),
+     "are not the gemma3 pattern"),
+    (dict(model_type="qwen3", rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}),
+     "rope type 'yarn' is not supported"),
+])
+def test_what_maxlite_does_not_model_is_refused_in_one_line(config, message, tmp_path, capsys):
+    base = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=V)
+    (tmp_path / "config.json").write_text(json.dumps({**base, **config}))
+    assert hf.main(["import", str(tmp_path), str(tmp_path / "ckpt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_exports_that_the_architecture_cannot_hold_are_refused(tmp_path):
+    qwen2 = C.load(["base.yml", "model_name=tiny", "decoder_block=qwen2"])  # use_bias=false
+    with pytest.raises(ValueError, match="Qwen2 always has q/k/v biases"):
+        hf.export_hf(qwen2, P.random_params(qwen2), str(tmp_path / "a"))
+    scaled = C.load(["base.yml", "model_name=tiny", "query_pre_attn_scalar=10"])
+    with pytest.raises(ValueError, match="scales scores by 1/sqrt"):
+        hf.export_hf(scaled, P.random_params(scaled), str(tmp_path / "b"))
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

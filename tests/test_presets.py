@@ -1,0 +1,78 @@
+"""Every shipped preset trains: each shrunk to CPU size with its traits kept (helpers.shrunk), in the
+default dtypes (bf16 compute, f32 weights), through the unchunked and the chunked loss head."""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from helpers import build, preset_names, shrunk
+from maxlite import config as C, mesh as mesh_lib
+from maxlite.data.synthetic import make_synthetic_iterator
+
+
+def _traits(cfg) -> tuple:
+    """What a shrunk preset keeps: family, head, biases, RoPE scaling and local RoPE, window, query
+    scaling, and (through the shrunk shapes) GQA and whether head_dim is emb/heads."""
+    return (cfg.decoder_block, cfg.logits_via_embedding, cfg.use_bias, cfg.rope_scaling_factor > 0,
+            cfg.rope_scaling_type, cfg.sliding_window, cfg.local_rope_max_timescale > 0,
+            cfg.query_pre_attn_scalar > 0, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim,
+            cfg.base_num_decoder_layers)
+
+
+def _distinct(argvs: dict[str, list[str]]) -> dict[tuple, list[str]]:
+    """Presets whose shrunk models have the same traits share one run (their names in its id)."""
+    groups: dict[tuple, list[str]] = {}
+    for name, argv in argvs.items():
+        groups.setdefault(_traits(C.load(argv)), []).append(name)
+    return groups
+
+
+_GROUPS = list(_distinct({name: shrunk(name) for name in preset_names()}).values())
+# every group through the unchunked head; one tied group per family through the chunked one too
+_TIED = {C.load(shrunk(g[0])).decoder_block: g for g in reversed(_GROUPS)
+         if C.load(shrunk(g[0])).logits_via_embedding}
+_CASES = [(g, 1) for g in _GROUPS] + [(g, 2) for g in _TIED.values()]
+
+
+@pytest.mark.parametrize("names, loss_chunks", _CASES, ids=[f"{'+'.join(g)}-chunks{n}" for g, n in _CASES])
+def test_every_preset_trains_two_steps_in_the_default_dtypes(names, loss_chunks):
+    """Two steps run, their losses are finite and every parameter moved (the tied head too)."""
+    cfg, mesh, state, step, sharding = build(shrunk(names[0]) + [f"num_vocab_tiling={loss_chunks}"], 1)
+    assert (cfg.dtype, cfg.weight_dtype) == ("bfloat16", "float32")
+    before = jax.device_get(nnx.to_pure_dict(state.params))
+    data = make_synthetic_iterator(cfg, "train", 0, 1)
+    with jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.RULES):
+        for _ in range(2):
+            state, metrics = step(state, {k: jax.device_put(v, sharding) for k, v in next(data).items()})
+            assert np.isfinite(float(metrics["loss"]))
+    after = jax.device_get(nnx.to_pure_dict(state.params))
+    for path, old in jax.tree_util.tree_leaves_with_path(before):
+        new = np.asarray(_at(after, path))
+        assert np.all(np.isfinite(new)) and not np.array_equal(new, old), jax.tree_util.keystr(path)
+
+
+def _at(tree, path):
+    for key in path:
+        tree = tree[key.key]
+    return tree
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_parameter_count_equals_the_hugging_face_model_of_the_same_config(name):
+    """The preset exported as config.json, the model transformers builds from it (on the meta
+    device: no memory) has exactly our parameter count (tied heads counted once)."""
+    import torch
+    import transformers
+
+    from maxlite.bridge.hf import ARCHITECTURES
+    from maxlite.models.families import family
+    from maxlite.models.flops import param_count
+    from maxlite.state import abstract_params
+
+    cfg = C.load(["base.yml", f"model_name={name}"])
+    config = transformers.AutoConfig.for_model(**ARCHITECTURES[family(cfg).hf_module].hf_config(cfg))
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    assert type(model).__name__ == config.architectures[0]
+    assert sum(p.numel() for p in model.parameters()) == param_count(abstract_params(cfg)[1])
