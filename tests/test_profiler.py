@@ -9,7 +9,7 @@ import os
 import pytest
 
 from helpers import SMALL
-from maxlite import config as C, profiler, report
+from maxlite import config as C, profiler
 from maxlite.train import train
 from tests.gcs_emulator import gcs_emulator, make_bucket  # noqa: F401
 
