@@ -53,7 +53,7 @@ def wire(cfg: C.Config, devices) -> Built:
     (the planner's: a TPU topology's, compiled ahead of time from this CPU)."""
     from maxlite import mesh as mesh_lib, objectives, optim, quant, state as state_lib
 
-    quant.configure(cfg.quantization, devices[0].platform)  # read when the step is traced
+    quant.check(cfg.quantization, devices[0].platform)  # the model applies it (quant.using)
     mesh = mesh_lib.make_mesh(cfg, devices)
     tx, schedule = optim.make_optimizer(cfg), optim.learning_rate_schedule(cfg)
     graphdef, abstract, shardings = state_lib.abstract_state(cfg, mesh, tx)

@@ -82,13 +82,13 @@ def takeover_reason(held: dict[str, Any], me: Holder, timeout: float, now: float
     """Why `me` may take over the lease `held` (None: it may not) — THE rule."""
     if held.get("job") and held.get("job") == me.job and held.get("since", 0) <= me.since:
         return "a later attempt of the same job"
-    return gone(held, timeout, now)
+    return gone(held, timeout, now, me.host)
 
 
-def gone(held: dict[str, Any], timeout: float, now: float) -> str | None:
-    """How the holder of `held` is known to be gone (a dead process of this host, or no heartbeat
-    for `timeout` seconds), or None."""
-    if held.get("host") == socket.gethostname() and not _alive(int(held.get("pid", -1))):
+def gone(held: dict[str, Any], timeout: float, now: float, host: str | None = None) -> str | None:
+    """How the holder of `held` is known to be gone (a dead process of `host`, this one by default,
+    or no heartbeat for `timeout` seconds), or None."""
+    if held.get("host") == (host or socket.gethostname()) and not _alive(int(held.get("pid", -1))):
         return "its process is gone"
     if now - held.get("heartbeat", 0) > timeout:
         return f"no heartbeat for {now - held.get('heartbeat', 0):.0f} s (run_lease_seconds={timeout:g})"

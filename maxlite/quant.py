@@ -21,10 +21,11 @@ untouched: each step quantizes the weights cast to the compute dtype, as MaxText
 (so a quantized projection's weight gradient comes back in the compute dtype, then accumulates in
 the master's).
 
-The mode is set once per process by the wiring (`maxlite.build.wire`; `maxlite.api`'s model makers
-too) and read when a step is traced; a traced program keeps what it was traced with (the model's config, quantization included,
-is part of every jit cache key through the graphdef). Two runs with different modes may share a
-process one after the other, not interleaved.
+The model sets its own mode while its layers are traced (`using(cfg.quantization)` in
+`Transformer._run_layers` and decoding's `forward`): nothing is process-wide, so two models with
+different modes share a process, and a traced program keeps what it was traced with (the model's
+config, quantization included, is part of every jit cache key through the graphdef). The wiring
+(`maxlite.build.wire`, `maxlite.api`'s model makers) checks the mode against the platform first.
 
 Qwix 0.1.8's QT dot (`qwix._src.core.dot_general_qt`) is called directly with the configuration its
 `QtProvider` would build for an activation × weight product: the provider finds weights by
@@ -36,13 +37,15 @@ exactly (pyproject.toml); tests/test_quant.py checks values and gradients agains
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 
 from maxlite.models.names import QUANTIZATION
 
 MODES = QUANTIZATION  # the `quantization` choices (maxlite/models/names.py: config validation reads them)
 _GPU_ONLY = ("fp8_gpu",)
-_active: str = ""  # the process's mode, set by configure()
+_mode = contextvars.ContextVar("maxlite_quantization", default="")  # set by using() while tracing
 
 
 @functools.cache
@@ -86,16 +89,19 @@ def check(mode: str, platform: str) -> None:
                           f"FP8 GEMMs); on {platform} use one of {others}")
 
 
-def configure(mode: str, platform: str) -> None:
-    """Make `mode` the process's quantization (refused where the platform cannot run it)."""
-    global _active
-    check(mode, platform)
-    _active = mode
+@contextlib.contextmanager
+def using(mode: str):
+    """`mode` for the projections traced inside (a model's layers, by the model's own config)."""
+    token = _mode.set(mode)
+    try:
+        yield
+    finally:
+        _mode.reset(token)
 
 
 def active() -> str:
-    """The process's quantization mode ("" = none)."""
-    return _active
+    """The quantization mode of the projections being traced ("" = none)."""
+    return _mode.get()
 
 
 def _qt_config(qt_rule):
@@ -120,11 +126,11 @@ def _qt_config(qt_rule):
 
 def einsum(spec: str, x, w, mode: str | None = None):
     """einsum(spec, x, w) for activation `x` and weight `w` (same dtype), quantized by `mode`
-    (default: the process's) in the forward pass and both backward matmuls."""
+    (default: the one being traced, see using()) in the forward pass and both backward matmuls."""
     from qwix._src.core import dot_general_qt
     from qwix._src.core.einsum_info import EinsumInfo
 
     info = EinsumInfo.parse(spec)
-    out = dot_general_qt.dot_general_qt(x, w, info.dimension_numbers, _qt_config(rule(mode or _active)))
+    out = dot_general_qt.dot_general_qt(x, w, info.dimension_numbers, _qt_config(rule(mode or _mode.get())))
     return out if info.output_perm is None else out.transpose(info.output_perm)
 

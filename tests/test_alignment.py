@@ -350,7 +350,7 @@ def test_dpo_and_grpo_run_on_a_gemma3_shaped_model_with_lora(objective, tmp_path
     extra = {"dpo": ["dataset_type=preference", "max_target_length=64", "per_device_batch_size=1"],
              "grpo": ["dataset_type=prompts", "max_target_length=52", "grpo_max_new_tokens=10",
                       "grpo_num_generations=4", "per_device_batch_size=2", "grpo_temperature=1.5",
-                      "reward_functions=[maxlite.rewards:exact_answer, maxlite.rewards:brevity]"]}[objective]
+                      "reward_functions=[maxlite.objectives.rewards:exact_answer, maxlite.objectives.rewards:brevity]"]}[objective]
     argv = [*TINY, *gemma, *extra, f"train_objective={objective}", "alignment_sft_steps=1", "learning_rate=1e-2",
             "lr_schedule_type=constant", "warmup_steps_fraction=0", "steps=3", "checkpoint_period=0", "log_period=1",
             "eval_interval=0", f"base_output_directory={tmp_path}", "run_name=r"]

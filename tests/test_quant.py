@@ -30,10 +30,9 @@ EIGHT_BIT = {"int8": {jnp.dtype(jnp.int8)}, "fp8": {E4M3}, "fp8_full": {E4M3, E5
 
 @pytest.fixture
 def quantized(request):
-    """The process's quantization set to the test's mode (as build.wire does), reset afterwards."""
-    quant._active = request.param  # fp8_gpu included: the platform check is tested on its own
-    yield request.param
-    quant.configure("", "cpu")
+    """The test's mode for the projections it traces (as a model sets its own), reset afterwards."""
+    with quant.using(request.param):  # fp8_gpu included: the platform check is tested on its own
+        yield request.param
 
 
 def _operands(spec, seed=0):
@@ -84,8 +83,8 @@ def test_quantized_projection_equals_qwix_reference_in_values_and_gradients(spec
         assert a.dtype == b.dtype and a.shape == b.shape
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
     # and it is quantized: the plain bf16 projection differs in the value and both gradients
-    quant._active = ""
-    plain = _value_and_grads(lambda x, w: project(spec, x, w), x, w, g)
+    with quant.using(""):
+        plain = _value_and_grads(lambda x, w: project(spec, x, w), x, w, g)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(plain)):
         assert not np.array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 
@@ -153,6 +152,30 @@ def test_remat_policies_keep_the_quantized_matmuls_they_name(quantized):
             print_saved_residuals(jax.checkpoint(f, policy=policy), x, w)
         kept = [line.split(" from ")[0] for line in out.getvalue().splitlines() if "argument" not in line]
         assert kept == ["bf16[2,8,48] named 'weight_matmul'"], kept
+
+
+def test_each_model_runs_its_own_mode_whatever_was_built_before():
+    """Nothing process-wide: a bf16 model made after an int8 one traces bf16 dots (forward and
+    decoding), and the int8 model still traces int8 after it."""
+    from maxlite import api
+    from maxlite.models import decode
+
+    def dot_dtypes(model):
+        tokens = jnp.zeros((1, 4), jnp.int32)
+        positions, cache = api.default_positions(tokens), decode.empty_cache(model.cfg, 1, 8)
+        graphdef, state = nnx.split(model)
+        full = jax.make_jaxpr(lambda s: nnx.merge(graphdef, s)(tokens, positions, jnp.ones_like(tokens)))(state)
+        step = jax.make_jaxpr(lambda s: decode.forward(nnx.merge(graphdef, s), tokens, positions,
+                                                       jnp.full((1,), 4, jnp.int32), cache)[0])(state)
+        return [{v.aval.dtype for eqn in dot_equations(j.jaxpr) for v in eqn.invars} for j in (full, step)]
+
+    argv = ["base.yml", "model_name=tiny", "scan_layers=false"]
+    int8 = api.create_model(C.load([*argv, "quantization=int8"]))
+    plain = api.create_model(C.load(argv))
+    for dtypes in dot_dtypes(plain):
+        assert jnp.dtype(jnp.int8) not in dtypes
+    for dtypes in dot_dtypes(int8):
+        assert jnp.dtype(jnp.int8) in dtypes
 
 
 def test_a_mode_the_platform_cannot_run_is_refused_in_one_line(tmp_path, capsys):

@@ -330,7 +330,7 @@ def connect(cfg: C.Config) -> Iterator[str]:
     env = {"RAY_AUTH_MODE": "disabled", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
            "TPU_LOG_DIR": os.environ.get("TPU_LOG_DIR") or
            tempfile.mkdtemp(prefix="tpu_logs_", dir=temp_dir)}
-    saved = {k: os.environ.get(k) for k in env}
+    saved = {k: os.environ.get(k) for k in (*env, "RAY_API_SERVER_ADDRESS")}
     os.environ.update(env)
     cpus = max(num_workers(cfg) * cfg.ray_cpus_per_worker, os.cpu_count() or 1)
     try:
@@ -338,9 +338,14 @@ def connect(cfg: C.Config) -> Iterator[str]:
         # free port we pick can be taken by one of Ray's own (random) ports before the dashboard
         # binds it (seen once in CI): pick another.
         for tries_left in (2, 1, 0):
+            port = _free_port()
+            # Ray Train's placement-group cleaner finds the state API by scanning the machine's
+            # clusters unless told; with another cluster on the machine it fails with "Found
+            # multiple active Ray instances". The cluster's processes inherit the address instead.
+            os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
             try:
                 with _children_ignore_sigint():
-                    ray.init(address="local", num_cpus=cpus, include_dashboard=True, dashboard_port=_free_port(),
+                    ray.init(address="local", num_cpus=cpus, include_dashboard=True, dashboard_port=port,
                              _temp_dir=temp_dir, log_to_driver=True, logging_level="WARNING")
                 break
             except ValueError as e:

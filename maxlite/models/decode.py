@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from maxlite.models import matmul
 from maxlite.models.families import layer_windows
 from maxlite.models.layers import constrain
 
@@ -125,6 +126,11 @@ def _layers(model) -> list:
 def forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache) -> tuple[jax.Array, Cache]:
     """(final-normed hidden states x_BTD, the cache with these T tokens written in); `lengths_B`
     is each row's count of real tokens once these are in (tokens at positions ≥ it are padding)."""
+    with matmul.quantization(model.cfg.quantization):  # as training runs the layers
+        return _forward(model, tokens_BT, positions_BT, lengths_B, cache)
+
+
+def _forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache) -> tuple[jax.Array, Cache]:
     cfg = model.cfg
     x_BTD = model.embed(tokens_BT, positions_BT)
     groups = layer_groups(cfg)

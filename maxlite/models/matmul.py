@@ -44,9 +44,12 @@ dots_with_no_batch_dims_saveable = _cp.save_from_both_policies(_cp.dots_with_no_
                                                                _cp.save_only_these_names(_WEIGHT))
 
 
+quantization = quant.using  # `with quantization(cfg.quantization):` around a model's layers
+
+
 def project(spec: str, x, w):
     """einsum(spec, x, w) in x's dtype (w cast to it), accumulated in float32 on every platform;
-    quantized when the process's `quantization` covers it."""
+    quantized when the mode being traced (`quantization` above) covers it."""
     if quant.active() and not _batched(spec) and _VOCAB not in spec.split("->")[1]:
         return checkpoint_name(quant.einsum(spec, x, w.astype(x.dtype)), _WEIGHT)
     if target_platform() == "cpu":

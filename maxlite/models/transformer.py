@@ -149,7 +149,9 @@ class Transformer(nnx.Module):
     def hidden(self, inputs_BT, positions_BT, segment_ids_BT, dropout_key=None):
         """The final-normed hidden states x_BTD (what the output head multiplies)."""
         x_BTD = self.embed(inputs_BT, positions_BT)
-        return self.final_norm(self._run_layers(x_BTD, positions_BT, segment_ids_BT, dropout_key))
+        with matmul.quantization(self.cfg.quantization):  # the model's own mode, while its layers trace
+            x_BTD = self._run_layers(x_BTD, positions_BT, segment_ids_BT, dropout_key)
+        return self.final_norm(x_BTD)
 
     def head(self) -> tuple[str, jax.Array]:
         """The output head as stored, with its einsum operand spec: the embedding table [V, D]
