@@ -11,12 +11,14 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from maxlite.config import MESH_AXES
 
-BATCH_AXES = ("data", "fsdp")  # the batch dimension is split over both
+BATCH_AXES = ("data", "fsdp", "expert")  # the batch dimension is split over all three
 
 # Every logical name used by the models appears exactly once (NNX resolves rules by dict lookup:
 # a duplicate silently takes the last one, a missing name fails late). Parameters shard their
 # `embed` dim over fsdp (ZeRO-3 style) and their head/mlp/vocab dims over tensor (Megatron style);
-# activations shard batch over data×fsdp and the same head/mlp/vocab dims over tensor.
+# activations shard batch over data×fsdp and the same head/mlp/vocab dims over tensor. The expert
+# axis splits the experts (`exp`) and, for everything else, acts as more fsdp (MaxText's layout):
+# the batch and the dense weights' `embed` are split over it, the experts' own `embed_no_exp` not.
 RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("activation_batch", BATCH_AXES),
     ("activation_length", None),
@@ -25,7 +27,9 @@ RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("activation_kv_heads", "tensor"),
     ("activation_mlp", "tensor"),
     ("activation_vocab", "tensor"),
-    ("embed", "fsdp"),
+    ("embed", ("fsdp", "expert")),
+    ("embed_no_exp", "fsdp"),
+    ("exp", "expert"),
     ("vocab", "tensor"),
     ("mlp", "tensor"),
     ("heads", "tensor"),
@@ -96,7 +100,7 @@ def num_slices_of(devices) -> int:
 
 
 def make_mesh(cfg, devices=None) -> Mesh:
-    """Mesh over (data, fsdp, tensor): ici axes within a slice, dcn axes across slices."""
+    """Mesh over MESH_AXES (data, fsdp, expert, tensor): ici axes within a slice, dcn axes across slices."""
     devices = list(jax.devices() if devices is None else devices)
     ici, dcn = cfg.parallelism("ici"), cfg.parallelism("dcn")
     if cfg.num_slices > 1:
