@@ -527,6 +527,11 @@ def _validate(c: Config) -> None:
                               f"({', '.join(f.name for f in FAMILIES.values() if f.gated)}), not {c.decoder_block}")
         if c.lora_alpha <= 0 or not c.lora_targets:
             raise ConfigError("LoRA needs lora_alpha > 0 and at least one of lora_targets")
+        mlp = [t for t in c.lora_targets if t in ("gate_proj", "up_proj", "down_proj")]
+        if FAMILIES[c.decoder_block].moe and (mlp or c.first_num_dense_layers or c.interleave_moe_layer_step != 1):
+            raise ConfigError(f"lora_rank={c.lora_rank} on a mixture of experts adapts the attention projections "
+                              f"of models whose every layer is MoE: set lora_targets=[q_proj,k_proj,v_proj,o_proj]"
+                              f" (not {', '.join(mlp) or 'dense layers apart'})")
     for prefix in ("ici", "dcn"):
         values = c.parallelism(prefix)
         if values.count(-1) > 1:
@@ -697,9 +702,10 @@ def resolve(config: Config, num_devices: int, num_slices: int = 1, num_processes
         raise ConfigError(
             f"per_device_batch_size={c.per_device_batch_size} × {c.num_devices} devices = {exact:g} "
             f"is not a whole number of sequences")
+    batch_axes = "data×fsdp×expert" if expert > 1 else "data×fsdp"
     if c.micro_batch_size % (data * fsdp * expert):
         raise ConfigError(
-            f"global batch {c.micro_batch_size} is not divisible by data×fsdp×expert = {data * fsdp * expert}; "
+            f"global batch {c.micro_batch_size} is not divisible by {batch_axes} = {data * fsdp * expert}; "
             f"change per_device_batch_size or the mesh")
     if c.micro_batch_size % num_processes:
         raise ConfigError(
@@ -707,8 +713,8 @@ def resolve(config: Config, num_devices: int, num_slices: int = 1, num_processes
     for key in ("base_num_query_heads", "base_num_kv_heads", "base_mlp_dim", "vocab_size"):
         if getattr(c, key) % tensor:
             raise ConfigError(f"{key}={getattr(c, key)} is not divisible by tensor parallelism {tensor}")
-    if c.base_emb_dim % (fsdp * expert):
-        raise ConfigError(f"base_emb_dim={c.base_emb_dim} is not divisible by fsdp×expert parallelism {fsdp * expert}")
+    if c.base_emb_dim % fsdp:
+        raise ConfigError(f"base_emb_dim={c.base_emb_dim} is not divisible by fsdp parallelism {fsdp}")
     if expert > 1 and (c.num_experts % expert or not FAMILIES[c.decoder_block].moe):
         raise ConfigError(f"expert parallelism {expert} splits the experts: num_experts={c.num_experts} must be a "
                           f"multiple of it (a dense model has none; use ici_expert_parallelism=1)")

@@ -16,9 +16,10 @@ BATCH_AXES = ("data", "fsdp", "expert")  # the batch dimension is split over all
 # Every logical name used by the models appears exactly once (NNX resolves rules by dict lookup:
 # a duplicate silently takes the last one, a missing name fails late). Parameters shard their
 # `embed` dim over fsdp (ZeRO-3 style) and their head/mlp/vocab dims over tensor (Megatron style);
-# activations shard batch over data×fsdp and the same head/mlp/vocab dims over tensor. The expert
-# axis splits the experts (`exp`) and, for everything else, acts as more fsdp (MaxText's layout):
-# the batch and the dense weights' `embed` are split over it, the experts' own `embed_no_exp` not.
+# activations shard batch over data×fsdp×expert and the same head/mlp/vocab dims over tensor. The
+# expert axis splits the experts (`exp`); for everything else it is data parallelism: the batch is
+# split over it, the other weights are not (a MoE model's weights are mostly its experts', which
+# are split over expert × fsdp × tensor; `embed_no_exp` is an expert's embed dimension).
 RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("activation_batch", BATCH_AXES),
     ("activation_length", None),
@@ -27,7 +28,7 @@ RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("activation_kv_heads", "tensor"),
     ("activation_mlp", "tensor"),
     ("activation_vocab", "tensor"),
-    ("embed", ("fsdp", "expert")),
+    ("embed", "fsdp"),
     ("embed_no_exp", "fsdp"),
     ("exp", "expert"),
     ("vocab", "tensor"),

@@ -7,14 +7,15 @@ from flax import nnx
 from helpers import dot_equations
 from maxlite import config as C
 from maxlite.models import Transformer
-from maxlite.models.flops import attention_flops, param_count, train_flops_per_step
+from maxlite.models.flops import active_param_count, attention_flops, param_count, train_flops_per_step
 from maxlite.state import abstract_params
 
 
 @pytest.mark.parametrize("model_name, published", [
     ("llama2-7b", "6.74"), ("llama3-8b", "8.03"), ("llama3.1-8b", "8.03"), ("llama3.1-70b", "70.6"),
     ("llama3.1-405b", "405.9"), ("mistral-7b", "7.24"), ("llama3.2-1b", "1.24"),
-    ("llama3.2-3b", "3.21"), ("gpt3-126m", "0.125"),
+    ("llama3.2-3b", "3.21"), ("gpt3-126m", "0.125"), ("mixtral-8x7b", "46.7"), ("mixtral-8x22b", "141"),
+    ("qwen3-30b-a3b", "30.5"), ("qwen3-235b-a22b", "235"),
 ])
 def test_preset_parameter_counts_match_published(model_name, published):
     """The count, in billions, rounds to the published figure at its published precision."""
@@ -22,6 +23,16 @@ def test_preset_parameter_counts_match_published(model_name, published):
     _, params = abstract_params(cfg)
     decimals = len(published.split(".")[1])
     assert f"{param_count(params) / 1e9:.{decimals}f}" == published
+
+
+@pytest.mark.parametrize("model_name, published", [
+    ("mixtral-8x7b", "12.9"), ("mixtral-8x22b", "39.2"), ("qwen3-235b-a22b", "22.2")])
+def test_moe_active_parameter_counts_match_published(model_name, published):
+    """Active parameters (the unchosen experts left out), in billions, as the model cards state."""
+    cfg = C.load(["base.yml", f"model_name={model_name}"])
+    total = param_count(abstract_params(cfg)[1])
+    decimals = len(published.split(".")[1])
+    assert f"{active_param_count(cfg, total) / 1e9:.{decimals}f}" == published
 
 
 def tiny(**overrides):
