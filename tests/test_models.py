@@ -21,17 +21,18 @@ def test_preset_parameter_counts_match_published(model_name, published):
     """The count, in billions, rounds to the published figure at its published precision."""
     cfg = C.load(["base.yml", f"model_name={model_name}"])
     _, params = abstract_params(cfg)
-    decimals = len(published.split(".")[1])
+    decimals = len(published.partition(".")[2])
     assert f"{param_count(params) / 1e9:.{decimals}f}" == published
 
 
 @pytest.mark.parametrize("model_name, published", [
-    ("mixtral-8x7b", "12.9"), ("mixtral-8x22b", "39.2"), ("qwen3-235b-a22b", "22.2")])
+    ("mixtral-8x7b", "12.9"), ("mixtral-8x22b", "39"), ("qwen3-235b-a22b", "22")])
 def test_moe_active_parameter_counts_match_published(model_name, published):
-    """Active parameters (the unchosen experts left out), in billions, as the model cards state."""
+    """Active parameters (the unchosen experts left out), in billions, as the model cards state.
+    (Qwen3-30B-A3B's card says 3.3B; the count, 3.35B, equals what transformers' model holds.)"""
     cfg = C.load(["base.yml", f"model_name={model_name}"])
     total = param_count(abstract_params(cfg)[1])
-    decimals = len(published.split(".")[1])
+    decimals = len(published.partition(".")[2])
     assert f"{active_param_count(cfg, total) / 1e9:.{decimals}f}" == published
 
 
