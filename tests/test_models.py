@@ -183,3 +183,15 @@ def test_attention_flops_count_a_local_layer_over_its_window_only():
     six_global = 6 * attention_flops(cfg.global_batch_size, T, cfg.base_num_query_heads, cfg.head_dim)
     assert counted / six_global == pytest.approx((5 * local + causal) / (6 * causal), rel=0.01)
     assert counted / six_global < 0.4  # the bands, not six triangles
+
+
+def test_moe_flops_count_active_experts_only():
+    """tiny-moe routes each token to 2 experts of half tiny's MLP width: its training FLOPs are
+    tiny's plus the router's (3 × L × 2·tokens·D·E), whatever the number of experts."""
+    tiny_cfg, moe_cfg = (C.load(["base.yml", f"model_name={m}"]) for m in ("tiny", "tiny-moe"))
+    tokens = tiny_cfg.global_batch_size * tiny_cfg.max_target_length
+    for experts in (8, 64):
+        cfg = C.load(["base.yml", "model_name=tiny-moe", f"num_experts={experts}"])
+        router = 3 * cfg.base_num_decoder_layers * 2 * tokens * cfg.base_emb_dim * experts
+        assert train_flops_per_step(cfg) == train_flops_per_step(tiny_cfg) + router
+    assert moe_cfg.num_experts_per_tok * moe_cfg.base_moe_mlp_dim == tiny_cfg.base_mlp_dim

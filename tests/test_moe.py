@@ -178,7 +178,8 @@ def test_the_objective_adds_the_weighted_auxiliary_loss_and_reports_it():
         rng = np.random.default_rng(0)
         params = jax.tree.map(lambda a: jnp.asarray(rng.normal(0, 0.2, a.shape), a.dtype), shapes)
         tokens = jax.random.randint(jax.random.key(1), (2, 9), 0, cfg.vocab_size)
-        batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "positions": jnp.broadcast_to(jnp.arange(8), (2, 8)),
+        batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
+                 "positions": jnp.broadcast_to(jnp.arange(8), (2, 8)),
                  "segment_ids": jnp.ones((2, 8), jnp.int32), "weights": jnp.ones((2, 8))}
         return jax.jit(lambda p: step_lib.loss_sums(p, graphdef, batch))(params)
 

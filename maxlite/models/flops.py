@@ -29,8 +29,7 @@ def attention_flops(B: int, T: int, N: int, H: int, window: int = 0) -> float:
 def forward_flops_by_part(cfg, batch_size: int | None = None) -> dict[str, float]:
     """Forward FLOPs of all layers by part (qkv, out, mlp, attention) and of the unembedding."""
     B = cfg.global_batch_size if batch_size is None else batch_size
-    T, D, F, V, L = (cfg.max_target_length, cfg.base_emb_dim, cfg.base_mlp_dim, cfg.vocab_size,
-                     cfg.base_num_decoder_layers)
+    T, D, V, L = cfg.max_target_length, cfg.base_emb_dim, cfg.vocab_size, cfg.base_num_decoder_layers
     N, K, H = cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
     tokens = B * T
     return {"qkv": L * 2 * tokens * D * (N + 2 * K) * H, "out": L * 2 * tokens * N * H * D,

@@ -33,7 +33,6 @@ import functools
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
-from jax.sharding import PartitionSpec as P
 
 from maxlite.models import grouped, moe
 from maxlite.models.platform import target_platform
