@@ -24,7 +24,7 @@ from maxlite.models.families import FAMILIES
 
 CONFIG_DIR = pathlib.Path(__file__).parent / "configs"
 BASE_YML = CONFIG_DIR / "base.yml"
-MESH_AXES = ("data", "fsdp", "tensor")  # order of the device mesh axes
+MESH_AXES = ("data", "fsdp", "expert", "tensor")  # order of the device mesh axes
 _SPECIAL_KEYS = ("base_config",)  # allowed in YAML files, not part of Config
 
 
@@ -80,13 +80,17 @@ def _field_type(default: Any) -> type:
 class _ConfigMethods:
     """Derived values. All parallelism keys are concrete after `resolve()`."""
 
-    def parallelism(self, prefix: str) -> tuple[int, int, int]:
+    def parallelism(self, prefix: str) -> tuple[int, ...]:
         return tuple(getattr(self, f"{prefix}_{axis}_parallelism") for axis in MESH_AXES)
 
     @property
-    def mesh_shape(self) -> tuple[int, int, int]:
+    def mesh_shape(self) -> tuple[int, ...]:
         """Global mesh shape over MESH_AXES: ici × dcn per axis."""
         return tuple(i * d for i, d in zip(self.parallelism("ici"), self.parallelism("dcn")))
+
+    def axis_size(self, axis: str) -> int:
+        """The global size of one mesh axis (MESH_AXES)."""
+        return self.mesh_shape[MESH_AXES.index(axis)]
 
     @property
     def num_devices(self) -> int:
@@ -396,6 +400,8 @@ _CHOICES = {
     "weight_dtype": ("float32", "bfloat16"),
     "remat_policy": names.REMAT_POLICIES,
     "attention": names.ATTENTION,
+    "moe_implementation": names.MOE_IMPLEMENTATIONS,
+    "routed_score_func": ("softmax", "sigmoid"),
     "quantization": names.QUANTIZATION,
     "rope_scaling_type": ("llama3", "linear"),
     "lr_schedule_type": ("cosine", "linear", "constant"),
@@ -504,6 +510,7 @@ def _validate(c: Config) -> None:
                                                                 c.max_target_length):
         raise ConfigError(f"attention_block_size={c.attention_block_size} must divide "
                           f"max_target_length={c.max_target_length}")
+    _validate_moe(c)
     _validate_objective(c)
     _validate_data(c)
     _validate_resilience(c)
@@ -520,12 +527,49 @@ def _validate(c: Config) -> None:
                               f"({', '.join(f.name for f in FAMILIES.values() if f.gated)}), not {c.decoder_block}")
         if c.lora_alpha <= 0 or not c.lora_targets:
             raise ConfigError("LoRA needs lora_alpha > 0 and at least one of lora_targets")
+        mlp = [t for t in c.lora_targets if t in ("gate_proj", "up_proj", "down_proj")]
+        if FAMILIES[c.decoder_block].moe and (mlp or c.first_num_dense_layers or c.interleave_moe_layer_step != 1):
+            raise ConfigError(f"lora_rank={c.lora_rank} on a mixture of experts adapts the attention projections "
+                              f"of models whose every layer is MoE: set lora_targets=[q_proj,k_proj,v_proj,o_proj]"
+                              f" (not {', '.join(mlp) or 'dense layers apart'})")
     for prefix in ("ici", "dcn"):
         values = c.parallelism(prefix)
         if values.count(-1) > 1:
             raise ConfigError(f"only one {prefix}_*_parallelism may be -1, got {values}")
         if any(v == 0 or v < -1 for v in values):
             raise ConfigError(f"{prefix}_*_parallelism must be positive or -1, got {values}")
+
+
+def _validate_moe(c: Config) -> None:
+    """The mixture-of-experts keys (maxlite/models/moe.py) against the family."""
+    moe = FAMILIES[c.decoder_block].moe
+    if not moe:
+        if c.num_experts:
+            names_ = ", ".join(f.name for f in FAMILIES.values() if f.moe)
+            raise ConfigError(f"num_experts={c.num_experts}: decoder_block={c.decoder_block} has a dense MLP; "
+                              f"mixtures of experts are the families {names_}")
+        return
+    if c.num_experts < 1 or c.base_moe_mlp_dim < 1:
+        raise ConfigError(f"decoder_block={c.decoder_block} needs num_experts and base_moe_mlp_dim > 0, got "
+                          f"{c.num_experts} and {c.base_moe_mlp_dim}")
+    if not 1 <= c.num_experts_per_tok <= c.num_experts:
+        raise ConfigError(f"num_experts_per_tok={c.num_experts_per_tok} must be in [1, num_experts={c.num_experts}]")
+    if c.shared_experts < 0:
+        raise ConfigError(f"shared_experts={c.shared_experts} must be >= 0")
+    rest = c.base_num_decoder_layers - c.first_num_dense_layers
+    if c.first_num_dense_layers < 0 or rest < 1:
+        raise ConfigError(f"first_num_dense_layers={c.first_num_dense_layers} must leave at least one of the "
+                          f"{c.base_num_decoder_layers} layers for the experts")
+    if c.interleave_moe_layer_step < 1 or rest % c.interleave_moe_layer_step:
+        raise ConfigError(f"interleave_moe_layer_step={c.interleave_moe_layer_step} must divide the "
+                          f"{rest} layers after first_num_dense_layers")
+    if c.capacity_factor <= 0 and c.capacity_factor != -1:
+        raise ConfigError(f"capacity_factor={c.capacity_factor}: -1 (dropless) or > 0")
+    if c.moe_implementation == "capacity" and c.capacity_factor <= 0:
+        raise ConfigError("moe_implementation=capacity drops what exceeds an expert's capacity: set "
+                          "capacity_factor > 0 (e.g. 1.25), or pick a dropless implementation")
+    if c.load_balance_loss_weight < 0 or c.router_z_loss_weight < 0:
+        raise ConfigError("load_balance_loss_weight and router_z_loss_weight must be >= 0")
 
 
 def _validate_objective(c: Config) -> None:
@@ -648,17 +692,20 @@ def resolve(config: Config, num_devices: int, num_slices: int = 1, num_processes
     if platform is not None:
         updates["attention"] = names.resolve_attention(config.attention, platform, config.max_target_length,
                                                        config.attention_block_size, config.sa_block_q)
+        updates["moe_implementation"] = names.resolve_moe(config.moe_implementation, platform,
+                                                          config.capacity_factor)
     c = dataclasses.replace(config, num_slices=num_slices, **updates)
 
-    data, fsdp, tensor = c.mesh_shape
+    data, fsdp, expert, tensor = c.mesh_shape
     exact = c.per_device_batch_size * c.num_devices
     if abs(exact - round(exact)) > 1e-9 or round(exact) == 0:
         raise ConfigError(
             f"per_device_batch_size={c.per_device_batch_size} × {c.num_devices} devices = {exact:g} "
             f"is not a whole number of sequences")
-    if c.micro_batch_size % (data * fsdp):
+    batch_axes = "data×fsdp×expert" if expert > 1 else "data×fsdp"
+    if c.micro_batch_size % (data * fsdp * expert):
         raise ConfigError(
-            f"global batch {c.micro_batch_size} is not divisible by data×fsdp = {data * fsdp}; "
+            f"global batch {c.micro_batch_size} is not divisible by {batch_axes} = {data * fsdp * expert}; "
             f"change per_device_batch_size or the mesh")
     if c.micro_batch_size % num_processes:
         raise ConfigError(
@@ -668,6 +715,11 @@ def resolve(config: Config, num_devices: int, num_slices: int = 1, num_processes
             raise ConfigError(f"{key}={getattr(c, key)} is not divisible by tensor parallelism {tensor}")
     if c.base_emb_dim % fsdp:
         raise ConfigError(f"base_emb_dim={c.base_emb_dim} is not divisible by fsdp parallelism {fsdp}")
+    if expert > 1 and (c.num_experts % expert or not FAMILIES[c.decoder_block].moe):
+        raise ConfigError(f"expert parallelism {expert} splits the experts: num_experts={c.num_experts} must be a "
+                          f"multiple of it (a dense model has none; use ici_expert_parallelism=1)")
+    if c.num_experts and c.base_moe_mlp_dim % tensor:
+        raise ConfigError(f"base_moe_mlp_dim={c.base_moe_mlp_dim} is not divisible by tensor parallelism {tensor}")
     return c
 
 

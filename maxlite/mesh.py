@@ -11,12 +11,15 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from maxlite.config import MESH_AXES
 
-BATCH_AXES = ("data", "fsdp")  # the batch dimension is split over both
+BATCH_AXES = ("data", "fsdp", "expert")  # the batch dimension is split over all three
 
 # Every logical name used by the models appears exactly once (NNX resolves rules by dict lookup:
 # a duplicate silently takes the last one, a missing name fails late). Parameters shard their
 # `embed` dim over fsdp (ZeRO-3 style) and their head/mlp/vocab dims over tensor (Megatron style);
-# activations shard batch over data×fsdp and the same head/mlp/vocab dims over tensor.
+# activations shard batch over data×fsdp×expert and the same head/mlp/vocab dims over tensor. The
+# expert axis splits the experts (`exp`); for everything else it is data parallelism: the batch is
+# split over it, the other weights are not (a MoE model's weights are mostly its experts', which
+# are split over expert × fsdp × tensor; `embed_no_exp` is an expert's embed dimension).
 RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("activation_batch", BATCH_AXES),
     ("activation_length", None),
@@ -26,6 +29,8 @@ RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("activation_mlp", "tensor"),
     ("activation_vocab", "tensor"),
     ("embed", "fsdp"),
+    ("embed_no_exp", "fsdp"),
+    ("exp", "expert"),
     ("vocab", "tensor"),
     ("mlp", "tensor"),
     ("heads", "tensor"),
@@ -96,7 +101,7 @@ def num_slices_of(devices) -> int:
 
 
 def make_mesh(cfg, devices=None) -> Mesh:
-    """Mesh over (data, fsdp, tensor): ici axes within a slice, dcn axes across slices."""
+    """Mesh over MESH_AXES (data, fsdp, expert, tensor): ici axes within a slice, dcn axes across slices."""
     devices = list(jax.devices() if devices is None else devices)
     ici, dcn = cfg.parallelism("ici"), cfg.parallelism("dcn")
     if cfg.num_slices > 1:

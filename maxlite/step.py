@@ -10,28 +10,38 @@ import optax
 from flax import nnx
 
 from maxlite import optim
-from maxlite.models import loss as loss_lib
+from maxlite.models import loss as loss_lib, moe
 from maxlite.state import TrainState, join, split_trainable
 
 Batch = dict[str, jax.Array]  # inputs, targets, positions, segment_ids: int32 [B, T]; weights: f32
 
 
 def loss_sums(params, graphdef, batch: Batch, z_loss_weight: float = 0.0, dropout_key=None):
-    """(sum of weighted loss incl. z-loss, (sum of cross-entropy, number of real tokens));
-    `dropout_key` only when training with lora_dropout > 0."""
+    """(sum of weighted loss incl. z-loss and a MoE model's auxiliary losses, ({metric: sum},
+    number of real tokens)): the metrics are "loss" (the cross-entropy) and, for a mixture of
+    experts, moe.step_metrics' (per-batch means, weighted by the batch's tokens so that they add up
+    over micro-batches like the rest); `dropout_key` only when training with lora_dropout > 0."""
     model = nnx.merge(graphdef, params)
     weights_BT = batch["weights"]
+    weights = jnp.sum(weights_BT)
+    x_BTD, stats = model.forward(batch["inputs"], batch["positions"], batch["segment_ids"], dropout_key)
     n = loss_lib.num_chunks(model.cfg, batch["inputs"].shape[1])
     if n > 1:  # never holds [B, T, V] logits
-        x_BTD = model.hidden(batch["inputs"], batch["positions"], batch["segment_ids"], dropout_key)
         spec, head = model.head()
         loss_sum, xent_sum = loss_lib.chunked_loss_sums(x_BTD, head, batch["targets"], weights_BT,
                                                         float(z_loss_weight), n, spec)
-        return loss_sum, (xent_sum, jnp.sum(weights_BT))
-    log_z_BT, target_logit_BT = _log_z_and_target(model, batch, dropout_key)
-    xent_sum = jnp.sum((log_z_BT - target_logit_BT) * weights_BT)
-    loss_sum = xent_sum + z_loss_weight * jnp.sum(jnp.square(log_z_BT) * weights_BT)
-    return loss_sum, (xent_sum, jnp.sum(weights_BT))
+    else:
+        logits_BTV = model.logits(x_BTD)
+        log_z_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
+        target_logit_BT = jnp.take_along_axis(logits_BTV, batch["targets"][..., None], axis=-1)[..., 0]
+        xent_sum = jnp.sum((log_z_BT - target_logit_BT) * weights_BT)
+        loss_sum = xent_sum + z_loss_weight * jnp.sum(jnp.square(log_z_BT) * weights_BT)
+    sums = {"loss": xent_sum}
+    if stats is not None:
+        losses = moe.aux_losses(model.cfg, stats)
+        loss_sum = loss_sum + weights * moe.objective_terms(model.cfg, losses)
+        sums.update({k: weights * v for k, v in moe.step_metrics(model.cfg, losses).items()})
+    return loss_sum, (sums, weights)
 
 
 def _log_z_and_target(model, rows: Batch, dropout_key=None):
@@ -57,10 +67,10 @@ def _microbatches(batch: Batch, num: int) -> Batch:
 
 
 def lm_loss(z_loss_weight: float = 0.0):
-    """The language-model objective as a `LossFn`: token-weighted cross-entropy (+ z-loss)."""
+    """The language-model objective as a `LossFn`: token-weighted cross-entropy (+ z-loss, + a
+    MoE model's auxiliary losses)."""
     def fn(params, graphdef, batch: Batch, dropout_key=None):
-        loss_sum, (xent_sum, weights) = loss_sums(params, graphdef, batch, z_loss_weight, dropout_key)
-        return loss_sum, ({"loss": xent_sum}, weights)
+        return loss_sums(params, graphdef, batch, z_loss_weight, dropout_key)
     return fn
 
 
@@ -169,8 +179,8 @@ def train_step(state: TrainState, batch: Batch, *, graphdef, tx, schedule, accum
 
 
 def eval_step(params, batch: Batch, *, graphdef) -> dict[str, jax.Array]:
-    _, (xent_sum, weights) = loss_sums(params, graphdef, batch)
-    return {"loss_sum": xent_sum, "total_weights": weights}
+    _, (sums, weights) = loss_sums(params, graphdef, batch)
+    return {"loss_sum": sums["loss"], "total_weights": weights}
 
 
 def jit_train_step(cfg, graphdef, tx, schedule, state_shardings, batch_sharding):

@@ -202,7 +202,7 @@ def shrunk(model_name: str) -> list[str]:
     """A preset at CPU size that keeps its traits: its family (with one whole period of its layer
     pattern: Gemma 3's 5 local + 1 global), tied head or not, biases, RoPE scaling and local RoPE,
     a sliding window (8 of 32 tokens), query scaling, GQA (or not), a head_dim that is (or is not)
-    emb/heads. Default dtypes (bf16 compute)."""
+    emb/heads; a mixture of experts with at most 8 experts of width 32. Default dtypes (bf16 compute)."""
     from maxlite.models.families import family
 
     cfg = C.load(["base.yml", f"model_name={model_name}"])
@@ -212,6 +212,9 @@ def shrunk(model_name: str) -> list[str]:
     head_dim = 64 // heads if proportional else 24  # 24 · heads ≠ 64 for heads in 1, 2, 4
     layers = min(cfg.base_num_decoder_layers, max(2, len(family(cfg).layer_pattern)))
     window = [f"sliding_window={min(cfg.sliding_window, 8)}"] if cfg.sliding_window else []
+    if cfg.num_experts:  # a MoE preset: a few narrow experts, still more than it routes to
+        window += [f"num_experts={min(cfg.num_experts, 8)}", f"num_experts_per_tok={min(cfg.num_experts_per_tok, 4)}",
+                   "base_moe_mlp_dim=32"]
     return ["base.yml", f"model_name={model_name}", "base_emb_dim=64", "base_mlp_dim=128",
             f"base_num_query_heads={heads}", f"base_num_kv_heads={kv}", f"head_dim={head_dim}",
             f"base_num_decoder_layers={layers}", "vocab_size=512", *window,

@@ -55,7 +55,7 @@ def test_unknown_key_in_yaml_names_file(tmp_path):
 
 def test_resolve_fills_minus_one_and_checks_products():
     c = C.resolve(C.load(["base.yml", "model_name=tiny", "ici_tensor_parallelism=2"]), 8)
-    assert c.mesh_shape == (1, 4, 2) and c.num_devices == 8
+    assert c.mesh_shape == (1, 4, 1, 2) and c.num_devices == 8
     assert c.global_batch_size == 16 and c.tokens_per_step == 16 * c.max_target_length
     with pytest.raises(C.ConfigError, match=r"parallelism product 6 .* != 8 devices"):
         C.resolve(C.load(["base.yml", "model_name=tiny", "ici_fsdp_parallelism=3",
@@ -66,8 +66,8 @@ def test_resolve_fills_minus_one_and_checks_products():
 
 def test_resolve_multislice_fills_dcn():
     c = C.resolve(C.load(["base.yml", "model_name=tiny"]), 16, num_slices=2)
-    assert c.parallelism("dcn") == (2, 1, 1) and c.parallelism("ici") == (1, 8, 1)
-    assert c.mesh_shape == (2, 8, 1)
+    assert c.parallelism("dcn") == (2, 1, 1, 1) and c.parallelism("ici") == (1, 8, 1, 1)
+    assert c.mesh_shape == (2, 8, 1, 1)
 
 
 def test_batch_divisibility_errors():
@@ -259,3 +259,26 @@ def test_every_key_of_base_yml_is_read_by_code():
     unread = [k for k in C._DEFAULTS if k not in by_table and k not in derived
               and not any(re.search(rf"\.{k}\b|[\"']{k}[\"']", t) for t in texts)]
     assert unread == []
+
+
+@pytest.mark.parametrize("argv, devices, message", [
+    (["model_name=tiny", "num_experts=8"], 1, "decoder_block=llama2 has a dense MLP"),
+    (["model_name=tiny-moe", "num_experts_per_tok=9"], 1, r"num_experts_per_tok=9 must be in \[1, num_experts=8\]"),
+    (["model_name=tiny-moe", "moe_implementation=capacity"], 1, "set capacity_factor > 0"),
+    (["model_name=tiny-moe", "interleave_moe_layer_step=3"], 1, "must divide the 4 layers"),
+    (["model_name=tiny-moe", "num_experts=6", "ici_expert_parallelism=4", "ici_fsdp_parallelism=2"], 8,
+     "num_experts=6 must be a multiple of it"),
+    (["model_name=tiny", "ici_expert_parallelism=2"], 2, "a dense model has none"),
+    (["model_name=tiny-moe", "lora_rank=4"], 1, "adapts the attention projections"),
+])
+def test_mixture_of_experts_mistakes_are_one_line(argv, devices, message):
+    with pytest.raises(C.ConfigError, match=message):
+        C.resolve(C.load(["base.yml", *argv]), devices)
+
+
+def test_expert_parallelism_splits_the_batch_and_resolves_the_implementation():
+    c = C.resolve(C.load(["base.yml", "model_name=tiny-moe", "ici_expert_parallelism=4"]), 8, platform="cpu")
+    assert c.mesh_shape == (1, 2, 4, 1) and c.moe_implementation == "blocked"
+    assert C.resolve(C.load(["base.yml", "model_name=tiny-moe"]), 1, platform="gpu").moe_implementation == "ragged"
+    assert C.resolve(C.load(["base.yml", "model_name=tiny-moe", "capacity_factor=1.25"]), 1,
+                     platform="tpu").moe_implementation == "capacity"

@@ -7,21 +7,33 @@ from flax import nnx
 from helpers import dot_equations
 from maxlite import config as C
 from maxlite.models import Transformer
-from maxlite.models.flops import attention_flops, param_count, train_flops_per_step
+from maxlite.models.flops import active_param_count, attention_flops, param_count, train_flops_per_step
 from maxlite.state import abstract_params
 
 
 @pytest.mark.parametrize("model_name, published", [
     ("llama2-7b", "6.74"), ("llama3-8b", "8.03"), ("llama3.1-8b", "8.03"), ("llama3.1-70b", "70.6"),
     ("llama3.1-405b", "405.9"), ("mistral-7b", "7.24"), ("llama3.2-1b", "1.24"),
-    ("llama3.2-3b", "3.21"), ("gpt3-126m", "0.125"),
+    ("llama3.2-3b", "3.21"), ("gpt3-126m", "0.125"), ("mixtral-8x7b", "46.7"), ("mixtral-8x22b", "141"),
+    ("qwen3-30b-a3b", "30.5"), ("qwen3-235b-a22b", "235"),
 ])
 def test_preset_parameter_counts_match_published(model_name, published):
     """The count, in billions, rounds to the published figure at its published precision."""
     cfg = C.load(["base.yml", f"model_name={model_name}"])
     _, params = abstract_params(cfg)
-    decimals = len(published.split(".")[1])
+    decimals = len(published.partition(".")[2])
     assert f"{param_count(params) / 1e9:.{decimals}f}" == published
+
+
+@pytest.mark.parametrize("model_name, published", [
+    ("mixtral-8x7b", "12.9"), ("mixtral-8x22b", "39"), ("qwen3-235b-a22b", "22")])
+def test_moe_active_parameter_counts_match_published(model_name, published):
+    """Active parameters (the unchosen experts left out), in billions, as the model cards state.
+    (Qwen3-30B-A3B's card says 3.3B; the count, 3.35B, equals what transformers' model holds.)"""
+    cfg = C.load(["base.yml", f"model_name={model_name}"])
+    total = param_count(abstract_params(cfg)[1])
+    decimals = len(published.partition(".")[2])
+    assert f"{active_param_count(cfg, total) / 1e9:.{decimals}f}" == published
 
 
 def tiny(**overrides):
@@ -171,3 +183,15 @@ def test_attention_flops_count_a_local_layer_over_its_window_only():
     six_global = 6 * attention_flops(cfg.global_batch_size, T, cfg.base_num_query_heads, cfg.head_dim)
     assert counted / six_global == pytest.approx((5 * local + causal) / (6 * causal), rel=0.01)
     assert counted / six_global < 0.4  # the bands, not six triangles
+
+
+def test_moe_flops_count_active_experts_only():
+    """tiny-moe routes each token to 2 experts of half tiny's MLP width: its training FLOPs are
+    tiny's plus the router's (3 × L × 2·tokens·D·E), whatever the number of experts."""
+    tiny_cfg, moe_cfg = (C.load(["base.yml", f"model_name={m}"]) for m in ("tiny", "tiny-moe"))
+    tokens = tiny_cfg.global_batch_size * tiny_cfg.max_target_length
+    for experts in (8, 64):
+        cfg = C.load(["base.yml", "model_name=tiny-moe", f"num_experts={experts}"])
+        router = 3 * cfg.base_num_decoder_layers * 2 * tokens * cfg.base_emb_dim * experts
+        assert train_flops_per_step(cfg) == train_flops_per_step(tiny_cfg) + router
+    assert moe_cfg.num_experts_per_tok * moe_cfg.base_moe_mlp_dim == tiny_cfg.base_mlp_dim

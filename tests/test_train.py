@@ -62,6 +62,8 @@ FAMILY_SHAPES = {  # tiny, with each family's traits; the bundled tokenizer's 40
                "local_rope_max_timescale=10000", "rope_scaling_type=linear", "rope_scaling_factor=8",
                "query_pre_attn_scalar=24", "logits_via_embedding=true", "attention=blockwise",
                "attention_block_size=8"],
+    "qwen3_moe": ["decoder_block=qwen3_moe", "head_dim=16", "base_num_decoder_layers=3", "first_num_dense_layers=1",
+                  "num_experts=4", "num_experts_per_tok=2", "base_moe_mlp_dim=32", "load_balance_loss_weight=0.01"],
 }
 
 
@@ -69,7 +71,8 @@ FAMILY_SHAPES = {  # tiny, with each family's traits; the bundled tokenizer's 40
 def test_family_shaped_models_learn_the_bundled_corpus_and_resume_bitwise(family, tmp_path):
     """6 steps straight vs 3 steps, then resumed to 6 (same schedule): the same parameters,
     optimizer state and losses, bit for bit; the loss falls. Gemma 3's scanned stack mixes local and
-    global layers (attention branches per layer) and runs blockwise with a window of one block."""
+    global layers (attention branches per layer) and runs blockwise with a window of one block; the
+    mixture of experts keeps a dense first layer apart and reports its auxiliary loss."""
     import jax
 
     from maxlite import checkpoints as ck
@@ -94,3 +97,6 @@ def test_family_shaped_models_learn_the_bundled_corpus_and_resume_bitwise(family
     (ref, ref_losses), (cut, cut_losses) = final("ref"), final("cut")
     assert len(ref) == len(cut) and all(np.array_equal(a, b) for a, b in zip(ref, cut))
     assert ref_losses == cut_losses and ref_losses[6] < ref_losses[1] - 0.3, ref_losses  # from ln 4096 = 8.3
+    if family == "qwen3_moe":  # the balancing loss is reported, ≥ 1 (1: perfectly balanced)
+        records = [r for r in map(json.loads, open(f"{tmp_path}/ref/metrics.jsonl")) if "loss" in r]
+        assert all(r["moe_lb_loss"] >= 1.0 and 0 < r["moe_load_max/1"] <= 1 for r in records), records[-1]

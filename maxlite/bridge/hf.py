@@ -1,5 +1,6 @@
 """Hugging Face weights both ways, one adapter per family (`Family.hf_module`): llama2 ↔ Llama (Mistral
-with a sliding window), qwen2/qwen3 ↔ Qwen2/Qwen3, gemma3 ↔ Gemma3ForCausalLM, gpt3 ↔ GPT-2.
+with a sliding window), qwen2/qwen3 ↔ Qwen2/Qwen3, gemma3 ↔ Gemma3ForCausalLM, gpt3 ↔ GPT-2,
+mixtral/qwen3_moe ↔ Mixtral/Qwen3-MoE (hf_moe).
 
     python -m maxlite.bridge.hf export CKPT OUT_DIR [--step N] [--dtype float32|bfloat16]
                                         [--max-shard-size 5GB] [--tokenizer auto|none|PATH]
@@ -26,19 +27,22 @@ import ml_dtypes
 import numpy as np
 
 from maxlite import cli, config as C
-from maxlite.bridge import hf_convert, hf_gemma3, hf_gpt2, hf_llama, hf_qwen
+from maxlite.bridge import hf_convert, hf_gemma3, hf_gpt2, hf_llama, hf_moe, hf_qwen
 from maxlite.bridge import params as P
 from maxlite.models.families import family
 from maxlite.bridge.safetensors_io import SafetensorsDir, parse_size, write_sharded
 
-ARCHITECTURES = {m.__name__: m for m in (hf_llama, hf_gpt2, hf_qwen, hf_gemma3)}  # by Family.hf_module
+ARCHITECTURES = {m.__name__: m for m in (hf_llama, hf_gpt2, hf_qwen, hf_gemma3, hf_moe)}  # by Family.hf_module
 MODEL_TYPES = {"llama": hf_llama, "mistral": hf_llama, "qwen2": hf_qwen, "qwen3": hf_qwen,
-               "gemma3_text": hf_gemma3, "gemma3": hf_gemma3, "gpt2": hf_gpt2}  # by HF model_type
+               "gemma3_text": hf_gemma3, "gemma3": hf_gemma3, "gpt2": hf_gpt2, "mixtral": hf_moe,
+               "qwen3_moe": hf_moe}  # by HF model_type
 MODEL_KEYS = ("decoder_block", "base_emb_dim", "base_num_decoder_layers", "base_num_query_heads",
               "base_num_kv_heads", "base_mlp_dim", "head_dim", "vocab_size", "max_position_embeddings",
               "rope_max_timescale", "rope_scaling_factor", "rope_scaling_type", "rope_low_freq_factor",
               "rope_high_freq_factor", "rope_original_max_position", "sliding_window", "local_rope_max_timescale",
-              "query_pre_attn_scalar", "normalization_layer_epsilon", "logits_via_embedding", "use_bias")
+              "query_pre_attn_scalar", "normalization_layer_epsilon", "logits_via_embedding", "use_bias",
+              "num_experts", "num_experts_per_tok", "base_moe_mlp_dim", "first_num_dense_layers",
+              "interleave_moe_layer_step", "norm_topk_prob", "load_balance_loss_weight")
 # config.json's dtype → the compute dtype an import records (float16 is not a maxlite compute dtype:
 # float32 computes its values exactly)
 COMPUTE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float32"}

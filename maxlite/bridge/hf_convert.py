@@ -15,6 +15,7 @@ import numpy as np
 
 from maxlite.bridge import params as P
 from maxlite.bridge.safetensors_io import Entry, SafetensorsDir
+from maxlite.models.families import layer_mlps
 
 Array = np.ndarray
 
@@ -29,6 +30,14 @@ class TensorMap:
     to_hf: Callable[..., Array]                     # leaves → HF tensor
     from_hf: Callable[[Array], tuple[Array, ...]]   # HF tensor → leaves
     layer: bool = True
+    mlp: str | None = None     # only in layers whose MLP is this ("dense" | "moe"; families.layer_mlps)
+    expert: int | None = None  # the HF tensor is this expert's slice of the (stacked [E, ...]) leaves
+
+
+def of_expert(t: TensorMap, j: int) -> TensorMap:
+    """`t` (a map of one expert's tensor: `{j}` in its name, ml_shapes without E) as expert j's
+    slice of leaves stacked over `num_experts` experts."""
+    return dataclasses.replace(t, hf=t.hf.replace("{j}", str(j)), expert=j, mlp="moe")
 
 
 def linear(hf: str, path: tuple[str, ...], in_shape: tuple[int, ...], out_shape: tuple[int, ...],
@@ -54,14 +63,16 @@ def config_tail(dtype: str, bos_id: int | None, eos_id: int | None) -> dict:
             "torch_dtype": dtype, "dtype": dtype}
 
 
-def expand(maps: list[TensorMap], num_layers: int) -> Iterator[tuple[str, TensorMap, int | None]]:
-    """(HF name, map, layer index or None): globals first, then layer by layer."""
+def expand(cfg, maps: list[TensorMap]) -> Iterator[tuple[str, TensorMap, int | None]]:
+    """(HF name, map, layer index or None): globals first, then layer by layer (each layer the
+    maps of its MLP kind)."""
+    num_layers, kinds = cfg.base_num_decoder_layers, layer_mlps(cfg)
     for t in maps:
         if not t.layer:
             yield t.hf, t, None
     for i in range(num_layers):
         for t in maps:
-            if t.layer:
+            if t.layer and (t.mlp is None or t.mlp == kinds[i]):
                 yield t.hf.format(i=i), t, i
 
 
@@ -71,11 +82,12 @@ def export_entries(cfg, maps: list[TensorMap], pure: P.Tree, dtype) -> list[Entr
         def produce():
             leaves = [np.asarray(P.get(pure, p) if i is None else P.layer_leaf(pure, cfg, i, p))
                       for p in t.paths]
+            leaves = leaves if t.expert is None else [leaf[t.expert] for leaf in leaves]
             return np.ascontiguousarray(t.to_hf(*leaves), dtype=dtype)  # the one copy
         return produce
 
     return [Entry(name, t.hf_shape, np.dtype(dtype), producer(t, i))
-            for name, t, i in expand(maps, cfg.base_num_decoder_layers)]
+            for name, t, i in expand(cfg, maps)]
 
 
 def import_params(cfg, maps: list[TensorMap], source: SafetensorsDir, dtype,
@@ -83,9 +95,14 @@ def import_params(cfg, maps: list[TensorMap], source: SafetensorsDir, dtype,
                   progress: Callable[[str], None] | None = None) -> P.Tree:
     """HF tensors → maxlite nested numpy dict, filling preallocated arrays one tensor at a time."""
     names = set(source.names())
-    layer_shapes = {p: s for t in maps if t.layer for p, s in zip(t.paths, t.ml_shapes)}
-    pure: P.Tree = {"layers": P.empty_layers(cfg, layer_shapes, dtype)}
-    for name, t, i in expand(maps, cfg.base_num_decoder_layers):
+    kinds = layer_mlps(cfg)
+
+    def shapes_of(i: int) -> dict:
+        return {p: (cfg.num_experts, *s) if t.expert is not None else s for t in maps
+                if t.layer and t.mlp in (None, kinds[i]) for p, s in zip(t.paths, t.ml_shapes)}
+
+    pure: P.Tree = P.empty_layers(cfg, shapes_of, dtype)
+    for name, t, i in expand(cfg, maps):
         if name not in names:
             hint = " but tie_word_embeddings is false" if name == "lm_head.weight" else \
                 " (does config.json match the weights?)"
@@ -98,7 +115,7 @@ def import_params(cfg, maps: list[TensorMap], source: SafetensorsDir, dtype,
             if i is None:
                 P.put(pure, path, np.array(value, dtype=dtype, order="C"))  # own copy, not the mmap
             else:  # straight into the preallocated layer slot (numpy casts on assignment)
-                P.set_layer_leaf(pure["layers"], cfg, i, path, value)
+                P.set_layer_leaf(pure, cfg, i, path, value, t.expert)
         if progress:
             progress(name)
     if cfg.logits_via_embedding:

@@ -7,9 +7,11 @@ scan_layers=true each leaf under 'layers' is stacked on a leading axis L; with f
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
+
+from maxlite.models.families import layer_place, layer_stacks
 
 Tree = dict[str, Any]
 
@@ -49,28 +51,35 @@ def put(tree: Tree, path: tuple, value) -> None:
 
 
 def layer_leaf(pure: Tree, cfg, i: int, path: tuple) -> np.ndarray:
-    """One leaf of layer i, e.g. path ('attn', 'q') → [D,N,H] (a view; no copy)."""
-    layers = pure["layers"]
-    if cfg.scan_layers:
-        return np.asarray(get(layers, path)[i])
-    return np.asarray(get(layers[i], path))
+    """One leaf of layer i, e.g. path ('attn', 'q') → [D,N,H] (a view; no copy); wherever the
+    layer lives (families.layer_place: a MoE model's dense layers may be stored apart)."""
+    block, index = layer_place(cfg, i)
+    leaf = get(get(pure, block), path)
+    return np.asarray(leaf if index is None else leaf[index])
 
 
-def empty_layers(cfg, layer_shapes: dict[tuple, tuple], dtype) -> Tree:
-    """Layer storage to fill one layer at a time: stacked [L,...] arrays or a dict of layers."""
-    L, out = cfg.base_num_decoder_layers, {}
-    for path, shape in layer_shapes.items():
-        if cfg.scan_layers:
-            put(out, path, np.empty((L, *shape), dtype))
-        else:
-            for i in range(L):
-                put(out.setdefault(i, {}), path, np.empty(shape, dtype))
+def empty_layers(cfg, shapes_of: Callable[[int], dict[tuple, tuple]], dtype) -> Tree:
+    """Layer storage to fill one layer at a time (stacked [n, ...] arrays or a dict of layers),
+    the top-level keys included ("layers", and a MoE model's "dense_layers"); `shapes_of(i)` is
+    layer i's {path: shape} (a MoE layer's MLP leaves differ from a dense one's)."""
+    counts = {stack.name: stack.count for stack in layer_stacks(cfg)}
+    out: Tree = {}
+    for i in range(cfg.base_num_decoder_layers):
+        block, index = layer_place(cfg, i)
+        for path, shape in shapes_of(i).items():
+            if index is None:
+                put(out, (*block, *path), np.empty(shape, dtype))
+            elif index == 0:
+                put(out, (*block, *path), np.empty((counts[block[0]], *shape), dtype))
     return out
 
 
-def set_layer_leaf(layers: Tree, cfg, i: int, path: tuple, value: np.ndarray) -> None:
-    target = get(layers, path) if cfg.scan_layers else get(layers[i], path)
-    target[i if cfg.scan_layers else ...] = value
+def set_layer_leaf(pure: Tree, cfg, i: int, path: tuple, value: np.ndarray, expert: int | None = None) -> None:
+    """Write layer i's leaf (or, with `expert`, that expert's slice of it) in place."""
+    block, index = layer_place(cfg, i)
+    target = get(get(pure, block), path)
+    where = (() if index is None else (index,)) + (() if expert is None else (expert,))
+    target[where if where else ...] = value
 
 
 def to_state(cfg, pure: Tree):

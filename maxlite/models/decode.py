@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from maxlite.models import matmul
-from maxlite.models.families import layer_windows
+from maxlite.models.families import layer_stacks, layer_windows
 from maxlite.models.layers import constrain
 
 # the cache's logical axes: K/V heads split like the attention's (tensor), layers and batch not split
@@ -114,15 +114,6 @@ def _block(layer, x_BTD, positions_BT, onehot_BTS, k_BSKH, v_BSKH, pos_BS, windo
     return x_BTD, k_BSKH, v_BSKH
 
 
-def _layers(model) -> list:
-    """The blocks one by one (a scanned stack sliced per layer)."""
-    if not model.cfg.scan_layers:
-        return list(model.layers)
-    graphdef, state = nnx.split(model.layers)
-    return [nnx.merge(graphdef, jax.tree.map(lambda x, i=i: x[i], state))
-            for i in range(model.cfg.base_num_decoder_layers)]
-
-
 def forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache) -> tuple[jax.Array, Cache]:
     """(final-normed hidden states x_BTD, the cache with these T tokens written in); `lengths_B`
     is each row's count of real tokens once these are in (tokens at positions ≥ it are padding)."""
@@ -135,7 +126,9 @@ def _forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache) -> tuple[j
     x_BTD = model.embed(tokens_BT, positions_BT)
     groups = layer_groups(cfg)
     onehot = {w: _written(positions_BT, lengths_B, s.pos_BS.shape[1]) for w, s in cache.stacks.items()}
-    if cfg.scan_layers and len(groups) == 1:  # every layer alike: scan them as training does
+    stacks = layer_stacks(cfg)
+    if cfg.scan_layers and len(groups) == 1 and len(stacks) == 1 and len(stacks[0].unit) == 1:
+        # every layer alike and in one stack: scan them as training does
         (window, stack), = cache.stacks.items()
 
         def body(x, layer, k, v):
@@ -146,7 +139,7 @@ def _forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache) -> tuple[j
         x_BTD, (k_LBSKH, v_LBSKH) = scan(x_BTD, model.layers, stack.k_LBSKH, stack.v_LBSKH)
         new = {window: (k_LBSKH, v_LBSKH)}
     else:
-        layers, windows = _layers(model), layer_windows(cfg)
+        layers, windows = model.blocks(), layer_windows(cfg)
         ks = {w: [] for w in groups}
         vs = {w: [] for w in groups}
         for i, layer in enumerate(layers):

@@ -31,6 +31,9 @@ class Family:
     # the attention kind of layer i is layer_pattern[i % len(layer_pattern)]: "local" layers attend
     # within `sliding_window` (when it is > 0), "global" layers to the whole causal context
     layer_pattern: tuple[str, ...] = ("local",)
+    # the MLP is a mixture of experts (maxlite/models/moe.py): `num_experts` routed experts of the
+    # family's gated MLP, top `num_experts_per_tok` per token, in the layers `layer_mlps` names
+    moe: bool = False
 
     @property
     def mlp_matrices(self) -> int:
@@ -66,6 +69,12 @@ FAMILIES = {f.name: f for f in (
     Family("qwen3", "Qwen3 (dense): Llama's block with per-head RMSNorm on q and k before RoPE",
            norm="rmsnorm", mlp="swiglu", positions="rope", biases="attention", hf_module="maxlite.bridge.hf_qwen",
            nemo_factory="qwen3_8b", qk_norm=True),
+    Family("mixtral", "Mixtral: Mistral's block (sliding_window optional) with a mixture of SwiGLU experts",
+           norm="rmsnorm", mlp="swiglu", positions="rope", biases="attention", hf_module="maxlite.bridge.hf_moe",
+           nemo_factory="mixtral_8x7b", moe=True),
+    Family("qwen3_moe", "Qwen3-MoE: Qwen3's block (q/k norms) with a mixture of SwiGLU experts",
+           norm="rmsnorm", mlp="swiglu", positions="rope", biases="attention", hf_module="maxlite.bridge.hf_moe",
+           nemo_factory="qwen3_30b_a3b", qk_norm=True, moe=True),
     Family("gemma3", "Gemma 3 (text): 5 sliding-window layers to 1 global, (1 + w) RMSNorm before and after "
            "attention and MLP, q/k norms, GeGLU, √d-scaled tied embeddings",
            norm="rmsnorm", mlp="geglu", positions="rope", biases="attention", hf_module="maxlite.bridge.hf_gemma3",
@@ -84,3 +93,48 @@ def layer_windows(cfg) -> tuple[int, ...]:
     pattern = family(cfg).layer_pattern
     return tuple(cfg.sliding_window if pattern[i % len(pattern)] == "local" else 0
                  for i in range(cfg.base_num_decoder_layers))
+
+
+def layer_mlps(cfg) -> tuple[str, ...]:
+    """Each layer's MLP, "dense" or "moe": a MoE family's first `first_num_dense_layers` layers are
+    dense, and of the layers after them every `interleave_moe_layer_step`-th is MoE (the others
+    dense); a family without experts is dense throughout."""
+    L = cfg.base_num_decoder_layers
+    if not family(cfg).moe:
+        return ("dense",) * L
+    first, step = cfg.first_num_dense_layers, cfg.interleave_moe_layer_step
+    return tuple("dense" if i < first or (i - first + 1) % step else "moe" for i in range(L))
+
+
+@dataclasses.dataclass(frozen=True)
+class Stack:
+    """Layers stored (and scanned) together: `count` units of consecutive layers of kinds `unit`."""
+    name: str                   # the parameter tree's key: "layers" or "dense_layers"
+    count: int
+    unit: tuple[str, ...]       # the MLP of each layer of a unit ("dense" | "moe")
+    first: int                  # the index of its first layer
+
+
+def layer_stacks(cfg) -> tuple[Stack, ...]:
+    """How a scanned model stores its layers: the dense layers before the first MoE layer in
+    `dense_layers` (a MoE model with first_num_dense_layers > 0), the rest in `layers`: one layer
+    per unit, or with interleave_moe_layer_step = s > 1, units of s layers (s - 1 dense, 1 MoE)."""
+    mlps, L = layer_mlps(cfg), cfg.base_num_decoder_layers
+    first = cfg.first_num_dense_layers if family(cfg).moe else 0
+    unit = mlps[first:first + (cfg.interleave_moe_layer_step if family(cfg).moe else 1)]
+    stacks = (Stack("dense_layers", first, ("dense",), 0),) if first else ()
+    return stacks + (Stack("layers", (L - first) // len(unit), unit, first),)
+
+
+def layer_place(cfg, i: int) -> tuple[tuple, int | None]:
+    """Where layer i's parameters live: (the path of its block in the parameter tree, its index on
+    the stacked axis, None when unrolled). `("layers",), 3` is the 4th unit of `layers`; a unit of
+    several layers adds ("blocks", position)."""
+    if not cfg.scan_layers:
+        return ("layers", i), None
+    for stack in layer_stacks(cfg):
+        j = i - stack.first
+        if 0 <= j < stack.count * len(stack.unit):
+            size = len(stack.unit)
+            return ((stack.name,) if size == 1 else (stack.name, "blocks", j % size)), j // size
+    raise IndexError(f"layer {i} of {cfg.base_num_decoder_layers}")

@@ -7,13 +7,16 @@ Per layer and per token-batch (B sequences of T tokens; D, N, K, H, F, V, L as i
   attention  = 4·B·T²·N·H / 2     (QKᵀ and PV; halved because the causal mask skips half; a
                                    sliding-window layer only over its window: 4·B·N·H·(T·W − W²/2))
 and once per model: unembedding = 2·B·T·D·V (the input embedding is a lookup, not a matmul).
+A mixture-of-experts layer counts its active parameters, as MaxText does: the router 2·B·T·D·E and
+the k routed experts plus the shared ones, each 2·B·T·D·F_moe·m (F_moe = base_moe_mlp_dim); what a
+`dense` implementation computes beyond that, and capacity padding, is overhead, not useful work.
 Training = 3 × forward (forward + backward's two matmuls per forward matmul). Rematerialised
 recomputation is not counted (it is overhead, not useful work), as in MaxText's MFU.
 """
 
 from __future__ import annotations
 
-from maxlite.models.families import family, layer_windows
+from maxlite.models.families import family, layer_mlps, layer_windows
 
 
 def attention_flops(B: int, T: int, N: int, H: int, window: int = 0) -> float:
@@ -26,14 +29,22 @@ def attention_flops(B: int, T: int, N: int, H: int, window: int = 0) -> float:
 def forward_flops_by_part(cfg, batch_size: int | None = None) -> dict[str, float]:
     """Forward FLOPs of all layers by part (qkv, out, mlp, attention) and of the unembedding."""
     B = cfg.global_batch_size if batch_size is None else batch_size
-    T, D, F, V, L = (cfg.max_target_length, cfg.base_emb_dim, cfg.base_mlp_dim, cfg.vocab_size,
-                     cfg.base_num_decoder_layers)
+    T, D, V, L = cfg.max_target_length, cfg.base_emb_dim, cfg.vocab_size, cfg.base_num_decoder_layers
     N, K, H = cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
     tokens = B * T
     return {"qkv": L * 2 * tokens * D * (N + 2 * K) * H, "out": L * 2 * tokens * N * H * D,
-            "mlp": L * 2 * tokens * D * F * family(cfg).mlp_matrices,
+            "mlp": sum(mlp_flops(cfg, tokens, kind) for kind in layer_mlps(cfg)),
             "attention": sum(attention_flops(B, T, N, H, w) for w in layer_windows(cfg)),
             "unembed": 2 * tokens * D * V}
+
+
+def mlp_flops(cfg, tokens: int, kind: str) -> float:
+    """Forward FLOPs of one layer's MLP: dense, or a MoE layer's router and active experts."""
+    m = family(cfg).mlp_matrices
+    if kind == "dense":
+        return 2 * tokens * cfg.base_emb_dim * cfg.base_mlp_dim * m
+    active = cfg.num_experts_per_tok + cfg.shared_experts
+    return 2 * tokens * cfg.base_emb_dim * (cfg.num_experts + active * cfg.base_moe_mlp_dim * m)
 
 
 def train_flops_per_step(cfg, batch_size: int | None = None) -> float:
@@ -45,3 +56,11 @@ def param_count(abstract_params) -> int:
     import jax  # local: keep this module importable without JAX for docs tooling
 
     return sum(int(x.size) for x in jax.tree.leaves(abstract_params))
+
+
+def active_param_count(cfg, total: int) -> int:
+    """Parameters a token uses (of `total`): a MoE layer's unchosen experts left out (the router,
+    the k routed and the shared experts counted), as MoE models publish "active" parameters."""
+    idle = cfg.num_experts - cfg.num_experts_per_tok
+    per_expert = family(cfg).mlp_matrices * cfg.base_emb_dim * cfg.base_moe_mlp_dim
+    return total - layer_mlps(cfg).count("moe") * idle * per_expert

@@ -235,10 +235,12 @@ ACTIVATIONS = {"swiglu": jax.nn.silu, "geglu": functools.partial(jax.nn.gelu, ap
 
 
 class GatedMLP(nnx.Module):
-    """down(act(gate(x)) · up(x)): SwiGLU (SiLU) or GeGLU (tanh GELU), by the family's `mlp`."""
+    """down(act(gate(x)) · up(x)): SwiGLU (SiLU) or GeGLU (tanh GELU), by the family's `mlp`;
+    `mlp_dim` wide (default base_mlp_dim; a MoE layer's shared experts: their own)."""
 
-    def __init__(self, cfg, *, rngs: nnx.Rngs):
-        D, F, wd, s = cfg.base_emb_dim, cfg.base_mlp_dim, jnp.dtype(cfg.weight_dtype), cfg.init_scale
+    def __init__(self, cfg, *, rngs: nnx.Rngs, mlp_dim: int | None = None):
+        D, wd, s = cfg.base_emb_dim, jnp.dtype(cfg.weight_dtype), cfg.init_scale
+        F = cfg.base_mlp_dim if mlp_dim is None else mlp_dim
         self.gate = param(rngs, (D, F), ("embed", "mlp"), wd, scale=s)
         self.up = param(rngs, (D, F), ("embed", "mlp"), wd, scale=s)
         self.down = param(rngs, (F, D), ("mlp", "embed"), wd, scale=s)

@@ -1,10 +1,11 @@
 """The model's name tables, without JAX: config validation, the planner and the reports read them.
 
-`attention`, `remat_policy` and `quantization` name implementations whose code lives in attention.py and
-transformer.py (which check their tables against these names); `resolve_attention` is THE rule
-that turns `autoselected` into the implementation that runs — resolved once, where the config is
-resolved against its devices (maxlite.config.resolve), so the model, the planner, the benchmarks
-and status.json all name the same one.
+`attention`, `moe_implementation`, `remat_policy` and `quantization` name implementations whose code
+lives in attention.py, moe.py and transformer.py (which check their tables against these names);
+`resolve_attention` and `resolve_moe` are THE rules that turn `autoselected` into the implementation
+that runs — resolved once, where the config is resolved against its devices
+(maxlite.config.resolve), so the model, the planner, the benchmarks and status.json all name the
+same one.
 """
 
 from __future__ import annotations
@@ -32,3 +33,18 @@ def resolve_attention(name: str, platform: str, seq_len: int, block_size: int, s
     else:
         return "dot_product"
     return chosen if seq_len % min(block, seq_len) == 0 else "dot_product"
+
+
+MOE_IMPLEMENTATIONS = ("autoselected", "dense", "ragged", "blocked", "megablox", "capacity")
+
+
+def resolve_moe(name: str, platform: str, capacity_factor: float) -> str:
+    """The expert implementation `name` stands for on `platform`: `autoselected` is capacity when
+    tokens may be dropped (capacity_factor > 0), else dropless: megablox (the Pallas grouped matmul)
+    on TPU, ragged (XLA's ragged_dot) on GPU, blocked on CPU, whose XLA runs ragged_dot 10-400x
+    slower than a dense matmul of the same work (docs/moe.md). A named one is itself."""
+    if name != "autoselected":
+        return name
+    if capacity_factor > 0:
+        return "capacity"
+    return {"tpu": "megablox", "gpu": "ragged"}.get(platform, "blocked")

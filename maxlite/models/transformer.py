@@ -6,6 +6,10 @@ whether they also follow attention and the MLP), the MLP, positions, biases, q/k
 embedding scale and which layers attend within `sliding_window` (`families.layer_windows`).
 A scanned stack whose layers differ in window (Gemma 3's 5 local : 1 global) passes each layer
 its kind as a scanned flag; attention branches on it (layers.Attention._attend).
+A mixture-of-experts family's MoE layers (`families.layer_mlps`) have a MoE (moe.py) for MLP; a
+scanned model keeps its layers in `families.layer_stacks` (dense layers before the first MoE one
+apart, units of several layers when MoE layers are interleaved), and `forward` returns the MoE
+layers' routing statistics beside the hidden states (the auxiliary losses' input).
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ from jax.ad_checkpoint import checkpoint_name
 import math
 
 from maxlite.models import matmul
-from maxlite.models.families import family, layer_windows
+from maxlite.models.families import family, layer_mlps, layer_place, layer_stacks, layer_windows
 from maxlite.models.layers import BTD, Attention, GatedMLP, GeluMLP, constrain, make_norm, param
+from maxlite.models.moe import MoE
 
 MLPS = {"swiglu": GatedMLP, "geglu": GatedMLP, "gelu": GeluMLP}  # by Family.mlp
 _cp = jax.checkpoint_policies
@@ -43,31 +48,58 @@ class Block(nnx.Module):
     """x + attn(norm(x)), then + mlp(norm(·)); with the family's post-norms each branch is normed
     again before its residual add (Gemma's sandwich)."""
 
-    def __init__(self, cfg, *, rngs: nnx.Rngs):
+    def __init__(self, cfg, *, rngs: nnx.Rngs, moe: bool = False):
         fam, D = family(cfg), cfg.base_emb_dim
         self.attn_norm = make_norm(cfg, D, rngs)
         self.attn = Attention(cfg, rngs=rngs)
         if fam.post_norms:
             self.attn_post_norm = make_norm(cfg, D, rngs)
         self.mlp_norm = make_norm(cfg, D, rngs)
-        self.mlp = MLPS[fam.mlp](cfg, rngs=rngs)
+        self.mlp = MoE(cfg, rngs=rngs) if moe else MLPS[fam.mlp](cfg, rngs=rngs)
         if fam.post_norms:
             self.mlp_post_norm = make_norm(cfg, D, rngs)
-        self.post_norms = fam.post_norms
+        self.post_norms, self.moe = fam.post_norms, moe
 
     def add_attention(self, x_BTD, attn_BTD):
         """The residual add of the attention branch (decoding calls it with its cached attention)."""
         return x_BTD + (self.attn_post_norm(attn_BTD) if self.post_norms else attn_BTD)
 
-    def add_mlp(self, x_BTD, dropout_key=None):
-        h_BTD = self.mlp(self.mlp_norm(x_BTD), dropout_key)
+    def _add(self, x_BTD, h_BTD):
         return x_BTD + (self.mlp_post_norm(h_BTD) if self.post_norms else h_BTD)
 
+    def add_mlp(self, x_BTD, dropout_key=None):
+        """The MLP branch as decoding runs it (a MoE layer dropless)."""
+        return self._add(x_BTD, self.mlp(self.mlp_norm(x_BTD), dropout_key))
+
     def __call__(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None, local=False):
+        """(x_BTD, the MoE layer's routing statistics or None)."""
         key_attn, key_mlp = (None, None) if dropout_key is None else jax.random.split(dropout_key)
         x_BTD = self.add_attention(x_BTD, self.attn(self.attn_norm(x_BTD), positions_BT, segment_ids_BT,
                                                     key_attn, local))
-        return constrain(self.add_mlp(x_BTD, key_mlp), BTD)
+        if not self.moe:
+            return constrain(self.add_mlp(x_BTD, key_mlp), BTD), None
+        h_BTD, stats = self.mlp.routed(self.mlp_norm(x_BTD), segment_ids_BT, key_mlp)
+        return constrain(self._add(x_BTD, h_BTD), BTD), stats
+
+
+class Unit(nnx.Module):
+    """Consecutive layers scanned as one step (a period of interleaved dense and MoE layers)."""
+
+    def __init__(self, cfg, kinds: tuple[str, ...], keys):
+        self.blocks = nnx.List([Block(cfg, rngs=nnx.Rngs(params=key), moe=kind == "moe")
+                                for kind, key in zip(kinds, keys)])
+
+    def __call__(self, x_BTD, positions_BT, segment_ids_BT, dropout_keys=None, local=False):
+        """(x_BTD, the MoE layers' statistics stacked [m, ...] or None); `dropout_keys` and
+        `local` (a bool, or one flag per layer) are the unit's layers'."""
+        stats = []
+        for j, block in enumerate(self.blocks):
+            key = None if dropout_keys is None else dropout_keys[j]
+            x_BTD, s = block(x_BTD, positions_BT, segment_ids_BT, key,
+                             local if isinstance(local, bool) else local[j])
+            if s is not None:
+                stats.append(s)
+        return x_BTD, (jax.tree.map(lambda *a: jnp.stack(a), *stats) if stats else None)
 
 
 class Transformer(nnx.Module):
@@ -81,33 +113,36 @@ class Transformer(nnx.Module):
         if family(cfg).positions == "learned":
             self.positions = param(rngs, (cfg.max_position_embeddings, D), ("position", "embed"), wd,
                                    scale=cfg.init_scale)
-        if cfg.scan_layers:
+        stacks, mlps = layer_stacks(cfg), layer_mlps(cfg)
+        if cfg.scan_layers and len(stacks) == 1 and len(stacks[0].unit) == 1:  # one stack of like layers
             @nnx.split_rngs(splits=cfg.base_num_decoder_layers)
             @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
             def make_stack(rngs):
-                return Block(cfg, rngs=rngs)
+                return Block(cfg, rngs=rngs, moe=mlps[0] == "moe")
             self.layers = make_stack(rngs)
         else:
             # The same per-layer keys as the scanned stack: one seed gives one model either way.
             keys = nnx.split_rngs(rngs, splits=cfg.base_num_decoder_layers,
                                   graph_updates=False).params.key[...]
-            self.layers = nnx.List([Block(cfg, rngs=nnx.Rngs(params=key)) for key in keys])
+            if not cfg.scan_layers:
+                self.layers = nnx.List([Block(cfg, rngs=nnx.Rngs(params=key), moe=kind == "moe")
+                                        for key, kind in zip(keys, mlps)])
+            for stack in stacks if cfg.scan_layers else ():
+                n = len(stack.unit)
+                unit_keys = keys[stack.first:stack.first + stack.count * n].reshape(stack.count, n)
+
+                setattr(self, stack.name, _stack_maker(cfg, stack.unit)(unit_keys))
         self.final_norm = make_norm(cfg, D, rngs)
         if not cfg.logits_via_embedding:
             self.unembedding = param(rngs, (D, V), ("embed", "vocab"), wd, scale=cfg.init_scale)
 
-    def layer_kinds(self):
-        """Each layer's `local` flag for the layer calls: Python bools for unrolled layers; for a
-        scan, one bool when every layer is alike, else a [L] array scanned with the layers."""
-        local = tuple(w > 0 for w in layer_windows(self.cfg))
-        if not self.cfg.scan_layers:
-            return local
-        return local[0] if len(set(local)) == 1 else jnp.asarray(local)
-
     def _run_layers(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None):
+        """(x_BTD, the MoE layers' routing statistics stacked in layer order [L_moe, ...] or None).
+        Each layer's `local` flag: a Python bool for unrolled layers and for a stack whose layers
+        are alike, else an array scanned with the layers."""
         cfg = self.cfg
         keys_L = None if dropout_key is None else jax.random.split(dropout_key, cfg.base_num_decoder_layers)
-        local = self.layer_kinds()
+        local = tuple(w > 0 for w in layer_windows(cfg))
 
         def block_fn(x, layer, positions, segment_ids, key, local):
             return layer(checkpoint_name(x, "decoder_layer_input"), positions, segment_ids, key, local)
@@ -121,20 +156,46 @@ class Transformer(nnx.Module):
                 return fn
             return nnx.remat(fn, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=not cfg.scan_layers)
 
+        stats = []
         if not cfg.scan_layers:  # a static flag per layer
             for i, layer in enumerate(self.layers):
                 fn = remat(static(local[i]))
-                x_BTD = fn(x_BTD, layer, positions_BT, segment_ids_BT, None if keys_L is None else keys_L[i])
-            return x_BTD
-        key_axis = None if keys_L is None else 0
-        if isinstance(local, bool):  # every layer alike: the flag is static
-            scan_fn = nnx.scan(remat(static(local)),
-                               in_axes=(nnx.Carry, 0, None, None, key_axis), out_axes=nnx.Carry,
-                               transform_metadata={nnx.PARTITION_NAME: "layers"})
-            return scan_fn(x_BTD, self.layers, positions_BT, segment_ids_BT, keys_L)
-        scan_fn = nnx.scan(remat(block_fn), in_axes=(nnx.Carry, 0, None, None, key_axis, 0),
-                           out_axes=nnx.Carry, transform_metadata={nnx.PARTITION_NAME: "layers"})
-        return scan_fn(x_BTD, self.layers, positions_BT, segment_ids_BT, keys_L, local)
+                x_BTD, s = fn(x_BTD, layer, positions_BT, segment_ids_BT, None if keys_L is None else keys_L[i])
+                stats += [] if s is None else [jax.tree.map(lambda a: a[None], s)]
+            return x_BTD, _concat(stats)
+        for stack in layer_stacks(cfg):
+            n = len(stack.unit)
+            span = slice(stack.first, stack.first + stack.count * n)
+            keys = None if keys_L is None else keys_L[span].reshape((stack.count, n)[:1 if n == 1 else 2])
+            key_axis = None if keys is None else 0
+            flags = local[span]
+            if len(set(flags)) == 1:  # every layer alike: the flag is static
+                scan_fn = nnx.scan(remat(static(flags[0])), in_axes=(nnx.Carry, 0, None, None, key_axis),
+                                   out_axes=(nnx.Carry, 0), transform_metadata={nnx.PARTITION_NAME: "layers"})
+                x_BTD, s = scan_fn(x_BTD, getattr(self, stack.name), positions_BT, segment_ids_BT, keys)
+            else:
+                flags_arr = jnp.asarray(flags).reshape((stack.count, n)[:1 if n == 1 else 2])
+                scan_fn = nnx.scan(remat(block_fn), in_axes=(nnx.Carry, 0, None, None, key_axis, 0),
+                                   out_axes=(nnx.Carry, 0), transform_metadata={nnx.PARTITION_NAME: "layers"})
+                x_BTD, s = scan_fn(x_BTD, getattr(self, stack.name), positions_BT, segment_ids_BT, keys,
+                                   flags_arr)
+            if s is not None:  # [count, ...], or [count, m, ...] for units of several layers
+                stats.append(s if n == 1 else jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), s))
+        return x_BTD, _concat(stats)
+
+    def blocks(self) -> list:
+        """The layers one by one, in order (scanned stacks sliced per layer): what decoding walks."""
+        if not self.cfg.scan_layers:
+            return list(self.layers)
+        out = []
+        for i in range(self.cfg.base_num_decoder_layers):
+            path, index = layer_place(self.cfg, i)
+            module = self
+            for key in path:
+                module = getattr(module, key) if isinstance(key, str) else module[key]
+            graphdef, state = nnx.split(module)
+            out.append(nnx.merge(graphdef, jax.tree.map(lambda x, i=index: x[i], state)))
+        return out
 
     def embed(self, inputs_BT, positions_BT):
         """Token embeddings (× √D when the family scales them; + learned positions) in the compute dtype."""
@@ -146,12 +207,17 @@ class Transformer(nnx.Module):
             x_BTD = x_BTD + jnp.take(self.positions[...], positions_BT, axis=0).astype(dt)
         return constrain(x_BTD, BTD)
 
-    def hidden(self, inputs_BT, positions_BT, segment_ids_BT, dropout_key=None):
-        """The final-normed hidden states x_BTD (what the output head multiplies)."""
+    def forward(self, inputs_BT, positions_BT, segment_ids_BT, dropout_key=None):
+        """(the final-normed hidden states x_BTD, the MoE layers' routing statistics stacked
+        [L_moe, ...] or None: maxlite.models.moe.aux_losses turns them into losses and metrics)."""
         x_BTD = self.embed(inputs_BT, positions_BT)
         with matmul.quantization(self.cfg.quantization):  # the model's own mode, while its layers trace
-            x_BTD = self._run_layers(x_BTD, positions_BT, segment_ids_BT, dropout_key)
-        return self.final_norm(x_BTD)
+            x_BTD, stats = self._run_layers(x_BTD, positions_BT, segment_ids_BT, dropout_key)
+        return self.final_norm(x_BTD), stats
+
+    def hidden(self, inputs_BT, positions_BT, segment_ids_BT, dropout_key=None):
+        """The final-normed hidden states x_BTD (what the output head multiplies)."""
+        return self.forward(inputs_BT, positions_BT, segment_ids_BT, dropout_key)[0]
 
     def head(self) -> tuple[str, jax.Array]:
         """The output head as stored, with its einsum operand spec: the embedding table [V, D]
@@ -172,3 +238,18 @@ class Transformer(nnx.Module):
 
     def __call__(self, inputs_BT, positions_BT, segment_ids_BT, dropout_key=None):
         return self.logits(self.hidden(inputs_BT, positions_BT, segment_ids_BT, dropout_key))
+
+
+def _stack_maker(cfg, unit: tuple[str, ...]):
+    """A function of the per-unit keys [count, len(unit)] that creates a stack of units."""
+    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+    def make(keys):
+        if len(unit) == 1:
+            return Block(cfg, rngs=nnx.Rngs(params=keys[0]), moe=unit[0] == "moe")
+        return Unit(cfg, unit, keys)
+    return make
+
+
+def _concat(stats: list):
+    """Per-stack statistics [n_i, ...] → one stack in layer order; None for a dense model."""
+    return jax.tree.map(lambda *a: jnp.concatenate(a), *stats) if stats else None

@@ -1,0 +1,102 @@
+"""Mixtral and Qwen3-MoE built small and random by transformers: import → float32 logits equal
+transformers' (relative error ≤ 1e-5) and the auxiliary load-balancing loss equals the one
+transformers returns with output_router_logits; greedy decoding identical to `generate`; export →
+transformers loads it and computes the same logits. Qwen3-MoE keeps a dense first layer
+(mlp_only_layers=[0]), stored apart from the scanned MoE layers."""
+
+import jax
+import numpy as np
+import pytest
+import torch
+import transformers
+from flax import nnx
+
+from maxlite.bridge import hf
+from maxlite.bridge import params as P
+from maxlite.generate import Sampling, generate_ids
+from maxlite.models import moe
+from maxlite.state import abstract_params
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+V, T = 256, 12
+SMALL = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=V,
+             max_position_embeddings=64, initializer_range=0.3, num_experts_per_tok=2, router_aux_loss_coef=0.02,
+             tie_word_embeddings=False)
+
+
+def _config(family):
+    if family == "mixtral":
+        return transformers.MixtralConfig(**SMALL, intermediate_size=16, num_hidden_layers=2, num_local_experts=6)
+    return transformers.Qwen3MoeConfig(**SMALL, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=3,
+                                       num_experts=8, norm_topk_prob=True, mlp_only_layers=[0])
+
+
+def _hf_model(family, path):
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(_config(family)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:  # norms start at 1, where a swapped one would not show
+                p.add_(0.2 * torch.randn_like(p))
+    model.save_pretrained(str(path))
+    return model
+
+
+def _ours(cfg, pure, ids):
+    """(float32 logits, the auxiliary load-balancing loss) of maxlite's model."""
+    graphdef, state = abstract_params(cfg)
+    nnx.replace_by_pure_dict(state, pure)
+    model = nnx.merge(graphdef, state)
+    B, T_ = ids.shape
+
+    @nnx.jit
+    def forward(m):
+        x, stats = m.forward(ids, np.broadcast_to(np.arange(T_), (B, T_)), np.ones((B, T_), np.int32))
+        return m.logits(x), moe.aux_losses(m.cfg, stats)["moe_lb_loss"]
+    logits, lb = forward(model)
+    return np.asarray(logits), float(lb)
+
+
+def _relative(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+def test_import_logits_aux_loss_greedy_and_export(family, tmp_path):
+    model = _hf_model(family, tmp_path / "hf")
+    cfg, pure = hf.import_hf(str(tmp_path / "hf"), ["max_target_length=32"])
+    assert cfg.decoder_block == family and cfg.load_balance_loss_weight == 0.02
+    assert cfg.first_num_dense_layers == (1 if family == "qwen3_moe" else 0)
+    ids = np.random.default_rng(1).integers(0, V, (2, T))
+    with torch.no_grad():
+        out = model(torch.tensor(ids), output_router_logits=True)
+    logits, lb = _ours(cfg, pure, ids)
+    assert _relative(logits, out.logits.numpy()) <= 1e-5
+    np.testing.assert_allclose(lb, float(out.aux_loss), rtol=1e-5)
+
+    prompt = list(range(10, 18))
+    ours = generate_ids(cfg, P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure))), [prompt],
+                        Sampling(max_new_tokens=12)).tokens[0]
+    with torch.no_grad():
+        theirs = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=12, min_new_tokens=12,
+                                eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    assert ours == theirs and len(set(ours)) > 3, (ours, theirs)
+
+    hf.export_hf(cfg, pure, str(tmp_path / "back"))
+    back = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "back"), dtype=torch.float32)
+    assert type(back) is type(model)
+    assert sum(p.numel() for p in back.parameters()) == sum(p.numel() for p in model.parameters())
+    with torch.no_grad():
+        again = back(torch.tensor(ids)).logits.numpy()
+    assert _relative(again, out.logits.numpy()) <= 1e-5
+    jax.clear_caches()
+
+
+def test_a_dense_layout_maxlite_cannot_express_is_refused():
+    from maxlite.bridge import hf_moe
+
+    hf_cfg = _config("qwen3_moe").to_dict()
+    hf_cfg.update(mlp_only_layers=[1])
+    with pytest.raises(ValueError, match="mlp_only_layers"):
+        hf_moe.config_overrides(hf_cfg)
