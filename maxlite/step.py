@@ -10,7 +10,7 @@ import optax
 from flax import nnx
 
 from maxlite import optim
-from maxlite.models import loss as loss_lib
+from maxlite.models import context, loss as loss_lib
 from maxlite.state import TrainState, join, split_trainable
 
 Batch = dict[str, jax.Array]  # inputs, targets, positions, segment_ids: int32 [B, T]; weights: f32
@@ -18,10 +18,15 @@ Batch = dict[str, jax.Array]  # inputs, targets, positions, segment_ids: int32 [
 
 def loss_sums(params, graphdef, batch: Batch, z_loss_weight: float = 0.0, dropout_key=None):
     """(sum of weighted loss incl. z-loss, (sum of cross-entropy, number of real tokens));
-    `dropout_key` only when training with lora_dropout > 0."""
+    `dropout_key` only when training with lora_dropout > 0. With context parallelism and load
+    balance every [B, T] array is put into the balanced layout here, once, together (after the
+    step's batch_hash, which sees the batch as the data gave it): maxlite/models/context.py."""
     model = nnx.merge(graphdef, params)
+    shards = context.shards()
+    if context.balanced(model.cfg):
+        batch = context.balance_batch(batch, shards)
     weights_BT = batch["weights"]
-    n = loss_lib.num_chunks(model.cfg, batch["inputs"].shape[1])
+    n = loss_lib.num_chunks(model.cfg, batch["inputs"].shape[1], shards)
     if n > 1:  # never holds [B, T, V] logits
         x_BTD = model.hidden(batch["inputs"], batch["positions"], batch["segment_ids"], dropout_key)
         spec, head = model.head()

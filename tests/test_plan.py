@@ -349,3 +349,18 @@ def test_offload_policy_moves_layer_inputs_to_host_and_flash_is_a_kernel():
     assert "pinned_host" in text
     assert "tpu_custom_call" in text
     assert "512x512" not in text
+
+
+def test_sweep_splits_long_sequences_over_the_context_axis_too():
+    from maxlite.plan import search
+
+    def meshes(args):
+        rows = search.sweep_candidates(args, T.parse("v6e:2x4"), ("full",))
+        return {tuple(int(o.split("=")[1]) for o in r[:3]) for r in rows}  # (data, context, tensor)
+
+    short = meshes(["base.yml", "model_name=tiny"])
+    assert {c for _, c, _ in short} == {1}
+    # 32k tokens, half a sequence per chip: only meshes whose context (or tensor) axis makes it whole
+    long = meshes(["base.yml", "model_name=tiny", "max_target_length=32768", "per_device_batch_size=0.5"])
+    assert {(1, 2, 1), (1, 4, 1), (1, 4, 2), (1, 1, 2)} <= long and (1, 1, 1) not in long
+    assert all(c * t % 2 == 0 for _, c, t in long)

@@ -259,19 +259,21 @@ def _model(cfg, tp: int, notes: list[str]) -> tuple[list[tuple[str, Any]], list[
 
 
 def _parallel(cfg, nodes: int, gpus: int, notes: list[str]):
-    data, fsdp, tensor = cfg.mesh_shape
-    mbs = cfg.per_device_batch_size * tensor  # one Megatron DP rank = one tensor-parallel group
+    fsdp, context, tensor = (cfg.axis_size(a) for a in ("fsdp", "context", "tensor"))
+    # one Megatron DP rank = one tensor × context-parallel group
+    mbs = cfg.per_device_batch_size * tensor * context
     if abs(mbs - round(mbs)) > 1e-9:
-        notes.append(f"per_device_batch_size={cfg.per_device_batch_size} × tensor {tensor} is not a "
-                     f"whole micro-batch per Megatron data-parallel rank; rounded up")
+        notes.append(f"per_device_batch_size={cfg.per_device_batch_size} × tensor {tensor} × context {context} "
+                     f"is not a whole micro-batch per Megatron data-parallel rank; rounded up")
     mbs = max(1, math.ceil(mbs - 1e-9))
     mega = [("--tensor-model-parallel-size", tensor), ("--pipeline-model-parallel-size", 1),
+            ("--context-parallel-size", context),
             ("--global-batch-size", cfg.global_batch_size), ("--micro-batch-size", mbs),
             ("--seed", cfg.seed), ("--log-interval", cfg.log_period)]
     nemo = [("recipe.trainer.num_nodes", nodes), ("recipe.trainer.devices", gpus),
             ("recipe.trainer.strategy.tensor_model_parallel_size", tensor),
             ("recipe.trainer.strategy.pipeline_model_parallel_size", 1),
-            ("recipe.trainer.strategy.context_parallel_size", 1),
+            ("recipe.trainer.strategy.context_parallel_size", context),
             ("recipe.data.global_batch_size", cfg.global_batch_size),
             ("recipe.data.micro_batch_size", mbs), ("recipe.trainer.log_every_n_steps", cfg.log_period)]
     if fsdp > 1:
@@ -321,7 +323,7 @@ def map_recipe(cfg, nodes: int = 1, gpus_per_node: int = 8) -> Mapping:
     """A resolved (or resolvable) Config → its Megatron-LM / NeMo 2.0 equivalent."""
     cfg = C.resolve(cfg, nodes * gpus_per_node, 1, nodes)
     notes: list[str] = []
-    tensor = cfg.mesh_shape[2]
+    tensor = cfg.axis_size("tensor")
     model_m, model_n = _model(cfg, tensor, notes)
     par_m, par_n = _parallel(cfg, nodes, gpus_per_node, notes)
     opt_m, opt_n = _optimizer(cfg, notes)
