@@ -39,33 +39,64 @@ def _value_and_grads(fn, q, k, v, dout):
     return out, vjp(dout)
 
 
-@pytest.mark.parametrize("impl,balance,window", [("dot_product", True, 12), ("dot_product", False, 0),
-                                                 ("blockwise", True, 0), ("blockwise", False, 12)])
-def test_attention_over_four_shards_equals_one_device(impl, balance, window):
-    """GQA (4 query heads, 2 kv heads), three documents in one row, T = 64 over 4 shards (16
-    tokens each; with load balance two chunks of 8), blockwise blocks of 8 tokens."""
-    T, n = 64, 4
-    q, k, v, seg, dout = _inputs(T=T)
+def _split_equals_one_device(attend, n: int, T: int, balance: bool, window: int, H: int = 16):
+    """attend(q, k, v, seg) on a mesh of n context shards (inputs in the layout the step gives
+    attention: balanced or not) against dot_product on one device: values and dq, dk, dv."""
+    q, k, v, seg, dout = _inputs(T=T, H=H)
     ref_out, ref_grads = _value_and_grads(lambda q, k, v: attention.dot_product(q, k, v, seg, window=window),
                                           q, k, v, dout)
-    cfg = C.load(["base.yml", f"attention={impl}", "attention_block_size=8", f"max_target_length={T}",
-                  f"context_parallel_load_balance={balance}"])
     mesh_cfg = C.resolve(C.load(["base.yml", f"ici_context_parallelism={n}", "ici_fsdp_parallelism=1",
-                                 f"max_target_length={T}", "per_device_batch_size=0.5"]), n)
+                                 f"max_target_length={T}", f"per_device_batch_size={2 / n}"]), n)
     mesh = mesh_lib.make_mesh(mesh_cfg, jax.devices()[:n])
     with jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.RULES):
-        assert context.shards() == n and context.balanced(cfg) == balance
-        # the step hands attention the balanced layout; compare in sequence order
+        assert context.shards() == n
+        # compare in sequence order
         to, back = ((lambda x: context.to_balanced(x, n), lambda x: context.from_balanced(x, n)) if balance
                     else (lambda x: x, lambda x: x))
 
         def split(q, k, v):
-            return back(attention.attend(cfg, to(q), to(k), to(v), to(seg), window=window))
+            return back(attend(to(q), to(k), to(v), to(seg)))
 
         out, grads = jax.jit(lambda q, k, v, d: _value_and_grads(split, q, k, v, d))(q, k, v, dout)
     np.testing.assert_allclose(out, ref_out, **TOL)
     for g, ref in zip(grads, ref_grads):  # dq, dk, dv
         np.testing.assert_allclose(g, ref, **TOL)
+
+
+@pytest.mark.parametrize("impl,balance,window", [("dot_product", True, 12), ("dot_product", False, 0),
+                                                 ("blockwise", True, 0), ("blockwise", False, 12)])
+def test_attention_over_four_shards_equals_one_device(impl, balance, window):
+    """GQA (4 query heads, 2 kv heads), three documents in one row, T = 64 over 4 shards (16
+    tokens each; with load balance two chunks of 8), blockwise blocks of 8 tokens."""
+    T = 64
+    cfg = C.load(["base.yml", f"attention={impl}", "attention_block_size=8", f"max_target_length={T}",
+                  f"context_parallel_load_balance={balance}"])
+    _split_equals_one_device(lambda *a: attention.attend(cfg, *a, window=window), 4, T, balance, window)
+
+
+def test_flash_over_two_shards_equals_one_device_in_interpret_mode():
+    """The splash kernel (Pallas interpreter on CPU) with its mask info split over the shards and
+    query rows in the balanced layout, a sliding window; its blocks are at least 128 tokens, so 512
+    tokens over 2 shards (two chunks of 128 each)."""
+    T = 512
+    cfg = C.load(["base.yml", "attention=flash", f"max_target_length={T}", "context_parallel_load_balance=true",
+                  *[f"sa_{k}=128" for k in attention._SPLASH_KEYS]])
+    _split_equals_one_device(lambda *a: attention.attend(cfg, *a, window=200), 2, T, True, 200)
+
+
+def test_cudnn_flash_shard_path_equals_one_device(monkeypatch):
+    """cudnn_flash's per-shard path — query rows at their sequence positions against the gathered
+    keys, a dense mask per CUDNN_SHARD_ROWS rows — through jax.nn.dot_product_attention's XLA
+    implementation (the cuDNN kernel itself needs a GPU)."""
+    monkeypatch.setattr(attention, "CUDNN_SHARD_ROWS", 4)  # several row blocks per chunk
+
+    def attend(q, k, v, seg):
+        def local(q, k, v, qseg, kseg, chunks):
+            return attention._cudnn_shard(q, k, v, qseg, kseg, context.query_positions(chunks), 12,
+                                          q.shape[-1] ** -0.5, implementation="xla")
+        return context.across_shards(local, q, k, v, seg, True)
+
+    _split_equals_one_device(attend, 4, 64, True, 12)
 
 
 @pytest.mark.parametrize("pdbs,context_size,ok", [(0.25, 4, True), (0.5, 2, True), (0.5, 1, False),
