@@ -680,7 +680,7 @@ def resolve(config: Config, num_devices: int, num_slices: int = 1, num_processes
         raise ConfigError(f"base_emb_dim={c.base_emb_dim} is not divisible by fsdp × context parallelism "
                           f"{fsdp} × {context} (the weights are sharded over both)")
     if context > 1:
-        _check_context(c, context)
+        _check_context(c, context, num_processes)
     return c
 
 
@@ -691,8 +691,14 @@ def sequence_pieces(c: Config) -> int:
     return 2 * context if context > 1 and c.context_parallel_load_balance else context
 
 
-def _check_context(c: Config, context: int) -> None:
+def _check_context(c: Config, context: int, num_processes: int) -> None:
     """What a sequence split over `context` shards needs (maxlite/models/context.py)."""
+    per_process = c.num_devices // num_processes
+    if per_process % (context * c.axis_size("tensor")):
+        # each process reads whole rows for its own devices (maxlite/mesh.py global_batch)
+        raise ConfigError(f"context × tensor = {context * c.axis_size('tensor')} devices share a sequence but a process "
+                          f"has {per_process}: a sequence split across processes is not supported; lower "
+                          f"ici/dcn_context_parallelism")
     if c.train_objective != "lm":
         raise ConfigError(f"context parallelism (context={context}) is for train_objective=lm (pre-training, "
                           f"SFT); set ici_context_parallelism=1 for train_objective={c.train_objective}")

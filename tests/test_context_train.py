@@ -45,3 +45,4 @@ def test_training_over_four_context_shards_equals_one_device():
     split = _losses([*ARGV, "per_device_batch_size=0.5", "ici_context_parallelism=4", "ici_fsdp_parallelism=1",
                      "context_parallel_load_balance=true"], 4)
     np.testing.assert_allclose(split, reference, rtol=1e-4)  # summation order only (6e-6 seen)
+
