@@ -8,11 +8,17 @@ import sys
 import numpy as np
 import pytest
 
+from maxlite import config as C
 from maxlite.plan import hlo, topology as T
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 needs_libtpu = pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu not installed: pip install 'maxlite[tpu]'")
 GIB = 2**30
+
+
+def _axes(**sizes) -> dict:
+    """A plan's mesh dict: every axis of maxlite.config.MESH_AXES, 1 unless given."""
+    return {a: sizes.get(a, 1) for a in C.MESH_AXES}
 
 
 # ---- no compiler needed ----
@@ -182,7 +188,7 @@ def tiny_plan():
 def test_tiny_fits_v6e_4x4_with_expected_shardings(tiny_plan):
     p = tiny_plan
     assert p.fits and p.num_devices == 16
-    assert p.mesh == {"data": 1, "fsdp": 8, "tensor": 2}
+    assert p.mesh == _axes(fsdp=8, tensor=2)
     s = p.param_shardings
     assert s["layers/attn/q"] == "[4, 256, 4, 64] (None, 'fsdp', 'tensor', None)"
     assert s["layers/mlp/down"] == "[4, 768, 256] (None, 'tensor', 'fsdp')"
@@ -217,8 +223,8 @@ def test_two_slices_put_data_across_dcn():
 
     p = compile_plan(["base.yml", "model_name=tiny", "weight_dtype=bfloat16"], T.parse("v6e:2x2", 2))
     assert p.fits and p.num_devices == 8
-    assert p.dcn == {"data": 2, "fsdp": 1, "tensor": 1} and p.ici == {"data": 1, "fsdp": 4, "tensor": 1}
-    assert p.mesh == {"data": 2, "fsdp": 4, "tensor": 1}
+    assert p.dcn == _axes(data=2) and p.ici == _axes(fsdp=4)
+    assert p.mesh == _axes(data=2, fsdp=4)
     assert p.data_axis_slices == [[0], [1]]  # each data row lies in one slice: data crosses slices
     assert p.param_bytes_total == p.param_count * 2  # bfloat16 weights
     assert p.estimate["dcn_seconds"] > 0
@@ -243,7 +249,7 @@ def test_json_output(capsys):
 
     assert main(["base.yml", "model_name=tiny", "--topology", "v5e:2x2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["plan"]["fits"] and out["plan"]["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
+    assert out["plan"]["fits"] and out["plan"]["mesh"] == _axes(fsdp=4)
     assert out["plan"]["estimate"]["is_estimate"] is True
 
 
@@ -255,7 +261,7 @@ def test_llama3_8b_fits_v6e_4x4_tutorial_mesh():
     p = compile_plan(["base.yml", "model_name=llama3-8b", "per_device_batch_size=1",
                       "max_target_length=4096", "ici_fsdp_parallelism=4", "ici_tensor_parallelism=4"],
                      T.parse("v6e:4x4"))
-    assert p.fits and p.mesh == {"data": 1, "fsdp": 4, "tensor": 4}
+    assert p.fits and p.mesh == _axes(fsdp=4, tensor=4)
     assert p.param_shardings["layers/attn/k"] == "[32, 4096, 8, 128] (None, 'fsdp', 'tensor', None)"
     assert p.param_shardings["unembedding"] == "[4096, 128256] ('fsdp', 'tensor')"
     assert 8.0e9 < p.param_count < 8.1e9
