@@ -24,7 +24,7 @@ from maxlite.models.families import FAMILIES
 
 CONFIG_DIR = pathlib.Path(__file__).parent / "configs"
 BASE_YML = CONFIG_DIR / "base.yml"
-MESH_AXES = ("data", "fsdp", "expert", "tensor")  # order of the device mesh axes
+MESH_AXES = ("data", "fsdp", "context", "expert", "tensor")  # order of the device mesh axes
 _SPECIAL_KEYS = ("base_config",)  # allowed in YAML files, not part of Config
 
 
@@ -690,37 +690,80 @@ def resolve(config: Config, num_devices: int, num_slices: int = 1, num_processes
     updates = {f"{p}_{a}_parallelism": v for p, vals in (("ici", ici), ("dcn", dcn))
                for a, v in zip(MESH_AXES, vals)}
     if platform is not None:
-        updates["attention"] = names.resolve_attention(config.attention, platform, config.max_target_length,
-                                                       config.attention_block_size, config.sa_block_q)
         updates["moe_implementation"] = names.resolve_moe(config.moe_implementation, platform,
                                                           config.capacity_factor)
     c = dataclasses.replace(config, num_slices=num_slices, **updates)
+    if platform is not None:
+        c = dataclasses.replace(c, attention=names.resolve_attention(
+            c.attention, platform, c.max_target_length, c.attention_block_size, c.sa_block_q,
+            sequence_pieces(c)))
 
-    data, fsdp, expert, tensor = c.mesh_shape
-    exact = c.per_device_batch_size * c.num_devices
-    if abs(exact - round(exact)) > 1e-9 or round(exact) == 0:
-        raise ConfigError(
-            f"per_device_batch_size={c.per_device_batch_size} × {c.num_devices} devices = {exact:g} "
-            f"is not a whole number of sequences")
+    data, fsdp, context, expert, tensor = (c.axis_size(a) for a in MESH_AXES)
+    shards = data * fsdp * expert
     batch_axes = "data×fsdp×expert" if expert > 1 else "data×fsdp"
-    if c.micro_batch_size % (data * fsdp * expert):
+    # MaxText's meaning: global batch = per_device_batch_size × devices. Each batch shard holds
+    # per_device_batch_size × context × tensor whole sequences, so a fraction of a sequence per
+    # device (0.25: one sequence over four chips) is whole exactly when the context axis splits it.
+    rows = c.per_device_batch_size * context * tensor
+    if abs(rows - round(rows)) > 1e-9 or round(rows) == 0:
+        hint = "; change per_device_batch_size or the mesh"
+        if c.per_device_batch_size < 1:
+            split = 1 / c.per_device_batch_size
+            example = f", e.g. ici_context_parallelism={round(split)}" if abs(split - round(split)) < 1e-9 else ""
+            hint = (f"; a fraction of a sequence per device needs context parallelism to split it "
+                    f"(per_device_batch_size × context × tensor whole){example}")
         raise ConfigError(
-            f"global batch {c.micro_batch_size} is not divisible by {batch_axes} = {data * fsdp * expert}; "
-            f"change per_device_batch_size or the mesh")
+            f"per_device_batch_size={c.per_device_batch_size:g} × {c.num_devices} devices gives each of the "
+            f"{batch_axes} = {shards} batch shards {rows:g} sequences, not a whole number{hint}")
     if c.micro_batch_size % num_processes:
         raise ConfigError(
             f"global batch {c.micro_batch_size} is not divisible by {num_processes} processes")
     for key in ("base_num_query_heads", "base_num_kv_heads", "base_mlp_dim", "vocab_size"):
         if getattr(c, key) % tensor:
             raise ConfigError(f"{key}={getattr(c, key)} is not divisible by tensor parallelism {tensor}")
-    if c.base_emb_dim % fsdp:
-        raise ConfigError(f"base_emb_dim={c.base_emb_dim} is not divisible by fsdp parallelism {fsdp}")
+    if c.base_emb_dim % (fsdp * context):
+        raise ConfigError(f"base_emb_dim={c.base_emb_dim} is not divisible by fsdp × context parallelism "
+                          f"{fsdp} × {context} (the weights are sharded over both)")
     if expert > 1 and (c.num_experts % expert or not FAMILIES[c.decoder_block].moe):
         raise ConfigError(f"expert parallelism {expert} splits the experts: num_experts={c.num_experts} must be a "
                           f"multiple of it (a dense model has none; use ici_expert_parallelism=1)")
     if c.num_experts and c.base_moe_mlp_dim % tensor:
         raise ConfigError(f"base_moe_mlp_dim={c.base_moe_mlp_dim} is not divisible by tensor parallelism {tensor}")
+    if context > 1 and expert > 1:
+        raise ConfigError(f"context parallelism {context} with expert parallelism {expert} is not supported yet: "
+                          f"the experts' token exchange takes whole sequences; use one of the two")
+    if context > 1:
+        _check_context(c, context, num_processes)
     return c
+
+
+def sequence_pieces(c: Config) -> int:
+    """The contiguous chunks a sequence is cut into across the context axis: one per shard, or two
+    with context_parallel_load_balance (chunks i and 2n−1−i on shard i: maxlite/models/context.py)."""
+    context = c.axis_size("context")
+    return 2 * context if context > 1 and c.context_parallel_load_balance else context
+
+
+def _check_context(c: Config, context: int, num_processes: int) -> None:
+    """What a sequence split over `context` shards needs (maxlite/models/context.py)."""
+    per_process = c.num_devices // num_processes
+    if per_process % (context * c.axis_size("tensor")):
+        # each process reads whole rows for its own devices (maxlite/mesh.py global_batch)
+        raise ConfigError(f"context × tensor = {context * c.axis_size('tensor')} devices share a sequence but a process "
+                          f"has {per_process}: a sequence split across processes is not supported; lower "
+                          f"ici/dcn_context_parallelism")
+    if c.train_objective != "lm":
+        raise ConfigError(f"context parallelism (context={context}) is for train_objective=lm (pre-training, "
+                          f"SFT); set ici_context_parallelism=1 for train_objective={c.train_objective}")
+    pieces = sequence_pieces(c)
+    if c.max_target_length % pieces:
+        why = " (load balance: two chunks per shard)" if c.context_parallel_load_balance else ""
+        raise ConfigError(f"max_target_length={c.max_target_length} must be divisible by {pieces} to split "
+                          f"over context={context}{why}")
+    chunk = c.max_target_length // pieces
+    if c.attention == "blockwise" and chunk % min(c.attention_block_size, chunk):
+        raise ConfigError(f"attention_block_size={c.attention_block_size} must divide the {chunk}-token "
+                          f"chunks of max_target_length={c.max_target_length} over context={context}")
 
 
 def to_plain_dict(config: Config) -> dict[str, Any]:

@@ -81,7 +81,8 @@ def generate_ids(cfg, params, prompts: Sequence[Sequence[int]], sampling: Sampli
     if P + sampling.max_new_tokens > cfg.max_position_embeddings:
         raise C.ConfigError(f"prompt ({P} tokens) + max_new_tokens ({sampling.max_new_tokens}) exceeds "
                             f"the model's max_position_embeddings={cfg.max_position_embeddings}")
-    prompt = np.zeros((len(prompts), P), np.int32)
+    shards = mesh.shape[mesh_lib.LENGTH_AXIS] if mesh is not None else 1  # a long prompt split over context
+    prompt = np.zeros((len(prompts), decode.prompt_length(cfg, P, shards)), np.int32)
     for row, ids in zip(prompt, prompts):
         row[:len(ids)] = ids
     graphdef, _ = abstract_params(cfg)
@@ -173,7 +174,10 @@ def load(source: str, step: int | None = None, overrides: Sequence[str] = ()):
     if overrides:  # key=value above the saved recipe, validated as a recipe is
         cfg = C.load(list(overrides), **C.to_plain_dict(cfg))
     # this host's devices, whatever mesh the model trained on: weights sharded fsdp-style over all
+    # (a context axis only where the overrides ask for one: it splits a long prompt's prefill)
+    context = cfg.ici_context_parallelism if any(o.startswith("ici_context_parallelism=") for o in overrides) else 1
     cfg = dataclasses.replace(cfg, ici_data_parallelism=1, ici_fsdp_parallelism=-1, ici_tensor_parallelism=1,
+                              ici_context_parallelism=context, dcn_context_parallelism=1,
                               dcn_data_parallelism=-1, dcn_fsdp_parallelism=1, dcn_tensor_parallelism=1,
                               num_slices=-1, per_device_batch_size=1, gradient_accumulation_steps=1)
     built = build(cfg, jax.local_devices(), num_processes=1)

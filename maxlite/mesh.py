@@ -12,24 +12,26 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 from maxlite.config import MESH_AXES
 
 BATCH_AXES = ("data", "fsdp", "expert")  # the batch dimension is split over all three
+LENGTH_AXIS = "context"  # the sequence dimension is split over it (long context)
 
 # Every logical name used by the models appears exactly once (NNX resolves rules by dict lookup:
 # a duplicate silently takes the last one, a missing name fails late). Parameters shard their
-# `embed` dim over fsdp (ZeRO-3 style) and their head/mlp/vocab dims over tensor (Megatron style);
-# activations shard batch over data×fsdp×expert and the same head/mlp/vocab dims over tensor. The
+# `embed` dim over fsdp and context (ZeRO-3 style: a context axis never multiplies the weights'
+# memory) and their head/mlp/vocab dims over tensor (Megatron style); activations shard batch over
+# data×fsdp×expert, the sequence over context and the same head/mlp/vocab dims over tensor. The
 # expert axis splits the experts (`exp`); for everything else it is data parallelism: the batch is
 # split over it, the other weights are not (a MoE model's weights are mostly its experts', which
 # are split over expert × fsdp × tensor; `embed_no_exp` is an expert's embed dimension).
 RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("activation_batch", BATCH_AXES),
-    ("activation_length", None),
+    ("activation_length", LENGTH_AXIS),
     ("activation_embed", None),
     ("activation_heads", "tensor"),
     ("activation_kv_heads", "tensor"),
     ("activation_mlp", "tensor"),
     ("activation_vocab", "tensor"),
-    ("embed", "fsdp"),
-    ("embed_no_exp", "fsdp"),
+    ("embed", ("fsdp", LENGTH_AXIS)),
+    ("embed_no_exp", ("fsdp", LENGTH_AXIS)),
     ("exp", "expert"),
     ("vocab", "tensor"),
     ("mlp", "tensor"),
@@ -101,7 +103,8 @@ def num_slices_of(devices) -> int:
 
 
 def make_mesh(cfg, devices=None) -> Mesh:
-    """Mesh over MESH_AXES (data, fsdp, expert, tensor): ici axes within a slice, dcn axes across slices."""
+    """Mesh over MESH_AXES (data, fsdp, context, expert, tensor): ici axes within a slice, dcn axes
+    across slices."""
     devices = list(jax.devices() if devices is None else devices)
     ici, dcn = cfg.parallelism("ici"), cfg.parallelism("dcn")
     if cfg.num_slices > 1:
@@ -115,6 +118,10 @@ def make_mesh(cfg, devices=None) -> Mesh:
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Rows over data×fsdp; with context parallelism the tokens of each row over `context` too (the
+    [B, T] arrays of the lm objective, the only one config allows with context > 1)."""
+    if mesh.shape[LENGTH_AXIS] > 1:
+        return NamedSharding(mesh, P(BATCH_AXES, LENGTH_AXIS))
     return NamedSharding(mesh, P(BATCH_AXES))
 
 

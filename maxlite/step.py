@@ -10,7 +10,7 @@ import optax
 from flax import nnx
 
 from maxlite import optim
-from maxlite.models import loss as loss_lib, moe
+from maxlite.models import context, loss as loss_lib, moe
 from maxlite.state import TrainState, join, split_trainable
 
 Batch = dict[str, jax.Array]  # inputs, targets, positions, segment_ids: int32 [B, T]; weights: f32
@@ -20,12 +20,18 @@ def loss_sums(params, graphdef, batch: Batch, z_loss_weight: float = 0.0, dropou
     """(sum of weighted loss incl. z-loss and a MoE model's auxiliary losses, ({metric: sum},
     number of real tokens)): the metrics are "loss" (the cross-entropy) and, for a mixture of
     experts, moe.step_metrics' (per-batch means, weighted by the batch's tokens so that they add up
-    over micro-batches like the rest); `dropout_key` only when training with lora_dropout > 0."""
+    over micro-batches like the rest); `dropout_key` only when training with lora_dropout > 0. With
+    context parallelism and load balance every [B, T] array is put into the balanced layout here,
+    once, together (after the step's batch_hash, which sees the batch as the data gave it):
+    maxlite/models/context.py."""
     model = nnx.merge(graphdef, params)
+    shards = context.shards()
+    if context.balanced(model.cfg):
+        batch = context.balance_batch(batch, shards)
     weights_BT = batch["weights"]
     weights = jnp.sum(weights_BT)
     x_BTD, stats = model.forward(batch["inputs"], batch["positions"], batch["segment_ids"], dropout_key)
-    n = loss_lib.num_chunks(model.cfg, batch["inputs"].shape[1])
+    n = loss_lib.num_chunks(model.cfg, batch["inputs"].shape[1], shards)
     if n > 1:  # never holds [B, T, V] logits
         spec, head = model.head()
         loss_sum, xent_sum = loss_lib.chunked_loss_sums(x_BTD, head, batch["targets"], weights_BT,

@@ -55,7 +55,8 @@ def test_unknown_key_in_yaml_names_file(tmp_path):
 
 def test_resolve_fills_minus_one_and_checks_products():
     c = C.resolve(C.load(["base.yml", "model_name=tiny", "ici_tensor_parallelism=2"]), 8)
-    assert c.mesh_shape == (1, 4, 1, 2) and c.num_devices == 8
+    assert [c.axis_size(a) for a in ("data", "fsdp", "context", "tensor")] == [1, 4, 1, 2]
+    assert c.num_devices == 8
     assert c.global_batch_size == 16 and c.tokens_per_step == 16 * c.max_target_length
     with pytest.raises(C.ConfigError, match=r"parallelism product 6 .* != 8 devices"):
         C.resolve(C.load(["base.yml", "model_name=tiny", "ici_fsdp_parallelism=3",
@@ -66,15 +67,20 @@ def test_resolve_fills_minus_one_and_checks_products():
 
 def test_resolve_multislice_fills_dcn():
     c = C.resolve(C.load(["base.yml", "model_name=tiny"]), 16, num_slices=2)
-    assert c.parallelism("dcn") == (2, 1, 1, 1) and c.parallelism("ici") == (1, 8, 1, 1)
-    assert c.mesh_shape == (2, 8, 1, 1)
+    assert {a: n for a, n in zip(C.MESH_AXES, c.parallelism("dcn")) if n != 1} == {"data": 2}
+    assert {a: n for a, n in zip(C.MESH_AXES, c.parallelism("ici")) if n != 1} == {"fsdp": 8}
+    assert c.axis_size("data") == 2 and c.axis_size("fsdp") == 8
 
 
 def test_batch_divisibility_errors():
-    with pytest.raises(C.ConfigError, match="not divisible by data×fsdp = 8"):
+    with pytest.raises(C.ConfigError, match="data×fsdp = 8 batch shards 0.5 sequences, not a whole number.*"
+                                            "e.g. ici_context_parallelism=2"):
         C.resolve(C.load(["base.yml", "model_name=tiny", "per_device_batch_size=0.5"]), 8)
     with pytest.raises(C.ConfigError, match="not a whole number"):
         C.resolve(C.load(["base.yml", "model_name=tiny", "per_device_batch_size=0.3"]), 8)
+    with pytest.raises(C.ConfigError, match="batch shards 1.5 sequences"):
+        C.resolve(C.load(["base.yml", "model_name=tiny", "per_device_batch_size=1.5", "ici_fsdp_parallelism=2",
+                          "ici_data_parallelism=4"]), 8)
     with pytest.raises(C.ConfigError, match="not divisible by 4 processes"):
         C.resolve(C.load(["base.yml", "per_device_batch_size=0.25", "ici_fsdp_parallelism=2",
                           "ici_tensor_parallelism=4"]), 8, num_processes=4)
@@ -278,7 +284,7 @@ def test_mixture_of_experts_mistakes_are_one_line(argv, devices, message):
 
 def test_expert_parallelism_splits_the_batch_and_resolves_the_implementation():
     c = C.resolve(C.load(["base.yml", "model_name=tiny-moe", "ici_expert_parallelism=4"]), 8, platform="cpu")
-    assert c.mesh_shape == (1, 2, 4, 1) and c.moe_implementation == "blocked"
+    assert (c.axis_size("fsdp"), c.axis_size("expert"), c.num_devices) == (2, 4, 8) and c.moe_implementation == "blocked"
     assert C.resolve(C.load(["base.yml", "model_name=tiny-moe"]), 1, platform="gpu").moe_implementation == "ragged"
     assert C.resolve(C.load(["base.yml", "model_name=tiny-moe", "capacity_factor=1.25"]), 1,
                      platform="tpu").moe_implementation == "capacity"

@@ -170,3 +170,21 @@ def test_on_a_tensor_parallel_mesh_the_cache_splits_kv_heads_and_decodes_the_sam
     sharded = jax.tree.unflatten(jax.tree.structure(params), list(leaves))
     on_mesh = generate_ids(built.cfg, sharded, PROMPTS, Sampling(max_new_tokens=8), mesh=built.mesh).tokens
     assert on_mesh == generate_ids(cfg, params, PROMPTS, Sampling(max_new_tokens=8)).tokens
+
+
+def test_on_a_context_parallel_mesh_the_prefill_splits_the_prompt_and_decodes_the_same():
+    """context=2: the prompts (padded to a multiple of the shards) prefill through the training
+    attention split over the context axis; the tokens equal one device's."""
+    import jax
+
+    from maxlite.build import build
+    from maxlite.models import decode
+
+    cfg, _, params = _model("ici_fsdp_parallelism=2", "ici_context_parallelism=2", "per_device_batch_size=0.5",
+                            "attention=blockwise", "attention_block_size=4")
+    built = build(cfg, jax.devices()[:4])
+    assert decode.prompt_length(built.cfg, 9, 2) % 2 == 0
+    leaves = map(jax.device_put, jax.tree.leaves(params), jax.tree.leaves(built.shardings.params))
+    sharded = jax.tree.unflatten(jax.tree.structure(params), list(leaves))
+    on_mesh = generate_ids(built.cfg, sharded, PROMPTS, Sampling(max_new_tokens=6), mesh=built.mesh).tokens
+    assert on_mesh == generate_ids(cfg, params, PROMPTS, Sampling(max_new_tokens=6)).tokens

@@ -8,11 +8,17 @@ import sys
 import numpy as np
 import pytest
 
+from maxlite import config as C
 from maxlite.plan import hlo, topology as T
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 needs_libtpu = pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu not installed: pip install 'maxlite[tpu]'")
 GIB = 2**30
+
+
+def _axes(**sizes) -> dict:
+    """A plan's mesh dict: every axis of maxlite.config.MESH_AXES, 1 unless given."""
+    return {a: sizes.get(a, 1) for a in C.MESH_AXES}
 
 
 # ---- no compiler needed ----
@@ -182,11 +188,12 @@ def tiny_plan():
 def test_tiny_fits_v6e_4x4_with_expected_shardings(tiny_plan):
     p = tiny_plan
     assert p.fits and p.num_devices == 16
-    assert p.mesh == {"data": 1, "fsdp": 8, "tensor": 2}
+    assert p.mesh == _axes(fsdp=8, tensor=2)
     s = p.param_shardings
-    assert s["layers/attn/q"] == "[4, 256, 4, 64] (None, 'fsdp', 'tensor', None)"
-    assert s["layers/mlp/down"] == "[4, 768, 256] (None, 'tensor', 'fsdp')"
-    assert s["embedding"] == "[4096, 256] ('tensor', 'fsdp')"
+    embed = "('fsdp', 'context')"  # the model dim over fsdp × context (context 1 here)
+    assert s["layers/attn/q"] == f"[4, 256, 4, 64] (None, {embed}, 'tensor', None)"
+    assert s["layers/mlp/down"] == f"[4, 768, 256] (None, 'tensor', {embed})"
+    assert s["embedding"] == f"[4096, 256] ('tensor', {embed})"
     assert 0 < p.peak_bytes < T.CHIPS["v6e"].hbm_bytes
     assert p.collectives["all-gather"]["count"] > p.collectives["all-gather"]["static"]  # per layer
     assert p.estimate["is_estimate"] and p.estimate["step_seconds"] > 0
@@ -217,8 +224,8 @@ def test_two_slices_put_data_across_dcn():
 
     p = compile_plan(["base.yml", "model_name=tiny", "weight_dtype=bfloat16"], T.parse("v6e:2x2", 2))
     assert p.fits and p.num_devices == 8
-    assert p.dcn == {"data": 2, "fsdp": 1, "tensor": 1} and p.ici == {"data": 1, "fsdp": 4, "tensor": 1}
-    assert p.mesh == {"data": 2, "fsdp": 4, "tensor": 1}
+    assert p.dcn == _axes(data=2) and p.ici == _axes(fsdp=4)
+    assert p.mesh == _axes(data=2, fsdp=4)
     assert p.data_axis_slices == [[0], [1]]  # each data row lies in one slice: data crosses slices
     assert p.param_bytes_total == p.param_count * 2  # bfloat16 weights
     assert p.estimate["dcn_seconds"] > 0
@@ -243,7 +250,7 @@ def test_json_output(capsys):
 
     assert main(["base.yml", "model_name=tiny", "--topology", "v5e:2x2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["plan"]["fits"] and out["plan"]["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
+    assert out["plan"]["fits"] and out["plan"]["mesh"] == _axes(fsdp=4)
     assert out["plan"]["estimate"]["is_estimate"] is True
 
 
@@ -255,7 +262,7 @@ def test_llama3_8b_fits_v6e_4x4_tutorial_mesh():
     p = compile_plan(["base.yml", "model_name=llama3-8b", "per_device_batch_size=1",
                       "max_target_length=4096", "ici_fsdp_parallelism=4", "ici_tensor_parallelism=4"],
                      T.parse("v6e:4x4"))
-    assert p.fits and p.mesh == {"data": 1, "fsdp": 4, "tensor": 4}
+    assert p.fits and p.mesh == _axes(fsdp=4, tensor=4)
     assert p.param_shardings["layers/attn/k"] == "[32, 4096, 8, 128] (None, 'fsdp', 'tensor', None)"
     assert p.param_shardings["unembedding"] == "[4096, 128256] ('fsdp', 'tensor')"
     assert 8.0e9 < p.param_count < 8.1e9
@@ -349,3 +356,18 @@ def test_offload_policy_moves_layer_inputs_to_host_and_flash_is_a_kernel():
     assert "pinned_host" in text
     assert "tpu_custom_call" in text
     assert "512x512" not in text
+
+
+def test_sweep_splits_long_sequences_over_the_context_axis_too():
+    from maxlite.plan import search
+
+    def meshes(args):
+        rows = search.sweep_candidates(args, T.parse("v6e:2x4"), ("full",))
+        return {tuple(int(o.split("=")[1]) for o in r[:3]) for r in rows}  # (data, context, tensor)
+
+    short = meshes(["base.yml", "model_name=tiny"])
+    assert {c for _, c, _ in short} == {1}
+    # 32k tokens, half a sequence per chip: only meshes whose context (or tensor) axis makes it whole
+    long = meshes(["base.yml", "model_name=tiny", "max_target_length=32768", "per_device_batch_size=0.5"])
+    assert {(1, 2, 1), (1, 4, 1), (1, 4, 2), (1, 1, 2)} <= long and (1, 1, 1) not in long
+    assert all(c * t % 2 == 0 for _, c, t in long)

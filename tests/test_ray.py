@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import signal
 import pathlib
@@ -45,7 +46,7 @@ def test_tpu_v6e_4x4_gives_four_workers_with_four_chips_each():
     assert scaling.topology == "4x4" and scaling.accelerator_type == "TPU-V6E"
     assert scaling.resources_per_worker == {"TPU": 4}
     assert scaling.placement_strategy == "SPREAD"
-    assert cfg.mesh_shape == (1, 16, 1, 1) and cfg.num_slices == 1
+    assert cfg.axis_size("fsdp") == 16 == cfg.num_devices and cfg.num_slices == 1
     assert RT.worker_env(cfg)["JAX_PLATFORMS"] == "tpu"
     assert "XLA_FLAGS" not in RT.worker_env(cfg)  # real chips, no simulated devices
     trainer = RT.build_trainer(cfg)  # JaxTrainer accepts it (TPU jax.distributed is Ray's job)
@@ -64,8 +65,8 @@ def test_tpu_two_slices_give_eight_workers_and_a_dcn_data_axis():
     assert get_tpu_num_slices_for_workers(topology="4x4", accelerator_type="TPU-V6E",
                                           num_workers=8, resources_per_worker={"TPU": 4}) == 2
     assert cfg.num_slices == 2
-    assert cfg.parallelism("dcn") == (2, 1, 1, 1)  # dcn_data_parallelism=2
-    assert cfg.parallelism("ici") == (1, 16, 1, 1)
+    assert cfg.dcn_data_parallelism == 2 == math.prod(cfg.parallelism("dcn"))
+    assert cfg.ici_fsdp_parallelism == 16 == math.prod(cfg.parallelism("ici"))
     assert cfg.global_batch_size == 32
 
 

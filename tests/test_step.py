@@ -34,11 +34,12 @@ def test_parameter_and_optimizer_shardings():
     _, mesh, state, _, _ = build(TINY + ["ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"], 8)
     p = state.params
     spec = lambda x: tuple(x.sharding.spec) + (None,) * (x.ndim - len(x.sharding.spec))
-    assert spec(p["layers"]["attn"]["q"][...]) == (None, "fsdp", "tensor", None)  # [L, D, N, H]
-    assert spec(p["layers"]["attn"]["o"][...]) == (None, "tensor", None, "fsdp")  # [L, N, H, D]
-    assert spec(p["layers"]["mlp"]["down"][...]) == (None, "tensor", "fsdp")  # [L, F, D]
-    assert spec(p["embedding"][...]) == ("tensor", "fsdp")  # [V, D]
-    assert spec(p["unembedding"][...]) == ("fsdp", "tensor")  # [D, V]
+    embed = ("fsdp", "context")  # the model dim over fsdp × context (context is 1 here)
+    assert spec(p["layers"]["attn"]["q"][...]) == (None, embed, "tensor", None)  # [L, D, N, H]
+    assert spec(p["layers"]["attn"]["o"][...]) == (None, "tensor", None, embed)  # [L, N, H, D]
+    assert spec(p["layers"]["mlp"]["down"][...]) == (None, "tensor", embed)  # [L, F, D]
+    assert spec(p["embedding"][...]) == ("tensor", embed)  # [V, D]
+    assert spec(p["unembedding"][...]) == (embed, "tensor")  # [D, V]
     assert spec(p["layers"]["attn_norm"]["scale"][...]) == (None, None)
     # Nothing whole on one device: the biggest matrix is split 8 ways.
     emb = p["embedding"][...]

@@ -261,19 +261,21 @@ def _model(cfg, tp: int, notes: list[str]) -> tuple[list[tuple[str, Any]], list[
 
 
 def _parallel(cfg, nodes: int, gpus: int, notes: list[str]):
-    data, fsdp, tensor = (cfg.axis_size(a) for a in ("data", "fsdp", "tensor"))  # MoE recipes are refused (_model)
-    mbs = cfg.per_device_batch_size * tensor  # one Megatron DP rank = one tensor-parallel group
+    fsdp, context, tensor = (cfg.axis_size(a) for a in ("fsdp", "context", "tensor"))  # MoE recipes are refused (_model)
+    # one Megatron DP rank = one tensor × context-parallel group
+    mbs = cfg.per_device_batch_size * tensor * context
     if abs(mbs - round(mbs)) > 1e-9:
-        notes.append(f"per_device_batch_size={cfg.per_device_batch_size} × tensor {tensor} is not a "
-                     f"whole micro-batch per Megatron data-parallel rank; rounded up")
+        notes.append(f"per_device_batch_size={cfg.per_device_batch_size} × tensor {tensor} × context {context} "
+                     f"is not a whole micro-batch per Megatron data-parallel rank; rounded up")
     mbs = max(1, math.ceil(mbs - 1e-9))
     mega = [("--tensor-model-parallel-size", tensor), ("--pipeline-model-parallel-size", 1),
+            ("--context-parallel-size", context),
             ("--global-batch-size", cfg.global_batch_size), ("--micro-batch-size", mbs),
             ("--seed", cfg.seed), ("--log-interval", cfg.log_period)]
     nemo = [("recipe.trainer.num_nodes", nodes), ("recipe.trainer.devices", gpus),
             ("recipe.trainer.strategy.tensor_model_parallel_size", tensor),
             ("recipe.trainer.strategy.pipeline_model_parallel_size", 1),
-            ("recipe.trainer.strategy.context_parallel_size", 1),
+            ("recipe.trainer.strategy.context_parallel_size", context),
             ("recipe.data.global_batch_size", cfg.global_batch_size),
             ("recipe.data.micro_batch_size", mbs), ("recipe.trainer.log_every_n_steps", cfg.log_period)]
     if fsdp > 1:

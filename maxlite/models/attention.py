@@ -18,6 +18,13 @@ tokens only, itself included (key index j with i − W < j ≤ i, Hugging Face's
 visits only the key blocks the window reaches, splash skips the blocks its LocalMask empties and
 cuDNN gets its sliding-window length, so the work is O(T·W), not O(T²). Scores are scaled by
 `scale` (default 1/√H; Gemma 3's query_pre_attn_scalar^-½).
+With context parallelism (the sequence split over devices: maxlite/models/context.py) every
+implementation runs per shard inside a shard_map: the shard's queries against the whole sequence's
+keys and values, all-gathered (K heads, not N) and put back into sequence order, under the same
+rule of positions: dot_product masks by each query's sequence position, blockwise runs each
+contiguous query chunk against the key blocks up to its own (a loop as long as that shard needs:
+with load balance every shard needs the same), splash gets a mask whose query rows are in the
+shard layout's order, and cuDNN gets a dense mask per block of query rows.
 Shape legend as in layers.py. Sharding-free: the splash kernel, which GSPMD cannot partition, is
 wrapped in a shard_map whose specs come from the logical-axis rules that are active.
 """
@@ -31,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from maxlite.models import context
 from maxlite.models.matmul import project
 from maxlite.models.names import ATTENTION, resolve_attention
 from maxlite.models.platform import target_platform
@@ -47,10 +55,14 @@ def attend(cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window: int = 0, scale: 
     """Dispatch on cfg.attention (resolved with the config; a config that never was — a model built
     by hand — is resolved here by the same rule); `window` (static) is the layer's sliding window,
     0 for a global layer. Returns out_BTNH in q's dtype."""
-    T = q_BTNH.shape[1]
+    T, n = q_BTNH.shape[1], context.shards()
+    is_balanced = context.balanced(cfg)
     impl = cfg.attention
     if impl == "autoselected":
-        impl = resolve_attention(impl, target_platform(), T, cfg.attention_block_size, cfg.sa_block_q)
+        impl = resolve_attention(impl, target_platform(), T, cfg.attention_block_size, cfg.sa_block_q,
+                                 n * (2 if is_balanced else 1))
+    if n > 1:
+        return _across_shards(cfg, impl, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window, scale, is_balanced)
     args = (q_BTNH, k_BSKH, v_BSKH, segment_ids_BT)
     if impl == "dot_product":
         return dot_product(*args, window=window, scale=scale)
@@ -76,13 +88,19 @@ def visible(q_idx, k_idx, window: int):
 
 
 def dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window: int = 0, scale: float | None = None):
+    pos_T = jnp.arange(q_BTNH.shape[1])
+    return _dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, segment_ids_BT, pos_T, pos_T, window, scale)
+
+
+def _dot_product(q_BTNH, k_BSKH, v_BSKH, qseg_BT, kseg_BS, qpos_T, kpos_S, window, scale):
+    """Queries at sequence positions qpos_T against keys at kpos_S (a context shard's queries
+    against the whole sequence)."""
     B, T, N, H = q_BTNH.shape
     K = k_BSKH.shape[2]
     q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
     scores_BKGTS = project("btkgh,bskh->bkgts", q_BTKGH, k_BSKH).astype(jnp.float32)
-    pos_T = jnp.arange(T)
-    mask_BTS = (visible(pos_T[:, None], pos_T[None, :], window)[None]
-                & (segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :]))
+    mask_BTS = (visible(qpos_T[:, None], kpos_S[None, :], window)[None]
+                & (qseg_BT[:, :, None] == kseg_BS[:, None, :]))
     # the mask as an additive bias: its gradient is the identity, so the backward pass keeps no
     # [B, K, G, T, S] mask (a select would); every row keeps its own diagonal, so none is all _NEG
     bias_B11TS = jnp.where(mask_BTS, 0.0, _NEG)[:, None, None]
@@ -94,11 +112,15 @@ def dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window: int = 0, scale: 
 
 # ---- blockwise (online softmax over key blocks, flash-attention-2 backward) -------------------
 #
-# T is cut into n blocks of C. Step d of a scan pairs every query block i with key block i − d
-# (jnp.roll of the key blocks by d; blocks i < d wrap around and are masked), so a step costs
-# T·C scores whatever d is, and the mask depends on (d, c, s) only: query index − key index =
-# d·C + c − s. A causal layer needs d = 0 … n−1; a sliding-window layer only the offsets its
-# window reaches, ⌈(W − 1)/C⌉ + 1 of them: O(T·W) work. Extra legend: n blocks, C = S block length.
+# The queries are cut into n blocks of C, the keys into m blocks of C. Step d of a loop pairs every
+# query block i (sequence block b + i: b is the first query block's, 0 unless the queries are a
+# context shard's chunk) with key block b + i − d (taken from the keys; blocks before the sequence
+# start are masked), so a step costs n·C² scores whatever d is, and the mask depends on (d, c, s)
+# only: query index − key index = d·C + c − s. A causal layer needs d = 0 … b+n−1; a sliding-window
+# layer only the offsets its window reaches, ⌈(W − 1)/C⌉ + 1 of them: O(T·W) work. A context
+# shard's chunk runs as many steps as its own position needs (a loop with a traced trip count):
+# with load balance every shard needs the same. Extra legend: n query blocks, m key blocks, C = S
+# block length.
 
 
 def num_offsets(T: int, block: int, window: int) -> int:
@@ -113,78 +135,93 @@ def _blocks(x_BT, block: int):
     return x_BT.reshape(B, T // block, block, *x_BT.shape[2:])
 
 
-def _offset_scores(q_BnCKGH, k_BnSKH, seg_BnC, kseg_BnS, d, window, scale):
-    """Scaled f32 scores of query block i against key block i − d (k already rolled), masked, and
-    the mask [B, n, 1, 1, C, S]."""
-    n, C = q_BnCKGH.shape[1:3]
+def _key_blocks(d, first, n: int, *xs_Bm):
+    """The key block each query block meets at offset d: (those blocks of each x [B, n, ...], which
+    exist [n], their indices [n])."""
+    idx_n = first + jnp.arange(n) - d
+    take = jnp.maximum(idx_n, 0)
+    return tuple(jnp.take(x, take, axis=1) for x in xs_Bm), idx_n >= 0, take
+
+
+def _offset_scores(q_BnCKGH, k_BnSKH, seg_BnC, kseg_BnS, exists_n, d, window, scale):
+    """Scaled f32 scores of query block i against the key block d behind it, masked, and the mask
+    [B, n, 1, 1, C, S]."""
+    C = q_BnCKGH.shape[2]
     s = jnp.einsum("bnckgh,bnskh->bnkgcs", q_BnCKGH, k_BnSKH).astype(jnp.float32) * scale
     c_C, s_S = jnp.arange(C), jnp.arange(C)
     near_CS = visible(d * C + c_C[:, None], s_S[None, :], window)
-    mask_BnCS = (near_CS[None, None] & (jnp.arange(n) >= d)[None, :, None, None]
+    mask_BnCS = (near_CS[None, None] & exists_n[None, :, None, None]
                  & (seg_BnC[:, :, :, None] == kseg_BnS[:, :, None, :]))
     mask = mask_BnCS[:, :, None, None]
     return jnp.where(mask, s, _NEG), mask
 
 
-def _rolled(d, *xs):
-    return tuple(jnp.roll(x, d, axis=1) for x in xs)
+def _loop(body, init, steps, max_steps: int, dynamic: bool):
+    """body(d, carry) for d = 0 … steps−1: a scan of max_steps (static), or a loop of the traced
+    `steps` (a context shard's own count)."""
+    if dynamic:
+        return jax.lax.fori_loop(0, steps, body, init)
+    return jax.lax.scan(lambda carry, d: (body(d, carry), None), init, jnp.arange(max_steps))[0]
 
 
-def _blockwise_fwd(q_BnCKGH, k_BnSKH, v_BnSKH, seg_BnC, window, scale, offsets):
+def _blockwise_fwd(q_BnCKGH, k_BmSKH, v_BmSKH, qseg_BnC, kseg_BmS, first, steps, window, scale,
+                   max_steps, dynamic):
     B, n, C, K, G, H = q_BnCKGH.shape
 
-    def body(carry, d):
+    def body(d, carry):
         m, l, acc = carry  # [B, n, K, G, C] (acc: ..., H)
-        k, v, kseg = _rolled(d, k_BnSKH, v_BnSKH, seg_BnC)
-        s, mask = _offset_scores(q_BnCKGH, k, seg_BnC, kseg, d, window, scale)
+        (k, v, kseg), exists, _ = _key_blocks(d, first, n, k_BmSKH, v_BmSKH, kseg_BmS)
+        s, mask = _offset_scores(q_BnCKGH, k, qseg_BnC, kseg, exists, d, window, scale)
         m_new = jnp.maximum(m, s.max(-1))
         p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
         correction = jnp.exp(m - m_new)
         l_new = l * correction + p.sum(-1)
         pv = jnp.einsum("bnkgcs,bnskh->bnkgch", p.astype(v.dtype), v)
-        return (m_new, l_new, acc * correction[..., None] + pv.astype(jnp.float32)), None
+        return m_new, l_new, acc * correction[..., None] + pv.astype(jnp.float32)
 
     init = (jnp.full((B, n, K, G, C), _NEG, jnp.float32), jnp.zeros((B, n, K, G, C), jnp.float32),
             jnp.zeros((B, n, K, G, C, H), jnp.float32))
-    (m, l, acc), _ = jax.lax.scan(body, init, jnp.arange(offsets))
+    m, l, acc = _loop(body, init, steps, max_steps, dynamic)
     out_BnCKGH = jnp.transpose(acc / l[..., None], (0, 1, 4, 2, 3, 5)).astype(q_BnCKGH.dtype)
     return out_BnCKGH, m + jnp.log(l)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _blockwise(q_BnCKGH, k_BnSKH, v_BnSKH, seg_BnC, window, scale, offsets):
-    return _blockwise_fwd(q_BnCKGH, k_BnSKH, v_BnSKH, seg_BnC, window, scale, offsets)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10))
+def _blockwise(q_BnCKGH, k_BmSKH, v_BmSKH, qseg_BnC, kseg_BmS, first, steps, window, scale, max_steps,
+               dynamic):
+    return _blockwise_fwd(q_BnCKGH, k_BmSKH, v_BmSKH, qseg_BnC, kseg_BmS, first, steps, window, scale,
+                          max_steps, dynamic)[0]
 
 
-def _blockwise_vjp_fwd(q, k, v, seg, window, scale, offsets):
-    out, lse = _blockwise_fwd(q, k, v, seg, window, scale, offsets)
-    return out, (q, k, v, seg, out, lse)
+def _blockwise_vjp_fwd(q, k, v, qseg, kseg, first, steps, window, scale, max_steps, dynamic):
+    out, lse = _blockwise_fwd(q, k, v, qseg, kseg, first, steps, window, scale, max_steps, dynamic)
+    return out, (q, k, v, qseg, kseg, first, steps, out, lse)
 
 
-def _blockwise_vjp_bwd(window, scale, offsets, res, dout_BnCKGH):
-    q_BnCKGH, k_BnSKH, v_BnSKH, seg_BnC, out_BnCKGH, lse_BnKGC = res
+def _blockwise_vjp_bwd(window, scale, max_steps, dynamic, res, dout_BnCKGH):
+    q_BnCKGH, k_BmSKH, v_BmSKH, qseg_BnC, kseg_BmS, first, steps, out_BnCKGH, lse_BnKGC = res
+    n = q_BnCKGH.shape[1]
     dout = dout_BnCKGH.astype(jnp.float32)
     delta_BnKGC = jnp.einsum("bnckgh,bnckgh->bnkgc", dout, out_BnCKGH.astype(jnp.float32))
     q32 = q_BnCKGH.astype(jnp.float32)
 
-    def body(carry, d):
-        dq, dk, dv = carry  # dk, dv: f32 [B, n, S, K, H], in key-block order
-        k, v, kseg = _rolled(d, k_BnSKH, v_BnSKH, seg_BnC)
-        s, mask = _offset_scores(q_BnCKGH, k, seg_BnC, kseg, d, window, scale)
+    def body(d, carry):
+        dq, dk, dv = carry  # dk, dv: f32 [B, m, S, K, H], in key-block order
+        (k, v, kseg), exists, idx = _key_blocks(d, first, n, k_BmSKH, v_BmSKH, kseg_BmS)
+        s, mask = _offset_scores(q_BnCKGH, k, qseg_BnC, kseg, exists, d, window, scale)
         p = jnp.where(mask, jnp.exp(s - lse_BnKGC[..., None]), 0.0)
         dp = jnp.einsum("bnckgh,bnskh->bnkgcs", dout, v.astype(jnp.float32))
         ds = p * (dp - delta_BnKGC[..., None]) * scale
         dq = dq + jnp.einsum("bnkgcs,bnskh->bnckgh", ds, k.astype(jnp.float32))
-        # the key block these came from is i − d: roll back (the wrapped blocks carry zeros: masked)
-        dk_d, dv_d = (jnp.einsum("bnkgcs,bnckgh->bnskh", ds, q32), jnp.einsum("bnkgcs,bnckgh->bnskh", p, dout))
-        dk_d, dv_d = _rolled(-d, dk_d, dv_d)
-        return (dq, dk + dk_d, dv + dv_d), None
+        # back to the key blocks these came from (blocks that do not exist carry zeros: masked)
+        dk = dk.at[:, idx].add(jnp.einsum("bnkgcs,bnckgh->bnskh", ds, q32))
+        dv = dv.at[:, idx].add(jnp.einsum("bnkgcs,bnckgh->bnskh", p, dout))
+        return dq, dk, dv
 
     zeros = lambda x: jnp.zeros(x.shape, jnp.float32)  # noqa: E731
-    (dq, dk, dv), _ = jax.lax.scan(body, (zeros(q_BnCKGH), zeros(k_BnSKH), zeros(v_BnSKH)),
-                                   jnp.arange(offsets))
-    seg_zero = np.zeros(seg_BnC.shape, jax.dtypes.float0)
-    return (dq.astype(q_BnCKGH.dtype), dk.astype(k_BnSKH.dtype), dv.astype(v_BnSKH.dtype), seg_zero)
+    dq, dk, dv = _loop(body, (zeros(q_BnCKGH), zeros(k_BmSKH), zeros(v_BmSKH)), steps, max_steps, dynamic)
+    ints = [np.zeros(x.shape, jax.dtypes.float0) for x in (qseg_BnC, kseg_BmS, first, steps)]
+    return (dq.astype(q_BnCKGH.dtype), dk.astype(k_BmSKH.dtype), dv.astype(v_BmSKH.dtype), *ints)
 
 
 _blockwise.defvjp(_blockwise_vjp_fwd, _blockwise_vjp_bwd)
@@ -192,15 +229,38 @@ _blockwise.defvjp(_blockwise_vjp_fwd, _blockwise_vjp_bwd)
 
 def blockwise(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, block: int, window: int = 0,
               scale: float | None = None):
-    B, T, N, H = q_BTNH.shape
-    K = k_BSKH.shape[2]
+    T = q_BTNH.shape[1]
     if T % block:
         raise ValueError(f"blockwise attention: block {block} must divide the sequence length {T}")
+    offsets = num_offsets(T, block, window)
+    return _blockwise_chunk(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, segment_ids_BT, np.int32(0),
+                            np.int32(offsets), block, window, scale, offsets, False)
+
+
+def _blockwise_chunk(q_BTNH, k_BSKH, v_BSKH, qseg_BT, kseg_BS, first_block, steps, block, window, scale,
+                     max_steps, dynamic):
+    """Queries that start at sequence block `first_block` against the whole sequence's keys."""
+    B, T, N, H = q_BTNH.shape
+    K = k_BSKH.shape[2]
     q_BnCKGH = _blocks(q_BTNH.reshape(B, T, K, N // K, H), block)
-    out = _blockwise(q_BnCKGH, _blocks(k_BSKH, block), _blocks(v_BSKH, block),
-                     _blocks(segment_ids_BT, block), window, _scale(H, scale),
-                     num_offsets(T, block, window))
+    out = _blockwise(q_BnCKGH, _blocks(k_BSKH, block), _blocks(v_BSKH, block), _blocks(qseg_BT, block),
+                     _blocks(kseg_BS, block), jnp.asarray(first_block, jnp.int32), jnp.asarray(steps, jnp.int32),
+                     window, _scale(H, scale), max_steps, dynamic)
     return out.reshape(B, T, N, H)
+
+
+def _blockwise_shard(q_BTNH, k_BSKH, v_BSKH, qseg_BT, kseg_BS, chunks, block, window, scale):
+    """A context shard's query chunks, each against the keys up to its own (its own step count)."""
+    S = k_BSKH.shape[1]
+    offsets = num_offsets(S, block, window)
+    outs = []
+    for c in chunks:
+        first = c.first // block
+        steps = jnp.minimum(first + c.length // block, offsets)
+        rows = slice(c.start, c.start + c.length)
+        outs.append(_blockwise_chunk(q_BTNH[:, rows], k_BSKH, v_BSKH, qseg_BT[:, rows], kseg_BS, first,
+                                     steps, block, window, scale, offsets, True))
+    return jnp.concatenate(outs, axis=1)
 
 
 # ---- flash: Pallas splash attention ----------------------------------------------------------
@@ -219,18 +279,35 @@ def splash_block_sizes(cfg, seq_len: int):
     return sk.BlockSizes(**sizes, use_fused_bwd_kernel=cfg.sa_use_fused_bwd_kernel)
 
 
-def _splash_local(q_BNTH, k_BKSH, v_BKSH, seg_BT, block_sizes, interpret, window):
+@functools.lru_cache(maxsize=32)
+def _splash_kernel(T: int, N: int, window: int, block_sizes, interpret: bool, head_shards: int = 1,
+                   q_shards: int = 1, balanced_over: int = 0):
+    """A splash kernel over a [T, T] causal (or sliding-window) mask for N heads, its mask info
+    split into head_shards × q_shards; with `balanced_over` = n the query rows are in the balanced
+    layout of n context shards (maxlite/models/context.py). Made once per shape: processing the mask
+    visits every block pair (minutes at T = 128k)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import (splash_attention_kernel as sk,
                                                                   splash_attention_mask as sm)
 
+    if balanced_over:
+        from maxlite.models.splash_mask import OrderedMask
+        head = OrderedMask(context.balanced_order(T, balanced_over), window)
+    else:  # a window: keys i − (W − 1) … i; the kernel skips the blocks this mask leaves empty
+        head = sm.LocalMask((T, T), (window - 1, 0), offset=0) if window else sm.CausalMask((T, T))
+    return sk.make_splash_mha(sm.MultiHeadMask([head] * N), block_sizes=block_sizes,
+                              head_shards=head_shards, q_seq_shards=q_shards, interpret=interpret)
+
+
+def _splash_local(q_BNTH, k_BKSH, v_BKSH, seg_BT, block_sizes, interpret, window):
     N, T = q_BNTH.shape[1], q_BNTH.shape[2]
-    # a window: keys i − (W − 1) … i; the kernel skips the blocks this mask leaves empty
-    head = sm.LocalMask((T, T), (window - 1, 0), offset=0) if window else sm.CausalMask((T, T))
-    mask = sm.MultiHeadMask([head] * N)
-    kernel = sk.make_splash_mha(mask, block_sizes=block_sizes, head_shards=1, q_seq_shards=1,
-                                interpret=interpret)
-    segment_ids = sk.SegmentIds(q=seg_BT, kv=seg_BT)
-    return jax.vmap(kernel)(q_BNTH, k_BKSH, v_BKSH, segment_ids)
+    kernel = _splash_kernel(T, N, window, block_sizes, interpret)
+    sk = _splash_module()
+    return jax.vmap(kernel)(q_BNTH, k_BKSH, v_BKSH, sk.SegmentIds(q=seg_BT, kv=seg_BT))
+
+
+def _splash_module():
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    return sk
 
 
 def _mesh_spec(*logical):
@@ -240,15 +317,18 @@ def _mesh_spec(*logical):
     return nn.logical_to_mesh_axes(logical)
 
 
+def _scaled(q_BTNH, scale):
+    """The kernel does not scale: the queries come scaled."""
+    H = q_BTNH.shape[-1]
+    if scale is None:
+        return q_BTNH / jnp.asarray(math.sqrt(H), q_BTNH.dtype)
+    return q_BTNH * jnp.asarray(scale, q_BTNH.dtype)
+
+
 def flash(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, block_sizes, window: int = 0,
           scale: float | None = None):
-    H = q_BTNH.shape[-1]
     interpret = target_platform() != "tpu"  # the Pallas interpreter: CPU tests
-    if scale is None:  # the kernel does not scale
-        q_BTNH = q_BTNH / jnp.asarray(math.sqrt(H), q_BTNH.dtype)
-    else:
-        q_BTNH = q_BTNH * jnp.asarray(scale, q_BTNH.dtype)
-    q_BNTH = jnp.swapaxes(q_BTNH, 1, 2)
+    q_BNTH = jnp.swapaxes(_scaled(q_BTNH, scale), 1, 2)
     k_BKSH, v_BKSH = jnp.swapaxes(k_BSKH, 1, 2), jnp.swapaxes(v_BSKH, 1, 2)
     local = functools.partial(_splash_local, block_sizes=block_sizes, interpret=interpret, window=window)
     mesh = jax.sharding.get_abstract_mesh()
@@ -262,6 +342,30 @@ def flash(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, block_sizes, window: int = 0,
                                  out_specs=q_spec, check_vma=False)(
             q_BNTH, k_BKSH, v_BKSH, segment_ids_BT)
     return jnp.swapaxes(out_BNTH, 1, 2)
+
+
+def _flash_across(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, block_sizes, window, scale, is_balanced):
+    """Splash over context shards: one kernel for the whole [T, T] mask, its mask info split over
+    the heads' and the sequence's mesh axes (each shard gets its query rows'), as MaxText does."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    B, T, N, H = q_BTNH.shape
+    n, mesh = context.shards(), jax.sharding.get_abstract_mesh()
+    heads = _mesh_spec("activation_heads")[0]
+    head_shards = int(np.prod([mesh.shape[a] for a in ((heads,) if isinstance(heads, str) else heads or ())]))
+    kernel = _splash_kernel(T, N, window, block_sizes, target_platform() != "tpu", head_shards, n,
+                            n if is_balanced else 0)
+    kernel_spec = kernel.manual_sharding_spec(NamedSharding(mesh, P(heads, context.length_axes())))
+    sk = _splash_module()
+
+    def local(q, k, v, qseg, kseg, chunks, kernel):
+        q_BNTH, k_BKSH, v_BKSH = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))
+        out_BNTH = jax.vmap(lambda *a: kernel(*a[:3], sk.SegmentIds(q=a[3], kv=a[4])))(
+            q_BNTH, k_BKSH, v_BKSH, qseg, kseg)
+        return jnp.swapaxes(out_BNTH, 1, 2)
+
+    return context.across_shards(local, _scaled(q_BTNH, scale), k_BSKH, v_BSKH, segment_ids_BT, is_balanced,
+                                 kernel, kernel_spec)
 
 
 # ---- cudnn_flash ----------------------------------------------------------------------------
@@ -307,3 +411,59 @@ def cudnn_flash(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, max_segments: int = 0, w
             qkv_layout="BTNH", sliding_window_length=window or None)
 
     return jax.lax.cond(fits, packed, dense)
+
+
+CUDNN_SHARD_ROWS = 1024  # context shards: query rows per cuDNN call (its dense mask: rows × T bytes per row)
+
+
+def _cudnn_shard(q_BTNH, k_BSKH, v_BSKH, qseg_BT, kseg_BS, qpos_T, window, scale,
+                 implementation: str = "cudnn"):
+    """A context shard's queries (at sequence positions qpos_T) against the whole sequence through
+    jax.nn.dot_product_attention with a dense mask, CUDNN_SHARD_ROWS query rows at a time: cuDNN
+    aligns its causal mask to the top-left corner, which a shard's queries (positions other than
+    0 … T−1 against keys 0 … S−1) do not share. `implementation` "xla" runs the same blocks on CPU."""
+    B, T, N, H = q_BTNH.shape
+    rows = min(CUDNN_SHARD_ROWS, T)
+    while T % rows:
+        rows -= 1
+    kpos_S = jnp.arange(k_BSKH.shape[1])
+
+    def one(args):
+        q_BRNH, qseg_BR, qpos_R = args
+        mask_BRS = (visible(qpos_R[:, None], kpos_S[None, :], window)[None]
+                    & (qseg_BR[:, :, None] == kseg_BS[:, None, :]))
+        return jax.nn.dot_product_attention(q_BRNH, k_BSKH, v_BSKH, mask=mask_BRS[:, None], scale=scale,
+                                            implementation=implementation)
+
+    blocks = (jnp.swapaxes(q_BTNH.reshape(B, T // rows, rows, N, H), 0, 1),
+              jnp.swapaxes(qseg_BT.reshape(B, T // rows, rows), 0, 1), qpos_T.reshape(T // rows, rows))
+    out = jax.lax.map(one, blocks)
+    return jnp.swapaxes(out, 0, 1).reshape(B, T, N, H)
+
+
+# ---- context parallelism: every implementation per shard ------------------------------------
+
+
+def _across_shards(cfg, impl, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window, scale, is_balanced):
+    """`impl` with the sequence split over the context axes (maxlite/models/context.py)."""
+    T = q_BTNH.shape[1]
+    chunk = T // context.shards() // (2 if is_balanced else 1)
+    H = q_BTNH.shape[-1]
+    if impl == "flash":
+        return _flash_across(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, splash_block_sizes(cfg, chunk), window,
+                             scale, is_balanced)
+    if impl == "dot_product":
+        def local(q, k, v, qseg, kseg, chunks):
+            return _dot_product(q, k, v, qseg, kseg, context.query_positions(chunks), jnp.arange(k.shape[1]),
+                                window, scale)
+    elif impl == "blockwise":
+        block = min(cfg.attention_block_size, chunk)
+
+        def local(q, k, v, qseg, kseg, chunks):
+            return _blockwise_shard(q, k, v, qseg, kseg, chunks, block, window, scale)
+    else:
+        assert impl == "cudnn_flash", impl
+
+        def local(q, k, v, qseg, kseg, chunks):
+            return _cudnn_shard(q, k, v, qseg, kseg, context.query_positions(chunks), window, _scale(H, scale))
+    return context.across_shards(local, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, is_balanced)

@@ -9,13 +9,17 @@ sliding-window layer only its last W (S = min(W, prompt + new tokens)) as a ring
 in slot p mod S, and each stack records the position in every slot (-1: empty). A step's queries
 attend to the cache as it was plus the step's own keys, under one rule: key position j is visible
 to query position p iff 0 ≤ j ≤ p (and p − j < W in a window); padding past len_b is never
-written. The blocks are the training blocks (`Attention.qkv`/`out`, `Block.add_attention`/
+written. The prefill runs the training attention (maxlite.models.attention.attend: blockwise,
+splash, cuDNN, and with context parallelism the prompt split over the context axis like a training
+sequence, without load balance), so a long prompt never builds its [P, P] scores; new keys go into
+their slots by a scatter, never a [T, S] one-hot. The blocks are the training blocks (`Attention.qkv`/`out`, `Block.add_attention`/
 `add_mlp`): what was trained is what decodes. A model whose layers differ in window (Gemma 3)
 runs its layers one by one (sliced out of a scanned stack); the others scan as they train.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import NamedTuple
 
@@ -23,9 +27,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from maxlite.models import matmul
+from maxlite.models import attention, context, matmul
 from maxlite.models.families import layer_stacks, layer_windows
 from maxlite.models.layers import constrain
+from maxlite.models.names import resolve_attention
+from maxlite.models.platform import target_platform
 
 # the cache's logical axes: K/V heads split like the attention's (tensor), layers and batch not split
 CACHE_AXES = ("layers", "activation_batch", "activation_length", "activation_kv_heads", "head_dim")
@@ -68,23 +74,18 @@ def cache_bytes(cfg, batch: int, length: int) -> int:
                * jnp.dtype(cfg.dtype).itemsize for w, layers in layer_groups(cfg).items())
 
 
-def _written(positions_BT, lengths_B, size: int):
-    """Which slot each new token goes to [B, T, S]: its position mod S, for the last S real tokens
-    (position < len_b) only, so no two of them collide and padding is never written."""
+def _slots(positions_BT, lengths_B, size: int):
+    """The slot each new token goes to [B, T]: its position mod S, for the last S real tokens
+    (position < len_b) only, so no two of them collide; `size` (past the end: dropped) for the rest,
+    so padding is never written."""
     valid_BT = (positions_BT < lengths_B[:, None]) & (positions_BT >= lengths_B[:, None] - size)
-    return ((positions_BT % size)[:, :, None] == jnp.arange(size)) & valid_BT[:, :, None]
+    return jnp.where(valid_BT, positions_BT % size, size)
 
 
-def _write(cache_BSKH, new_BTKH, onehot_BTS):
-    onehot = onehot_BTS.astype(cache_BSKH.dtype)
-    keep_BS = 1 - jnp.max(onehot, axis=1)
-    return (cache_BSKH * keep_BS[:, :, None, None]
-            + jnp.einsum("bts,btkh->bskh", onehot, new_BTKH.astype(cache_BSKH.dtype)))
-
-
-def _slot_positions(pos_BS, positions_BT, onehot_BTS):
-    written_BS = jnp.any(onehot_BTS, axis=1)
-    return jnp.where(written_BS, jnp.max(jnp.where(onehot_BTS, positions_BT[:, :, None], -1), axis=1), pos_BS)
+def _write(cache_BS, new_BT, slots_BT):
+    """cache[b, slots[b, t]] = new[b, t] (slots past the end dropped)."""
+    rows_B1 = jnp.arange(cache_BS.shape[0])[:, None]
+    return cache_BS.at[rows_B1, slots_BT].set(new_BT.astype(cache_BS.dtype), mode="drop")
 
 
 def _attend(q_BTNH, k_BSKH, v_BSKH, kpos_BS, qpos_BT, window: int, scale: float):
@@ -101,38 +102,82 @@ def _attend(q_BTNH, k_BSKH, v_BSKH, kpos_BS, qpos_BT, window: int, scale: float)
     return jnp.einsum("bkgts,bskh->btkgh", probs_BKGTS, v_BSKH).reshape(B, T, N, H)
 
 
-def _block(layer, x_BTD, positions_BT, onehot_BTS, k_BSKH, v_BSKH, pos_BS, window: int):
-    """One layer over T new tokens: attention to (cache, new keys), then the cache written."""
+def _tile(cfg, impl: str) -> int:
+    """The block an implementation cuts the sequence into (1: any length)."""
+    if impl == "blockwise":
+        return cfg.attention_block_size
+    if impl == "flash":
+        return max(getattr(cfg, f"sa_{k}") for k in attention._SPLASH_KEYS)
+    return 1
+
+
+def _implementation(cfg, length: int, shards: int) -> str:
+    impl = cfg.attention
+    if impl == "autoselected":
+        impl = resolve_attention(impl, target_platform(), length, cfg.attention_block_size, cfg.sa_block_q, shards)
+    return impl
+
+
+def prompt_length(cfg, length: int, shards: int = 1) -> int:
+    """The length a batch of prompts of at most `length` tokens is padded to for the prefill: a
+    multiple of `shards` (the context shards of the mesh), and of `shards` whole blocks of the
+    attention when the prompt spans more than that, so the training attention tiles it."""
+    unit = shards * _tile(cfg, _implementation(cfg, length, shards))
+    unit = unit if length > unit else shards
+    return -(-length // unit) * unit
+
+
+def prefill_config(cfg, length: int, shards: int = 1):
+    """The config the prefill attends with: the training attention where it tiles the prompt (else
+    dot_product: a short prompt), never the load-balanced layout (a prompt keeps its order)."""
+    impl = _implementation(cfg, length, shards)
+    if length % shards or (length // shards) % min(_tile(cfg, impl), length // shards):
+        impl = "dot_product"
+    return dataclasses.replace(cfg, attention=impl, context_parallel_load_balance=False)
+
+
+def _block(layer, x_BTD, positions_BT, slots_BT, k_BSKH, v_BSKH, pos_BS, window: int, prefill_cfg=None):
+    """One layer over T new tokens: attention to (cache, new keys) — in the prefill, to the new
+    keys alone (the cache is empty) through the training attention —, then the cache written."""
     q_BTNH, k_new, v_new = layer.attn.qkv(layer.attn_norm(x_BTD), positions_BT, local=bool(window))
     scale = layer.attn.query_scale or 1.0 / math.sqrt(q_BTNH.shape[-1])
-    keys, values = (jnp.concatenate([c, new.astype(c.dtype)], axis=1) for c, new in ((k_BSKH, k_new), (v_BSKH, v_new)))
-    kpos_BS = jnp.concatenate([pos_BS, positions_BT], axis=1)
-    out_BTNH = _attend(q_BTNH, keys, values, kpos_BS, positions_BT, window, scale)
+    if prefill_cfg is not None:
+        # right-padded rows: padding sits after every real token, so no real query sees it
+        segment_ids_BT = jnp.ones(positions_BT.shape, jnp.int32)
+        out_BTNH = attention.attend(prefill_cfg, q_BTNH, k_new, v_new, segment_ids_BT, window=window,
+                                    scale=layer.attn.query_scale)
+    else:
+        keys, values = (jnp.concatenate([c, new.astype(c.dtype)], axis=1)
+                        for c, new in ((k_BSKH, k_new), (v_BSKH, v_new)))
+        kpos_BS = jnp.concatenate([pos_BS, positions_BT], axis=1)
+        out_BTNH = _attend(q_BTNH, keys, values, kpos_BS, positions_BT, window, scale)
     x_BTD = layer.add_mlp(layer.add_attention(x_BTD, layer.attn.out(out_BTNH)))
-    k_BSKH, v_BSKH = (constrain(_write(c, new, onehot_BTS), CACHE_AXES[1:]) for c, new in
+    k_BSKH, v_BSKH = (constrain(_write(c, new, slots_BT), CACHE_AXES[1:]) for c, new in
                       ((k_BSKH, k_new), (v_BSKH, v_new)))
     return x_BTD, k_BSKH, v_BSKH
 
 
-def forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache) -> tuple[jax.Array, Cache]:
+def forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache, prefill_cfg=None) -> tuple[jax.Array, Cache]:
     """(final-normed hidden states x_BTD, the cache with these T tokens written in); `lengths_B`
-    is each row's count of real tokens once these are in (tokens at positions ≥ it are padding)."""
+    is each row's count of real tokens once these are in (tokens at positions ≥ it are padding).
+    With `prefill_cfg` (`prefill_config`) the cache is empty and the tokens attend to each other
+    through the training attention."""
     with matmul.quantization(model.cfg.quantization):  # as training runs the layers
-        return _forward(model, tokens_BT, positions_BT, lengths_B, cache)
+        return _forward(model, tokens_BT, positions_BT, lengths_B, cache, prefill_cfg)
 
 
-def _forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache) -> tuple[jax.Array, Cache]:
+def _forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache, prefill_cfg) -> tuple[jax.Array, Cache]:
     cfg = model.cfg
     x_BTD = model.embed(tokens_BT, positions_BT)
     groups = layer_groups(cfg)
-    onehot = {w: _written(positions_BT, lengths_B, s.pos_BS.shape[1]) for w, s in cache.stacks.items()}
+    slots = {w: _slots(positions_BT, lengths_B, s.pos_BS.shape[1]) for w, s in cache.stacks.items()}
     stacks = layer_stacks(cfg)
     if cfg.scan_layers and len(groups) == 1 and len(stacks) == 1 and len(stacks[0].unit) == 1:
         # every layer alike and in one stack: scan them as training does
         (window, stack), = cache.stacks.items()
 
         def body(x, layer, k, v):
-            x, k, v = _block(layer, x, positions_BT, onehot[window], k, v, stack.pos_BS, window)
+            x, k, v = _block(layer, x, positions_BT, slots[window], k, v, stack.pos_BS, window, prefill_cfg)
             return x, (k, v)
         scan = nnx.scan(body, in_axes=(nnx.Carry, 0, 0, 0), out_axes=(nnx.Carry, 0),
                         transform_metadata={nnx.PARTITION_NAME: "layers"})
@@ -146,12 +191,12 @@ def _forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache) -> tuple[j
             w = windows[i]
             j = len(ks[w])
             stack = cache.stacks[w]
-            x_BTD, k, v = _block(layer, x_BTD, positions_BT, onehot[w], stack.k_LBSKH[j], stack.v_LBSKH[j],
-                                 stack.pos_BS, w)
+            x_BTD, k, v = _block(layer, x_BTD, positions_BT, slots[w], stack.k_LBSKH[j], stack.v_LBSKH[j],
+                                 stack.pos_BS, w, prefill_cfg)
             ks[w].append(k)
             vs[w].append(v)
         new = {w: (jnp.stack(ks[w]), jnp.stack(vs[w])) for w in groups}
-    stacks = {w: Stack(*new[w], _slot_positions(s.pos_BS, positions_BT, onehot[w])) for w, s in cache.stacks.items()}
+    stacks = {w: Stack(*new[w], _write(s.pos_BS, positions_BT, slots[w])) for w, s in cache.stacks.items()}
     return model.final_norm(x_BTD), Cache(stacks)
 
 
@@ -182,7 +227,8 @@ def generate_tokens(graphdef, params, prompt_BP, lengths_B, key, *, max_new_toke
     model = nnx.merge(graphdef, params)
     B, P = prompt_BP.shape
     cache = empty_cache(model.cfg, B, P + max_new_tokens)
-    x_BPD, cache = forward(model, prompt_BP, jnp.broadcast_to(jnp.arange(P), (B, P)), lengths_B, cache)
+    x_BPD, cache = forward(model, prompt_BP, jnp.broadcast_to(jnp.arange(P), (B, P)), lengths_B, cache,
+                           prefill_config(model.cfg, P, context.shards()))
     x_B1D = jnp.take_along_axis(x_BPD, (lengths_B - 1)[:, None, None], axis=1)
     key, sub = jax.random.split(key)
     token_B = sample(model.logits(x_B1D)[:, 0], sub, temperature, top_k, top_p)

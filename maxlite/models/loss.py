@@ -1,7 +1,10 @@
 """Cross-entropy (+ z-loss) of the output head without ever holding the [B, T, V] logits.
 
 The sequence is cut into `num_vocab_tiling` chunks (MaxText's key); a scan computes each chunk's
-logits [B, C, V], its log-partition and target logit, and keeps only sums. The backward pass (a
+logits [B, C, V], its log-partition and target logit, and keeps only sums. A chunk takes every
+n-th token (chunk k: tokens k, k + n, k + 2n, …): the sums do not care about order, and a
+sequence split over context shards stays split the same way inside every chunk (each device
+computes its own tokens' logits, none gathers another's hidden states). The backward pass (a
 custom VJP) recomputes each chunk's logits and turns them into the chunk's input gradient and its
 share of the head's gradient, so peak memory holds one chunk of logits, never T·V per sequence.
 The head comes as stored (`Transformer.head()`: the embedding table [V, D], spec "vd", when tied,
@@ -25,27 +28,30 @@ AUTO_CHUNK = 512               # tokens per chunk when num_vocab_tiling = -1 ...
 AUTO_MIN_LOGITS = 2**27        # ... and a sequence's logits T·V reach this many values
 
 
-def num_chunks(cfg, seq_len: int) -> int:
-    """Chunks for this sequence length: the key, or (auto) 512-token chunks for large T·V."""
+def num_chunks(cfg, seq_len: int, shards: int = 1) -> int:
+    """Chunks for this sequence length: the key, or (auto) chunks of 512 tokens per device when a
+    device's logits (T/shards)·V reach AUTO_MIN_LOGITS; `shards`: the context shards of a sequence."""
     if cfg.num_vocab_tiling > 0:
         return cfg.num_vocab_tiling
-    if seq_len * cfg.vocab_size < AUTO_MIN_LOGITS or seq_len <= AUTO_CHUNK:
+    per_device = seq_len // shards
+    if per_device * cfg.vocab_size < AUTO_MIN_LOGITS or per_device <= AUTO_CHUNK:
         return 1
-    n = seq_len // AUTO_CHUNK
+    n = per_device // AUTO_CHUNK
     while seq_len % n:
         n -= 1
     return n
 
 
 def _chunks(x_BT, n: int):
-    """[B, T, ...] → [n, B, T/n, ...]: the batch dim (and its sharding) stays where it was."""
+    """[B, T, ...] → [n, B, T/n, ...], chunk k holding tokens k, k + n, …: the batch dim and a
+    split of the sequence stay where they were."""
     B, T = x_BT.shape[:2]
-    return jnp.swapaxes(x_BT.reshape(B, n, T // n, *x_BT.shape[2:]), 0, 1)
+    return jnp.moveaxis(x_BT.reshape(B, T // n, n, *x_BT.shape[2:]), 2, 0)
 
 
 def _unchunk(x_nBC):
     n, B, C = x_nBC.shape[:3]
-    return jnp.swapaxes(x_nBC, 0, 1).reshape(B, n * C, *x_nBC.shape[3:])
+    return jnp.moveaxis(x_nBC, 0, 2).reshape(B, C * n, *x_nBC.shape[3:])
 
 
 def _logits(x_BCD, head, spec: str):

@@ -17,11 +17,13 @@ QUANTIZATION = ("", "int8", "fp8", "fp8_full", "fp8_gpu")  # MaxText's values; m
 BLOCKWISE_MIN_LENGTH = 2048  # on CPU, dot_product's T×T scores cost more than blocking saves below this
 
 
-def resolve_attention(name: str, platform: str, seq_len: int, block_size: int, splash_block_q: int) -> str:
+def resolve_attention(name: str, platform: str, seq_len: int, block_size: int, splash_block_q: int,
+                      pieces: int = 1) -> str:
     """The implementation `name` stands for on `platform` (cpu | gpu | tpu) at sequence length
     `seq_len`: `autoselected` is flash on TPU, cudnn_flash on GPU, blockwise on CPU from
     BLOCKWISE_MIN_LENGTH on, else dot_product — and dot_product where the chosen kernel's blocks
-    (attention_block_size, sa_block_q) do not tile the sequence. A named one is itself."""
+    (attention_block_size, sa_block_q) do not tile the sequence, or each of its `pieces` chunks
+    (context parallelism: maxlite.models.context). A named one is itself."""
     if name != "autoselected":
         return name
     if platform == "tpu":
@@ -32,7 +34,8 @@ def resolve_attention(name: str, platform: str, seq_len: int, block_size: int, s
         chosen, block = "blockwise", block_size
     else:
         return "dot_product"
-    return chosen if seq_len % min(block, seq_len) == 0 else "dot_product"
+    chunk = seq_len // pieces
+    return chosen if seq_len % pieces == 0 and chunk % min(block, chunk) == 0 else "dot_product"
 
 
 MOE_IMPLEMENTATIONS = ("autoselected", "dense", "ragged", "blocked", "megablox", "capacity")

@@ -142,7 +142,7 @@ def compile_plan(args: list[str], topology: Topology, overrides: list[str] = ())
         dcn=dict(zip(C.MESH_AXES, cfg.parallelism("dcn"))),
         ici=dict(zip(C.MESH_AXES, cfg.parallelism("ici"))), overrides=list(overrides),
         recipe={k: getattr(cfg, k) for k in _RECIPE_KEYS} | {"global_batch_size": cfg.global_batch_size,
-                                                             "loss_chunks": num_chunks(cfg, T),
+                                                             "loss_chunks": num_chunks(cfg, T, cfg.axis_size("context")),
                                                              "attention_requested": requested.attention},
         fits=False,
         param_count=param_count(abstract.params),

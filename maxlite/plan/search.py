@@ -125,19 +125,27 @@ def suggest(args: list[str], topology: Topology, base: Plan, progress: Progress 
     return out
 
 
+LONG_CONTEXT = 16384  # from this sequence length on the sweep tries splitting it (context 1, 2, 4) too
+
+
 def sweep_candidates(args: list[str], topology: Topology, remats: tuple[str, ...]) -> list[list[str]]:
-    """Meshes within the slice (data × fsdp × tensor, tensor up to 8) × remat policies that resolve."""
+    """Meshes within the slice (data × fsdp × context × tensor, tensor up to 8) × remat policies that
+    resolve; the context axis stays the recipe's, and from LONG_CONTEXT tokens on also 1, 2 and 4
+    (the same batch: per_device_batch_size counts sequences per device whatever splits them)."""
     n = topology.chips_per_slice
+    raw = C.load(args)
+    contexts = sorted({raw.ici_context_parallelism} | ({1, 2, 4} if raw.max_target_length >= LONG_CONTEXT else set()))
     meshes = [(1, 1), (1, 2), (1, 4), (1, 8), (2, 1), (2, 4)]  # (data, tensor); fsdp fills the rest
     out = []
-    for data, tensor in meshes:
-        if n % (data * tensor) or data * tensor > n:
-            continue
-        for remat in remats:
-            overrides = [f"ici_data_parallelism={data}", f"ici_tensor_parallelism={tensor}",
-                         "ici_fsdp_parallelism=-1", f"remat_policy={remat}"]
-            if not _valid(args, topology, overrides):
-                out.append(overrides)
+    for context in contexts:
+        for data, tensor in meshes:
+            if n % (data * tensor * context) or data * tensor * context > n:
+                continue
+            for remat in remats:
+                overrides = [f"ici_data_parallelism={data}", f"ici_context_parallelism={context}",
+                             f"ici_tensor_parallelism={tensor}", "ici_fsdp_parallelism=-1", f"remat_policy={remat}"]
+                if not _valid(args, topology, overrides):
+                    out.append(overrides)
     return out
 
 
