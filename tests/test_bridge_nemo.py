@@ -20,6 +20,10 @@ def test_every_preset_maps_its_architecture(preset):
     cfg = C.load(["base.yml", f"model_name={preset}"])
     if family(cfg).post_norms:  # Gemma 3: see the refusal test
         return
+    if family(cfg).moe:  # not mapped yet: refused in one line
+        with pytest.raises(C.ConfigError, match="cannot express a mixture of experts"):
+            nemo.map_recipe(cfg)
+        return
     m = nemo.map_recipe(cfg)
     a, n = m.megatron_dict(), dict(m.nemo)
     gpt3 = cfg.decoder_block == "gpt3"
