@@ -276,6 +276,8 @@ def test_every_key_of_base_yml_is_read_by_code():
      "num_experts=6 must be a multiple of it"),
     (["model_name=tiny", "ici_expert_parallelism=2"], 2, "a dense model has none"),
     (["model_name=tiny-moe", "lora_rank=4"], 1, "adapts the attention projections"),
+    (["model_name=tiny-moe", "ici_expert_parallelism=2", "ici_context_parallelism=2"], 4,
+     "context parallelism 2 with expert parallelism 2 is not supported yet"),
 ])
 def test_mixture_of_experts_mistakes_are_one_line(argv, devices, message):
     with pytest.raises(C.ConfigError, match=message):
