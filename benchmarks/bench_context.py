@@ -18,26 +18,13 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-import statistics
 import sys
-import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from benchmarks._results import write_result  # noqa: E402
-
-
-def _time(fn, args, repeats: int) -> float:
-    import jax
-
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from benchmarks.bench_attention import _time  # noqa: E402  (median of repeats after compiling)
 
 
 def _memory(compiled) -> dict:
