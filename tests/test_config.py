@@ -258,7 +258,7 @@ def test_every_key_of_base_yml_is_read_by_code():
 
     root = pathlib.Path(C.__file__).parent
     texts = [p.read_text() for p in [*root.rglob("*.py"), *(root.parent / "ray_entry").rglob("*.py")]
-             if p != pathlib.Path(C.__file__)]
+             if p.name not in ("config.py", "config_checks.py")]  # what validates a key does not read it
     derived = re.findall(r"self\.(\w+)", C.pathlib.Path(C.__file__).read_text())
     by_table = {f"sa_{k}" for k in attention._SPLASH_KEYS} | {
         f"{p}_{axis}_parallelism" for p in ("ici", "dcn") for axis in C.MESH_AXES}

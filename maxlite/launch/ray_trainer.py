@@ -14,19 +14,17 @@ save at an agreed step, status.json says `stopped`, exit 130 (Ctrl-C again: at o
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 import os
-import shutil
 import socket
 import sys
-import tempfile
 import time
 import uuid
-from typing import Any, Iterator
+from typing import Any
 
 from maxlite import config as C, outcome
+from maxlite.launch.ray_cluster import connect, free_port
 
 RAY_RUN_NAME = "ray_train"  # Ray's own records live in {run_dir}/ray_train/
 ELASTIC_NEVER_RESIZE_S = 10.0**9  # Ray's resize check of a healthy group: never
@@ -159,18 +157,12 @@ def build_trainer(cfg: C.Config, attempt: int = 0, job: tuple[str, str] = ("", "
 # ---------------------------------------------------------------- on each worker
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 def _setup_cpu_distributed(rank: int, world: int) -> None:
     """CPU workers: rank 0 picks the coordinator, everyone learns it; before any JAX call."""
     import ray
     from ray.train.collective import broadcast_from_rank_zero
 
-    address = f"{ray.util.get_node_ip_address()}:{_free_port()}" if rank == 0 else None
+    address = f"{ray.util.get_node_ip_address()}:{free_port()}" if rank == 0 else None
     address = broadcast_from_rank_zero(address)
     os.environ.update(MAXLITE_COORDINATOR=address, MAXLITE_NUM_PROCESSES=str(world),
                       MAXLITE_PROCESS_ID=str(rank))
@@ -309,78 +301,6 @@ def _stop_request(run_dir: str, now=time.time):
 # ---------------------------------------------------------------- the driver
 
 
-@contextlib.contextmanager
-def connect(cfg: C.Config) -> Iterator[str]:
-    """Attach to RAY_ADDRESS (set by `ray job submit`), else start a private local cluster and stop it."""
-    import ray
-
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
-        try:
-            yield f"cluster at {os.environ['RAY_ADDRESS']}"
-        finally:
-            ray.shutdown()
-        return
-    # A local ray.init() would write an auth token that later breaks `ray job submit`; a private
-    # temp dir (short: it holds unix sockets) keeps this cluster apart from any other on the machine.
-    temp_dir = tempfile.mkdtemp(prefix="ray_maxlite_", dir="/tmp")
-    # Ray streams /tmp/tpu_logs to the driver when it exists (any libtpu user on the machine
-    # writes there); this CPU cluster has no TPU logs of its own, so point it at an empty dir.
-    # A local machine is never drained for preemption; Ray's watcher for it only logs an error here.
-    env = {"RAY_AUTH_MODE": "disabled", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
-           "TPU_LOG_DIR": os.environ.get("TPU_LOG_DIR") or
-           tempfile.mkdtemp(prefix="tpu_logs_", dir=temp_dir)}
-    saved = {k: os.environ.get(k) for k in (*env, "RAY_API_SERVER_ADDRESS")}
-    os.environ.update(env)
-    cpus = max(num_workers(cfg) * cfg.ray_cpus_per_worker, os.cpu_count() or 1)
-    try:
-        # The dashboard serves the state API that Ray Train's placement-group cleaner polls. The
-        # free port we pick can be taken by one of Ray's own (random) ports before the dashboard
-        # binds it (seen once in CI): pick another.
-        for tries_left in (2, 1, 0):
-            port = _free_port()
-            # Ray Train's placement-group cleaner finds the state API by scanning the machine's
-            # clusters unless told; with another cluster on the machine it fails with "Found
-            # multiple active Ray instances". The cluster's processes inherit the address instead.
-            os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
-            try:
-                with _children_ignore_sigint():
-                    ray.init(address="local", num_cpus=cpus, include_dashboard=True, dashboard_port=port,
-                             _temp_dir=temp_dir, log_to_driver=True, logging_level="WARNING")
-                break
-            except ValueError as e:
-                ray.shutdown()
-                if "already occupied" not in str(e) or not tries_left:
-                    raise
-        yield f"local Ray cluster ({cpus} CPUs, temp dir {temp_dir})"
-    finally:
-        ray.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-@contextlib.contextmanager
-def _children_ignore_sigint():
-    """The local cluster's processes (GCS, raylet, dashboard, and the workers the raylet starts)
-    inherit an ignored SIGINT: a terminal's Ctrl-C reaches the driver's whole process group, and
-    the driver alone decides what it means (a stop request the workers read, `_DriverInterrupt`)."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def _first_cause(error: Exception) -> str:
     """One line for the user: which worker failed and how (the full traceback is in the logs)."""
     failures = getattr(error, "worker_failures", None) or {}
@@ -499,7 +419,7 @@ def run(cfg: C.Config) -> dict[str, Any]:
     # every worker group this driver starts (restarts, elastic groups) is the same job: a later
     # group takes the run's lease over from the one before at once
     job = (f"ray:{uuid.uuid4().hex}", f"Ray job (driver on {socket.gethostname()}, pid {os.getpid()})")
-    with connect(cfg) as where:
+    with connect(num_workers(cfg) * cfg.ray_cpus_per_worker) as where:
         print(f"maxlite: Ray: {num_workers(cfg)} worker(s) × {devices_per_worker(cfg)} device(s) on "
               f"{where}; run directory {cfg.run_dir}; max_restarts={budget}", flush=True)
         try:
