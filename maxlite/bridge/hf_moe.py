@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from maxlite.bridge import hf_llama
+from maxlite.bridge import hf_llama, hf_qwen
 from maxlite.bridge.hf_convert import TensorMap, linear, of_expert
 
 ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}  # by decoder_block
@@ -77,14 +77,12 @@ def hf_config(cfg, dtype: str = "float32", bos_id: int | None = None, eos_id: in
     if cfg.decoder_block == "mixtral":
         return {**common, "intermediate_size": cfg.base_moe_mlp_dim, "num_local_experts": cfg.num_experts,
                 "sliding_window": window or None, "router_jitter_noise": 0.0}
-    L = cfg.base_num_decoder_layers
     # transformers 5 writes num_local_experts, 4.x num_experts
     return {**common, "moe_intermediate_size": cfg.base_moe_mlp_dim, "num_experts": cfg.num_experts,
             "num_local_experts": cfg.num_experts,
             "norm_topk_prob": bool(cfg.norm_topk_prob), "decoder_sparse_step": cfg.interleave_moe_layer_step,
             "mlp_only_layers": list(range(cfg.first_num_dense_layers)), "attention_bias": bool(cfg.use_bias),
-            "use_sliding_window": bool(window), "sliding_window": window or None,
-            "max_window_layers": 0 if window else L}
+            **hf_qwen.window_config(cfg)}
 
 
 def config_overrides(hf: dict) -> dict:

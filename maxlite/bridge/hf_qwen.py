@@ -35,12 +35,18 @@ def import_maps(cfg, names: set[str]) -> list[TensorMap]:
 ignore = hf_llama.ignore
 
 
+def window_config(cfg) -> dict:
+    """Qwen's sliding-window keys (Qwen2/3 and Qwen3-MoE): every layer windowed, or none."""
+    window = cfg.sliding_window
+    return {"use_sliding_window": bool(window), "sliding_window": window or None,
+            "max_window_layers": 0 if window else cfg.base_num_decoder_layers}
+
+
 def hf_config(cfg, dtype: str = "float32", bos_id: int | None = None, eos_id: int | None = None) -> dict:
     check_supported(cfg)
     window = cfg.sliding_window
     out = {**hf_llama.common_config(cfg, ARCHITECTURES[cfg.decoder_block], cfg.decoder_block, dtype, bos_id, eos_id),
-           "hidden_act": "silu", "use_sliding_window": bool(window), "sliding_window": window or None,
-           "max_window_layers": 0 if window else cfg.base_num_decoder_layers,
+           "hidden_act": "silu", **window_config(cfg),
            "layer_types": ["sliding_attention" if window else "full_attention"] * cfg.base_num_decoder_layers}
     if cfg.decoder_block == "qwen3":
         out["attention_bias"] = bool(cfg.use_bias)
