@@ -137,6 +137,15 @@ def test_entry_point_exits_2_on_a_bad_key(capsys):
     assert "did you mean 'ray_num_workers'" in err
 
 
+def test_workers_report_to_ray_at_checkpoint_steps_and_the_last():
+    """Each report waits for Ray's controller (one report per 2 s poll): a report every step held a
+    0.2 s step to 2 s (benchmarks/bench_ray_steps.py)."""
+    reported = [step for step in range(1, STEPS + 1) if RT.reports_to_ray(load(*RECIPE), step)]
+    assert reported == [3, 6, 8]  # checkpoint_period=3, steps=8
+    no_saves = load(*RECIPE, "checkpoint_period=0")
+    assert [step for step in range(1, STEPS + 1) if RT.reports_to_ray(no_saves, step)] == [8]
+
+
 # ---------------------------------------------------------------- real clusters
 
 
@@ -276,27 +285,6 @@ def test_two_workers_match_one_process_with_the_same_global_batch(uninterrupted,
         assert whole[step] == pytest.approx(single[step], rel=1e-4), step
 
 
-@pytest.mark.ray
-def test_embedded_local_cluster_starts_and_stops_its_own(tmp_path):
-    """No RAY_ADDRESS: `python -m ray_entry.train` starts a private cluster, trains, stops it."""
-    env = ray_env()
-    env.pop("RAY_AUTH_MODE")  # the launcher must set it itself
-    done = subprocess.run(
-        [sys.executable, "-m", "ray_entry.train", "base.yml", "model_name=tiny", "steps=3",
-         "per_device_batch_size=1", "max_target_length=64", "enable_checkpointing=false",
-         f"base_output_directory={tmp_path}", "run_name=demo"],
-        env=env, cwd=REPO, capture_output=True, text=True, timeout=480)
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, out[-4000:]
-    temp_dir = re.search(r"local Ray cluster \(\d+ CPUs, temp dir (\S+)\)", out).group(1)
-    assert re.findall(r"completed step: (\d+),", out) == ["1", "2", "3"]
-    assert "maxlite summary: 3 steps" in out and "Ray run finished: 3 steps, final loss" in out
-    assert not os.path.exists(temp_dir)
-    leftovers = [p for p in pathlib.Path("/proc").iterdir() if p.name.isdigit()
-                 and temp_dir.encode() in _cmdline(p)]
-    assert leftovers == []  # every process of that cluster is gone
-
-
 def _cmdline(proc: pathlib.Path) -> bytes:
     try:
         return (proc / "cmdline").read_bytes()
@@ -424,7 +412,8 @@ def test_lost_host_continues_on_the_one_left_with_the_same_global_batch(uninterr
 def test_ctrl_c_on_the_driver_saves_on_every_worker_exits_130_and_the_rerun_resumes(tmp_path):
     """A terminal's Ctrl-C (SIGINT to the driver's whole process group, its local Ray cluster
     included): the workers save at a step they agree on, status.json says `stopped`, the driver
-    exits 130 with one line; the same command again resumes from that step."""
+    exits 130 with one line; the same command again resumes from that step, on a private cluster
+    it starts and stops (no process of it left)."""
     argv = [sys.executable, "-m", "ray_entry.train", "base.yml", *RECIPE, "checkpoint_period=0",
             f"base_output_directory={tmp_path}", "run_name=int"]
     log = tmp_path / "driver.log"
@@ -444,7 +433,18 @@ def test_ctrl_c_on_the_driver_saves_on_every_worker_exits_130_and_the_rerun_resu
     assert out.count(f"maxlite: stopped by the user at step {stop} (saved)") == 1, out[-4000:]
     assert (tmp_path / "int" / "checkpoints" / str(stop)).is_dir()
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-4000:]  # Ray's own processes too
-    again = subprocess.run([*argv, f"steps={stop + 1}"], env=ray_env(), cwd=REPO, capture_output=True,
+    # The same command again (no RAY_ADDRESS: it starts a private cluster, trains, stops it).
+    env = ray_env()
+    env.pop("RAY_AUTH_MODE")  # the launcher must set it itself
+    again = subprocess.run([*argv, f"steps={stop + 1}"], env=env, cwd=REPO, capture_output=True,
                            text=True, timeout=480)
-    assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
+    out = again.stdout + again.stderr
+    assert again.returncode == 0, out[-4000:]
     assert _resumed(tmp_path / "int") == {"step": stop, "source": "checkpoint"}
+    assert re.findall(r"completed step: (\d+),", out) == [str(stop + 1)]
+    assert f"Ray run finished: {stop + 1} steps (the last attempt ran 1), final loss" in out, out[-4000:]
+    temp_dir = re.search(r"local Ray cluster \(\d+ CPUs, temp dir (\S+)\)", out).group(1)
+    assert not os.path.exists(temp_dir)
+    leftovers = [p for p in pathlib.Path("/proc").iterdir() if p.name.isdigit()
+                 and temp_dir.encode() in _cmdline(p)]
+    assert leftovers == []  # every process of that private cluster is gone

@@ -3,7 +3,8 @@
 The driver builds ScalingConfig/RunConfig/FailureConfig from the Config, connects to a cluster
 (RAY_ADDRESS — which `ray job submit` sets — or a private local one it starts and stops) and runs
 `JaxTrainer.fit()`. Each worker runs `_worker_loop`: on CPU it starts jax.distributed itself
-(JaxTrainer only does so for TPU/GPU), then calls `maxlite.train.train` and reports metrics to Ray.
+(JaxTrainer only does so for TPU/GPU), then calls `maxlite.train.train` and reports metrics to Ray
+(at checkpoint steps and the last: `reports_to_ray`).
 After a worker dies Ray restarts the whole group (up to the recipe's `max_restarts`, Ray's
 `FailureConfig(max_failures)`); the new group resumes from maxlite's own checkpoint directory (the
 source of truth, not Ray's reported checkpoints). How each attempt ended is maxlite.outcome's
@@ -233,9 +234,7 @@ def _worker_loop(loop_config: dict[str, Any]) -> dict[str, Any]:
         _setup_cpu_distributed(rank, world)
 
     def on_metrics(record: dict[str, Any]) -> None:
-        step = record["step"]
-        # ray.train.report is a barrier: every worker reports at the same steps.
-        if step % cfg.log_period == 0 or step == cfg.steps:
+        if reports_to_ray(cfg, record["step"]):
             ray.train.report({k: v for k, v in record.items() if isinstance(v, (int, float))})
 
     # Python signal handlers cannot be installed from this thread (Ray Train runs the loop off the
@@ -260,6 +259,15 @@ def _worker_loop(loop_config: dict[str, Any]) -> dict[str, Any]:
         raise RuntimeError(f"maxlite: training stopped with exit code {summary['exit_code']} "
                            f"({summary.get('reason', '')}): restart requested")
     return summary  # done (finished, stopped), requeue (preempted and saved), fail
+
+
+def reports_to_ray(cfg: C.Config, step: int) -> bool:
+    """Whether a worker hands this step's metrics to `ray.train.report`: at each checkpoint step and
+    the last. A report is a barrier across the workers, and Ray's controller takes one report per
+    poll (every 2 s, RAY_TRAIN_HEALTH_CHECK_INTERVAL_S), so a report every step held each step to
+    2 s. maxlite's own metrics (console, metrics.jsonl, loggers) keep every log_period step."""
+    period = cfg.checkpoint_period
+    return step == cfg.steps or (period > 0 and step % period == 0)
 
 
 STOP_REQUEST = "stop_request.json"  # the driver's Ctrl-C, for workers that cannot get the signal
