@@ -107,8 +107,9 @@ def json_crc(obj: Any) -> int:
 
 @functools.cache
 def _pool() -> concurrent.futures.ThreadPoolExecutor:
-    """The threads CRCs run on (google_crc32c releases the GIL): a save's hashing overlaps its
-    writes, and a restore's the next item's reads."""
+    """The threads CRCs run on: a save's hashing overlaps tensorstore's writes, and a restore's the
+    next item's reads (C++ threads). google_crc32c holds the GIL while it hashes, so Python work
+    beside it waits (a Python loop ran at 4-15% of its speed beside a 256 MB CRC)."""
     return concurrent.futures.ThreadPoolExecutor(min(8, os.cpu_count() or 2), thread_name_prefix="maxlite-crc")
 
 
