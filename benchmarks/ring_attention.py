@@ -91,7 +91,8 @@ def _key_blocks(ring: Ring, k_BLKH, v_BLKH, kseg_BL, kpos_L):
 def _scores(ring: Ring, q_BQKGH, k_BCKH, qseg_BQ, kseg_BC, qpos_Q, kpos_C):
     """Scaled f32 scores [B, K, G, Q, C], masked, and the mask."""
     s = jnp.einsum("bqkgh,bckh->bkgqc", q_BQKGH, k_BCKH).astype(jnp.float32) * ring.scale
-    mask_BQC = visible(qpos_Q[:, None], kpos_C[None, :], ring.window)[None] & (qseg_BQ[:, :, None] == kseg_BC[:, None, :])
+    mask_BQC = (visible(qpos_Q[:, None], kpos_C[None, :], ring.window)[None]
+                & (qseg_BQ[:, :, None] == kseg_BC[:, None, :]))
     mask = mask_BQC[:, None, None]
     return jnp.where(mask, s, _NEG), mask
 
@@ -229,9 +230,9 @@ def _check() -> None:
         ref = (ref[0], ref[1](dout))
         cfg = C.load(["base.yml", "attention=blockwise", "attention_block_size=4", f"max_target_length={T}",
                       f"context_parallel_load_balance={balance}"])
-        mesh = mesh_lib.make_mesh(C.resolve(C.load(["base.yml", f"ici_context_parallelism={n}", "ici_fsdp_parallelism=1",
-                                                    f"max_target_length={T}", f"per_device_batch_size={B / n}"]), n),
-                                  jax.devices()[:n])
+        mesh_cfg = C.resolve(C.load(["base.yml", f"ici_context_parallelism={n}", "ici_fsdp_parallelism=1",
+                                     f"max_target_length={T}", f"per_device_batch_size={B / n}"]), n)
+        mesh = mesh_lib.make_mesh(mesh_cfg, jax.devices()[:n])
         with jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.RULES):
             to, back = ((lambda x: context.to_balanced(x, n), lambda x: context.from_balanced(x, n)) if balance
                         else (lambda x: x, lambda x: x))
@@ -242,7 +243,8 @@ def _check() -> None:
                     return out, vjp(d)
                 got = jax.jit(run)(q, k, v, dout)
                 for g, r, what in zip(jax.tree.leaves(got), jax.tree.leaves(ref), ("out", "dq", "dk", "dv")):
-                    np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5, err_msg=f"{name} {what} {balance=} {window=}")
+                    np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5,
+                                               err_msg=f"{name} {what} {balance=} {window=}")
                     worst = max(worst, float(jnp.max(jnp.abs(g - r))))
     print(f"ring and all-gather equal one device's dot_product (values, dq, dk, dv): max |diff| {worst:.2e}")
 
