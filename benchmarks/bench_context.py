@@ -1,12 +1,17 @@
 """Context parallelism, attention alone: forward + backward over one sequence on one device against
-the same sequence split over --devices context shards (simulated CPU devices by default).
+the same sequence split over --devices context shards (simulated CPU devices by default), with
+K/V all-gathered (what maxlite runs) and passed around a ring (benchmarks/ring_attention.py).
 
     python benchmarks/bench_context.py [--impl blockwise] [--T 16384 --N 4 --K 2 --H 64 --block 512] \
-        [--devices 4] [--documents 4] [--window 0] [--repeats 3] [--out FILE]
+        [--devices 4] [--documents 4] [--window 0] [--repeats 3] [--no-ring] [--out FILE]
 
-Times jit(vjp) of attention(q, k, v, segments) with a cotangent (median of --repeats after a
-warm-up), f32, packed rows of --documents documents; the split run puts q/k/v/segments in the
-load-balanced layout outside the timed function, as the train step does once per batch. Memory:
+Times jit(vjp) of attention(q, k, v, segments) with a cotangent (median of --repeats runs of the
+compiled function; at minutes per run on CPU no warm-up run), f32, packed rows of --documents
+documents; the split runs put q/k/v/segments in the load-balanced layout outside the timed
+function, as the train step does once per batch. The ring runs blockwise over key blocks of
+--block tokens, as blockwise does; its values and gradients are compared with the all-gather's
+(`max_abs_diff`). The load average (os.getloadavg, as `uptime` prints it) is recorded around each
+run: other jobs share the cores. Memory:
 XLA's compiled memory analysis per device (arguments + outputs + temporaries; an SPMD program's
 figures are one device's), so the ratio is per-device memory split / one device. On CPU the
 "devices" share the same cores: the split's time is the cost of the extra work and collectives,
@@ -23,8 +28,10 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
+import statistics  # noqa: E402
+import time  # noqa: E402
+
 from benchmarks._results import write_result  # noqa: E402
-from benchmarks.bench_attention import _time  # noqa: E402  (median of repeats after compiling)
 
 
 def _memory(compiled) -> dict:
@@ -32,6 +39,31 @@ def _memory(compiled) -> dict:
     parts = {"argument_bytes": m.argument_size_in_bytes, "output_bytes": m.output_size_in_bytes,
              "temp_bytes": m.temp_size_in_bytes}
     return parts | {"total_bytes": sum(parts.values())}
+
+
+def _measure(fn, args, repeats: int):
+    """(figures: median seconds of `repeats` runs of the compiled fn, its memory and the load
+    average before and after, the last run's result)."""
+    import jax
+
+    load_before = os.getloadavg()
+    compiled = jax.jit(fn).lower(*args).compile()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = jax.block_until_ready(compiled(*args))
+        times.append(time.perf_counter() - start)
+    return ({"seconds": statistics.median(times), **_memory(compiled),
+             "load_average_1_5_15min": {"before": list(load_before), "after": list(os.getloadavg())}}, result)
+
+
+def _max_abs_diff(a, b) -> dict:
+    import jax
+    import numpy as np
+
+    names = ("out", "dq", "dk", "dv")
+    return {n: float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for n, x, y in
+            zip(names, jax.tree.leaves(a), jax.tree.leaves(b))}
 
 
 def main() -> None:
@@ -45,6 +77,7 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=0)
     parser.add_argument("--no-balance", action="store_true", help="context_parallel_load_balance=false")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-ring", action="store_true", help="skip the ring prototype")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -57,6 +90,7 @@ def main() -> None:
     from flax import nnx
 
     from maxlite import config as C, mesh as mesh_lib
+    from benchmarks.ring_attention import ring_attend
     from maxlite.models import attention, context
 
     B, T, N, K, H, n = args.B, args.T, args.N, args.K, args.H, args.devices
@@ -73,13 +107,15 @@ def main() -> None:
               f"context_parallel_load_balance={balance}"]
     cfg = C.load(recipe)
 
-    def fwd_bwd(q, k, v, seg, dout):
-        out, vjp = jax.vjp(lambda q, k, v: attention.attend(cfg, q, k, v, seg, window=args.window), q, k, v)
-        return out, vjp(dout)
+    def fwd_bwd(attend):
+        def run(q, k, v, seg, dout):
+            out, vjp = jax.vjp(lambda q, k, v: attend(q, k, v, seg), q, k, v)
+            return out, vjp(dout)
+        return run
 
-    one = jax.jit(fwd_bwd)
+    gathered = lambda q, k, v, seg: attention.attend(cfg, q, k, v, seg, window=args.window)  # noqa: E731
     single_args = tuple(jax.device_put(x, jax.devices()[0]) for x in (q, k, v, seg, dout))
-    single = {"seconds": _time(one, single_args, args.repeats), **_memory(one.lower(*single_args).compile())}
+    single, single_result = _measure(fwd_bwd(gathered), single_args, args.repeats)
 
     mesh_cfg = C.resolve(C.load([*recipe, f"ici_context_parallelism={n}", "ici_fsdp_parallelism=1",
                                  f"per_device_batch_size={B / n}"]), n)
@@ -89,8 +125,12 @@ def main() -> None:
         to = (lambda x: context.to_balanced(x, n)) if balance else (lambda x: x)
         sharded = tuple(jax.device_put(to(x), NamedSharding(mesh, P(None, "context")))
                         for x in (q, k, v, seg, dout))
-        many = jax.jit(fwd_bwd)
-        split = {"seconds": _time(many, sharded, args.repeats), **_memory(many.lower(*sharded).compile())}
+        split, split_result = _measure(fwd_bwd(gathered), sharded, args.repeats)
+        if not args.no_ring:
+            ringed = lambda q, k, v, seg: ring_attend(q, k, v, seg, balance, args.window, args.block)  # noqa: E731
+            ring, ring_result = _measure(fwd_bwd(ringed), sharded, args.repeats)
+    back = (lambda x: context.from_balanced(x, n)) if balance else (lambda x: x)
+    in_order = lambda r: jax.tree.map(lambda x: back(jax.device_get(x)), r)  # noqa: E731
 
     result = {
         "what": "attention forward + backward (jit(vjp)), f32, one sequence: one device vs split over context shards",
@@ -101,8 +141,18 @@ def main() -> None:
         "memory_ratio_per_device": split["total_bytes"] / single["total_bytes"],
         "temp_ratio_per_device": split["temp_bytes"] / single["temp_bytes"],
         "time_ratio": split["seconds"] / single["seconds"],
-        "command": "python " + " ".join(["benchmarks/bench_context.py", *sys.argv[1:]]),
+        "max_abs_diff_split_vs_one_device": _max_abs_diff(in_order(split_result), single_result),
     }
+    if not args.no_ring:
+        result |= {
+            "ring": ring,
+            "ring_vs_all_gather": {"memory_ratio_per_device": ring["total_bytes"] / split["total_bytes"],
+                                   "temp_ratio_per_device": ring["temp_bytes"] / split["temp_bytes"],
+                                   "time_ratio": ring["seconds"] / split["seconds"]},
+            "ring_memory_ratio_to_one_device": ring["total_bytes"] / single["total_bytes"],
+            "max_abs_diff_ring_vs_all_gather": _max_abs_diff(ring_result, split_result),
+        }
+    result["command"] = "python " + " ".join(["benchmarks/bench_context.py", *sys.argv[1:]])
     out = pathlib.Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"context_cpu_{T}.json"
     write_result(result, out)
 

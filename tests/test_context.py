@@ -1,7 +1,8 @@
 """Context parallelism (maxlite/models/context.py): attention over a sequence split across 4
-simulated devices equals one device's (values and dq/dk/dv) with packed documents, GQA and a sliding
-window, with and without load balance; the balanced layout; the batch rule of a fraction of a
-sequence per device. Training across the axis: tests/test_context_train.py."""
+simulated devices (context=4), and across 8 (context=4 × fsdp=2: the batch split too), equals one
+device's (values and dq/dk/dv) with packed documents, GQA and a sliding window, with and without
+load balance; the balanced layout; the batch rule of a fraction of a sequence per device. Training
+across the axis: tests/test_context_train.py."""
 
 import jax
 import jax.numpy as jnp
@@ -39,17 +40,19 @@ def _value_and_grads(fn, q, k, v, dout):
     return out, vjp(dout)
 
 
-def _split_equals_one_device(attend, n: int, T: int, balance: bool, window: int, H: int = 16):
-    """attend(q, k, v, seg) on a mesh of n context shards (inputs in the layout the step gives
-    attention: balanced or not) against dot_product on one device: values and dq, dk, dv."""
+def _split_equals_one_device(attend, n: int, T: int, balance: bool, window: int, H: int = 16, fsdp: int = 1):
+    """attend(q, k, v, seg) on a mesh of n context shards × fsdp batch shards (inputs in the layout
+    the step gives attention: balanced or not) against dot_product on one device: values and dq,
+    dk, dv."""
     q, k, v, seg, dout = _inputs(T=T, H=H)
     ref_out, ref_grads = _value_and_grads(lambda q, k, v: attention.dot_product(q, k, v, seg, window=window),
                                           q, k, v, dout)
-    mesh_cfg = C.resolve(C.load(["base.yml", f"ici_context_parallelism={n}", "ici_fsdp_parallelism=1",
-                                 f"max_target_length={T}", f"per_device_batch_size={2 / n}"]), n)
-    mesh = mesh_lib.make_mesh(mesh_cfg, jax.devices()[:n])
+    devices = n * fsdp
+    mesh_cfg = C.resolve(C.load(["base.yml", f"ici_context_parallelism={n}", f"ici_fsdp_parallelism={fsdp}",
+                                 f"max_target_length={T}", f"per_device_batch_size={2 / devices}"]), devices)
+    mesh = mesh_lib.make_mesh(mesh_cfg, jax.devices()[:devices])
     with jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.RULES):
-        assert context.shards() == n
+        assert context.shards() == n and mesh.shape["fsdp"] == fsdp
         # compare in sequence order
         to, back = ((lambda x: context.to_balanced(x, n), lambda x: context.from_balanced(x, n)) if balance
                     else (lambda x: x, lambda x: x))
@@ -63,15 +66,18 @@ def _split_equals_one_device(attend, n: int, T: int, balance: bool, window: int,
         np.testing.assert_allclose(g, ref, **TOL)
 
 
-@pytest.mark.parametrize("impl,balance,window", [("dot_product", True, 12), ("dot_product", False, 0),
-                                                 ("blockwise", True, 0), ("blockwise", False, 12)])
-def test_attention_over_four_shards_equals_one_device(impl, balance, window):
+@pytest.mark.parametrize("impl,balance,window,fsdp", [
+    ("dot_product", True, 12, 1), ("dot_product", False, 0, 1), ("blockwise", True, 0, 1), ("blockwise", False, 12, 1),
+    # 8 devices: each of the two rows on its own 4 context shards
+    ("blockwise", True, 12, 2), ("blockwise", False, 0, 2)])
+def test_attention_over_four_shards_equals_one_device(impl, balance, window, fsdp):
     """GQA (4 query heads, 2 kv heads), three documents in one row, T = 64 over 4 shards (16
-    tokens each; with load balance two chunks of 8), blockwise blocks of 8 tokens."""
+    tokens each; with load balance two chunks of 8), blockwise blocks of 8 tokens; on 4 devices,
+    or on 8 with the two rows split over fsdp=2."""
     T = 64
     cfg = C.load(["base.yml", f"attention={impl}", "attention_block_size=8", f"max_target_length={T}",
                   f"context_parallel_load_balance={balance}"])
-    _split_equals_one_device(lambda *a: attention.attend(cfg, *a, window=window), 4, T, balance, window)
+    _split_equals_one_device(lambda *a: attention.attend(cfg, *a, window=window), 4, T, balance, window, fsdp=fsdp)
 
 
 def test_flash_over_two_shards_equals_one_device_in_interpret_mode():
