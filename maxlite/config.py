@@ -463,9 +463,17 @@ def resolve(config: Config, num_devices: int, num_slices: int = 1, num_processes
         raise ConfigError(
             f"per_device_batch_size={c.per_device_batch_size:g} × {c.num_devices} devices gives each of the "
             f"{batch_axes} = {shards} batch shards {rows:g} sequences, not a whole number{hint}")
-    if c.micro_batch_size % num_processes:
-        raise ConfigError(
-            f"global batch {c.micro_batch_size} is not divisible by {num_processes} processes")
+    # Processes whose devices hold the same rows read the same rows (maxlite/mesh.py readers), so
+    # the devices sharing a sequence must lie within one process or span whole processes; then
+    # whole rows per batch shard (above) divide the global batch among the readers as well.
+    per_process, share = c.num_devices // num_processes, context * tensor
+    if per_process % share and share % per_process:
+        raise ConfigError(f"context × tensor = {share} devices share a sequence but a process has {per_process}: "
+                          f"they must lie within one process or span whole processes; change "
+                          f"ici_context_parallelism or ici_tensor_parallelism")
+    if share > per_process and c.train_objective != "lm":  # the alignment data assemble their own rows
+        raise ConfigError(f"context × tensor = {share} devices share a sequence across processes (a process has "
+                          f"{per_process}): only train_objective=lm reads rows that way; lower ici_tensor_parallelism")
     for key in ("base_num_query_heads", "base_num_kv_heads", "base_mlp_dim", "vocab_size"):
         if getattr(c, key) % tensor:
             raise ConfigError(f"{key}={getattr(c, key)} is not divisible by tensor parallelism {tensor}")
@@ -481,7 +489,7 @@ def resolve(config: Config, num_devices: int, num_slices: int = 1, num_processes
         raise ConfigError(f"context parallelism {context} with expert parallelism {expert} is not supported yet: "
                           f"the experts' token exchange takes whole sequences; use one of the two")
     if context > 1:
-        _check_context(c, context, num_processes)
+        _check_context(c, context)
     return c
 
 
@@ -492,14 +500,8 @@ def sequence_pieces(c: Config) -> int:
     return 2 * context if context > 1 and c.context_parallel_load_balance else context
 
 
-def _check_context(c: Config, context: int, num_processes: int) -> None:
+def _check_context(c: Config, context: int) -> None:
     """What a sequence split over `context` shards needs (maxlite/models/context.py)."""
-    per_process = c.num_devices // num_processes
-    if per_process % (context * c.axis_size("tensor")):
-        # each process reads whole rows for its own devices (maxlite/mesh.py global_batch)
-        raise ConfigError(f"context × tensor = {context * c.axis_size('tensor')} devices share a sequence but a process "
-                          f"has {per_process}: a sequence split across processes is not supported; lower "
-                          f"ici/dcn_context_parallelism")
     if c.train_objective != "lm":
         raise ConfigError(f"context parallelism (context={context}) is for train_objective=lm (pre-training, "
                           f"SFT); set ici_context_parallelism=1 for train_objective={c.train_objective}")

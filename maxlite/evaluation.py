@@ -9,13 +9,14 @@ from typing import Callable, Iterator
 
 
 class Evaluator:
-    def __init__(self, cfg, graphdef, params_shardings, batch_sharding, process_index: int,
-                 process_count: int, score: Callable | None = None):
-        """`score(params, opt_state, batches) → {name: float}`: the objective's (None: lm loss)."""
+    def __init__(self, cfg, graphdef, params_shardings, batch_sharding, reader_index: int,
+                 reader_count: int, score: Callable | None = None):
+        """`score(params, opt_state, batches) → {name: float}`: the objective's (None: lm loss).
+        `reader_index`/`reader_count`: the rows this process reads (maxlite/mesh.py readers)."""
         from maxlite.step import jit_eval_step
 
         self.cfg, self.batch_sharding = cfg, batch_sharding
-        self.where = (process_index, process_count)
+        self.where = (reader_index, reader_count)
         self.step_fn = jit_eval_step(graphdef, params_shardings, batch_sharding)
         self.score = score or self._lm
         self._count = 0

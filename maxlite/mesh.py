@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import jax
@@ -9,7 +10,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from maxlite.config import MESH_AXES
+from maxlite.config import MESH_AXES, ConfigError
 
 BATCH_AXES = ("data", "fsdp", "expert")  # the batch dimension is split over all three
 LENGTH_AXIS = "context"  # the sequence dimension is split over it (long context)
@@ -129,9 +130,31 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
+@functools.lru_cache(maxsize=None)
+def readers(sharding: NamedSharding) -> tuple[int, int]:
+    """(index, count) of this process among the data's readers: the batch's rows live in groups of
+    processes whose devices hold the same rows (a sequence split across processes over context ×
+    tensor: every process of the group holds some of its columns), and every process of a group
+    reads the group's whole rows. Groups are numbered by their first row; without such sharing a
+    group is one process. The data sources take this pair where they took (process_index,
+    process_count)."""
+    n = sharding.mesh.size  # a nominal shape every axis divides: only which rows, not how many
+    rows: dict[int, set] = {}
+    for device, index in sharding.devices_indices_map((n,) * max(1, len(sharding.spec))).items():
+        rows.setdefault(device.process_index, set()).add(index[0].indices(n)[:2])
+    groups = sorted({frozenset(r) for r in rows.values()}, key=min)
+    if sum(map(len, groups)) != len(set().union(*groups)):  # a physical device order config.resolve cannot see
+        raise ConfigError("the mesh gives processes overlapping but different rows of the batch; "
+                          "make the devices that share a sequence whole processes or part of one")
+    return groups.index(frozenset(rows[jax.process_index()])), len(groups)
+
+
 def global_batch(local: dict, sharding: NamedSharding) -> dict:
-    """This process's rows of a batch → global arrays split like `sharding`. Entries named `host_…`
-    (GRPO's records, which its reward functions read) stay host data: only the sampler's driver
-    uses them, never a compiled step."""
-    return {k: v if k.startswith("host_") else jax.make_array_from_process_local_data(sharding, v)
+    """This process's rows of a batch (its reader's, `readers`) → global arrays split like
+    `sharding`: the global batch has one such block of rows per reader, and each device takes its
+    columns from its process's rows. Entries named `host_…` (GRPO's records, which its reward
+    functions read) stay host data: only the sampler's driver uses them, never a compiled step."""
+    count = readers(sharding)[1]
+    return {k: v if k.startswith("host_") else jax.make_array_from_process_local_data(
+                sharding, v, (v.shape[0] * count, *v.shape[1:]))
             for k, v in local.items()}

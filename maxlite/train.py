@@ -113,9 +113,7 @@ class _Run:
 def _preflight(cfg: C.Config, built, primary: bool, launcher_keeper: bool):
     """Everything that can refuse the recipe, before the run directory exists: storage, memory,
     the data (files, tokenizer) — reads only. Returns the train data iterator it opened."""
-    import jax
-
-    from maxlite import checkpoints, data, state as state_lib
+    from maxlite import checkpoints, data, mesh as mesh_lib, state as state_lib
 
     if primary:
         checkpoints.check_storage(cfg)  # a missing bucket or no permission: one line, before any write
@@ -123,9 +121,10 @@ def _preflight(cfg: C.Config, built, primary: bool, launcher_keeper: bool):
         raise C.ConfigError("inmemory_snapshot_keeper=ray needs the Ray launcher (python -m ray_entry.train); "
                             "use shm or auto")
     state_lib.check_fits(cfg, built.abstract)
-    batches = data.make_iterator(cfg, "train", jax.process_index(), jax.process_count())
+    reader = mesh_lib.readers(built.batch_sharding)  # processes holding the same rows read the same rows
+    batches = data.make_iterator(cfg, "train", *reader)
     if cfg.eval_interval > 0:  # the eval files and tokenizer, read the same way
-        data.make_iterator(cfg, "eval", jax.process_index(), jax.process_count()).close()
+        data.make_iterator(cfg, "eval", *reader).close()
     return batches
 
 
@@ -200,7 +199,7 @@ def _setup(cfg: C.Config, res, status_fields: dict[str, Any], on_status, launche
     with jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.RULES):
         built.objective.restore(start.state, start.step, run_dir)  # collective where it computes
     evaluator = Evaluator(cfg, built.graphdef, built.shardings.params, built.batch_sharding,
-                          jax.process_index(), jax.process_count(),
+                          *mesh_lib.readers(built.batch_sharding),
                           built.objective.scorer) if cfg.eval_interval > 0 else None
     logger = MetricsLogger(cfg, run_dir.path, primary, start.step)
     run_hooks = hooks.standard(cfg, primary, res, logger, batches, ckpt, evaluator, mesh)

@@ -81,9 +81,15 @@ def test_batch_divisibility_errors():
     with pytest.raises(C.ConfigError, match="batch shards 1.5 sequences"):
         C.resolve(C.load(["base.yml", "model_name=tiny", "per_device_batch_size=1.5", "ici_fsdp_parallelism=2",
                           "ici_data_parallelism=4"]), 8)
-    with pytest.raises(C.ConfigError, match="not divisible by 4 processes"):
-        C.resolve(C.load(["base.yml", "per_device_batch_size=0.25", "ici_fsdp_parallelism=2",
+    # tensor=4 over processes of 2 devices: each pair of processes reads the same row of the 2
+    # (maxlite/mesh.py readers); an alignment objective assembles its own rows and is refused
+    c = C.resolve(C.load(["base.yml", "per_device_batch_size=0.25", "ici_fsdp_parallelism=2",
                           "ici_tensor_parallelism=4"]), 8, num_processes=4)
+    assert c.global_batch_size == 2
+    with pytest.raises(C.ConfigError, match="only train_objective=lm reads rows that way"):
+        C.resolve(C.load(["base.yml", "per_device_batch_size=0.25", "ici_fsdp_parallelism=2",
+                          "ici_tensor_parallelism=4", "train_objective=dpo",
+                          "dataset_type=preference"]), 8, num_processes=4)
     c = C.resolve(C.load(["base.yml", "model_name=tiny", "per_device_batch_size=0.5",
                           "ici_fsdp_parallelism=4", "ici_tensor_parallelism=2"]), 8)
     assert c.global_batch_size == 4

@@ -127,7 +127,12 @@ def test_context_keys_are_checked_against_the_sequence():
     c = C.resolve(C.load(["base.yml", "model_name=tiny", "max_target_length=100", "per_device_batch_size=0.25",
                           "ici_context_parallelism=4", "context_parallel_load_balance=false"]), 8)
     assert c.axis_size("context") == 4
-    # a sequence's devices within one process: each process reads whole rows for its devices
-    with pytest.raises(C.ConfigError, match="a process has 2: a sequence split across processes"):
-        C.resolve(C.load(["base.yml", "model_name=tiny", "per_device_batch_size=0.5", "ici_context_parallelism=4"]),
+    # a sequence's devices lie within one process or span whole processes (tests/test_context_procs.py
+    # trains one over 2 processes): 4 over processes of 2 devices, not 2 over processes of 3
+    c = C.resolve(C.load(["base.yml", "model_name=tiny", "per_device_batch_size=0.5", "ici_context_parallelism=4"]),
                   8, num_processes=4)
+    assert c.axis_size("context") == 4
+    with pytest.raises(C.ConfigError, match="context × tensor = 2 devices share a sequence but a process has 3: "
+                                            "they must lie within one process or span whole processes"):
+        C.resolve(C.load(["base.yml", "model_name=tiny", "per_device_batch_size=0.5", "ici_context_parallelism=2"]),
+                  6, num_processes=2)

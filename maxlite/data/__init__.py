@@ -3,7 +3,9 @@
 Every `next()` gives this process's rows of one optimizer step's global batch as numpy arrays
 `[global_batch_size // process_count, max_target_length]`: inputs, targets (int32), positions,
 segment_ids (int32; 1, 2, ... per packed document, 0 = padding), weights (float32). Process p
-holds rows [p*n, (p+1)*n), so all processes together read exactly what one process would.
+holds rows [p*n, (p+1)*n), so all processes together read exactly what one process would. The
+loop passes its reader's (index, count) as (process_index, process_count) (maxlite/mesh.py
+readers): processes that share a sequence (context parallelism across processes) read the same rows.
 `get_state()`/`set_state()` (small, JSON-serialisable) restore the exact next batch;
 `batches_read` is the number of global batches read before it (the position in the global order). The alignment
 data (data/preference.py) has its own row layout; its `host_` arrays stay on the host.
