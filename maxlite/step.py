@@ -42,26 +42,45 @@ def loss_sums(params, graphdef, batch: Batch, z_loss_weight: float = 0.0, dropou
         target_logit_BT = jnp.take_along_axis(logits_BTV, batch["targets"][..., None], axis=-1)[..., 0]
         xent_sum = jnp.sum((log_z_BT - target_logit_BT) * weights_BT)
         loss_sum = xent_sum + z_loss_weight * jnp.sum(jnp.square(log_z_BT) * weights_BT)
-    sums = {"loss": xent_sum}
-    if stats is not None:
-        losses = moe.aux_losses(model.cfg, stats)
-        loss_sum = loss_sum + weights * moe.objective_terms(model.cfg, losses)
-        sums.update({k: weights * v for k, v in moe.step_metrics(model.cfg, losses).items()})
-    return loss_sum, (sums, weights)
+    return with_aux_losses(model.cfg, loss_sum, {"loss": xent_sum}, stats, weights)
 
 
-def _log_z_and_target(model, rows: Batch, dropout_key=None):
-    """Each position's log-partition and target logit [B, T] (float32)."""
-    logits_BTV = model(rows["inputs"], rows["positions"], rows["segment_ids"], dropout_key)
+def with_aux_losses(cfg, loss_sum, sums: dict, stats, denominator):
+    """A mixture of experts' auxiliary losses (load balance, router z) added to an objective's
+    (loss sum, {metric: sum}) for the policy's forward pass(es) whose routing statistics are
+    `stats` (None: a dense model, nothing added): per unit of the objective's denominator (tokens,
+    preference pairs), so that after the division they add as they do to the mean cross-entropy,
+    and their metrics (moe.step_metrics) reported as sums like the rest. Every objective's policy
+    forward goes through here; a reference policy's adds nothing."""
+    if stats is None:
+        return loss_sum, (sums, denominator)
+    losses = moe.aux_losses(cfg, stats)
+    loss_sum = loss_sum + denominator * moe.objective_terms(cfg, losses)
+    sums = {**sums, **{k: denominator * v for k, v in moe.step_metrics(cfg, losses).items()}}
+    return loss_sum, (sums, denominator)
+
+
+def pooled_stats(*stats):
+    """Routing statistics of several forward passes as those of one pass over all their rows
+    (they are sums over tokens): DPO's chosen and rejected sides, as TRL's concatenated forward."""
+    return None if stats[0] is None else jax.tree.map(lambda *a: sum(a), *stats)
+
+
+def token_logps_and_stats(params, graphdef, rows: Batch, dropout_key=None):
+    """(log p(target_t) at every position [B, T] (float32), the MoE layers' routing statistics or
+    None): what the alignment objectives compare, and what their auxiliary losses need. (It holds
+    the [B, T, V] logits: the chunked head of `loss_sums` returns sums only.)"""
+    model = nnx.merge(graphdef, params)
+    x_BTD, stats = model.forward(rows["inputs"], rows["positions"], rows["segment_ids"], dropout_key)
+    logits_BTV = model.logits(x_BTD)
     log_z_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
-    return log_z_BT, jnp.take_along_axis(logits_BTV, rows["targets"][..., None], axis=-1)[..., 0]
+    target_logit_BT = jnp.take_along_axis(logits_BTV, rows["targets"][..., None], axis=-1)[..., 0]
+    return target_logit_BT - log_z_BT, stats
 
 
 def token_logps(params, graphdef, rows: Batch, dropout_key=None) -> jax.Array:
-    """log p(target_t) at every position [B, T]: what the alignment objectives compare.
-    (It holds the [B, T, V] logits: the chunked head of `loss_sums` returns sums only.)"""
-    log_z_BT, target_logit_BT = _log_z_and_target(nnx.merge(graphdef, params), rows, dropout_key)
-    return target_logit_BT - log_z_BT
+    """log p(target_t) at every position [B, T] (a reference policy's, or the sampler's old policy)."""
+    return token_logps_and_stats(params, graphdef, rows, dropout_key)[0]
 
 
 def _microbatches(batch: Batch, num: int) -> Batch:

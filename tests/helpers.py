@@ -24,6 +24,12 @@ SMALL = ["base.yml", "model_name=tiny", "base_emb_dim=64", "base_mlp_dim=128", "
          "base_num_kv_heads=2", "head_dim=32", "base_num_decoder_layers=2", "vocab_size=256",
          "max_target_length=16", "per_device_batch_size=1", "enable_tensorboard=false", "write_report=false"]
 
+# A very small mixture of experts (8 experts, top 2) in float32: what expert-parallel tests train.
+MOE = ["base.yml", "model_name=tiny-moe", "base_emb_dim=32", "base_moe_mlp_dim=16", "base_mlp_dim=32",
+       "base_num_query_heads=2", "base_num_kv_heads=2", "head_dim=16", "base_num_decoder_layers=2",
+       "vocab_size=128", "max_target_length=16", "num_experts=8", "num_experts_per_tok=2", "dtype=float32",
+       "enable_tensorboard=false", "write_report=false", "learning_rate=1e-2", "load_balance_loss_weight=0.1"]
+
 
 def dot_equations(jaxpr):
     """Every dot_general equation of a jaxpr, those of its sub-jaxprs (scan, remat, jit) included."""
@@ -66,14 +72,19 @@ def trained(tmp_path, extra=(), steps=2, devices=8, mesh=("ici_fsdp_parallelism=
 def start(tmp_path, argv, devices, ckpt=True):
     """What train() does up to the first step: (cfg, where the run starts — maxlite.resume.Start:
     its state, step and source —, data, checkpointer)."""
+    built, started, data, checkpointer = start_built(tmp_path, argv, devices, ckpt)
+    return built.cfg, started, data, checkpointer
+
+
+def start_built(tmp_path, argv, devices, ckpt=True):
+    """`start`, with the maxlite.build.Built it wired (its train_step continues the run)."""
     from maxlite.checkpoints.saver import Checkpointer
 
     built = build_lib.build(C.load([*SMALL, f"base_output_directory={tmp_path}/runs", *argv]),
                             jax.devices()[:devices], num_processes=1)
-    cfg = built.cfg
-    checkpointer = Checkpointer(cfg, True, state_lib.nbytes(built.abstract)) if ckpt else None
-    data = make_synthetic_iterator(cfg, "train", 0, 1)
-    return cfg, resume.decide(built, checkpointer, data, 0, True), data, checkpointer
+    checkpointer = Checkpointer(built.cfg, True, state_lib.nbytes(built.abstract)) if ckpt else None
+    data = make_synthetic_iterator(built.cfg, "train", 0, 1)
+    return built, resume.decide(built, checkpointer, data, 0, True), data, checkpointer
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -134,6 +134,35 @@ def test_grpo_without_kl_in_one_iteration_is_the_policy_gradient():
         np.testing.assert_allclose(np.asarray(g), np.asarray(want), atol=1e-7, rtol=1e-4, err_msg=str(path))
 
 
+def test_dpo_and_grpo_on_a_moe_model_add_its_auxiliary_losses():
+    """What DPO and GRPO differentiate on a mixture of experts includes the router's auxiliary losses
+    (load balance + z) of the policy's forward pass: per pair / per completion token exactly what the
+    lm objective adds per token over the same rows (DPO: chosen and rejected together, as TRL's
+    concatenated forward); and their metrics (what the step reports, divided by the denominator)."""
+    argv = [*TINY, "model_name=tiny-moe", "base_moe_mlp_dim=32", "num_experts=4", "load_balance_loss_weight=0.5",
+            "router_z_loss_weight=0.1", "train_objective=dpo", "dataset_type=preference", "max_target_length=64",
+            "per_device_batch_size=4"]
+    built = build(C.load(argv), jax.devices()[:1], num_processes=1)
+    batch = {k: jnp.asarray(v) for k, v in _batch(argv).items()}
+    pairs = {**batch, "ref_chosen_logps": jnp.zeros(4), "ref_rejected_logps": jnp.zeros(4)}
+    rows = {k: jnp.concatenate([batch["chosen_" + k], batch["rejected_" + k]]) for k in view(batch, "chosen_")}
+    sampled = {**rows, "advantages": jnp.linspace(-1.0, 1.0, 8), "ref_logps": jnp.zeros((8, 64))}  # GRPO's rows
+
+    def losses(params):
+        g = built.graphdef
+        return (dpo.loss_fn(built.cfg)(params, g, pairs), grpo.loss_fn(built.cfg)(params, g, sampled),
+                step_lib.loss_sums(params, g, rows))
+
+    *objectives, (lm, (lm_sums, tokens)) = jax.jit(losses)(built.init_state().params)
+    aux = (lm - lm_sums["loss"]) / tokens  # the lm objective's auxiliary terms per token
+    assert float(aux) > 0.3  # 0.5 × a load-balancing loss near 1 (+ z)
+    for name, (loss, (sums, denominator)) in zip(("dpo", "grpo"), objectives):
+        np.testing.assert_allclose(float((loss - sums["loss"]) / denominator), float(aux), rtol=1e-5, err_msg=name)
+        for key in ("moe_lb_loss", "moe_z_loss", "moe_load_max/0"):
+            np.testing.assert_allclose(float(sums[key] / denominator), float(lm_sums[key] / tokens), rtol=1e-5,
+                                       err_msg=f"{name} {key}")
+
+
 def test_reference_is_the_start_and_moves_only_in_warm_up():
     argv = [*TINY, "train_objective=dpo", "dataset_type=preference", "max_target_length=64",
             "per_device_batch_size=4", "alignment_sft_steps=1", "learning_rate=1e-2", "warmup_steps_fraction=0"]

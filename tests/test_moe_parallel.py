@@ -2,18 +2,16 @@
 trains like one device: the experts split over `expert`, each device's tokens sent to their experts
 by all-to-all and back, dropless (ragged) and with fixed capacity buffers (capacity). Same losses
 over two steps, relative 1e-5 (float32: only the order of sums differs), and the same weights
-after them."""
+after them. A checkpoint saved at expert 4 restores at expert 2 and trains on as the saving run."""
 
 import jax
 import numpy as np
 import pytest
 
-from helpers import train_losses
-
-MOE = ["base.yml", "model_name=tiny-moe", "base_emb_dim=32", "base_moe_mlp_dim=16", "base_mlp_dim=32",
-       "base_num_query_heads=2", "base_num_kv_heads=2", "head_dim=16", "base_num_decoder_layers=2",
-       "vocab_size=128", "max_target_length=16", "num_experts=8", "num_experts_per_tok=2", "dtype=float32",
-       "enable_tensorboard=false", "write_report=false", "learning_rate=1e-2", "load_balance_loss_weight=0.1"]
+from maxlite import state as state_lib
+from maxlite.checkpoints.saver import Checkpointer
+from maxlite.data.synthetic import make_synthetic_iterator
+from tests.helpers import MOE, SMALL, build, start_built, train_losses
 
 
 @pytest.mark.parametrize("impl", ["ragged", "capacity"])
@@ -26,3 +24,38 @@ def test_expert_parallel_training_equals_one_device(impl):
     assert one[1] != one[0]  # it trained: the loss moved
     for a, b in zip(jax.tree.leaves(state_ep.params), jax.tree.leaves(state_one.params)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
+def _experts_per_device(params) -> int:
+    """How many experts of a layer's gate one device holds."""
+    [gate] = [x for path, x in jax.tree_util.tree_leaves_with_path(params) if "gate" in jax.tree_util.keystr(path)]
+    return gate.sharding.shard_shape(gate.shape)[-3]  # [layers, E, D, F]
+
+
+def test_a_checkpoint_saved_at_expert_4_restores_at_expert_2(tmp_path):
+    """Two steps at expert 4 × fsdp 2, saved; restored at expert 2 × fsdp 4: the same values
+    bitwise, each device now holding 4 experts instead of 2, and the next step's loss equals the
+    saving run's next step (relative 1e-5, float32: only the order of sums differs)."""
+    moe = [*MOE[1:], "moe_implementation=ragged", "per_device_batch_size=1", "run_name=ep"]
+    ep4, ep2 = ["ici_expert_parallelism=4", "ici_fsdp_parallelism=2"], ["ici_expert_parallelism=2", "ici_fsdp_parallelism=4"]
+    cfg, _, state, step, sharding = build([*SMALL, f"base_output_directory={tmp_path}/runs", *moe, *ep4], 8)
+    data = make_synthetic_iterator(cfg, "train", 0, 1)
+    put = lambda batch, where: {k: jax.device_put(v, where) for k, v in batch.items()}  # noqa: E731
+    for _ in range(2):
+        state, _ = step(state, put(next(data), sharding))
+    saver = Checkpointer(cfg, True, state_lib.nbytes(state))
+    assert saver.save(2, state, data)
+    saver.close()
+    want = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(state))]
+    assert _experts_per_device(state.params) == 2
+    _, went_on = step(state, put(next(data), sharding))  # the saving run's third step
+
+    built, started, data2, c = start_built(tmp_path, [*moe, *ep2], 8)
+    c.close()
+    assert (started.step, started.source) == (2, "checkpoint")
+    got = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(started.state))]
+    assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
+    assert _experts_per_device(started.state.params) == 4
+    _, resumed = built.train_step(started.state, put(next(data2), built.batch_sharding))
+    np.testing.assert_allclose(float(resumed["loss"]), float(went_on["loss"]), rtol=1e-5)
+    np.testing.assert_allclose(float(resumed["moe_lb_loss"]), float(went_on["moe_lb_loss"]), rtol=1e-5)

@@ -80,6 +80,46 @@ def test_collectives_count_loop_iterations_and_bytes():
     assert hlo.hbm_bytes(HLO) == 6 * (gather + permute + dslice) + 16
 
 
+# The dropless expert exchange as the TPU compiler writes it (moe_parallel.Exchange, trimmed from a
+# v6e compile): operands named without shapes; out: my 64 rows into a buffer of 4 senders × 64;
+# back (in a loop of 3): the 256-row buffer into my 64 rows.
+RAGGED_HLO = """HloModule r
+
+%cond (p: (s32[], bf16[256,128])) -> pred[] {
+  %p = (s32[], bf16[256,128]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(3)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%body (p: (s32[], bf16[256,128])) -> (s32[], bf16[256,128]) {
+  %p = (s32[], bf16[256,128]) parameter(0)
+  %y = bf16[256,128]{1,0:T(8,128)(2,1)} get-tuple-element(%p), index=1
+  %home = bf16[64,128]{1,0:T(8,128)(2,1)} broadcast(%zero), dimensions={}
+  %r.2 = bf16[64,128]{1,0:T(8,128)(2,1)} ragged-all-to-all(%y, %home, %a, %b, %c, /*index=5*/%d), channel_id=2, replica_groups={{0,1,2,3}}
+  ROOT %t = (s32[], bf16[256,128]) tuple(%i, %y)
+}
+
+ENTRY %main (param.2: bf16[64,128], param.3: s32[4]) -> bf16[256,128] {
+  %param.2 = bf16[64,128]{1,0} parameter(0)
+  %param.3 = s32[4]{0} parameter(1)
+  %buffer.22 = bf16[256,128]{1,0:T(8,128)(2,1)} broadcast(%zero), dimensions={}
+  %ragged_all_to_all.23 = bf16[256,128]{1,0:T(8,128)(2,1)} ragged-all-to-all(%param.2, %buffer.22, %off, %param.3, %off, /*index=5*/%param.3), channel_id=1, replica_groups={{0,1,2,3}}, backend_config={"collective_algorithm_config":{"emitter":"RaggedAllToAllEmitter"}}
+  %w = (s32[], bf16[256,128]) while(%init), condition=%cond, body=%body
+}
+"""
+
+
+def test_ragged_all_to_all_counts_the_rows_a_balanced_routing_moves():
+    """Not the worst-case buffer: a device's own 64 rows go out, 3/4 of them to other devices, and
+    64 rows come back (3 times in the loop); an all-to-all is not a ragged one."""
+    c = hlo.collectives(RAGGED_HLO)
+    ragged, rows = c["ragged-all-to-all"], 64 * 128 * 2
+    assert (ragged.static, ragged.count, ragged.bytes) == (2, 4, 4 * rows)
+    assert ragged.moved == pytest.approx(4 * rows * 3 / 4)
+    assert c["all-to-all"].count == 0
+
+
 KERNEL_HLO = """HloModule k
 
 %cond (p: (s32[], bf16[4,1024,128])) -> pred[] {

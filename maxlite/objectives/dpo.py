@@ -21,14 +21,20 @@ import jax.numpy as jnp
 
 from maxlite import optim
 from maxlite.objectives import view
-from maxlite.step import token_logps
+from maxlite import step as step_lib
 
 SIDES = ("chosen", "rejected")
 
 
 def sequence_logps(params, graphdef, rows: dict, dropout_key=None) -> jax.Array:
     """Σ_t weights · log p(target_t): each row's log-probability of its weighted tokens [B]."""
-    return jnp.sum(token_logps(params, graphdef, rows, dropout_key) * rows["weights"], axis=-1)
+    return sequence_logps_and_stats(params, graphdef, rows, dropout_key)[0]
+
+
+def sequence_logps_and_stats(params, graphdef, rows: dict, dropout_key=None):
+    """(each row's Σ_t weights · log p(target_t) [B], a MoE model's routing statistics or None)."""
+    logp_BT, stats = step_lib.token_logps_and_stats(params, graphdef, rows, dropout_key)
+    return jnp.sum(logp_BT * rows["weights"], axis=-1), stats
 
 
 def pair_terms(cfg, policy_w, policy_l, ref_w, ref_l, valid):
@@ -56,11 +62,12 @@ def loss_fn(cfg):
     def fn(params, graphdef, batch, dropout_key=None):
         keys = (None, None) if dropout_key is None else jax.random.split(dropout_key)
         rows = {side: view(batch, side + "_") for side in SIDES}
-        policy = [sequence_logps(params, graphdef, rows[s], k) for s, k in zip(SIDES, keys)]
+        policy, stats = zip(*(sequence_logps_and_stats(params, graphdef, rows[s], k) for s, k in zip(SIDES, keys)))
         ref = [batch[f"ref_{s}_logps"] for s in SIDES]
         valid = (jnp.sum(rows["chosen"]["weights"], -1) > 0) & (jnp.sum(rows["rejected"]["weights"], -1) > 0)
         sums, _ = pair_terms(cfg, *policy, *ref, valid)
-        return sums["loss"], (sums, jnp.sum(valid.astype(jnp.float32)))
+        return step_lib.with_aux_losses(cfg, sums["loss"], sums, step_lib.pooled_stats(*stats),
+                                        jnp.sum(valid.astype(jnp.float32)))
     fn.prepare = reference_logps
     return fn
 

@@ -29,6 +29,7 @@ import numpy as np
 from maxlite import optim
 from maxlite.objectives import NO_CLOCK, Objective
 from maxlite.objectives.rollout import Rollout, process_mean
+from maxlite import step as step_lib
 from maxlite.step import token_logps
 
 _SALT = 0x6772706F  # the sampling keys' own stream: not the dropout's
@@ -57,13 +58,15 @@ def token_terms(logp, old_logp, ref_logp, adv_B, weights, epsilon: float, beta: 
 def loss_fn(cfg):
     """The GRPO objective as a `LossFn` (maxlite/step.py) over the sampled rows: inputs, targets,
     positions, segment_ids, weights (completion tokens), advantages [R], ref_logps [R, T] and,
-    after the first iteration, old_logps [R, T]; the denominator is the number of completion tokens."""
+    after the first iteration, old_logps [R, T]; the denominator is the number of completion tokens.
+    A mixture of experts adds its auxiliary losses per completion token (routing of every real
+    token of the rows, prompt included, as in pre-training)."""
     def fn(params, graphdef, batch, dropout_key=None):
-        logp = token_logps(params, graphdef, batch, dropout_key)
+        logp, stats = step_lib.token_logps_and_stats(params, graphdef, batch, dropout_key)
         old = batch["old_logps"] if "old_logps" in batch else jax.lax.stop_gradient(logp)
         sums, loss = token_terms(logp, old, batch["ref_logps"], batch["advantages"], batch["weights"],
                                  cfg.grpo_epsilon, cfg.grpo_beta)
-        return loss, (sums, jnp.sum(batch["weights"]))
+        return step_lib.with_aux_losses(cfg, loss, sums, stats, jnp.sum(batch["weights"]))
     return fn
 
 

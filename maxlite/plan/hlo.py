@@ -3,6 +3,13 @@
 Ops inside a while loop (the scan over layers, gradient accumulation) run once per iteration: the
 trip count is read from the loop condition (`compare(i, constant(N)), direction=LT`), so a per-layer
 all-gather counts L times, unlike XLA's cost analysis, which counts a loop body once.
+
+A ragged all-to-all (the dropless expert exchange, maxlite/models/moe_parallel.py) moves a number of
+rows known only at run time, into an output buffer sized for the worst case (every sender's rows
+for one device). It is counted at the balanced routing's volume: min(input, output buffer) bytes —
+a device's own rows on the way out, what it received on the way back — of which (n − 1)/n leave
+the device. Its operands are named, not shaped, in compiled text: their sizes are read from the
+instructions that define them.
 """
 
 from __future__ import annotations
@@ -13,12 +20,13 @@ import re
 from collections import defaultdict
 from functools import lru_cache
 
-KINDS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+KINDS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "ragged-all-to-all", "collective-permute")
 _DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
                 "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
                 "f64": 8, "s64": 8, "u64": 8, "c64": 8, "c128": 16}
 _HEADER = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \(")
 _OP = re.compile(r"^\s*(?:ROOT )?%?[\w.\-]+ = (.*?) (" + "|".join(KINDS) + r")(-start)?\(")
+_INSTR = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.*?) ([a-z][\w-]*)\((.*)$")
 _SHAPE = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+(?:fn)?)?)\[([\d,]*)\]")
 _CALLS = re.compile(r"\b(body|condition|calls|to_apply|true_computation|false_computation)=%?([\w.\-]+)")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
@@ -74,7 +82,7 @@ def _moved(kind: str, nbytes: float, n: int) -> float:
         return 2 * nbytes * (n - 1) / n
     if kind == "reduce-scatter":
         return nbytes * (n - 1)  # the result is 1/n of the input
-    return nbytes * (n - 1) / n  # all-to-all
+    return nbytes * (n - 1) / n  # all-to-all, ragged or not: all but one's own share leaves
 
 
 def _split(text: str) -> dict[str, list[str]]:
@@ -130,14 +138,20 @@ def collectives(text: str) -> dict[str, Collective]:
     for name, lines in comps.items():
         if name.startswith("__"):
             continue
-        n_runs = None
+        n_runs, sizes = None, {}
         for line in lines:
+            instr = _INSTR.match(line)
+            if instr:
+                sizes[instr.group(1)] = sum(_shape_bytes(instr.group(2)))
             m = _OP.match(line)
             if not m:
                 continue
             n_runs = runs(name) if n_runs is None else n_runs
             kind, shapes = m.group(2), _shape_bytes(m.group(1))
             nbytes = (max(shapes) if m.group(3) else sum(shapes)) if shapes else 0.0
+            if kind == "ragged-all-to-all":  # (input, output buffer, offsets and sizes...)
+                operands = re.findall(r"%([\w.\-]+)", instr.group(4))[:2]
+                nbytes = min([sizes[o] for o in operands if o in sizes] + [nbytes])
             c = out[kind]
             c.static += 1
             c.count += n_runs
@@ -146,7 +160,6 @@ def collectives(text: str) -> dict[str, Collective]:
     return out
 
 
-_INSTR = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.*?) ([a-z][\w-]*)\((.*)$")
 _FREE = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "while", "conditional",
          "call", "after-all", "partition-id", "replica-id", "opt-barrier", "copy-done",
          "add-dependency"}
