@@ -203,13 +203,15 @@ def test_job_submit_trains_on_two_workers(uninterrupted):
 def test_killed_worker_restarts_and_ends_at_the_same_loss(head, uninterrupted, tmp_path):
     _, whole_dir = uninterrupted
     done = head.submit(["base.yml", *RECIPE, f"base_output_directory={tmp_path}", "run_name=killed",
-                        "fault_type=crash", "fault_step=5", "fault_process=1",
+                        "fault_type=crash", "fault_step=5", "fault_process=0",
                         "async_checkpointing=false"])  # step 3 is on disk before the crash
+    # rank 0, the lease holder, dies without cleanup: the restarted group must take its lease over
+    # (a rank 0 that ends on a peer's crash releases it, and the next group simply takes it)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     assert "fault injection: crash at step 5" in out
     assert "maxlite: Ray run finished: 8 steps (the last attempt ran 5), final loss" in out
-    assert (tmp_path / "killed" / ".fault_crash_5_p1").exists()  # fired once: the restart ran through
+    assert (tmp_path / "killed" / ".fault_crash_5_p0").exists()  # fired once: the restart ran through
     assert _resumed(tmp_path / "killed") == {"step": 3, "source": "checkpoint"}  # the save before the crash
     lease = json.loads((tmp_path / "killed" / "status.json").read_text())["lease"]  # handed on to the new group
     assert lease["took_over"]["why"] == "a later attempt of the same job" and lease["launcher"].startswith("Ray job")
