@@ -227,17 +227,20 @@ def test_a_key_the_recipe_sets_overrides_the_environment(tmp_path, monkeypatch, 
 
 
 def test_without_keys_or_variables_the_libraries_defaults_and_the_run_directory(tmp_path, monkeypatch, fresh_wandb):
-    """No group, W&B's default project (it names one after the working directory), MLflow's Default
-    experiment; the files in the run directory as before."""
+    """No group, W&B's default project (outside a git checkout: "uncategorized"; inside one it names
+    the project after the checkout, so the test leaves ours), MLflow's Default experiment; the files
+    in the run directory as before."""
     from mlflow.tracking import MlflowClient
 
     for name in ("WANDB_MODE", "WANDB_PROJECT", "WANDB_RUN_GROUP", "WANDB_DIR", "WANDB_ENTITY",
                  "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID"):
         monkeypatch.delenv(name, raising=False)
+    (tmp_path / "lab_notes").mkdir()
+    monkeypatch.chdir(tmp_path / "lab_notes")  # not the checkout: a clone named maxlite gave W&B "maxlite"
     cfg = _log_three_steps([*SMALL, "run_name=plain", f"base_output_directory={tmp_path}/runs",
                             "loggers=[wandb, mlflow]", "wandb_mode=offline"])
     run, _ = _wandb_run(cfg.run_dir)
-    assert run.run_group == "" and run.project not in ("", "maxlite")
+    assert run.run_group == "" and run.project == "uncategorized"
     client = MlflowClient(tracking_uri=f"{cfg.run_dir}/mlruns")
     (mlrun,) = client.search_runs([client.get_experiment_by_name("Default").experiment_id])
     assert mlrun.info.run_name == "plain"
