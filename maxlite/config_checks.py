@@ -1,14 +1,15 @@
 """What each value of a Config may be: choices, ranges, and the checks across keys (a MoE layout,
 an alignment objective's data, the data source's keys, resilience, storage, launchers) that need no
-device count. `config.load` runs `validate` on every Config it builds; checks that need the device
-count live in `config.resolve`."""
+device count: `config.load` runs `validate` on every Config it builds. And what the devices' layout
+needs once `config.resolve` has filled the mesh: `check_layout`, which resolve runs."""
 
 from __future__ import annotations
 
 import re
 
-from maxlite.config import (_DEFAULTS, FILE_DATASETS, OBJECTIVE_DATASET, PATH_LIST_KEYS, SOURCE_KEYS,
-                            STORAGE_SCHEMES, Config, ConfigError, parse_max_time, parse_signals, parse_split)
+from maxlite.config import (_DEFAULTS, FILE_DATASETS, MESH_AXES, OBJECTIVE_DATASET, PATH_LIST_KEYS, SOURCE_KEYS,
+                            STORAGE_SCHEMES, Config, ConfigError, parse_max_time, parse_signals, parse_split,
+                            sequence_pieces)
 from maxlite.models import names
 from maxlite.models.families import FAMILIES
 
@@ -266,3 +267,67 @@ def _validate_launch(c: Config) -> None:
         raise ConfigError(f"ray_min_workers={c.ray_min_workers} is more than the {workers} workers")
 
 
+def check_layout(c: Config, num_processes: int) -> None:
+    """What the resolved mesh (`config.resolve`: every axis filled) needs of the recipe: whole
+    sequences per batch shard, a sequence within one process or across whole processes, dimensions
+    the tensor, fsdp × context and expert axes divide."""
+    data, fsdp, context, expert, tensor = (c.axis_size(a) for a in MESH_AXES)
+    shards = data * fsdp * expert
+    batch_axes = "data×fsdp×expert" if expert > 1 else "data×fsdp"
+    # MaxText's meaning: global batch = per_device_batch_size × devices. Each batch shard holds
+    # per_device_batch_size × context × tensor whole sequences, so a fraction of a sequence per
+    # device (0.25: one sequence over four chips) is whole exactly when the context axis splits it.
+    rows = c.per_device_batch_size * context * tensor
+    if abs(rows - round(rows)) > 1e-9 or round(rows) == 0:
+        hint = "; change per_device_batch_size or the mesh"
+        if c.per_device_batch_size < 1:
+            split = 1 / c.per_device_batch_size
+            example = f", e.g. ici_context_parallelism={round(split)}" if abs(split - round(split)) < 1e-9 else ""
+            hint = (f"; a fraction of a sequence per device needs context parallelism to split it "
+                    f"(per_device_batch_size × context × tensor whole){example}")
+        raise ConfigError(
+            f"per_device_batch_size={c.per_device_batch_size:g} × {c.num_devices} devices gives each of the "
+            f"{batch_axes} = {shards} batch shards {rows:g} sequences, not a whole number{hint}")
+    # Processes whose devices hold the same rows read the same rows (maxlite/mesh.py readers), so
+    # the devices sharing a sequence must lie within one process or span whole processes; then
+    # whole rows per batch shard (above) divide the global batch among the readers as well.
+    per_process, share = c.num_devices // num_processes, context * tensor
+    if per_process % share and share % per_process:
+        raise ConfigError(f"context × tensor = {share} devices share a sequence but a process has {per_process}: "
+                          f"they must lie within one process or span whole processes; change "
+                          f"ici_context_parallelism or ici_tensor_parallelism")
+    if share > per_process and c.train_objective != "lm":  # the alignment data assemble their own rows
+        raise ConfigError(f"context × tensor = {share} devices share a sequence across processes (a process has "
+                          f"{per_process}): only train_objective=lm reads rows that way; lower ici_tensor_parallelism")
+    for key in ("base_num_query_heads", "base_num_kv_heads", "base_mlp_dim", "vocab_size"):
+        if getattr(c, key) % tensor:
+            raise ConfigError(f"{key}={getattr(c, key)} is not divisible by tensor parallelism {tensor}")
+    if c.base_emb_dim % (fsdp * context):
+        raise ConfigError(f"base_emb_dim={c.base_emb_dim} is not divisible by fsdp × context parallelism "
+                          f"{fsdp} × {context} (the weights are sharded over both)")
+    if expert > 1 and (c.num_experts % expert or not FAMILIES[c.decoder_block].moe):
+        raise ConfigError(f"expert parallelism {expert} splits the experts: num_experts={c.num_experts} must be a "
+                          f"multiple of it (a dense model has none; use ici_expert_parallelism=1)")
+    if c.num_experts and c.base_moe_mlp_dim % tensor:
+        raise ConfigError(f"base_moe_mlp_dim={c.base_moe_mlp_dim} is not divisible by tensor parallelism {tensor}")
+    if context > 1 and expert > 1:
+        raise ConfigError(f"context parallelism {context} with expert parallelism {expert} is not supported yet: "
+                          f"the experts' token exchange takes whole sequences; use one of the two")
+    if context > 1:
+        _check_context(c, context)
+
+
+def _check_context(c: Config, context: int) -> None:
+    """What a sequence split over `context` shards needs (maxlite/models/context.py)."""
+    if c.train_objective != "lm":
+        raise ConfigError(f"context parallelism (context={context}) is for train_objective=lm (pre-training, "
+                          f"SFT); set ici_context_parallelism=1 for train_objective={c.train_objective}")
+    pieces = sequence_pieces(c)
+    if c.max_target_length % pieces:
+        why = " (load balance: two chunks per shard)" if c.context_parallel_load_balance else ""
+        raise ConfigError(f"max_target_length={c.max_target_length} must be divisible by {pieces} to split "
+                          f"over context={context}{why}")
+    chunk = c.max_target_length // pieces
+    if c.attention == "blockwise" and chunk % min(c.attention_block_size, chunk):
+        raise ConfigError(f"attention_block_size={c.attention_block_size} must divide the {chunk}-token "
+                          f"chunks of max_target_length={c.max_target_length} over context={context}")
