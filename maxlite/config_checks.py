@@ -12,6 +12,7 @@ from maxlite.config import (_DEFAULTS, FILE_DATASETS, MESH_AXES, OBJECTIVE_DATAS
                             sequence_pieces)
 from maxlite.models import names
 from maxlite.models.families import FAMILIES
+from maxlite.models.kinds import check_layer_types
 
 _CHOICES = {
     "decoder_block": tuple(FAMILIES),
@@ -122,6 +123,9 @@ def validate(c: Config) -> None:
     _validate_launch(c)
     if not 0 <= c.lora_dropout < 1:
         raise ConfigError(f"lora_dropout={c.lora_dropout} must be in [0, 1)")
+    layer_types = check_layer_types(c.layer_types, c.base_num_decoder_layers)
+    if layer_types:
+        raise ConfigError(layer_types)
     if c.local_rope_max_timescale and not c.sliding_window:
         raise ConfigError(f"local_rope_max_timescale={c.local_rope_max_timescale} is the RoPE base of "
                           f"sliding-window layers: set sliding_window too, or leave it 0")

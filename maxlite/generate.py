@@ -52,6 +52,7 @@ class Generated:
     seconds: float  # decoding, compile excluded
     compile_seconds: float
     steps: int  # decode steps run (the loop ends when every row has ended)
+    cache_bytes_per_token: float = 0.0  # the decode cache per position of the longest row, every layer
 
     @property
     def tokens_per_second(self) -> float:
@@ -112,7 +113,10 @@ def generate_ids(cfg, params, prompts: Sequence[Sequence[int]], sampling: Sampli
     tokens = []
     for row in out.tolist():
         tokens.append(row[:row.index(eos)] if eos in row else row)
-    return Generated(tokens, seconds, compiled - start, steps)
+    from maxlite.models.kinds import cache_numbers_per_token
+    length = P + sampling.max_new_tokens  # what each layer's cache was sized for
+    per_token = cache_numbers_per_token(cfg, length) * np.dtype(jax.numpy.dtype(cfg.dtype)).itemsize
+    return Generated(tokens, seconds, compiled - start, steps, per_token)
 
 
 def generate(cfg, params, prompts: Sequence[str], tokenizer=None, sampling: Sampling | None = None,
@@ -230,7 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     n = sum(map(len, got.tokens))
     print(f"maxlite: generated {n} tokens for {len(prompts)} prompt(s) in {got.seconds:.2f} s "
           f"({got.tokens_per_second:,.1f} tokens/s; {got.steps} decode steps; compiled in "
-          f"{got.compile_seconds:.1f} s)", file=sys.stderr)
+          f"{got.compile_seconds:.1f} s; decode cache {got.cache_bytes_per_token:,.0f} bytes per token)",
+          file=sys.stderr)
     return 0
 
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 import torch
@@ -165,7 +166,7 @@ def test_on_a_tensor_parallel_mesh_the_cache_splits_kv_heads_and_decodes_the_sam
     built = build(cfg, jax.devices()[:4])
     with jax.set_mesh(built.mesh), nnx.logical_axis_rules(mesh_lib.DECODE_RULES):
         cache = jax.jit(lambda: decode.empty_cache(cfg, 3, 16))()
-    assert cache.stacks[0].k_LBSKH.sharding.spec == PartitionSpec(None, None, None, "tensor")  # [L, B, S, K, H]
+    assert cache.stacks[("attention", "global")][0].k_LBSKH.sharding.spec == PartitionSpec(None, None, None, "tensor")  # [L, B, S, K, H]
     leaves = map(jax.device_put, jax.tree.leaves(params), jax.tree.leaves(built.shardings.params))
     sharded = jax.tree.unflatten(jax.tree.structure(params), list(leaves))
     on_mesh = generate_ids(built.cfg, sharded, PROMPTS, Sampling(max_new_tokens=8), mesh=built.mesh).tokens
@@ -188,3 +189,24 @@ def test_on_a_context_parallel_mesh_the_prefill_splits_the_prompt_and_decodes_th
     sharded = jax.tree.unflatten(jax.tree.structure(params), list(leaves))
     on_mesh = generate_ids(built.cfg, sharded, PROMPTS, Sampling(max_new_tokens=6), mesh=built.mesh).tokens
     assert on_mesh == generate_ids(cfg, params, PROMPTS, Sampling(max_new_tokens=6)).tokens
+
+
+@pytest.mark.parametrize("extra", [(), ("decoder_block=gemma3", "sliding_window=4", "base_num_decoder_layers=6")],
+                         ids=["global", "windowed"])
+def test_the_reported_cache_bytes_per_token_are_the_caches_own(extra):
+    """What `generate` reports per token is the size of the caches decoding allocated for the longest
+    row (prompt + new tokens), divided by that length: a sliding-window layer's keeps its window only."""
+    from maxlite.models import decode
+
+    cfg, _, params = _model(*extra)
+    prompt, new = [5, 6, 7, 8, 9, 10, 11], 9
+    got = generate_ids(cfg, params, [prompt], Sampling(max_new_tokens=new))
+    length = len(prompt) + new
+    cache = decode.empty_cache(cfg, 1, length)
+    per_layer = [layers for layers, _ in cache.stacks.values()]  # the slot-position record is bookkeeping
+    allocated = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(per_layer))
+    assert got.cache_bytes_per_token == allocated / length
+    if extra:  # the same model without a window keeps every position in every layer
+        everything = decode.empty_cache(_model(*extra, "sliding_window=0")[0], 1, length)
+        assert allocated < sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(
+            [layers for layers, _ in everything.stacks.values()]))

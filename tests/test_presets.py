@@ -65,13 +65,13 @@ def test_parameter_count_equals_the_hugging_face_model_of_the_same_config(name):
     import torch
     import transformers
 
-    from maxlite.bridge.hf import ARCHITECTURES
+    from maxlite.bridge.hf import adapter
     from maxlite.models.families import family
     from maxlite.models.flops import param_count
     from maxlite.state import abstract_params
 
     cfg = C.load(["base.yml", f"model_name={name}"])
-    config = transformers.AutoConfig.for_model(**ARCHITECTURES[family(cfg).hf_module].hf_config(cfg))
+    config = transformers.AutoConfig.for_model(**adapter(family(cfg).hf_module).hf_config(cfg))
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
     assert type(model).__name__ == config.architectures[0]

@@ -1,6 +1,7 @@
-"""Hugging Face weights both ways, one adapter per family (`Family.hf_module`): llama2 ↔ Llama (Mistral
-with a sliding window), qwen2/qwen3 ↔ Qwen2/Qwen3, gemma3 ↔ Gemma3ForCausalLM, gpt3 ↔ GPT-2,
-mixtral/qwen3_moe ↔ Mixtral/Qwen3-MoE (hf_moe).
+"""Hugging Face weights both ways, one adapter per family (`Family.hf_module`; which HF `model_type`
+imports as which family is the registry's `Family.hf_model_types`): llama2 ↔ Llama (Mistral with a
+sliding window), qwen2/qwen3 ↔ Qwen2/Qwen3, gemma3 ↔ Gemma3ForCausalLM, gpt3 ↔ GPT-2,
+mixtral/qwen3_moe ↔ Mixtral/Qwen3-MoE (hf_moe), and the families of maxlite/families/.
 
     python -m maxlite.bridge.hf export CKPT OUT_DIR [--step N] [--dtype float32|bfloat16]
                                         [--max-shard-size 5GB] [--tokenizer auto|none|PATH]
@@ -27,19 +28,26 @@ import ml_dtypes
 import numpy as np
 
 from maxlite import cli, config as C
-from maxlite.bridge import hf_convert, hf_gemma3, hf_gpt2, hf_llama, hf_moe, hf_qwen
+import importlib
+
+from maxlite.bridge import hf_convert
 from maxlite.bridge import params as P
-from maxlite.models.families import family
+from maxlite.models.families import FAMILIES, family
 from maxlite.bridge.safetensors_io import SafetensorsDir, parse_size, write_sharded
 
-ARCHITECTURES = {m.__name__: m for m in (hf_llama, hf_gpt2, hf_qwen, hf_gemma3, hf_moe)}  # by Family.hf_module
-MODEL_TYPES = {"llama": hf_llama, "mistral": hf_llama, "qwen2": hf_qwen, "qwen3": hf_qwen,
-               "gemma3_text": hf_gemma3, "gemma3": hf_gemma3, "gpt2": hf_gpt2, "mixtral": hf_moe,
-               "qwen3_moe": hf_moe}  # by HF model_type
+
+def adapter(module: str):
+    """A family's HF adapter module (`Family.hf_module`)."""
+    return importlib.import_module(module)
+
+
+def model_types() -> dict[str, str]:
+    """HF config.json `model_type` → the adapter module that imports it, from the family registry."""
+    return {t: f.hf_module for f in FAMILIES.values() for t in f.hf_model_types}
 MODEL_KEYS = ("decoder_block", "base_emb_dim", "base_num_decoder_layers", "base_num_query_heads",
               "base_num_kv_heads", "base_mlp_dim", "head_dim", "vocab_size", "max_position_embeddings",
               "rope_max_timescale", "rope_scaling_factor", "rope_scaling_type", "rope_low_freq_factor",
-              "rope_high_freq_factor", "rope_original_max_position", "sliding_window", "local_rope_max_timescale",
+              "rope_high_freq_factor", "rope_original_max_position", "sliding_window", "layer_types", "local_rope_max_timescale",
               "query_pre_attn_scalar", "normalization_layer_epsilon", "logits_via_embedding", "use_bias",
               "num_experts", "num_experts_per_tok", "base_moe_mlp_dim", "first_num_dense_layers",
               "interleave_moe_layer_step", "norm_topk_prob", "load_balance_loss_weight")
@@ -88,7 +96,7 @@ def export_hf(cfg, params, out_dir: str, dtype: str = "float32", max_shard_size:
               tokenizer: str = "auto", verbose: bool = False) -> list[str]:
     """maxlite params (nnx.State or nested dict) → an HF directory (the family's architecture); returns
     the shard names."""
-    arch = ARCHITECTURES[family(cfg).hf_module]
+    arch = adapter(family(cfg).hf_module)
     maps = arch.tensor_maps(cfg)  # refuses what the architecture cannot hold, before writing
     if dtype not in EXPORT_DTYPES:
         raise ValueError(f"--dtype {dtype}: choose float32 or bfloat16")
@@ -164,10 +172,11 @@ def import_hf(hf_dir: str, argv: Sequence[str] = (), verbose: bool = False):
     """
     hf_dir = C.resolve_path(hf_dir)
     hf_cfg = read_hf_config(hf_dir)
-    arch = MODEL_TYPES.get(hf_cfg.get("model_type"))
-    if arch is None:
+    module = model_types().get(hf_cfg.get("model_type"))
+    if module is None:
         raise ValueError(f"{hf_dir}: config.json model_type={hf_cfg.get('model_type')!r} has no maxlite "
-                         f"equivalent (supported: {', '.join(MODEL_TYPES)})")
+                         f"equivalent (supported: {', '.join(model_types())})")
+    arch = adapter(module)
     try:
         overrides = arch.config_overrides(hf_cfg)
     except KeyError as e:
@@ -235,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pe.add_argument("out_dir")
     pe.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
     pe.add_argument("--base-model", default="", help="base_model_name_or_path for adapter_config.json")
-    im = sub.add_parser("import", help="Hugging Face Llama/Mistral/Qwen2/Qwen3/Gemma 3/GPT-2 directory → maxlite checkpoint")
+    im = sub.add_parser("import", help=f"Hugging Face directory ({', '.join(model_types())}) → maxlite checkpoint")
     im.add_argument("hf_dir")
     im.add_argument("checkpoint")
     im.add_argument("recipe", nargs="*", help="[RECIPE.yml] [key=value ...] training keys to store")

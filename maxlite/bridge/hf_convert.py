@@ -15,7 +15,7 @@ import numpy as np
 
 from maxlite.bridge import params as P
 from maxlite.bridge.safetensors_io import Entry, SafetensorsDir
-from maxlite.models.families import layer_mlps
+from maxlite.models.kinds import layer_mlps
 
 Array = np.ndarray
 

@@ -52,7 +52,7 @@ def ignore(name: str) -> bool:
 
 def hf_config(cfg, dtype: str = "float32", bos_id: int | None = None, eos_id: int | None = None) -> dict:
     check_supported(cfg)
-    from maxlite.models.families import layer_windows
+    from maxlite.models.kinds import layer_windows
 
     out = hf_llama.common_config(cfg, "Gemma3ForCausalLM", "gemma3_text", dtype, bos_id, eos_id)
     global_rope, local_rope = hf_llama.rope_dict(cfg), hf_llama.rope_dict(cfg, local=True)
@@ -106,12 +106,11 @@ def config_overrides(hf: dict) -> dict:
         period = hf["sliding_window_pattern"]
         hf = {**hf, "layer_types": ["sliding_attention" if (i + 1) % period else "full_attention" for i in range(L)]}
     windows = hf_llama.windows_of(hf, L)
-    hf_llama.check_windows("gemma3", windows)
     local_theta = local_rope.get("rope_theta", hf["rope_local_base_freq"])
     out = {**hf_llama.common_overrides({**hf, "rope_parameters": global_rope}, "gemma3"),
            "use_bias": bool(hf.get("attention_bias", False)), "sliding_window": max(windows),
            "local_rope_max_timescale": int(local_theta) if float(local_theta).is_integer() else local_theta,
-           "query_pre_attn_scalar": float(hf["query_pre_attn_scalar"])}
+           "query_pre_attn_scalar": float(hf["query_pre_attn_scalar"]), **hf_llama.pattern_keys("gemma3", windows)}
     if not out["sliding_window"]:
         out["local_rope_max_timescale"] = 0
     return out

@@ -11,17 +11,19 @@ Conventions (checked against transformers by tests/test_bridge_hf*.py, not assum
 - Head order: query head n uses kv head n // (N/K) in both (maxlite reshapes N → [K, N/K]).
 - Tied embeddings (logits_via_embedding): no lm_head tensor, `tie_word_embeddings: true`.
 - Norm scales map 1:1 (RMSNorm in float32 both sides; Gemma's (1 + w) stores w in both).
-- By trait: biases (`q/k/v/o_proj.bias`), q/k norms (`self_attn.{q,k}_norm.weight`), and with
-  post-norms Gemma's names: `post_attention_layernorm` is then the norm *after* attention and
-  `pre_feedforward_layernorm` / `post_feedforward_layernorm` surround the MLP (in Llama,
-  `post_attention_layernorm` is the MLP's pre-norm).
+- By trait: biases (`q/k/v/o_proj.bias`), q/k norms (`self_attn.{q,k}_norm.weight`: [H], or
+  [N·H] / [K·H] over every head at once), and with post-norms Gemma's names: `post_attention_layernorm`
+  is then the norm *after* attention and `pre_feedforward_layernorm` / `post_feedforward_layernorm`
+  surround the MLP (in Llama, `post_attention_layernorm` is the MLP's pre-norm); without pre-norms
+  (OLMo 2/3) there is no `input_layernorm` nor `pre_feedforward_layernorm`.
 - A sliding window (all layers local) exports as Mistral, which Llama cannot express.
 """
 
 from __future__ import annotations
 
 from maxlite.bridge.hf_convert import TensorMap, config_tail, linear, same
-from maxlite.models.families import family, layer_windows
+from maxlite.models.families import family
+from maxlite.models.kinds import check_layer_types, layer_windows
 
 
 def check_supported(cfg) -> None:
@@ -55,8 +57,9 @@ def decoder_maps(cfg, prefix: str = "model.") -> list[TensorMap]:
             same(prefix + "norm.weight", ("final_norm", "scale"), (D,), layer=False)]
     if not cfg.logits_via_embedding:
         maps.append(linear("lm_head.weight", ("unembedding",), (D,), (V,), layer=False))
+    if fam.pre_norms:
+        maps.append(same(layer + "input_layernorm.weight", ("attn_norm", "scale"), (D,)))
     maps += [
-        same(layer + "input_layernorm.weight", ("attn_norm", "scale"), (D,)),
         linear(a + "q_proj.weight", ("attn", "q"), (D,), (N, H)),
         linear(a + "k_proj.weight", ("attn", "k"), (D,), (K, H)),
         linear(a + "v_proj.weight", ("attn", "v"), (D,), (K, H)),
@@ -67,14 +70,16 @@ def decoder_maps(cfg, prefix: str = "model.") -> list[TensorMap]:
     for leaf in fam.bias_leaves if cfg.use_bias else ():
         shape, hf_shape = bias_shapes[leaf]
         maps.append(same(f"{a}{leaf[0]}_proj.bias", ("attn", leaf), shape, hf_shape))
-    if fam.qk_norm:
-        maps += [same(a + "q_norm.weight", ("attn", "q_norm", "scale"), (H,)),
-                 same(a + "k_norm.weight", ("attn", "k_norm", "scale"), (H,))]
+    if fam.qk_norm:  # per head [H], or over the whole projection [N·H] / [K·H]
+        q_shape, k_shape = ((N * H,), (K * H,)) if fam.qk_norm_heads else ((H,), (H,))
+        maps += [same(a + "q_norm.weight", ("attn", "q_norm", "scale"), q_shape),
+                 same(a + "k_norm.weight", ("attn", "k_norm", "scale"), k_shape)]
     if fam.post_norms:
         maps += [same(layer + "post_attention_layernorm.weight", ("attn_post_norm", "scale"), (D,)),
-                 same(layer + "pre_feedforward_layernorm.weight", ("mlp_norm", "scale"), (D,)),
                  same(layer + "post_feedforward_layernorm.weight", ("mlp_post_norm", "scale"), (D,))]
-    else:
+    if fam.post_norms and fam.pre_norms:
+        maps.append(same(layer + "pre_feedforward_layernorm.weight", ("mlp_norm", "scale"), (D,)))
+    elif fam.pre_norms:
         maps.append(same(layer + "post_attention_layernorm.weight", ("mlp_norm", "scale"), (D,)))
     maps += [
         linear(m + "gate_proj.weight", ("mlp", "gate"), (D,), (F,)),
@@ -200,18 +205,22 @@ def windows_of(hf: dict, num_layers: int) -> list[int]:
                  for i in range(num_layers)]
     if types is None:
         return [window] * num_layers
+    problem = check_layer_types(types, num_layers)
+    if problem:
+        raise ValueError(f"config.json: {problem}")
     return [window if t == "sliding_attention" else 0 for t in types]
 
 
-def check_windows(decoder_block: str, stated: list[int]) -> None:
-    """The imported model's layer windows must be its family's pattern."""
+def pattern_keys(decoder_block: str, stated: list[int]) -> dict:
+    """The imported model's layer pattern: nothing to record when its windows follow the family's
+    pattern, else its own `layer_types` (a checkpoint states its own pattern; that is the pattern)."""
     import types
 
-    expected = list(layer_windows(types.SimpleNamespace(decoder_block=decoder_block, sliding_window=max(stated),
-                                                        base_num_decoder_layers=len(stated))))
-    if expected != stated:
-        raise ValueError(f"config.json: layer windows {stated} are not the {decoder_block} pattern {expected}: "
-                         f"not modelled by maxlite")
+    shape = types.SimpleNamespace(decoder_block=decoder_block, sliding_window=max(stated), layer_types=(),
+                                  base_num_decoder_layers=len(stated))
+    if list(layer_windows(shape)) == stated:
+        return {}
+    return {"layer_types": ["sliding_attention" if w else "full_attention" for w in stated]}
 
 
 def check_mlp(hf: dict, activation: str) -> None:

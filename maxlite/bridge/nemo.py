@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 from maxlite import cli, config as C
 from maxlite.models.families import family
+from maxlite.models.kinds import layer_windows
 
 # maxlite preset → the NeMo 2.0 recipe factory (`llm.<name>.pretrain_recipe`) it corresponds to.
 NEMO_FACTORIES = {
@@ -165,15 +166,31 @@ def inexpressible(cfg) -> list[str]:
     fam, out = family(cfg), []
     if fam.post_norms:
         out.append("norms after attention and after the MLP")
+    if not fam.pre_norms:
+        out.append("no norm before attention and the MLP")
+    if fam.qk_norm_heads:
+        out.append("q/k norms over every head at once (Megatron's qk_layernorm is per head)")
     if fam.embed_scale:
         out.append("embeddings scaled by sqrt(emb_dim)")
     if fam.mlp == "geglu":
         out.append("a GeGLU MLP (--swiglu is SiLU)")
     if cfg.sliding_window and cfg.local_rope_max_timescale:
         out.append("a second RoPE base for the sliding-window layers")
+    if cfg.sliding_window and _skip_frequency(cfg) is None:
+        out.append("a layer pattern other than every p-th layer global (--window-attn-skip-freq)")
     if fam.moe:
         out.append("a mixture of experts (not mapped yet: --num-experts and its routing keys)")
     return out
+
+
+def _skip_frequency(cfg) -> int | None:
+    """p when exactly every p-th layer (1-indexed) is global (Megatron's --window-attn-skip-freq);
+    0 when every layer is local; None for any other layer pattern."""
+    windows = layer_windows(cfg)
+    if all(windows):
+        return 0
+    p = windows.index(0) + 1
+    return p if all((w == 0) == ((i + 1) % p == 0) for i, w in enumerate(windows)) else None
 
 
 def _model(cfg, tp: int, notes: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
@@ -195,18 +212,25 @@ def _model(cfg, tp: int, notes: list[str]) -> tuple[list[tuple[str, Any]], list[
         mega += [("--group-query-attention", None), ("--num-query-groups", K)]
     mega += [("--seq-length", cfg.max_target_length), ("--max-position-embeddings", max_pos)]
     nemo += [(m + "seq_length", cfg.max_target_length), ("recipe.data.seq_length", cfg.max_target_length)]
-    if not fam.rope:  # gpt3: learned positions, LayerNorm, GELU
-        mega += [("--position-embedding-type", "learned_absolute"), ("--normalization", "LayerNorm"),
-                 ("--openai-gelu", None)]  # maxlite's GELU is the tanh approximation
-        nemo += [(m + "position_embedding_type", "learned_absolute"), (m + "normalization", "LayerNorm"),
-                 (m + "max_position_embeddings", max_pos), (m + "gated_linear_unit", False),
+    # each trait on its own: positions, the norm, the MLP
+    norm = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}[fam.norm]
+    mega.append(("--normalization", norm))
+    nemo.append((m + "normalization", norm))
+    if fam.mlp == "gelu":
+        mega.append(("--openai-gelu", None))  # maxlite's GELU is the tanh approximation
+        nemo += [(m + "gated_linear_unit", False),
                  (m + "activation_func", 'functools.partial(torch.nn.functional.gelu, approximate="tanh")')]
+    else:  # swiglu (geglu is refused above)
+        mega.append(("--swiglu", None))
+        nemo += [(m + "gated_linear_unit", True), (m + "activation_func", "torch.nn.functional.silu")]
+    if not fam.rope:  # learned absolute positions
+        mega.append(("--position-embedding-type", "learned_absolute"))
+        nemo += [(m + "position_embedding_type", "learned_absolute"), (m + "max_position_embeddings", max_pos)]
     else:
         mega += [("--position-embedding-type", "rope"), ("--rotary-base", int(cfg.rope_max_timescale)),
-                 ("--rotary-percent", 1.0), ("--normalization", "RMSNorm"), ("--swiglu", None)]
+                 ("--rotary-percent", 1.0)]
         nemo += [(m + "position_embedding_type", "rope"), (m + "rotary_base", int(cfg.rope_max_timescale)),
-                 (m + "rotary_percent", 1.0), (m + "normalization", "RMSNorm"),
-                 (m + "gated_linear_unit", True), (m + "activation_func", "torch.nn.functional.silu")]
+                 (m + "rotary_percent", 1.0)]
         if cfg.rope_scaling_factor > 0 and cfg.rope_scaling_type == "linear":  # positions ÷ factor
             mega.append(("--rotary-seq-len-interpolation-factor", int(cfg.rope_scaling_factor)))
             nemo.append((m + "seq_len_interpolation_factor", int(cfg.rope_scaling_factor)))
@@ -231,8 +255,8 @@ def _model(cfg, tp: int, notes: list[str]) -> tuple[list[tuple[str, Any]], list[
     if cfg.sliding_window:  # (left, right) keys around each query: i − (W − 1) … i
         mega.append(("--window-size", [cfg.sliding_window - 1, 0]))
         nemo.append((m + "window_size", (cfg.sliding_window - 1, 0)))
-        period = len(fam.layer_pattern)
-        if "global" in fam.layer_pattern:  # every period-th layer (1-indexed) is global
+        period = _skip_frequency(cfg)
+        if period:  # every period-th layer (1-indexed) is global
             mega.append(("--window-attn-skip-freq", period))
             nemo.append((m + "window_attn_skip_freq", period))
     if cfg.query_pre_attn_scalar:

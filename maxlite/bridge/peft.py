@@ -21,12 +21,9 @@ from maxlite.bridge import hf_convert
 from maxlite.bridge import params as P
 from maxlite.bridge.safetensors_io import _write_file
 from maxlite.models import lora
-from maxlite.models.families import family
+from maxlite.models.families import FAMILIES, family
 
 ADAPTER_FILE = "adapter_model.safetensors"
-# HF adapters whose decoders name their layers model.layers.{i}.{self_attn,mlp}.*_proj (Llama, Mistral,
-# Qwen2, Qwen3, Gemma 3): PEFT's names below are theirs
-LLAMA_NAMED = ("maxlite.bridge.hf_llama", "maxlite.bridge.hf_qwen", "maxlite.bridge.hf_gemma3")
 
 
 def tensor_maps(cfg) -> list[hf_convert.TensorMap]:
@@ -46,9 +43,10 @@ def tensor_maps(cfg) -> list[hf_convert.TensorMap]:
 def export_peft(cfg, params, out_dir: str, base_model: str = "") -> pathlib.Path:
     if cfg.lora_rank == 0:
         raise ValueError("this checkpoint has no LoRA adapters (lora_rank=0): use `hf export`")
-    if family(cfg).hf_module not in LLAMA_NAMED:
-        raise ValueError(f"PEFT export covers the Llama-named families ({', '.join(sorted(LLAMA_NAMED))} "
-                         f"adapters), not {cfg.decoder_block}")
+    if not family(cfg).llama_names:
+        named = ", ".join(f.name for f in FAMILIES.values() if f.llama_names)
+        raise ValueError(f"PEFT export covers the families whose HF layers are named like Llama's ({named}), "
+                         f"not {cfg.decoder_block}")
     out = pathlib.Path(C.resolve_path(out_dir))
     out.mkdir(parents=True, exist_ok=True)
     entries = hf_convert.export_entries(cfg, tensor_maps(cfg), P.to_pure(params), np.float32)

@@ -21,6 +21,7 @@ import numpy as np
 
 from maxlite.bridge import params as P
 from maxlite.models.families import family
+from maxlite.models.kinds import layer_windows
 from maxlite.bridge import require
 
 torch = require("torch")
@@ -143,8 +144,15 @@ class Block(nn.Module):
 def check_supported(cfg) -> None:
     """One line for a model the twin does not model."""
     fam = family(cfg)
-    if fam.name not in ("llama2", "gpt3") or cfg.local_rope_max_timescale or cfg.query_pre_attn_scalar:
-        raise ValueError(f"decoder_block={cfg.decoder_block}: the torch twin models llama2 and gpt3 blocks; "
+    unmodelled = [what for what, present in (
+        ("q/k norms", fam.qk_norm), ("norms after attention and the MLP", fam.post_norms),
+        ("no pre-norms", not fam.pre_norms), ("scaled embeddings", fam.embed_scale),
+        ("(1 + w) norms", fam.norm_offset), ("a mixture of experts", fam.moe), ("a GeGLU MLP", fam.mlp == "geglu"),
+        ("q/k/v biases without an o bias", fam.biases == "qkv"),
+        ("a second RoPE base", cfg.local_rope_max_timescale), ("a query scalar", cfg.query_pre_attn_scalar),
+        ("local and global layers", len(set(layer_windows(cfg))) > 1)) if present]
+    if unmodelled:
+        raise ValueError(f"decoder_block={cfg.decoder_block}: the torch twin does not model {', '.join(unmodelled)}; "
                          f"for this model transformers is the reference (hf export, then AutoModelForCausalLM)")
 
 

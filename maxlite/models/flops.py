@@ -16,35 +16,28 @@ recomputation is not counted (it is overhead, not useful work), as in MaxText's 
 
 from __future__ import annotations
 
-from maxlite.models.families import family, layer_mlps, layer_windows
+from maxlite.models.families import family
+from maxlite.models.kinds import FEED_FORWARDS, MIXERS, attention_core_flops, layer_kinds, layer_mlps
 
-
-def attention_flops(B: int, T: int, N: int, H: int, window: int = 0) -> float:
-    """Forward FLOPs of one layer's causal attention (QKᵀ and PV) over the keys it attends: the
-    causal half T²/2, or with a sliding window W < T the band T·W − W²/2 (the same T²/2 at W = T)."""
-    keys = T * T / 2 if not window or window >= T else T * window - window * window / 2
-    return 4 * B * N * H * keys
+attention_flops = attention_core_flops  # one layer's QKᵀ and PV (maxlite.models.kinds)
 
 
 def forward_flops_by_part(cfg, batch_size: int | None = None) -> dict[str, float]:
-    """Forward FLOPs of all layers by part (qkv, out, mlp, attention) and of the unembedding."""
+    """Forward FLOPs of all layers by part (each mixer kind's parts: qkv, out, attention; mlp) and of
+    the unembedding: every layer counts what its kinds say they compute."""
     B = cfg.global_batch_size if batch_size is None else batch_size
-    T, D, V, L = cfg.max_target_length, cfg.base_emb_dim, cfg.vocab_size, cfg.base_num_decoder_layers
-    N, K, H = cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
-    tokens = B * T
-    return {"qkv": L * 2 * tokens * D * (N + 2 * K) * H, "out": L * 2 * tokens * N * H * D,
-            "mlp": sum(mlp_flops(cfg, tokens, kind) for kind in layer_mlps(cfg)),
-            "attention": sum(attention_flops(B, T, N, H, w) for w in layer_windows(cfg)),
-            "unembed": 2 * tokens * D * V}
+    T, D, V = cfg.max_target_length, cfg.base_emb_dim, cfg.vocab_size
+    parts = {"qkv": 0.0, "out": 0.0, "mlp": 0.0, "attention": 0.0}
+    for kind in layer_kinds(cfg):
+        for part, flops in MIXERS[kind.mixer].flops(cfg, B, T, kind.variant).items():
+            parts[part] = parts.get(part, 0.0) + flops
+        parts["mlp"] += FEED_FORWARDS[kind.ffn].flops(cfg, B * T)
+    return {**parts, "unembed": 2 * B * T * D * V}
 
 
 def mlp_flops(cfg, tokens: int, kind: str) -> float:
-    """Forward FLOPs of one layer's MLP: dense, or a MoE layer's router and active experts."""
-    m = family(cfg).mlp_matrices
-    if kind == "dense":
-        return 2 * tokens * cfg.base_emb_dim * cfg.base_mlp_dim * m
-    active = cfg.num_experts_per_tok + cfg.shared_experts
-    return 2 * tokens * cfg.base_emb_dim * (cfg.num_experts + active * cfg.base_moe_mlp_dim * m)
+    """Forward FLOPs of one layer's feed-forward of that kind ("dense" | "moe")."""
+    return FEED_FORWARDS[kind].flops(cfg, tokens)
 
 
 def train_flops_per_step(cfg, batch_size: int | None = None) -> float:

@@ -85,6 +85,12 @@ def make_norm(cfg, dim: int, rngs: nnx.Rngs, axes: Axes = ("norm",)):
                            rngs=rngs, offset=fam.norm_offset, axes=axes)
 
 
+def over_heads(norm, x_BTNH: jax.Array) -> jax.Array:
+    """A norm over every head of a projection at once: [B, T, N, H] seen as [B, T, N·H]."""
+    B, T, N, H = x_BTNH.shape
+    return norm(x_BTNH.reshape(B, T, N * H)).reshape(B, T, N, H)
+
+
 def rope_frequencies(cfg, local: bool = False) -> np.ndarray:
     """Inverse frequencies [H/2] (a trace-time constant) of global layers, with the configured
     scaling (llama3's rule or linear), or of sliding-window layers: their own unscaled base when
@@ -172,10 +178,13 @@ class Attention(nnx.Module):
         for name in self.biases:
             shape, axes = bias_shapes[name]
             setattr(self, name, param(rngs, shape, axes, wd, init="zeros"))
-        if fam.qk_norm:  # one scale [H] per projection, shared by its heads
+        if fam.qk_norm and fam.qk_norm_heads:  # one scale per element of the projection [N·H]
+            self.q_norm = make_norm(cfg, N * H, rngs)
+            self.k_norm = make_norm(cfg, K * H, rngs)
+        elif fam.qk_norm:  # one scale [H] per projection, shared by its heads
             self.q_norm = make_norm(cfg, H, rngs, ("head_dim",))
             self.k_norm = make_norm(cfg, H, rngs, ("head_dim",))
-        self.qk_norm, self.use_rope = fam.qk_norm, fam.rope
+        self.qk_norm, self.qk_norm_heads, self.use_rope = fam.qk_norm, fam.qk_norm_heads, fam.rope
         self.query_scale = cfg.query_pre_attn_scalar ** -0.5 if cfg.query_pre_attn_scalar > 0 else None
         self.cfg = cfg
         self.num_kv, self.dtype = K, jnp.dtype(cfg.dtype)
@@ -192,7 +201,9 @@ class Attention(nnx.Module):
         v_BSKH = _adapted(self, "v", x_BTD, project("bsd,dkh->bskh", x_BTD, self.v[...]), key)
         q_BTNH, k_BSKH, v_BSKH = (self._bias(n, x) for n, x in
                                   (("q_bias", q_BTNH), ("k_bias", k_BSKH), ("v_bias", v_BSKH)))
-        if self.qk_norm:
+        if self.qk_norm_heads:
+            q_BTNH, k_BSKH = over_heads(self.q_norm, q_BTNH), over_heads(self.k_norm, k_BSKH)
+        elif self.qk_norm:
             q_BTNH, k_BSKH = self.q_norm(q_BTNH), self.k_norm(k_BSKH)
         if self.use_rope:
             inv_freq = pick(local, jnp.asarray(rope_frequencies(self.cfg, local=True), jnp.float32),
@@ -277,3 +288,8 @@ class GeluMLP(nnx.Module):
         h_BTF = constrain(jax.nn.gelu(h_BTF), ("activation_batch", "activation_length", "activation_mlp"))
         out_BTD = project("btf,fd->btd", h_BTF, self.down[...]) + self.down_bias[...].astype(dt)
         return constrain(checkpoint_name(out_BTD, "mlpwo"), BTD)
+
+
+def make_mlp(cfg, *, rngs: nnx.Rngs):
+    """The family's dense MLP (the `dense` feed-forward kind)."""
+    return GeluMLP(cfg, rngs=rngs) if family(cfg).mlp == "gelu" else GatedMLP(cfg, rngs=rngs)

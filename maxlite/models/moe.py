@@ -43,7 +43,8 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from maxlite.models import grouped
-from maxlite.models.families import family, layer_mlps
+from maxlite.models.families import family
+from maxlite.models.kinds import layer_mlps
 from maxlite.models.layers import ACTIVATIONS, BTD, GatedMLP, constrain, param
 from maxlite.models.matmul import project
 from maxlite.models.names import MOE_IMPLEMENTATIONS, resolve_moe

@@ -1,15 +1,16 @@
 """The decoder: embeddings, a stack of blocks (scanned or unrolled, with remat), the output head.
 
 Shape legend as in layers.py (B batch, T time, D model dim, V vocab, P max positions, L layers).
-`decoder_block` picks the family (maxlite/models/families.py); its traits decide the norms (and
-whether they also follow attention and the MLP), the MLP, positions, biases, q/k norms, the
-embedding scale and which layers attend within `sliding_window` (`families.layer_windows`).
-A scanned stack whose layers differ in window (Gemma 3's 5 local : 1 global) passes each layer
-its kind as a scanned flag; attention branches on it (layers.Attention._attend).
-A mixture-of-experts family's MoE layers (`families.layer_mlps`) have a MoE (moe.py) for MLP; a
-scanned model keeps its layers in `families.layer_stacks` (dense layers before the first MoE one
-apart, units of several layers when MoE layers are interleaved), and `forward` returns the MoE
-layers' routing statistics beside the hidden states (the auxiliary losses' input).
+A block is a token mixer + a feed-forward, each a registered kind chosen per layer
+(maxlite/models/kinds.py: `layer_kinds`, from the recipe's `layer_types` or the family's pattern);
+`decoder_block` picks the family (maxlite/models/families.py), whose traits decide the norms (before,
+after, or both around each branch), the MLP, positions, biases, q/k norms and the embedding scale.
+A scanned model keeps its layers in `kinds.layer_stacks`: stacks over the shortest repeating block of
+the layers' (mixer, feed-forward) structures (a MoE model's dense layers before the first MoE one
+apart). Layers of one stack position whose variants differ (Gemma 3's 5 local : 1 global) get their
+variant as a scanned flag; attention branches on it (layers.Attention._attend). A routed
+feed-forward's (MoE) routing statistics come back beside the hidden states (the auxiliary losses'
+input).
 """
 
 from __future__ import annotations
@@ -22,11 +23,10 @@ from jax.ad_checkpoint import checkpoint_name
 import math
 
 from maxlite.models import matmul
-from maxlite.models.families import family, layer_mlps, layer_place, layer_stacks, layer_windows
-from maxlite.models.layers import BTD, Attention, GatedMLP, GeluMLP, constrain, make_norm, param
-from maxlite.models.moe import MoE
+from maxlite.models.families import family
+from maxlite.models.kinds import FEED_FORWARDS, MIXERS, layer_kinds, layer_place, layer_stacks, layer_windows
+from maxlite.models.layers import BTD, constrain, make_norm, param
 
-MLPS = {"swiglu": GatedMLP, "geglu": GatedMLP, "gelu": GeluMLP}  # by Family.mlp
 _cp = jax.checkpoint_policies
 _QKV = ("query_proj", "key_proj", "value_proj")
 _MLP = ("mlpwi_0", "mlpwi_1", "mlpwo")
@@ -45,49 +45,62 @@ REMAT_POLICIES = {  # names: maxlite.models.layers' checkpoint_name calls and "d
 
 
 class Block(nnx.Module):
-    """x + attn(norm(x)), then + mlp(norm(·)); with the family's post-norms each branch is normed
-    again before its residual add (Gemma's sandwich)."""
+    """x + mixer(norm(x)), then + feed_forward(norm(·)): the mixer and the feed-forward are the
+    layer's kinds (maxlite/models/kinds.py; `structure` = (mixer, ffn)). With the family's post-norms
+    each branch is normed again before its residual add (Gemma's sandwich); a family without
+    pre-norms (OLMo 2/3) norms only there. Parameter names stay `attn` and `mlp` whatever the kinds."""
 
-    def __init__(self, cfg, *, rngs: nnx.Rngs, moe: bool = False):
+    def __init__(self, cfg, *, rngs: nnx.Rngs, structure: tuple[str, str] = ("attention", "dense")):
         fam, D = family(cfg), cfg.base_emb_dim
-        self.attn_norm = make_norm(cfg, D, rngs)
-        self.attn = Attention(cfg, rngs=rngs)
+        mixer, ffn = MIXERS[structure[0]], FEED_FORWARDS[structure[1]]
+        if fam.pre_norms:
+            self.attn_norm = make_norm(cfg, D, rngs)
+        self.attn = mixer.cls()(cfg, rngs=rngs)
         if fam.post_norms:
             self.attn_post_norm = make_norm(cfg, D, rngs)
-        self.mlp_norm = make_norm(cfg, D, rngs)
-        self.mlp = MoE(cfg, rngs=rngs) if moe else MLPS[fam.mlp](cfg, rngs=rngs)
+        if fam.pre_norms:
+            self.mlp_norm = make_norm(cfg, D, rngs)
+        self.mlp = ffn.make(cfg, rngs)
         if fam.post_norms:
             self.mlp_post_norm = make_norm(cfg, D, rngs)
-        self.post_norms, self.moe = fam.post_norms, moe
+        self.pre_norms, self.post_norms, self.routed = fam.pre_norms, fam.post_norms, ffn.routed
+
+    def mixer_input(self, x_BTD):
+        """What the mixer reads: the pre-normed residual (decoding calls it too)."""
+        return self.attn_norm(x_BTD) if self.pre_norms else x_BTD
 
     def add_attention(self, x_BTD, attn_BTD):
-        """The residual add of the attention branch (decoding calls it with its cached attention)."""
+        """The residual add of the mixer branch (decoding calls it with its cached attention)."""
         return x_BTD + (self.attn_post_norm(attn_BTD) if self.post_norms else attn_BTD)
 
     def _add(self, x_BTD, h_BTD):
         return x_BTD + (self.mlp_post_norm(h_BTD) if self.post_norms else h_BTD)
 
+    def _ffn_input(self, x_BTD):
+        return self.mlp_norm(x_BTD) if self.pre_norms else x_BTD
+
     def add_mlp(self, x_BTD, dropout_key=None):
-        """The MLP branch as decoding runs it (a MoE layer dropless)."""
-        return self._add(x_BTD, self.mlp(self.mlp_norm(x_BTD), dropout_key))
+        """The feed-forward branch as decoding runs it (a MoE layer dropless)."""
+        return self._add(x_BTD, self.mlp(self._ffn_input(x_BTD), dropout_key))
 
     def __call__(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None, local=False):
         """(x_BTD, the MoE layer's routing statistics or None)."""
         key_attn, key_mlp = (None, None) if dropout_key is None else jax.random.split(dropout_key)
-        x_BTD = self.add_attention(x_BTD, self.attn(self.attn_norm(x_BTD), positions_BT, segment_ids_BT,
+        x_BTD = self.add_attention(x_BTD, self.attn(self.mixer_input(x_BTD), positions_BT, segment_ids_BT,
                                                     key_attn, local))
-        if not self.moe:
+        if not self.routed:
             return constrain(self.add_mlp(x_BTD, key_mlp), BTD), None
-        h_BTD, stats = self.mlp.routed(self.mlp_norm(x_BTD), segment_ids_BT, key_mlp)
+        h_BTD, stats = self.mlp.routed(self._ffn_input(x_BTD), segment_ids_BT, key_mlp)
         return constrain(self._add(x_BTD, h_BTD), BTD), stats
 
 
 class Unit(nnx.Module):
-    """Consecutive layers scanned as one step (a period of interleaved dense and MoE layers)."""
+    """Consecutive layers scanned as one step (a repeating block: interleaved dense and MoE layers,
+    or mixers of several kinds)."""
 
-    def __init__(self, cfg, kinds: tuple[str, ...], keys):
-        self.blocks = nnx.List([Block(cfg, rngs=nnx.Rngs(params=key), moe=kind == "moe")
-                                for kind, key in zip(kinds, keys)])
+    def __init__(self, cfg, structures: tuple[tuple[str, str], ...], keys):
+        self.blocks = nnx.List([Block(cfg, rngs=nnx.Rngs(params=key), structure=s)
+                                for s, key in zip(structures, keys)])
 
     def __call__(self, x_BTD, positions_BT, segment_ids_BT, dropout_keys=None, local=False):
         """(x_BTD, the MoE layers' statistics stacked [m, ...] or None); `dropout_keys` and
@@ -113,20 +126,20 @@ class Transformer(nnx.Module):
         if family(cfg).positions == "learned":
             self.positions = param(rngs, (cfg.max_position_embeddings, D), ("position", "embed"), wd,
                                    scale=cfg.init_scale)
-        stacks, mlps = layer_stacks(cfg), layer_mlps(cfg)
+        stacks, kinds = layer_stacks(cfg), layer_kinds(cfg)
         if cfg.scan_layers and len(stacks) == 1 and len(stacks[0].unit) == 1:  # one stack of like layers
             @nnx.split_rngs(splits=cfg.base_num_decoder_layers)
             @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
             def make_stack(rngs):
-                return Block(cfg, rngs=rngs, moe=mlps[0] == "moe")
+                return Block(cfg, rngs=rngs, structure=stacks[0].unit[0])
             self.layers = make_stack(rngs)
         else:
             # The same per-layer keys as the scanned stack: one seed gives one model either way.
             keys = nnx.split_rngs(rngs, splits=cfg.base_num_decoder_layers,
                                   graph_updates=False).params.key[...]
             if not cfg.scan_layers:
-                self.layers = nnx.List([Block(cfg, rngs=nnx.Rngs(params=key), moe=kind == "moe")
-                                        for key, kind in zip(keys, mlps)])
+                self.layers = nnx.List([Block(cfg, rngs=nnx.Rngs(params=key), structure=(k.mixer, k.ffn))
+                                        for key, k in zip(keys, kinds)])
             for stack in stacks if cfg.scan_layers else ():
                 n = len(stack.unit)
                 unit_keys = keys[stack.first:stack.first + stack.count * n].reshape(stack.count, n)
@@ -245,7 +258,7 @@ def _stack_maker(cfg, unit: tuple[str, ...]):
     @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
     def make(keys):
         if len(unit) == 1:
-            return Block(cfg, rngs=nnx.Rngs(params=keys[0]), moe=unit[0] == "moe")
+            return Block(cfg, rngs=nnx.Rngs(params=keys[0]), structure=unit[0])
         return Unit(cfg, unit, keys)
     return make
 

@@ -1,0 +1,105 @@
+"""Grouped-query attention's decode cache (the `attention` mixer kind's; maxlite/models/decode.py
+drives it for every layer of the kind).
+
+Shape legend as in layers.py, plus S cache slots and L the layers of one variant. The cache holds the
+K/V heads only (GQA: K of them, not N) in the compute dtype: a global layer keeps every position
+(S = prompt + new tokens), a sliding-window layer only its last W (S = min(W, prompt + new tokens))
+as a ring: position p lives in slot p mod S, and the layers of one variant share the record of the
+position in every slot (-1: empty). A step's queries attend to the cache as it was plus the step's
+own keys, under one rule: key position j is visible to query position p iff 0 ≤ j ≤ p (and
+p − j < W in a window); padding past len_b is never written. The prefill runs the training
+attention (maxlite.models.attention.attend: blockwise, splash, cuDNN, and with context parallelism
+the prompt split over the context axis), so a long prompt never builds its [P, P] scores; new keys
+go into their slots by a scatter, never a [T, S] one-hot.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from maxlite.models import attention
+from maxlite.models.layers import constrain
+
+# the cache's logical axes: K/V heads split like the attention's (tensor), layers and batch not split
+CACHE_AXES = ("layers", "activation_batch", "activation_length", "activation_kv_heads", "head_dim")
+
+
+class KV(NamedTuple):
+    """K and V of the layers of one variant [L, B, S, K, H]."""
+    k_LBSKH: jax.Array
+    v_LBSKH: jax.Array
+
+
+def window(cfg, variant: str) -> int:
+    return cfg.sliding_window if variant == "local" else 0
+
+
+def slots(w: int, length: int) -> int:
+    return min(w, length) if w else length
+
+
+def empty(cfg, variant: str, layers: int, batch: int, length: int) -> tuple[KV, jax.Array]:
+    """(K/V of `layers` layers, the slots' positions [B, S] they share), empty."""
+    shape = (layers, batch, slots(window(cfg, variant), length), cfg.base_num_kv_heads, cfg.head_dim)
+    zeros = lambda: constrain(jnp.zeros(shape, jnp.dtype(cfg.dtype)), CACHE_AXES)  # noqa: E731
+    return KV(zeros(), zeros()), jnp.full(shape[1:3], -1, jnp.int32)
+
+
+def _slots(positions_BT, lengths_B, size: int):
+    """The slot each new token goes to [B, T]: its position mod S, for the last S real tokens
+    (position < len_b) only, so no two of them collide; `size` (past the end: dropped) for the rest,
+    so padding is never written."""
+    valid_BT = (positions_BT < lengths_B[:, None]) & (positions_BT >= lengths_B[:, None] - size)
+    return jnp.where(valid_BT, positions_BT % size, size)
+
+
+def _write(cache_BS, new_BT, slots_BT):
+    """cache[b, slots[b, t]] = new[b, t] (slots past the end dropped)."""
+    rows_B1 = jnp.arange(cache_BS.shape[0])[:, None]
+    return cache_BS.at[rows_B1, slots_BT].set(new_BT.astype(cache_BS.dtype), mode="drop")
+
+
+def _attend(q_BTNH, k_BSKH, v_BSKH, kpos_BS, qpos_BT, w: int, scale: float):
+    B, T, N, H = q_BTNH.shape
+    K = k_BSKH.shape[2]
+    q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
+    scores_BKGTS = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k_BSKH).astype(jnp.float32) * scale
+    kpos, qpos = kpos_BS[:, None, :], qpos_BT[:, :, None]
+    visible_BTS = (kpos >= 0) & (kpos <= qpos)
+    if w:
+        visible_BTS &= qpos - kpos < w
+    scores_BKGTS = jnp.where(visible_BTS[:, None, None], scores_BKGTS, jnp.finfo(jnp.float32).min)
+    probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(v_BSKH.dtype)
+    return jnp.einsum("bkgts,bskh->btkgh", probs_BKGTS, v_BSKH).reshape(B, T, N, H)
+
+
+def step(attn, x_BTD, positions_BT, lengths_B, kv: KV, pos_BS, variant: str, prefill_cfg=None):
+    """One layer's attention over T new tokens (`kv` this layer's [B, S, K, H]): to (cache, new
+    keys) — in the prefill, to the new keys alone (the cache is empty) through the training
+    attention —, then the new keys written. Returns (the attention's output x_BTD, the new KV)."""
+    w = window(attn.cfg, variant)
+    q_BTNH, k_new, v_new = attn.qkv(x_BTD, positions_BT, local=bool(w))
+    scale = attn.query_scale or 1.0 / math.sqrt(q_BTNH.shape[-1])
+    if prefill_cfg is not None:
+        # right-padded rows: padding sits after every real token, so no real query sees it
+        segment_ids_BT = jnp.ones(positions_BT.shape, jnp.int32)
+        out_BTNH = attention.attend(prefill_cfg, q_BTNH, k_new, v_new, segment_ids_BT, window=w,
+                                    scale=attn.query_scale)
+    else:
+        keys, values = (jnp.concatenate([c, new.astype(c.dtype)], axis=1)
+                        for c, new in ((kv.k_LBSKH, k_new), (kv.v_LBSKH, v_new)))
+        kpos_BS = jnp.concatenate([pos_BS, positions_BT], axis=1)
+        out_BTNH = _attend(q_BTNH, keys, values, kpos_BS, positions_BT, w, scale)
+    slots_BT = _slots(positions_BT, lengths_B, pos_BS.shape[1])
+    new = KV(*(constrain(_write(c, n, slots_BT), CACHE_AXES[1:]) for c, n in
+               ((kv.k_LBSKH, k_new), (kv.v_LBSKH, v_new))))
+    return attn.out(out_BTNH), new
+
+
+def advance(pos_BS, positions_BT, lengths_B):
+    """The shared record of slot positions once these tokens are written."""
+    return _write(pos_BS, positions_BT, _slots(positions_BT, lengths_B, pos_BS.shape[1]))

@@ -1,0 +1,219 @@
+"""A decoder layer is a token mixer + a feed-forward, each a registered kind chosen per layer.
+
+`layer_kinds(cfg)` gives every layer its kind: the recipe's `layer_types` when it states them (a
+checkpoint's own pattern: HF config.json's `layer_types`), else the family's `layer_pattern`, with
+the feed-forward from the mixture-of-experts keys (`first_num_dense_layers`,
+`interleave_moe_layer_step`). The transformer, decoding, the FLOP count, the planner and the bridge
+read kinds, never a family's name.
+
+A mixer kind names its module (the NNX class that owns its parameters, their logical axes and its
+decode cache), the variants a layer may take (attention: a global or a sliding-window layer) with
+the HF `layer_types` names of each, and its forward FLOPs and decode-cache size as functions of the
+config. A feed-forward kind likewise. A new architecture idea is a new entry here and its module.
+
+Pure data: importable without JAX (config validation and the bridge use it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Callable
+
+from maxlite.models.families import family
+
+Flops = Callable[..., dict]
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerKind:
+    mixer: str      # a MIXERS key
+    variant: str    # one of the mixer's variants (attention: "global" | "local")
+    ffn: str        # a FEED_FORWARDS key ("dense" | "moe")
+
+
+@dataclasses.dataclass(frozen=True)
+class MixerKind:
+    name: str
+    module: str                         # "package.module:Class", the NNX module of a layer's mixer
+    variants: dict[str, str]            # variant → its HF `layer_types` name
+    flops: Callable                     # (cfg, B, T, variant) → forward FLOPs by part
+    cache_numbers: Callable             # (cfg, variant, length) → decode-cache numbers per sequence
+    cache_module: str                   # its decode cache: empty(cfg, variant, layers, batch, length) →
+                                        # (per-layer cache [L, ...], shared), step(mixer, x_BTD,
+                                        # positions_BT, lengths_B, layer_cache, shared, variant,
+                                        # prefill_cfg) → (out_BTD, layer_cache), advance(shared,
+                                        # positions_BT, lengths_B) → shared
+
+    def cls(self):
+        path, name = self.module.split(":")
+        return getattr(importlib.import_module(path), name)
+
+    def cache(self):
+        return importlib.import_module(self.cache_module)
+
+
+@dataclasses.dataclass(frozen=True)
+class FeedForwardKind:
+    name: str
+    module: str                         # "package.module:function(cfg, rngs) → module"
+    flops: Callable                     # (cfg, tokens) → forward FLOPs
+    routed: bool = False                # returns routing statistics (the auxiliary losses' input)
+
+    def make(self, cfg, rngs):
+        path, name = self.module.split(":")
+        return getattr(importlib.import_module(path), name)(cfg, rngs=rngs)
+
+
+def attention_core_flops(B: int, T: int, N: int, H: int, window: int = 0) -> float:
+    """Forward FLOPs of one layer's causal attention (QKᵀ and PV) over the keys it attends: the
+    causal half T²/2, or with a sliding window W < T the band T·W − W²/2 (the same T²/2 at W = T)."""
+    keys = T * T / 2 if not window or window >= T else T * window - window * window / 2
+    return 4 * B * N * H * keys
+
+
+def _window(cfg, variant: str) -> int:
+    return cfg.sliding_window if variant == "local" else 0
+
+
+def _attention_flops(cfg, B: int, T: int, variant: str) -> dict:
+    D, N, K, H = cfg.base_emb_dim, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
+    return {"qkv": 2 * B * T * D * (N + 2 * K) * H, "out": 2 * B * T * N * H * D,
+            "attention": attention_core_flops(B, T, N, H, _window(cfg, variant))}
+
+
+def _attention_cache(cfg, variant: str, length: int) -> int:
+    """K and V of every kept position (a sliding-window layer keeps its last W only)."""
+    w = _window(cfg, variant)
+    return 2 * (min(w, length) if w else length) * cfg.base_num_kv_heads * cfg.head_dim
+
+
+def gated_matrices(cfg) -> int:
+    """Weight matrices of the family's MLP (3 gated, 2 for GELU's up/down)."""
+    return family(cfg).mlp_matrices
+
+
+def _dense_flops(cfg, tokens: int) -> float:
+    return 2 * tokens * cfg.base_emb_dim * cfg.base_mlp_dim * gated_matrices(cfg)
+
+
+def _moe_flops(cfg, tokens: int) -> float:
+    """The router and the active experts (k routed + the shared ones), as MaxText counts them."""
+    active = cfg.num_experts_per_tok + cfg.shared_experts
+    return 2 * tokens * cfg.base_emb_dim * (cfg.num_experts + active * cfg.base_moe_mlp_dim * gated_matrices(cfg))
+
+
+MIXERS = {m.name: m for m in (
+    MixerKind("attention", "maxlite.models.layers:Attention",
+              {"global": "full_attention", "local": "sliding_attention"}, _attention_flops, _attention_cache,
+              "maxlite.models.gqa_cache"),
+)}
+FEED_FORWARDS = {f.name: f for f in (
+    FeedForwardKind("dense", "maxlite.models.layers:make_mlp", _dense_flops),
+    FeedForwardKind("moe", "maxlite.models.moe:MoE", _moe_flops, routed=True),
+)}
+HF_LAYER_TYPES = {hf: (mixer.name, variant) for mixer in MIXERS.values() for variant, hf in mixer.variants.items()}
+
+
+def pattern_mixers(cfg) -> tuple[tuple[str, str], ...]:
+    """Each layer's (mixer, variant): the recipe's `layer_types`, else the family's pattern."""
+    L = cfg.base_num_decoder_layers
+    if cfg.layer_types:
+        return tuple(HF_LAYER_TYPES[t] for t in cfg.layer_types)
+    pattern = family(cfg).layer_pattern
+    return tuple(("attention", pattern[i % len(pattern)]) for i in range(L))
+
+
+def layer_ffns(cfg) -> tuple[str, ...]:
+    """Each layer's feed-forward: a MoE family's first `first_num_dense_layers` layers are dense, and
+    of the layers after them every `interleave_moe_layer_step`-th is MoE (the others dense); a family
+    without experts is dense throughout."""
+    L = cfg.base_num_decoder_layers
+    if not family(cfg).moe:
+        return ("dense",) * L
+    first, step = cfg.first_num_dense_layers, cfg.interleave_moe_layer_step
+    return tuple("dense" if i < first or (i - first + 1) % step else "moe" for i in range(L))
+
+
+def layer_kinds(cfg) -> tuple[LayerKind, ...]:
+    return tuple(LayerKind(m, v, f) for (m, v), f in zip(pattern_mixers(cfg), layer_ffns(cfg)))
+
+
+def cache_groups(cfg) -> dict[tuple[str, str], list[int]]:
+    """(mixer, variant) → the layers with it, in order: the layers whose decode caches stack."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, k in enumerate(layer_kinds(cfg)):
+        groups.setdefault((k.mixer, k.variant), []).append(i)
+    return groups
+
+
+def cache_numbers_per_token(cfg, length: int) -> float:
+    """Decode-cache numbers per token of a sequence of `length` positions, all layers (a sliding
+    window's keeps at most W positions whatever the length)."""
+    return sum(MIXERS[k.mixer].cache_numbers(cfg, k.variant, length) for k in layer_kinds(cfg)) / length
+
+
+def hf_layer_types(cfg) -> list[str]:
+    """Each layer's HF `layer_types` name (what an export writes to config.json)."""
+    return [MIXERS[k.mixer].variants[k.variant] for k in layer_kinds(cfg)]
+
+
+def check_layer_types(types, num_layers: int) -> str | None:
+    """Why a `layer_types` list cannot describe this model, or None."""
+    if not types:
+        return None
+    unknown = sorted({t for t in types if t not in HF_LAYER_TYPES})
+    if unknown:
+        return f"layer_types: {unknown[0]!r} is no layer kind maxlite has (known: {', '.join(HF_LAYER_TYPES)})"
+    if len(types) != num_layers:
+        return f"layer_types names {len(types)} layers but base_num_decoder_layers is {num_layers}"
+    return None
+
+
+def layer_windows(cfg) -> tuple[int, ...]:
+    """Each layer's sliding window (0: global layers and mixers without one)."""
+    return tuple(_window(cfg, variant) for _, variant in pattern_mixers(cfg))
+
+
+def layer_mlps(cfg) -> tuple[str, ...]:
+    """Each layer's feed-forward kind ("dense" | "moe")."""
+    return layer_ffns(cfg)
+
+
+@dataclasses.dataclass(frozen=True)
+class Stack:
+    """Layers stored (and scanned) together: `count` units of consecutive layers, a unit's layers of
+    the structures `unit` (mixer, feed-forward); the mixer's variant (a window) may differ between
+    the layers of one position, their parameters being alike."""
+    name: str                   # the parameter tree's key: "layers" or "dense_layers"
+    count: int
+    unit: tuple[tuple[str, str], ...]   # (mixer, ffn) of each layer of a unit
+    first: int                  # the index of its first layer
+
+
+def layer_stacks(cfg) -> tuple[Stack, ...]:
+    """How a scanned model stores its layers: a MoE model's first_num_dense_layers dense layers in
+    `dense_layers`, the rest in `layers` as units of the shortest period of their structures: one
+    layer per unit when the layers are alike; with interleave_moe_layer_step = s > 1, units of s
+    layers (s - 1 dense, 1 MoE); a hybrid's repeating block (three of one mixer, one of another)."""
+    kinds = layer_kinds(cfg)
+    first = cfg.first_num_dense_layers if family(cfg).moe else 0
+    rest = [(k.mixer, k.ffn) for k in kinds[first:]]
+    n = len(rest)
+    period = next(p for p in range(1, n + 1) if n % p == 0 and all(rest[i] == rest[i % p] for i in range(n)))
+    stacks = (Stack("dense_layers", first, ((kinds[0].mixer, "dense"),), 0),) if first else ()
+    return stacks + (Stack("layers", n // period, tuple(rest[:period]), first),)
+
+
+def layer_place(cfg, i: int) -> tuple[tuple, int | None]:
+    """Where layer i's parameters live: (the path of its block in the parameter tree, its index on
+    the stacked axis, None when unrolled). `("layers",), 3` is the 4th unit of `layers`; a unit of
+    several layers adds ("blocks", position)."""
+    if not cfg.scan_layers:
+        return ("layers", i), None
+    for stack in layer_stacks(cfg):
+        j = i - stack.first
+        if 0 <= j < stack.count * len(stack.unit):
+            size = len(stack.unit)
+            return ((stack.name,) if size == 1 else (stack.name, "blocks", j % size)), j // size
+    raise IndexError(f"layer {i} of {cfg.base_num_decoder_layers}")
