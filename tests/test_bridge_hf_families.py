@@ -1,4 +1,5 @@
-"""Qwen2, Qwen3, Gemma 3 (text) and Mistral with a sliding window, each built small and random by
+"""Qwen2, Qwen3, Gemma 3 (text; also with a layer pattern of its own), Mistral with a sliding window
+and OLMo 3, each built small and random by
 transformers: import → float32 logits equal transformers' over a batch longer than the window
 (relative error ≤ 1e-5), greedy decoding of 32 tokens identical to `generate`, export → transformers
 loads it and its logits equal ours, the tokenizer and chat template come back unchanged, and the
@@ -37,12 +38,21 @@ def _config(family):
             **SMALL, num_hidden_layers=7, head_dim=32, sliding_window=WINDOW, query_pre_attn_scalar=24,
             rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
                              "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+    if family == "gemma3-own-pattern":  # a checkpoint's own layer_types, not the canonical 5 : 1
+        return transformers.Gemma3TextConfig(
+            **SMALL, num_hidden_layers=5, head_dim=32, sliding_window=WINDOW, query_pre_attn_scalar=24,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention",
+                         "full_attention"])
+    if family == "olmo3":  # post-norms only, q/k norms over all heads, 3 local : 1 global (+ 1 local)
+        return transformers.Olmo3Config(**SMALL, num_hidden_layers=5, sliding_window=WINDOW, rope_theta=1e4,
+                                        tie_word_embeddings=False, pad_token_id=0, eos_token_id=1)
     return transformers.MistralConfig(**SMALL, num_hidden_layers=2, head_dim=16, sliding_window=WINDOW,
                                       rope_theta=1e6, tie_word_embeddings=False)
 
 
-FAMILIES = ["qwen2", "qwen3", "gemma3", "mistral"]
-DECODER_BLOCK = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3", "mistral": "llama2"}
+FAMILIES = ["qwen2", "qwen3", "gemma3", "gemma3-own-pattern", "mistral", "olmo3"]
+DECODER_BLOCK = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3", "gemma3-own-pattern": "gemma3",
+                 "mistral": "llama2", "olmo3": "olmo3"}
 
 
 def _hf_model(family, path, dtype=torch.float32):
@@ -54,7 +64,7 @@ def _hf_model(family, path, dtype=torch.float32):
         for name, p in model.named_parameters():
             if p.ndim == 1:
                 p.add_(0.2 * torch.randn_like(p))
-        if family == "gemma3":  # √d-scaled tied embeddings: a random Gemma repeats itself unless shrunk
+        if family.startswith("gemma3"):  # √d-scaled tied embeddings: a random Gemma repeats itself unless shrunk
             model.get_input_embeddings().weight.mul_(0.05)
     model.to(dtype).save_pretrained(str(path))
     tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(BUNDLED_DIR / "tokenizer.json"),
@@ -78,8 +88,10 @@ def test_import_logits_greedy_export_and_tokenizer_round_trip(family, tmp_path):
     model = _hf_model(family, tmp_path / "hf")
     cfg, pure = hf.import_hf(str(tmp_path / "hf"), ["max_target_length=64"])
     assert cfg.decoder_block == DECODER_BLOCK[family] and cfg.dtype == "float32"  # as config.json states
-    if family in ("gemma3", "mistral"):
+    if family in ("gemma3", "gemma3-own-pattern", "mistral", "olmo3"):
         assert cfg.sliding_window == WINDOW
+    if family == "gemma3-own-pattern":  # imported as the checkpoint states it, not refused
+        assert list(cfg.layer_types) == model.config.layer_types
     ids = np.random.default_rng(1).integers(0, V, (2, T))
     theirs = _logits(model, ids)
     assert _relative(jax_logits(cfg, pure, ids), theirs) <= 1e-5
@@ -150,8 +162,11 @@ def test_a_multimodal_gemma3_checkpoint_imports_its_text_model(tmp_path):
     (dict(model_type="qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=1),
      "sliding windows on layers 1..1 only"),
     (dict(model_type="gemma3_text", final_logit_softcapping=30.0), "softcapping"),
-    (dict(model_type="gemma3_text", layer_types=["full_attention", "sliding_attention"]),
-     "are not the gemma3 pattern"),
+    (dict(model_type="gemma3_text", layer_types=["full_attention", "chunked_attention"]),
+     "'chunked_attention' is no layer kind maxlite has"),
+    (dict(model_type="olmo3", rope_parameters={
+        "full_attention": {"rope_type": "yarn", "factor": 8.0, "rope_theta": 5e5},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 5e5}}), "rope type 'yarn' is not supported"),
     (dict(model_type="qwen3", rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}),
      "rope type 'yarn' is not supported"),
 ])
