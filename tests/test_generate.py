@@ -166,7 +166,8 @@ def test_on_a_tensor_parallel_mesh_the_cache_splits_kv_heads_and_decodes_the_sam
     built = build(cfg, jax.devices()[:4])
     with jax.set_mesh(built.mesh), nnx.logical_axis_rules(mesh_lib.DECODE_RULES):
         cache = jax.jit(lambda: decode.empty_cache(cfg, 3, 16))()
-    assert cache.stacks[("attention", "global")][0].k_LBSKH.sharding.spec == PartitionSpec(None, None, None, "tensor")  # [L, B, S, K, H]
+    (kv, _), = cache.stacks.values()  # one kind of layer: one stack
+    assert kv.k_LBSKH.sharding.spec == PartitionSpec(None, None, None, "tensor")  # [L, B, S, K, H]
     leaves = map(jax.device_put, jax.tree.leaves(params), jax.tree.leaves(built.shardings.params))
     sharded = jax.tree.unflatten(jax.tree.structure(params), list(leaves))
     on_mesh = generate_ids(built.cfg, sharded, PROMPTS, Sampling(max_new_tokens=8), mesh=built.mesh).tokens
