@@ -1,17 +1,34 @@
-"""What each value of a Config may be: choices, ranges, and the checks across keys (a MoE layout,
-an alignment objective's data, the data source's keys, resilience, storage, launchers) that need no
-device count: `config.load` runs `validate` on every Config it builds. And what the devices' layout
-needs once `config.resolve` has filled the mesh: `check_layout`, which resolve runs."""
+"""Every check of the recipe, in one place. What each value of a Config may be: choices, ranges,
+and the checks across keys (a MoE layout, an alignment objective's data, the data source's keys,
+resilience, storage, launchers and their elastic groups) that need no device count: `config.load`
+runs `validate` on every Config it builds. What the devices need once `config.resolve` has filled
+the mesh: `check_layout` and `check_platform`, which resolve runs. And what only a caller knows:
+`check_platform` for a model made off any mesh (maxlite.api), `check_keeper` for the loop.
+
+Imports the schema and the recipe, never config.py (which imports this module)."""
 
 from __future__ import annotations
 
 import re
 
-from maxlite.config import (_DEFAULTS, FILE_DATASETS, MESH_AXES, OBJECTIVE_DATASET, PATH_LIST_KEYS, SOURCE_KEYS,
-                            STORAGE_SCHEMES, Config, ConfigError, parse_max_time, parse_signals, parse_split,
-                            sequence_pieces)
+from maxlite import quant
 from maxlite.models import names
 from maxlite.models.families import FAMILIES
+from maxlite.recipe import (FILE_DATASETS, OBJECTIVE_DATASET, Config, parse_max_time, parse_signals, parse_split,
+                            topology_chips)
+from maxlite.schema import FIELDS, MESH_AXES, ConfigError, keys_of
+
+# Keys only some data sources read: set on a run whose source ignores them, they are refused (a
+# setting that silently does nothing is a mistake the user should hear about).
+SOURCE_KEYS = {
+    "data_prefix": ("indexed",), "eval_data_prefix": ("indexed",), "data_split": ("indexed",),
+    "grain_worker_count": ("indexed",), "grain_threads": ("indexed",), "data_cache_dir": ("indexed",),
+    "dataset_path": FILE_DATASETS, "eval_dataset_path": FILE_DATASETS, "json_keys": ("text",),
+    "add_eos": ("text",), "packing_bins": ("text", "sft"), "data_shuffle_window": FILE_DATASETS,
+    "data_bad_record_policy": FILE_DATASETS, "sft_train_on_inputs": ("sft",),
+    "sft_allow_degenerate_mask": ("sft",), "sft_audit_records": ("sft",), "sft_audit_examples": ("sft",),
+}
+STORAGE_SCHEMES = ("gs://",)  # besides local paths: what checkpoints and run directories support
 
 _CHOICES = {
     "decoder_block": tuple(FAMILIES),
@@ -104,7 +121,7 @@ def validate(c: Config) -> None:
             c.num_vocab_tiling > 0 and c.max_target_length % c.num_vocab_tiling):
         raise ConfigError(f"num_vocab_tiling={c.num_vocab_tiling} must be -1 (auto) or a positive "
                           f"divisor of max_target_length={c.max_target_length}")
-    for key in ("attention_block_size", *(k for k in _DEFAULTS if k.startswith("sa_block_"))):
+    for key in ("attention_block_size", *(k for k in FIELDS if k.startswith("sa_block_"))):
         if getattr(c, key) <= 0:
             raise ConfigError(f"{key}={getattr(c, key)} must be positive")
     if c.max_segments_per_seq < 0:
@@ -212,7 +229,7 @@ def _validate_objective(c: Config) -> None:
 def _validate_data(c: Config) -> None:
     """The data source's keys: each read by the chosen source (else refused), each well-formed."""
     for key, sources in SOURCE_KEYS.items():
-        if c.dataset_type not in sources and getattr(c, key) != Config.__dataclass_fields__[key].default:
+        if c.dataset_type not in sources and getattr(c, key) != FIELDS[key].default:
             raise ConfigError(f"{key} is read by dataset_type={' or '.join(sources)}, but this run reads "
                               f"dataset_type={c.dataset_type}: remove {key} or change dataset_type")
     if c.dataset_type == "indexed":
@@ -223,7 +240,7 @@ def _validate_data(c: Config) -> None:
     if c.dataset_type in FILE_DATASETS and c.eval_interval > 0 and c.dataset_path and not c.eval_dataset_path:
         raise ConfigError(f"dataset_type={c.dataset_type} with your own dataset_path and eval_interval > 0: "
                           f"set eval_dataset_path for evaluation on your own data (or eval_interval=0)")
-    for key in PATH_LIST_KEYS:
+    for key in keys_of("paths"):
         if "://" in getattr(c, key):
             raise ConfigError(f"{key}: remote text is not read directly; copy it locally, or preprocess it "
                               f"to .bin/.idx and use dataset_type=indexed (gs:// is staged)")
@@ -259,12 +276,62 @@ def _validate_launch(c: Config) -> None:
     if per_worker < 1:
         raise ConfigError("devices per worker (tpu_chips_per_host / ray_gpus_per_worker / "
                           "ray_simulated_devices_per_worker) must be at least 1")
+    if c.ray_use_tpu:
+        _validate_tpu_hosts(c)
     workers = c.ray_workers
     if c.ray_min_workers and c.ray_use_tpu:
         raise ConfigError("ray_min_workers: elastic groups of TPU hosts (whole slices) are not supported yet; "
                           "leave it 0 on TPU")
     if c.ray_min_workers > workers:
         raise ConfigError(f"ray_min_workers={c.ray_min_workers} is more than the {workers} workers")
+    for size in range(c.ray_min_workers, workers) if c.ray_min_workers else ():
+        _check_group(c, size)
+
+
+def _validate_tpu_hosts(c: Config) -> None:
+    """A TPU slice's hosts (`Config.ray_workers`) from the topology the keys say."""
+    if not c.tpu_topology or not c.tpu_accelerator_type:
+        raise ConfigError("ray_use_tpu=true needs tpu_topology (e.g. 4x4) and "
+                          "tpu_accelerator_type (e.g. TPU-V6E)")
+    chips = topology_chips(c.tpu_topology)
+    if chips % c.tpu_chips_per_host:
+        raise ConfigError(f"tpu_topology={c.tpu_topology} has {chips} chips, not a multiple of "
+                          f"tpu_chips_per_host={c.tpu_chips_per_host}")
+    slices = c.num_slices if c.num_slices > 0 else 1
+    hosts = chips // c.tpu_chips_per_host * slices
+    if c.ray_num_workers not in (-1, hosts):
+        raise ConfigError(
+            f"ray_num_workers={c.ray_num_workers}, but {slices} slice(s) of {c.tpu_topology} "
+            f"with {c.tpu_chips_per_host} chips per host have {hosts} hosts; set it to {hosts} or -1")
+
+
+def _check_group(c: Config, workers: int) -> None:
+    """An elastic Ray group of `workers` of the `ray_workers` hosts keeps the global batch: the lost
+    share goes to gradient accumulation (maxlite.launch.ray_trainer.group_config), so the full
+    group's micro-batches must divide among the `workers` left."""
+    full = c.ray_workers
+    if (c.gradient_accumulation_steps * full) % workers:
+        raise ConfigError(
+            f"ray_min_workers={c.ray_min_workers}: a group of {workers} of {full} workers cannot keep the "
+            f"global batch (gradient_accumulation_steps={c.gradient_accumulation_steps} × {full} workers "
+            f"is not a multiple of {workers}); raise ray_min_workers or pick sizes that divide it")
+
+
+def check_keeper(c: Config, launcher_keeper: bool) -> None:
+    """In-memory snapshots kept by Ray (`inmemory_snapshot_keeper=ray`) need the launcher that
+    provides that keeper (`launcher_keeper`)."""
+    if c.inmemory_snapshot_period > 0 and c.inmemory_snapshot_keeper == "ray" and not launcher_keeper:
+        raise ConfigError("inmemory_snapshot_keeper=ray needs the Ray launcher (python -m ray_entry.train); "
+                          "use shm or auto")
+
+
+def check_platform(c: Config, platform: str) -> None:
+    """What the devices' `platform` (cpu | gpu | cuda | rocm | tpu) cannot run: a quantization mode."""
+    platform = "gpu" if platform in ("gpu", "cuda", "rocm") else platform
+    if c.quantization and c.quantization not in quant.modes_for(platform):
+        others = ", ".join(quant.modes_for(platform))
+        raise ConfigError(f"quantization={c.quantization} runs on GPUs only (one scale per tensor for cuBLASLt's "
+                          f"FP8 GEMMs); on {platform} use one of {others}")
 
 
 def check_layout(c: Config, num_processes: int) -> None:
@@ -322,7 +389,7 @@ def _check_context(c: Config, context: int) -> None:
     if c.train_objective != "lm":
         raise ConfigError(f"context parallelism (context={context}) is for train_objective=lm (pre-training, "
                           f"SFT); set ici_context_parallelism=1 for train_objective={c.train_objective}")
-    pieces = sequence_pieces(c)
+    pieces = c.sequence_pieces
     if c.max_target_length % pieces:
         why = " (load balance: two chunks per shard)" if c.context_parallel_load_balance else ""
         raise ConfigError(f"max_target_length={c.max_target_length} must be divisible by {pieces} to split "
