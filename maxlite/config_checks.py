@@ -30,76 +30,21 @@ SOURCE_KEYS = {
 }
 STORAGE_SCHEMES = ("gs://",)  # besides local paths: what checkpoints and run directories support
 
-_CHOICES = {
+# The choices that are name tables of the code (the schema, a leaf, declares the others: schema.key).
+_TABLE_CHOICES = {
     "decoder_block": tuple(FAMILIES),
-    "dtype": ("float32", "bfloat16"),
-    "weight_dtype": ("float32", "bfloat16"),
     "remat_policy": names.REMAT_POLICIES,
     "attention": names.ATTENTION,
     "moe_implementation": names.MOE_IMPLEMENTATIONS,
-    "routed_score_func": ("softmax", "sigmoid"),
     "quantization": names.QUANTIZATION,
-    "rope_scaling_type": ("llama3", "linear"),
-    "lr_schedule_type": ("cosine", "linear", "constant"),
-    "checkpoint_error_policy": ("continue", "stop"),
-    "fault_type": ("", "crash", "hang", "slow", "starve", "sigterm", "crash_in_snapshot", "crash_in_checkpoint", "nan", "pause"),
-    "inmemory_snapshot_keeper": ("auto", "shm", "ray"),
-    "dataset_type": ("synthetic", "text", "indexed", "sft", "preference", "prompts"),
-    "train_objective": ("lm", "dpo", "grpo"),
-    "sft_template": ("auto", "llama3", "chatml"),
-    "data_bad_record_policy": ("skip", "error"),
-    "loggers": ("wandb", "mlflow"),  # a list: each item is checked
-    "lora_targets": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),  # a list
-    "wandb_mode": ("", "online", "offline", "disabled"),
-    "profiler": ("", "xplane"),
 }
-
-# Legal types, nonsense values: inclusive [low, high] (None: unbounded). `_POSITIVE` keys must be > 0.
-_RANGES: dict[str, tuple[float | None, float | None]] = {
-    "learning_rate": (0, None), "learning_rate_final_fraction": (0, 1), "warmup_steps_fraction": (0, 1),
-    "learning_rate_schedule_steps": (-1, None),
-    "adam_b1": (0, 1), "adam_b2": (0, 1), "adam_weight_decay": (0, None),
-    "gradient_clipping_threshold": (0, None), "z_loss_weight": (0, None), "seed": (0, None),
-    "checkpoint_period": (0, None), "max_num_checkpoints_to_keep": (0, None),
-    "checkpoint_keep_best_k": (0, None), "eval_interval": (0, None), "eval_steps": (0, None),
-    "max_restarts": (-1, None), "run_lease_seconds": (0, None), "data_shuffle_window": (1, None),
-    "packing_bins": (1, None), "grain_worker_count": (0, None), "grain_threads": (0, None),
-    "grain_prefetch": (0, None), "straggler_threshold": (0, 1), "watchdog_factor": (1, None),
-    "watchdog_min_timeout": (0, None), "watchdog_initial_timeout": (0, None),
-    "preemption_grace_seconds": (0, None), "resilience_sync_period": (1, None),
-    "inmemory_snapshot_period": (0, None), "inmemory_snapshot_max_bytes": (0, None),
-    "fault_pause_seconds": (0, None), "spike_max_rollbacks": (0, None), "fault_slowdown_factor": (1, None),
-    "ray_min_workers": (0, None), "elastic_wait_seconds": (1, None), "spike_factor": (0, None), "spike_patience": (1, None),
-    "sample_every_steps": (0, None), "sample_max_new_tokens": (1, None), "sample_temperature": (0, None),
-    "sample_top_k": (0, None), "sft_audit_records": (1, None), "sft_audit_examples": (0, None),
-    "skip_first_n_steps_for_profiler": (1, None), "profiler_steps": (1, None),
-    "lora_rank": (0, None), "alignment_sft_steps": (0, None), "alignment_sft_learning_rate": (0, None), "dpo_beta": (0, None),
-    "dpo_label_smoothing": (0, 0.499), "grpo_beta": (0, None), "grpo_epsilon": (0, None),
-    "sliding_window": (0, None), "local_rope_max_timescale": (0, None), "query_pre_attn_scalar": (0, None),
-}
-_POSITIVE = ("steps", "max_target_length", "base_emb_dim", "base_num_decoder_layers",
-             "base_num_query_heads", "base_num_kv_heads", "base_mlp_dim", "head_dim",
-             "vocab_size", "gradient_accumulation_steps", "log_period", "per_device_batch_size",
-             "adam_eps", "normalization_layer_epsilon", "rope_max_timescale", "init_scale",
-             "grpo_num_generations", "grpo_max_new_tokens", "grpo_temperature", "grpo_iterations")
 
 
 def validate(c: Config) -> None:
     """Checks that need no device count."""
-    for key, choices in _CHOICES.items():
-        value = getattr(c, key)
-        for item in (value if isinstance(value, (list, tuple)) else (value,)):
-            if item not in choices:
-                names = ", ".join(x or '""' for x in choices)
-                raise ConfigError(f"{key}={item!r}: choose one of {names}")
-    for key in _POSITIVE:
-        if getattr(c, key) <= 0:
-            raise ConfigError(f"{key}={getattr(c, key)} must be positive")
-    for key, (low, high) in _RANGES.items():
-        value = getattr(c, key)
-        if (low is not None and value < low) or (high is not None and value > high):
-            where = f">= {low}" if high is None else f"in [{low}, {high}]"
-            raise ConfigError(f"{key}={value} must be {where}")
+    for key, f in FIELDS.items():
+        _check_value(key, getattr(c, key), _TABLE_CHOICES.get(key, f.metadata["choices"]), f.metadata["bounds"],
+                     f.metadata["positive"])
     if c.learning_rate_schedule_steps == 0:
         raise ConfigError("learning_rate_schedule_steps=0: give the schedule's length, or -1 for `steps`")
     if 0 < c.spike_factor <= 1:
@@ -121,9 +66,6 @@ def validate(c: Config) -> None:
             c.num_vocab_tiling > 0 and c.max_target_length % c.num_vocab_tiling):
         raise ConfigError(f"num_vocab_tiling={c.num_vocab_tiling} must be -1 (auto) or a positive "
                           f"divisor of max_target_length={c.max_target_length}")
-    for key in ("attention_block_size", *(k for k in FIELDS if k.startswith("sa_block_"))):
-        if getattr(c, key) <= 0:
-            raise ConfigError(f"{key}={getattr(c, key)} must be positive")
     if c.max_segments_per_seq < 0:
         raise ConfigError(f"max_segments_per_seq={c.max_segments_per_seq} must be >= 0 "
                           "(0 = cudnn_flash always takes the dense mask)")
@@ -159,6 +101,20 @@ def validate(c: Config) -> None:
             raise ConfigError(f"only one {prefix}_*_parallelism may be -1, got {values}")
         if any(v == 0 or v < -1 for v in values):
             raise ConfigError(f"{prefix}_*_parallelism must be positive or -1, got {values}")
+
+
+def _check_value(key: str, value, choices: tuple, bounds: tuple | None, positive: bool) -> None:
+    """One key's value against its choices (each item of a list), its inclusive bounds, or > 0."""
+    for item in (value if isinstance(value, tuple) else (value,)) if choices else ():
+        if item not in choices:
+            listed = ", ".join(x or '""' for x in choices)
+            raise ConfigError(f"{key}={item!r}: choose one of {listed}")
+    if positive and value <= 0:
+        raise ConfigError(f"{key}={value} must be positive")
+    low, high = bounds or (None, None)
+    if (low is not None and value < low) or (high is not None and value > high):
+        where = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ConfigError(f"{key}={value} must be {where}")
 
 
 def _validate_moe(c: Config) -> None:

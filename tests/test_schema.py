@@ -10,9 +10,11 @@ from maxlite import config as C, schema
 
 def test_base_yml_is_what_the_schema_writes():
     """base.yml is generated: a key added, changed or removed in one and not the other fails here."""
+    written = set(yaml.safe_load(schema.BASE_YML.read_text()))
     assert schema.BASE_YML.read_text() == schema.render(), (
-        "maxlite/configs/base.yml differs from maxlite/schema.py: declare keys in the schema, then run "
-        "python -m maxlite.schema")
+        f"maxlite/configs/base.yml differs from maxlite/schema.py (keys only in base.yml: "
+        f"{sorted(written - set(schema.FIELDS))}, only in the schema: {sorted(set(schema.FIELDS) - written)}): "
+        f"declare keys in the schema, then run python -m maxlite.schema")
 
 
 def test_base_yml_reads_back_as_the_defaults():
@@ -60,3 +62,29 @@ def test_every_key_naming_a_path_is_resolved(tmp_path, monkeypatch):
     assert (C.load(["base.yml", "load_full_state_path=rel"]).load_full_state_path,
             C.load(["base.yml", "dataset_type=indexed", "data_prefix=p", "data_cache_dir=rel"]).data_cache_dir
             ) == (str(tmp_path / "rel"),) * 2
+
+
+def test_the_values_each_key_may_take_are_what_loading_enforces():
+    """Every choice, bound and `positive` the schema declares refuses what lies outside it, one line each."""
+    def refused(key, text):
+        try:
+            C.load(["base.yml", f"{key}={text}"])
+        except C.ConfigError as e:
+            return str(e)
+        raise AssertionError(f"{key}={text} was accepted")
+
+    checked = 0
+    for key, f in schema.FIELDS.items():
+        m, cast = f.metadata, schema.FIELDS[key].type
+        if m["choices"]:
+            text = "[no_such]" if isinstance(f.default, tuple) else "no_such"
+            assert refused(key, text).startswith(f"{key}='no_such': choose one of "), key
+        if m["positive"]:
+            assert refused(key, "0") == f"{key}={cast(0)} must be positive"
+        low, high = m["bounds"] or (None, None)
+        if low is not None:
+            assert refused(key, str(cast(low - 1))).startswith(f"{key}={cast(low - 1)} must be "), key
+        if high is not None:
+            assert refused(key, str(cast(high + 1))) == f"{key}={cast(high + 1)} must be in [{low}, {high}]"
+        checked += bool(m["choices"] or m["positive"] or m["bounds"])
+    assert checked > 80
