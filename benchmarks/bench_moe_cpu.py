@@ -93,7 +93,7 @@ def layer_fns() -> dict:
     import numpy as np
 
     from maxlite import config as C
-    from maxlite.models import grouped, moe
+    from maxlite.models import grouped, moe, moe_kernels, moe_parallel
     from maxlite.models.matmul import project
 
     cfg = C.load(["base.yml", "model_name=tiny-moe"])
@@ -122,9 +122,9 @@ def layer_fns() -> dict:
 
     def sort_only(x, router):
         r, _ = routing(x, router)
-        order_M, _ = moe.sort_by_expert(r.experts_BTk, E)
+        order_M, _ = moe_kernels.sort_by_expert(r.experts_BTk, E)
         x_MD = jnp.take(x.reshape(B * T, D), order_M // k, axis=0)
-        return moe.combine(moe.unsort(x_MD, order_M, k), r.weights_BTk.reshape(B * T, k)).reshape(B, T, D)
+        return moe_kernels.combine(moe_kernels.unsort(x_MD, order_M, k), r.weights_BTk.reshape(B * T, k)).reshape(B, T, D)
 
     sizes = jnp.full((E,), B * T * k // E, jnp.int32)
     x_MD = jnp.tile(x.reshape(B * T, D), (k, 1))
@@ -139,7 +139,7 @@ def layer_fns() -> dict:
 
     def moe_layer(x, router, gate, up, down):
         r, aux = routing(x, router)
-        return moe.sorted_experts("blocked", x, r, gate, up, down, act), aux
+        return moe_parallel.experts("blocked", x, r, 0, gate, up, down, act), aux  # no mesh: this device's tokens
 
     pieces = {
         "dense_mlp_2F": (dense_mlp, (x, normal(D, 2 * F), normal(D, 2 * F), normal(2 * F, D))),

@@ -12,13 +12,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from maxlite import quant
+from maxlite import config_checks
 from maxlite.models.transformer import Transformer
 
 
 def create_model(cfg, seed: int = 0) -> Transformer:
     """A freshly initialised model on the default device, outside any mesh (no sharding)."""
-    quant.check(cfg.quantization, jax.devices()[0].platform)  # as the wiring does
+    config_checks.check_platform(cfg, jax.devices()[0].platform)  # as config.resolve does for the loop
     with nnx.use_eager_sharding(False):  # the params' logical axes need a mesh only when applied
         return Transformer(cfg, rngs=nnx.Rngs(params=seed))
 
@@ -28,7 +28,7 @@ def model_from_params(cfg, params) -> Transformer:
     TrainState's `.params`), outside any mesh."""
     from maxlite.state import abstract_params
 
-    quant.check(cfg.quantization, jax.devices()[0].platform)
+    config_checks.check_platform(cfg, jax.devices()[0].platform)
     graphdef, _ = abstract_params(cfg)
     return nnx.merge(graphdef, jax.tree.map(jnp.asarray, params))
 

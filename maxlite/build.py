@@ -49,11 +49,10 @@ def build(cfg: C.Config, devices=None, num_processes: int | None = None) -> Buil
 
 
 def wire(cfg: C.Config, devices) -> Built:
-    """Wire an already resolved `cfg` (`attention` resolved for the devices' platform) onto `devices`
+    """Wire an already resolved `cfg` (`attention` resolved, the platform checked: `config.resolve`) onto `devices`
     (the planner's: a TPU topology's, compiled ahead of time from this CPU)."""
-    from maxlite import mesh as mesh_lib, objectives, optim, quant, state as state_lib
+    from maxlite import mesh as mesh_lib, objectives, optim, state as state_lib
 
-    quant.check(cfg.quantization, devices[0].platform)  # the model applies it (quant.using)
     mesh = mesh_lib.make_mesh(cfg, devices)
     tx, schedule = optim.make_optimizer(cfg), optim.learning_rate_schedule(cfg)
     graphdef, abstract, shardings = state_lib.abstract_state(cfg, mesh, tx)

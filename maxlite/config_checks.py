@@ -1,89 +1,51 @@
-"""What each value of a Config may be: choices, ranges, and the checks across keys (a MoE layout,
-an alignment objective's data, the data source's keys, resilience, storage, launchers) that need no
-device count: `config.load` runs `validate` on every Config it builds. And what the devices' layout
-needs once `config.resolve` has filled the mesh: `check_layout`, which resolve runs."""
+"""Every check of the recipe, in one place. What each value of a Config may be: choices, ranges,
+and the checks across keys (a MoE layout, an alignment objective's data, the data source's keys,
+resilience, storage, launchers and their elastic groups) that need no device count: `config.load`
+runs `validate` on every Config it builds. What the devices need once `config.resolve` has filled
+the mesh: `check_layout` and `check_platform`, which resolve runs. And what only a caller knows:
+`check_platform` for a model made off any mesh (maxlite.api), `check_keeper` for the loop.
+
+Imports the schema and the recipe, never config.py (which imports this module)."""
 
 from __future__ import annotations
 
 import re
 
-from maxlite.config import (_DEFAULTS, FILE_DATASETS, MESH_AXES, OBJECTIVE_DATASET, PATH_LIST_KEYS, SOURCE_KEYS,
-                            STORAGE_SCHEMES, Config, ConfigError, parse_max_time, parse_signals, parse_split,
-                            sequence_pieces)
+from maxlite import quant
 from maxlite.models import names
 from maxlite.models.families import FAMILIES
 from maxlite.models.kinds import check_layer_types
+from maxlite.recipe import (FILE_DATASETS, OBJECTIVE_DATASET, Config, parse_max_time, parse_signals, parse_split,
+                            topology_chips)
+from maxlite.schema import FIELDS, MESH_AXES, ConfigError, keys_of
 
-_CHOICES = {
+# Keys only some data sources read: set on a run whose source ignores them, they are refused (a
+# setting that silently does nothing is a mistake the user should hear about).
+SOURCE_KEYS = {
+    "data_prefix": ("indexed",), "eval_data_prefix": ("indexed",), "data_split": ("indexed",),
+    "grain_worker_count": ("indexed",), "grain_threads": ("indexed",), "data_cache_dir": ("indexed",),
+    "dataset_path": FILE_DATASETS, "eval_dataset_path": FILE_DATASETS, "json_keys": ("text",),
+    "add_eos": ("text",), "packing_bins": ("text", "sft"), "data_shuffle_window": FILE_DATASETS,
+    "data_bad_record_policy": FILE_DATASETS, "sft_train_on_inputs": ("sft",),
+    "sft_allow_degenerate_mask": ("sft",), "sft_audit_records": ("sft",), "sft_audit_examples": ("sft",),
+}
+STORAGE_SCHEMES = ("gs://",)  # besides local paths: what checkpoints and run directories support
+
+# The choices that are name tables of the code (the schema, a leaf, declares the others: schema.key).
+_TABLE_CHOICES = {
     "decoder_block": tuple(FAMILIES),
-    "dtype": ("float32", "bfloat16"),
-    "weight_dtype": ("float32", "bfloat16"),
     "remat_policy": names.REMAT_POLICIES,
     "attention": names.ATTENTION,
     "moe_implementation": names.MOE_IMPLEMENTATIONS,
-    "routed_score_func": ("softmax", "sigmoid"),
     "quantization": names.QUANTIZATION,
-    "rope_scaling_type": ("llama3", "linear"),
-    "lr_schedule_type": ("cosine", "linear", "constant"),
-    "checkpoint_error_policy": ("continue", "stop"),
-    "fault_type": ("", "crash", "hang", "slow", "starve", "sigterm", "crash_in_snapshot", "crash_in_checkpoint", "nan", "pause"),
-    "inmemory_snapshot_keeper": ("auto", "shm", "ray"),
-    "dataset_type": ("synthetic", "text", "indexed", "sft", "preference", "prompts"),
-    "train_objective": ("lm", "dpo", "grpo"),
-    "sft_template": ("auto", "llama3", "chatml"),
-    "data_bad_record_policy": ("skip", "error"),
-    "loggers": ("wandb", "mlflow"),  # a list: each item is checked
-    "lora_targets": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),  # a list
-    "wandb_mode": ("", "online", "offline", "disabled"),
-    "profiler": ("", "xplane"),
 }
-
-# Legal types, nonsense values: inclusive [low, high] (None: unbounded). `_POSITIVE` keys must be > 0.
-_RANGES: dict[str, tuple[float | None, float | None]] = {
-    "learning_rate": (0, None), "learning_rate_final_fraction": (0, 1), "warmup_steps_fraction": (0, 1),
-    "learning_rate_schedule_steps": (-1, None),
-    "adam_b1": (0, 1), "adam_b2": (0, 1), "adam_weight_decay": (0, None),
-    "gradient_clipping_threshold": (0, None), "z_loss_weight": (0, None), "seed": (0, None),
-    "checkpoint_period": (0, None), "max_num_checkpoints_to_keep": (0, None),
-    "checkpoint_keep_best_k": (0, None), "eval_interval": (0, None), "eval_steps": (0, None),
-    "max_restarts": (-1, None), "run_lease_seconds": (0, None), "data_shuffle_window": (1, None),
-    "packing_bins": (1, None), "grain_worker_count": (0, None), "grain_threads": (0, None),
-    "grain_prefetch": (0, None), "straggler_threshold": (0, 1), "watchdog_factor": (1, None),
-    "watchdog_min_timeout": (0, None), "watchdog_initial_timeout": (0, None),
-    "preemption_grace_seconds": (0, None), "resilience_sync_period": (1, None),
-    "inmemory_snapshot_period": (0, None), "inmemory_snapshot_max_bytes": (0, None),
-    "fault_pause_seconds": (0, None), "spike_max_rollbacks": (0, None), "fault_slowdown_factor": (1, None),
-    "ray_min_workers": (0, None), "elastic_wait_seconds": (1, None), "spike_factor": (0, None), "spike_patience": (1, None),
-    "sample_every_steps": (0, None), "sample_max_new_tokens": (1, None), "sample_temperature": (0, None),
-    "sample_top_k": (0, None), "sft_audit_records": (1, None), "sft_audit_examples": (0, None),
-    "skip_first_n_steps_for_profiler": (1, None), "profiler_steps": (1, None),
-    "lora_rank": (0, None), "alignment_sft_steps": (0, None), "alignment_sft_learning_rate": (0, None), "dpo_beta": (0, None),
-    "dpo_label_smoothing": (0, 0.499), "grpo_beta": (0, None), "grpo_epsilon": (0, None),
-    "sliding_window": (0, None), "local_rope_max_timescale": (0, None), "query_pre_attn_scalar": (0, None),
-}
-_POSITIVE = ("steps", "max_target_length", "base_emb_dim", "base_num_decoder_layers",
-             "base_num_query_heads", "base_num_kv_heads", "base_mlp_dim", "head_dim",
-             "vocab_size", "gradient_accumulation_steps", "log_period", "per_device_batch_size",
-             "adam_eps", "normalization_layer_epsilon", "rope_max_timescale", "init_scale",
-             "grpo_num_generations", "grpo_max_new_tokens", "grpo_temperature", "grpo_iterations")
 
 
 def validate(c: Config) -> None:
     """Checks that need no device count."""
-    for key, choices in _CHOICES.items():
-        value = getattr(c, key)
-        for item in (value if isinstance(value, (list, tuple)) else (value,)):
-            if item not in choices:
-                names = ", ".join(x or '""' for x in choices)
-                raise ConfigError(f"{key}={item!r}: choose one of {names}")
-    for key in _POSITIVE:
-        if getattr(c, key) <= 0:
-            raise ConfigError(f"{key}={getattr(c, key)} must be positive")
-    for key, (low, high) in _RANGES.items():
-        value = getattr(c, key)
-        if (low is not None and value < low) or (high is not None and value > high):
-            where = f">= {low}" if high is None else f"in [{low}, {high}]"
-            raise ConfigError(f"{key}={value} must be {where}")
+    for key, f in FIELDS.items():
+        _check_value(key, getattr(c, key), _TABLE_CHOICES.get(key, f.metadata["choices"]), f.metadata["bounds"],
+                     f.metadata["positive"])
     if c.learning_rate_schedule_steps == 0:
         raise ConfigError("learning_rate_schedule_steps=0: give the schedule's length, or -1 for `steps`")
     if 0 < c.spike_factor <= 1:
@@ -105,9 +67,6 @@ def validate(c: Config) -> None:
             c.num_vocab_tiling > 0 and c.max_target_length % c.num_vocab_tiling):
         raise ConfigError(f"num_vocab_tiling={c.num_vocab_tiling} must be -1 (auto) or a positive "
                           f"divisor of max_target_length={c.max_target_length}")
-    for key in ("attention_block_size", *(k for k in _DEFAULTS if k.startswith("sa_block_"))):
-        if getattr(c, key) <= 0:
-            raise ConfigError(f"{key}={getattr(c, key)} must be positive")
     if c.max_segments_per_seq < 0:
         raise ConfigError(f"max_segments_per_seq={c.max_segments_per_seq} must be >= 0 "
                           "(0 = cudnn_flash always takes the dense mask)")
@@ -146,6 +105,20 @@ def validate(c: Config) -> None:
             raise ConfigError(f"only one {prefix}_*_parallelism may be -1, got {values}")
         if any(v == 0 or v < -1 for v in values):
             raise ConfigError(f"{prefix}_*_parallelism must be positive or -1, got {values}")
+
+
+def _check_value(key: str, value, choices: tuple, bounds: tuple | None, positive: bool) -> None:
+    """One key's value against its choices (each item of a list), its inclusive bounds, or > 0."""
+    for item in (value if isinstance(value, tuple) else (value,)) if choices else ():
+        if item not in choices:
+            listed = ", ".join(x or '""' for x in choices)
+            raise ConfigError(f"{key}={item!r}: choose one of {listed}")
+    if positive and value <= 0:
+        raise ConfigError(f"{key}={value} must be positive")
+    low, high = bounds or (None, None)
+    if (low is not None and value < low) or (high is not None and value > high):
+        where = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ConfigError(f"{key}={value} must be {where}")
 
 
 def _validate_moe(c: Config) -> None:
@@ -216,7 +189,7 @@ def _validate_objective(c: Config) -> None:
 def _validate_data(c: Config) -> None:
     """The data source's keys: each read by the chosen source (else refused), each well-formed."""
     for key, sources in SOURCE_KEYS.items():
-        if c.dataset_type not in sources and getattr(c, key) != Config.__dataclass_fields__[key].default:
+        if c.dataset_type not in sources and getattr(c, key) != FIELDS[key].default:
             raise ConfigError(f"{key} is read by dataset_type={' or '.join(sources)}, but this run reads "
                               f"dataset_type={c.dataset_type}: remove {key} or change dataset_type")
     if c.dataset_type == "indexed":
@@ -227,7 +200,7 @@ def _validate_data(c: Config) -> None:
     if c.dataset_type in FILE_DATASETS and c.eval_interval > 0 and c.dataset_path and not c.eval_dataset_path:
         raise ConfigError(f"dataset_type={c.dataset_type} with your own dataset_path and eval_interval > 0: "
                           f"set eval_dataset_path for evaluation on your own data (or eval_interval=0)")
-    for key in PATH_LIST_KEYS:
+    for key in keys_of("paths"):
         if "://" in getattr(c, key):
             raise ConfigError(f"{key}: remote text is not read directly; copy it locally, or preprocess it "
                               f"to .bin/.idx and use dataset_type=indexed (gs:// is staged)")
@@ -263,12 +236,62 @@ def _validate_launch(c: Config) -> None:
     if per_worker < 1:
         raise ConfigError("devices per worker (tpu_chips_per_host / ray_gpus_per_worker / "
                           "ray_simulated_devices_per_worker) must be at least 1")
+    if c.ray_use_tpu:
+        _validate_tpu_hosts(c)
     workers = c.ray_workers
     if c.ray_min_workers and c.ray_use_tpu:
         raise ConfigError("ray_min_workers: elastic groups of TPU hosts (whole slices) are not supported yet; "
                           "leave it 0 on TPU")
     if c.ray_min_workers > workers:
         raise ConfigError(f"ray_min_workers={c.ray_min_workers} is more than the {workers} workers")
+    for size in range(c.ray_min_workers, workers) if c.ray_min_workers else ():
+        _check_group(c, size)
+
+
+def _validate_tpu_hosts(c: Config) -> None:
+    """A TPU slice's hosts (`Config.ray_workers`) from the topology the keys say."""
+    if not c.tpu_topology or not c.tpu_accelerator_type:
+        raise ConfigError("ray_use_tpu=true needs tpu_topology (e.g. 4x4) and "
+                          "tpu_accelerator_type (e.g. TPU-V6E)")
+    chips = topology_chips(c.tpu_topology)
+    if chips % c.tpu_chips_per_host:
+        raise ConfigError(f"tpu_topology={c.tpu_topology} has {chips} chips, not a multiple of "
+                          f"tpu_chips_per_host={c.tpu_chips_per_host}")
+    slices = c.num_slices if c.num_slices > 0 else 1
+    hosts = chips // c.tpu_chips_per_host * slices
+    if c.ray_num_workers not in (-1, hosts):
+        raise ConfigError(
+            f"ray_num_workers={c.ray_num_workers}, but {slices} slice(s) of {c.tpu_topology} "
+            f"with {c.tpu_chips_per_host} chips per host have {hosts} hosts; set it to {hosts} or -1")
+
+
+def _check_group(c: Config, workers: int) -> None:
+    """An elastic Ray group of `workers` of the `ray_workers` hosts keeps the global batch: the lost
+    share goes to gradient accumulation (maxlite.launch.ray_trainer.group_config), so the full
+    group's micro-batches must divide among the `workers` left."""
+    full = c.ray_workers
+    if (c.gradient_accumulation_steps * full) % workers:
+        raise ConfigError(
+            f"ray_min_workers={c.ray_min_workers}: a group of {workers} of {full} workers cannot keep the "
+            f"global batch (gradient_accumulation_steps={c.gradient_accumulation_steps} × {full} workers "
+            f"is not a multiple of {workers}); raise ray_min_workers or pick sizes that divide it")
+
+
+def check_keeper(c: Config, launcher_keeper: bool) -> None:
+    """In-memory snapshots kept by Ray (`inmemory_snapshot_keeper=ray`) need the launcher that
+    provides that keeper (`launcher_keeper`)."""
+    if c.inmemory_snapshot_period > 0 and c.inmemory_snapshot_keeper == "ray" and not launcher_keeper:
+        raise ConfigError("inmemory_snapshot_keeper=ray needs the Ray launcher (python -m ray_entry.train); "
+                          "use shm or auto")
+
+
+def check_platform(c: Config, platform: str) -> None:
+    """What the devices' `platform` (cpu | gpu | cuda | rocm | tpu) cannot run: a quantization mode."""
+    platform = "gpu" if platform in ("gpu", "cuda", "rocm") else platform
+    if c.quantization and c.quantization not in quant.modes_for(platform):
+        others = ", ".join(quant.modes_for(platform))
+        raise ConfigError(f"quantization={c.quantization} runs on GPUs only (one scale per tensor for cuBLASLt's "
+                          f"FP8 GEMMs); on {platform} use one of {others}")
 
 
 def check_layout(c: Config, num_processes: int) -> None:
@@ -326,7 +349,7 @@ def _check_context(c: Config, context: int) -> None:
     if c.train_objective != "lm":
         raise ConfigError(f"context parallelism (context={context}) is for train_objective=lm (pre-training, "
                           f"SFT); set ici_context_parallelism=1 for train_objective={c.train_objective}")
-    pieces = sequence_pieces(c)
+    pieces = c.sequence_pieces
     if c.max_target_length % pieces:
         why = " (load balance: two chunks per shard)" if c.context_parallel_load_balance else ""
         raise ConfigError(f"max_target_length={c.max_target_length} must be divisible by {pieces} to split "

@@ -24,8 +24,9 @@ the master's).
 The model sets its own mode while its layers are traced (`using(cfg.quantization)` in
 `Transformer._run_layers` and decoding's `forward`): nothing is process-wide, so two models with
 different modes share a process, and a traced program keeps what it was traced with (the model's
-config, quantization included, is part of every jit cache key through the graphdef). The wiring
-(`maxlite.build.wire`, `maxlite.api`'s model makers) checks the mode against the platform first.
+config, quantization included, is part of every jit cache key through the graphdef). The mode is
+checked against the platform first (`maxlite.config_checks.check_platform`: run where the config is
+resolved against its devices, and by `maxlite.api`'s model makers).
 
 Qwix 0.1.8's QT dot (`qwix._src.core.dot_general_qt`) is called directly with the configuration its
 `QtProvider` would build for an activation × weight product: the provider finds weights by
@@ -74,19 +75,8 @@ def precision(mode: str) -> str:
 
 
 def modes_for(platform: str) -> tuple[str, ...]:
-    """The quantized modes a platform runs ("" excluded)."""
+    """The quantized modes a platform runs ("" excluded; config_checks.check_platform refuses the rest)."""
     return tuple(m for m in MODES if m and (platform == "gpu" or m not in _GPU_ONLY))
-
-
-def check(mode: str, platform: str) -> None:
-    """One line for a mode this platform cannot run."""
-    from maxlite.config import ConfigError
-
-    platform = "gpu" if platform in ("gpu", "cuda", "rocm") else platform
-    if mode and mode not in modes_for(platform):
-        others = ", ".join(modes_for(platform))
-        raise ConfigError(f"quantization={mode} runs on GPUs only (one scale per tensor for cuBLASLt's "
-                          f"FP8 GEMMs); on {platform} use one of {others}")
 
 
 @contextlib.contextmanager

@@ -113,13 +113,11 @@ class _Run:
 def _preflight(cfg: C.Config, built, primary: bool, launcher_keeper: bool):
     """Everything that can refuse the recipe, before the run directory exists: storage, memory,
     the data (files, tokenizer) — reads only. Returns the train data iterator it opened."""
-    from maxlite import checkpoints, data, mesh as mesh_lib, state as state_lib
+    from maxlite import checkpoints, config_checks, data, mesh as mesh_lib, state as state_lib
 
     if primary:
         checkpoints.check_storage(cfg)  # a missing bucket or no permission: one line, before any write
-    if cfg.inmemory_snapshot_period > 0 and cfg.inmemory_snapshot_keeper == "ray" and not launcher_keeper:
-        raise C.ConfigError("inmemory_snapshot_keeper=ray needs the Ray launcher (python -m ray_entry.train); "
-                            "use shm or auto")
+    config_checks.check_keeper(cfg, launcher_keeper)
     state_lib.check_fits(cfg, built.abstract)
     reader = mesh_lib.readers(built.batch_sharding)  # processes holding the same rows read the same rows
     batches = data.make_iterator(cfg, "train", *reader)

@@ -14,7 +14,7 @@ Where a run starts from (its checkpoint, a snapshot, another run) is decided in 
 
 from maxlite.checkpoints import checksums
 from maxlite.checkpoints.checksums import CheckpointCorrupt
-from maxlite.checkpoints.layout import (ITEMS, TMP_STEP, clean_leftovers, complete_steps,
+from maxlite.checkpoints.layout import (ITEMS, TMP_STEP, clean_leftovers,
                                         manager_options, maxlite_version, open_manager, read_meta,
                                         remove_failed_save, resolve_step_dir, array_save,
                                         temporary_path_with_hook)
@@ -22,7 +22,7 @@ from maxlite.checkpoints.listing import checkpoint_name, list_checkpoints, main
 from maxlite.checkpoints.params import load_numpy, load_params, save_params
 from maxlite.checkpoints.restore import check_compatible, restore_items, sharded_target
 from maxlite.checkpoints.storage import (check_bucket, check_path, check_room, check_storage, checkpoint_dir,
-                                         error_line, fs_of, storage_error)
+                                         complete_steps, error_line, fs_of, storage_error)
 
 __all__ = ["CheckpointCorrupt", "ITEMS", "TMP_STEP", "array_save", "check_bucket", "check_compatible", "check_path",
            "check_room", "check_storage", "checkpoint_dir", "checkpoint_name", "checksums", "clean_leftovers",

@@ -30,7 +30,7 @@ import numpy as np
 
 from maxlite import config as C
 from maxlite.checkpoints import crc
-from maxlite.checkpoints.storage import error_chain, fs_of
+from maxlite.checkpoints.storage import complete_steps, error_chain, fs_of
 
 ITEM = "checksums"
 MARKER = "corrupt.json"  # in a step found corrupt: never restored; `list` shows it
@@ -308,7 +308,6 @@ def mark(root: str, step: int, err: CheckpointCorrupt, by: str) -> None:
 
 def marked(path: str) -> dict[int, dict]:
     """{step: marker} of the complete steps found corrupt earlier (by a restore or `verify`)."""
-    from maxlite.checkpoints.layout import complete_steps
     return {s: m for s in complete_steps(path) if (m := marker(path, s)) is not None}
 
 

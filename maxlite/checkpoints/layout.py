@@ -4,8 +4,8 @@
 process's data-iterator state), `<step>/meta` (readable JSON: step, consumed samples, tokens
 seen, val loss, resolved config, mesh, version) and `<step>/checksums` (one JSON record per
 process: checksums.py). Arrays are zarr3 inside OCDBT. A step is complete
-when Orbax finalised it (`_CHECKPOINT_METADATA` locally, `commit_success.txt` on GCS); anything
-else is incomplete, never restored, and removed at the next start.
+when Orbax finalised it (`_CHECKPOINT_METADATA` locally, `commit_success.txt` on GCS:
+storage.complete_steps); anything else is incomplete, never restored, and removed at the next start.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Any
 import fsspec
 
 from maxlite import config as C
-from maxlite.checkpoints.storage import check_path, fs_of, quiet_orbax, storage_error
+from maxlite.checkpoints import checksums
+from maxlite.checkpoints.storage import check_path, complete_steps, fs_of, quiet_orbax, storage_error
 
 
 ITEMS = ("params", "optimizer", "data", "meta", "checksums")
@@ -188,7 +189,6 @@ def array_handler():
 def open_manager(path: str, options):
     import orbax.checkpoint as ocp
 
-    from maxlite.checkpoints import checksums
     handlers = {"params": array_handler(), "optimizer": array_handler(),
                 "data": ocp.JsonCheckpointHandler(), "meta": ocp.JsonCheckpointHandler(),
                 checksums.ITEM: checksums.handler()}
@@ -215,17 +215,6 @@ def resolve_step_dir(path: str, step: int | None = None) -> tuple[str, int]:
     if step not in steps:
         raise C.ConfigError(f"{path}: no complete checkpoint at step {step}; complete steps: {steps}")
     return path, step
-
-
-def complete_steps(path: str) -> list[int]:
-    fs = fs_of(path)
-    steps = []
-    for entry in fs.ls(path, detail=False) if fs.exists(path) else []:
-        name = entry.rstrip("/").rsplit("/", 1)[-1]
-        if name.isdigit() and fs.exists(f"{entry}/commit_success.txt" if path.startswith("gs://")
-                                        else f"{entry}/_CHECKPOINT_METADATA"):
-            steps.append(int(name))
-    return sorted(steps)
 
 
 def read_meta(root: str, step: int) -> dict[str, Any]:

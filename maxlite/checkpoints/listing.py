@@ -8,8 +8,8 @@ from typing import Any
 
 from maxlite import cli, config as C
 from maxlite.checkpoints import checksums
-from maxlite.checkpoints.layout import TMP_STEP, complete_steps, read_meta
-from maxlite.checkpoints.storage import fs_of, storage_error
+from maxlite.checkpoints.layout import TMP_STEP, read_meta
+from maxlite.checkpoints.storage import complete_steps, fs_of, storage_error
 
 
 def checkpoint_name(meta: dict[str, Any], step: int) -> str:

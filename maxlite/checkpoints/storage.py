@@ -1,4 +1,5 @@
-"""Checkpoint storage, local or gs://: one-line user errors, access checks, quiet Orbax logs."""
+"""Checkpoint storage, local or gs://: one-line user errors, access checks, the steps it holds
+complete, quiet Orbax logs."""
 
 from __future__ import annotations
 
@@ -24,6 +25,18 @@ def fs_of(path: str):
     fs, _, _ = fsspec.get_fs_token_paths(path)
     fs.invalidate_cache()
     return fs
+
+
+def complete_steps(path: str) -> list[int]:
+    """The steps under a checkpoint root that Orbax finalised (maxlite/checkpoints/layout.py)."""
+    fs = fs_of(path)
+    steps = []
+    for entry in fs.ls(path, detail=False) if fs.exists(path) else []:
+        name = entry.rstrip("/").rsplit("/", 1)[-1]
+        if name.isdigit() and fs.exists(f"{entry}/commit_success.txt" if path.startswith("gs://")
+                                        else f"{entry}/_CHECKPOINT_METADATA"):
+            steps.append(int(name))
+    return sorted(steps)
 
 
 def storage_error(path: str, e: BaseException) -> C.ConfigError:

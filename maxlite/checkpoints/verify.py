@@ -9,9 +9,9 @@ from typing import Any
 
 from maxlite import config as C
 from maxlite.checkpoints import checksums
-from maxlite.checkpoints.layout import complete_steps, resolve_step_dir
+from maxlite.checkpoints.layout import resolve_step_dir
 from maxlite.checkpoints.restore import ARRAY_ITEMS, JSON_ITEMS, read_json_item, restore_array_item, saved_tree
-from maxlite.checkpoints.storage import error_line, fs_of
+from maxlite.checkpoints.storage import complete_steps, error_line, fs_of
 
 
 def _leaf_target(tree, index: int):

@@ -52,12 +52,7 @@ def group_config(cfg: C.Config, workers: int) -> C.Config:
     full = num_workers(cfg)
     if workers == full:
         return cfg
-    total = cfg.gradient_accumulation_steps * full
-    if total % workers:
-        raise C.ConfigError(
-            f"ray_min_workers={cfg.ray_min_workers}: a group of {workers} of {full} workers cannot keep the "
-            f"global batch (gradient_accumulation_steps={cfg.gradient_accumulation_steps} × {full} workers "
-            f"is not a multiple of {workers}); raise ray_min_workers or pick sizes that divide it")
+    total = cfg.gradient_accumulation_steps * full  # divisible: config_checks.check_group, for every size
     return dataclasses.replace(cfg, gradient_accumulation_steps=total // workers, ray_num_workers=workers)
 
 

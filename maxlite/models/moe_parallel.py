@@ -34,14 +34,14 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from maxlite.models import grouped, moe
+from maxlite.models import grouped, moe_kernels
 from maxlite.models.platform import target_platform
 
 
-def experts(impl: str, x_BTD, routing: moe.Routing, slots: int, gate_EDF, up_EDF, down_EFD, act):
+def experts(impl: str, x_BTD, routing: moe_kernels.Routing, slots: int, gate_EDF, up_EDF, down_EFD, act):
     """The routed experts' weighted output [B, T, D] (float32) by `impl`."""
     if impl == "dense":
-        return moe.dense(x_BTD, routing, gate_EDF, up_EDF, down_EFD, act)
+        return moe_kernels.dense(x_BTD, routing, gate_EDF, up_EDF, down_EFD, act)
     mesh = jax.sharding.get_abstract_mesh()
     local = functools.partial(_local, impl, slots, act)
     arrays = (routing.experts_BTk, routing.weights_BTk, routing.kept_BTk, routing.slots_BTk)
@@ -68,22 +68,22 @@ def _local(impl, slots, act, exp_axis, mlp_axis, x_BTD, experts_BTk, weights_BTk
     """One device's part: its tokens, its experts (all of them without an expert axis)."""
     ep = 1 if exp_axis is None else jax.lax.axis_size(exp_axis)
     E = gate_EDF.shape[0] * ep
-    routing = moe.Routing(experts_BTk, weights_BTk, kept_BTk, slots_BTk, {})
+    routing = moe_kernels.Routing(experts_BTk, weights_BTk, kept_BTk, slots_BTk, {})
 
     def partial_sum(y):  # the MLP width split over `mlp`: each device holds part of the output
         return y if mlp_axis is None else jax.lax.psum(y, mlp_axis)
 
     if impl == "capacity":
-        buf_BECD = moe.capacity_buffers(x_BTD, routing, E, slots)
+        buf_BECD = moe_kernels.capacity_buffers(x_BTD, routing, E, slots)
         if ep > 1:
             buf_BECD = jax.lax.all_to_all(buf_BECD, exp_axis, 1, 0, tiled=True)  # [ep·B, El, C, D]
-        y_BECD = partial_sum(moe.capacity_ffn(buf_BECD, gate_EDF, up_EDF, down_EFD, act))
+        y_BECD = partial_sum(moe_kernels.capacity_ffn(buf_BECD, gate_EDF, up_EDF, down_EFD, act))
         if ep > 1:
             y_BECD = jax.lax.all_to_all(y_BECD, exp_axis, 0, 1, tiled=True)  # back: [B, E, C, D]
-        return moe.capacity_combine(y_BECD, routing)
+        return moe_kernels.capacity_combine(y_BECD, routing)
     B, T, D = x_BTD.shape
     k = experts_BTk.shape[-1]
-    order_M, sizes_E = moe.sort_by_expert(experts_BTk, E)
+    order_M, sizes_E = moe_kernels.sort_by_expert(experts_BTk, E)
     x_MD = jnp.take(x_BTD.reshape(B * T, D), order_M // k, axis=0)
     if ep == 1:
         y_MD = partial_sum(grouped.ffn(impl, x_MD, sizes_E, gate_EDF, up_EDF, down_EFD, act))
@@ -92,8 +92,8 @@ def _local(impl, slots, act, exp_axis, mlp_axis, x_BTD, experts_BTk, weights_BTk
         x_RD, sizes_El, regroup_R = exchange.send(x_MD)
         y_RD = grouped.ffn(impl, x_RD, sizes_El, gate_EDF, up_EDF, down_EFD, act)
         y_MD = exchange.back(partial_sum(jnp.take(y_RD, jnp.argsort(regroup_R), axis=0)))
-    y_XkD = moe.unsort(y_MD, order_M, k)
-    return moe.combine(y_XkD, weights_BTk.reshape(B * T, k)).reshape(B, T, D)
+    y_XkD = moe_kernels.unsort(y_MD, order_M, k)
+    return moe_kernels.combine(y_XkD, weights_BTk.reshape(B * T, k)).reshape(B, T, D)
 
 
 class Exchange:

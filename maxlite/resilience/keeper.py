@@ -65,8 +65,5 @@ def make_keeper(kind: str, run_dir: str, rank: int, launcher_keeper=None):
     `ray` → the launcher's keeper, which only the Ray launcher provides."""
     if kind == "shm" or (kind == "auto" and launcher_keeper is None):
         return ShmKeeper(run_dir)
-    if launcher_keeper is None:
-        from maxlite.config import ConfigError
-        raise ConfigError("inmemory_snapshot_keeper=ray needs the Ray launcher (python -m ray_entry.train); "
-                          "use shm or auto")
+    assert launcher_keeper is not None, "config_checks.check_keeper refuses ray without the Ray launcher"
     return launcher_keeper(run_dir, rank)

@@ -1,0 +1,503 @@
+"""The recipe's schema: every key, its type, its default, the values it may take and the one line
+of doc base.yml shows.
+
+This is the one place a key is declared. `Keys` is the frozen, statically typed dataclass of them
+all (`maxlite.recipe.Config`, what `maxlite.config.load` builds, adds what follows from them);
+`configs/base.yml` is written from it (`python -m maxlite.schema`) and tests/test_schema.py fails
+when the two differ. Adding a key: one `name: type = key(default, "doc", ...)` line in its section
+below (with `choices=`, `bounds=` or `positive=` when its values are limited; `kind=` when it names
+files), then `python -m maxlite.schema` to rewrite base.yml.
+
+A leaf: no JAX and nothing of maxlite (PyYAML only writes base.yml), so that loading (config.py),
+the derived values (recipe.py) and the checks (config_checks.py) all import it and none imports
+another back.
+"""
+
+# No `from __future__ import annotations` here: loading reads each field's type as a type (Field.type).
+import dataclasses
+import json
+import pathlib
+import re
+import sys
+from typing import Any
+
+import yaml
+
+BASE_YML = pathlib.Path(__file__).parent / "configs" / "base.yml"
+MESH_AXES = ("data", "fsdp", "context", "expert", "tensor")  # order of the device mesh axes
+KINDS = ("path", "paths", "blend")  # values config.py resolves: a path, comma-separated paths, a data blend
+
+
+class ConfigError(ValueError):
+    """A user mistake in the recipe: printed as one line, exit code 2."""
+
+
+def key(default: Any, doc: str, *, kind: str = "", section: str = "", choices: tuple = (),
+        bounds: tuple[float | None, float | None] | None = None, positive: bool = False) -> Any:
+    """A key's default and its line in base.yml, and what its values may be (config_checks.validate
+    refuses the rest in one line): one of `choices` (each item of a list), within inclusive `bounds`
+    (low, high; None: unbounded), or `positive` (> 0). `kind` (KINDS) marks a value that names files;
+    `section` opens a new section of base.yml, with this heading, at this key."""
+    assert kind in ("", *KINDS), kind
+    return dataclasses.field(default=default, metadata={
+        "doc": doc, "kind": kind, "section": section, "choices": choices, "bounds": bounds, "positive": positive})
+
+
+@dataclasses.dataclass(frozen=True)
+class Keys:
+    """Every key of the recipe, typed; frozen. Lists are tuples."""
+
+    run_name: str = key("",
+        "run directory name under base_output_directory; empty → <recipe>_<model_name> (demo_tiny): a re-run "
+        "of the same command resumes it", section="run")
+    base_output_directory: str = key("runs",
+        "local path or gs://bucket/path; everything a run writes goes under {this}/{run_name}/", kind="path")
+    steps: int = key(100, "number of optimizer steps to train", positive=True)
+    seed: int = key(0, "seed for parameter init and synthetic data", bounds=(0, None))
+    log_period: int = key(1, "print the per-step line every N steps", positive=True)
+    enable_tensorboard: bool = key(True, "write TensorBoard event files (no TensorFlow needed)")
+    enable_progress_bar: bool = key(True, "show a progress bar when stdout is a terminal")
+    check_memory_fit: bool = key(True, "refuse to start when the model + optimizer cannot fit in host memory")
+
+    loggers: tuple[str, ...] = key((),
+        "metric sinks beside metrics.jsonl and TensorBoard: [wandb], [mlflow] or [wandb, mlflow]; primary "
+        "process only; a failing one warns once and training goes on", section="loggers",
+        choices=("wandb", "mlflow"))
+    wandb_project: str = key("",
+        "W&B project; \"\" → WANDB_PROJECT, else W&B's default (a key set here overrides W&B's variable)")
+    wandb_entity: str = key("", 'W&B entity (team or user); "" → WANDB_ENTITY, else your default entity')
+    wandb_group: str = key("", 'W&B run group; "" → WANDB_RUN_GROUP, else none')
+    wandb_mode: str = key("",
+        'online | offline (local files; `wandb sync` later) | disabled; "" → WANDB_MODE, else online',
+        choices=("", "online", "offline", "disabled"))
+    wandb_dir: str = key("",
+        'where W&B writes its local files; "" → WANDB_DIR, else {run_dir} (files under {run_dir}/wandb)', kind="path")
+    mlflow_tracking_uri: str = key("",
+        'MLflow tracking URI; "" → MLFLOW_TRACKING_URI, else a file store at {run_dir}/mlruns; local paths '
+        "resolved; http(s)://, databricks, sqlite:/// as given")
+    mlflow_experiment: str = key("",
+        'MLflow experiment name (created when missing); "" → MLFLOW_EXPERIMENT_NAME (or '
+        "MLFLOW_EXPERIMENT_ID), else MLflow's Default experiment")
+    write_report: bool = key(True,
+        "at the end of a run, write report.html + report.png (python -m maxlite.report) into the run "
+        "directory")
+    profiler: str = key("",
+        '"" (off) | xplane: a jax.profiler trace of profiler_steps steps, on the primary process, under '
+        "{run_dir}/profile (TensorBoard's profile plugin / xprof read it; docs/performance.md)",
+        choices=("", "xplane"))
+    skip_first_n_steps_for_profiler: int = key(1,
+        "profiler: steps of each attempt before the trace starts (at least 1: the first step compiles)",
+        bounds=(1, None))
+    profiler_steps: int = key(5, "profiler: steps in the trace", bounds=(1, None))
+
+    model_name: str = key("default",
+        'preset in configs/models/<model_name>.yml; "default" uses the keys below', section="model")
+    decoder_block: str = key("llama2",
+        "the family (maxlite/models/families.py): llama2 (RMSNorm, RoPE, SwiGLU, GQA; also llama3/mistral) | "
+        "gpt3 (LayerNorm, GELU, learned positions) | qwen2 (q/k/v biases) | qwen3 (q/k norms) | gemma3 (5 "
+        "local : 1 global layers, sandwich norms, GeGLU) | olmo3 (post-norms only, 3 local : 1 global; "
+        "maxlite/families/olmo3.py) | mixtral, qwen3_moe (mixtures of experts: the keys below)")
+    base_emb_dim: int = key(2048, "model width D", positive=True)
+    base_num_decoder_layers: int = key(16, "number of decoder layers L", positive=True)
+    base_num_query_heads: int = key(16, "query heads N", positive=True)
+    base_num_kv_heads: int = key(16, "key/value heads K (grouped-query attention when K < N)", positive=True)
+    base_mlp_dim: int = key(7168, "MLP hidden width F", positive=True)
+    head_dim: int = key(128, "per-head width H", positive=True)
+    vocab_size: int = key(32000, "vocabulary size V (must cover every token id in the data)", positive=True)
+    max_position_embeddings: int = key(8192,
+        "gpt3: learned position table size; llama2 block: the context length recorded on HF export")
+    rope_max_timescale: int = key(10000, "RoPE base theta", positive=True)
+    rope_scaling_factor: float = key(0.0,
+        "RoPE scaling factor of the global layers (rope_scaling_type); 0 disables scaling")
+    rope_scaling_type: str = key("llama3",
+        "how rope_scaling_factor scales: llama3 (Llama 3.1's piecewise rule, the factors below) | linear "
+        "(positions ÷ factor; Gemma 3)", choices=("llama3", "linear"))
+    rope_low_freq_factor: float = key(1.0, "Llama 3.1 RoPE scaling low-frequency factor")
+    rope_high_freq_factor: float = key(4.0, "Llama 3.1 RoPE scaling high-frequency factor")
+    rope_original_max_position: int = key(8192, "Llama 3.1 RoPE scaling original context length")
+    sliding_window: int = key(0,
+        'tokens a sliding-window ("local") layer attends to, itself included (Mistral, Gemma 3); which layers '
+        "are local is the family's pattern; 0: every layer global", bounds=(0, None))
+    layer_types: tuple[str, ...] = key((),
+        "each layer's kind by its HF `layer_types` name (full_attention | sliding_attention), one per layer: a "
+        "checkpoint's own pattern (hf import writes it when it differs from the family's); []: the family's "
+        "pattern")
+    local_rope_max_timescale: int = key(0,
+        "RoPE base theta of the sliding-window layers, unscaled (Gemma 3: 10000); 0: the global layers' RoPE",
+        bounds=(0, None))
+    query_pre_attn_scalar: float = key(0.0, "attention scores scaled by this^-0.5 (Gemma 3); 0: head_dim",
+        bounds=(0, None))
+    normalization_layer_epsilon: float = key(1e-05, "epsilon of RMSNorm / LayerNorm", positive=True)
+    logits_via_embedding: bool = key(False, "tie input embedding and output projection")
+    use_bias: bool = key(False,
+        "the family's biases: q/k/v/o (llama2, qwen3, gemma3), q/k/v (qwen2: true), every linear and norm "
+        "(gpt3: true)")
+    init_scale: float = key(0.02, "stddev of normal initialisation", positive=True)
+    dtype: str = key("bfloat16", "activation / compute dtype: float32 | bfloat16", choices=("float32", "bfloat16"))
+    weight_dtype: str = key("float32", "parameter and optimizer-state dtype", choices=("float32", "bfloat16"))
+    scan_layers: bool = key(True, "stack layers and run them with scan (faster compiles for deep models)")
+    remat_policy: str = key("full",
+        "none | full | minimal | save_dots | save_qkv_proj | save_dot_except_mlp | save_attn_mlp_proj | "
+        "offload_layer_inputs (what the backward pass keeps, offloads or recomputes)")
+
+    num_experts: int = key(0,
+        "routed experts per MoE layer (Mixtral 8, Qwen3-30B-A3B 128); must be > 0 for a MoE family, 0 "
+        "otherwise", section="mixture of experts (decoder_block mixtral, qwen3_moe; docs/moe.md)")
+    num_experts_per_tok: int = key(2, "experts each token is routed to (top-k)")
+    base_moe_mlp_dim: int = key(0,
+        "each routed expert's MLP width (Mixtral 8x7B 14336, Qwen3-30B-A3B 768); base_mlp_dim is the dense "
+        "layers'")
+    shared_experts: int = key(0,
+        "experts every token also goes through, as one SwiGLU MLP of shared_experts × base_moe_mlp_dim "
+        "(DeepSeek's); 0: none")
+    first_num_dense_layers: int = key(0,
+        "the first this many layers keep a dense MLP (base_mlp_dim); the MoE layers follow")
+    interleave_moe_layer_step: int = key(1,
+        "after those, every this-th layer is MoE and the others dense (1: all MoE)")
+    norm_topk_prob: bool = key(True,
+        "divide each token's top-k router weights by their sum (Mixtral always; Qwen3-MoE's norm_topk_prob)")
+    routed_score_func: str = key("softmax",
+        "router scores: softmax over experts (Mixtral, Qwen3-MoE) | sigmoid (each expert alone; DeepSeek-V3)",
+        choices=("softmax", "sigmoid"))
+    routed_bias: bool = key(False,
+        "a per-expert bias added to the scores when choosing the top k only, not to the weights "
+        "(DeepSeek-V3's, trained by no gradient: imported or zero)")
+    capacity_factor: float = key(-1.0,
+        "-1: dropless; > 0: an expert takes at most ceil(this × T × k / E) of a sequence's tokens (first "
+        "choices first, then in order), the rest are dropped (that expert adds 0)")
+    load_balance_loss_weight: float = key(0.01,
+        "weight of the auxiliary load-balancing loss added to the objective (Hugging Face's "
+        "router_aux_loss_coef: Mixtral 0.02, Qwen3-MoE 0.001); reported as moe_lb_loss")
+    router_z_loss_weight: float = key(0.0,
+        "weight of the router z-loss (ST-MoE: mean squared log-sum-exp of the router logits); reported as "
+        "moe_z_loss")
+    moe_implementation: str = key("autoselected",
+        "how the experts run: autoselected (capacity when capacity_factor > 0, else megablox on TPU, ragged "
+        "on GPU, blocked on CPU) | dense (every expert on every token, masked: the reference) | ragged "
+        "(tokens sorted by expert, jax.lax.ragged_dot) | blocked (sorted, each expert's rows padded to "
+        "blocks, batched matmuls) | megablox (sorted, the Pallas grouped matmul; TPU, interpreted elsewhere) "
+        "| capacity (fixed [E, capacity] buffers; needs capacity_factor > 0)")
+
+    attention: str = key("autoselected",
+        "autoselected (flash on TPU, cudnn_flash on GPU, blockwise on CPU at T >= 2048, else dot_product) | "
+        "dot_product | blockwise | flash | cudnn_flash", section="performance")
+    attention_block_size: int = key(512,
+        "blockwise: key block length (capped at max_target_length; must divide it)", positive=True)
+    max_segments_per_seq: int = key(32,
+        "cudnn_flash: packed documents per row passed to cuDNN as offsets (no dense mask); a batch with more "
+        "falls back to the mask; 0 = always the mask")
+    sa_block_q: int = key(512, "flash (splash): query block of the forward kernel", positive=True)
+    sa_block_kv: int = key(512, "flash: key/value block of the forward kernel", positive=True)
+    sa_block_kv_compute: int = key(512, "flash: key/value sub-block computed at once in the forward kernel",
+        positive=True)
+    sa_block_q_dkv: int = key(512, "flash: query block of the dK/dV kernel", positive=True)
+    sa_block_kv_dkv: int = key(512, "flash: key/value block of the dK/dV kernel", positive=True)
+    sa_block_kv_dkv_compute: int = key(512, "flash: key/value sub-block of the dK/dV kernel", positive=True)
+    sa_block_q_dq: int = key(512, "flash: query block of the dQ kernel (unused with the fused backward)",
+        positive=True)
+    sa_block_kv_dq: int = key(512, "flash: key/value block of the dQ kernel (unused with the fused backward)",
+        positive=True)
+    sa_use_fused_bwd_kernel: bool = key(False, "flash: one backward kernel for dQ, dK, dV")
+    num_vocab_tiling: int = key(-1,
+        "loss over this many sequence chunks, never holding [B, T, V] logits (1 = unchunked; -1 = auto: "
+        "chunks of 512 tokens when T·V ≥ 2^27)")
+    quantization: str = key("",
+        "\"\" (none) | int8 | fp8 | fp8_full | fp8_gpu (GPUs only): the decoder layers' projections quantized "
+        "in training, forward and backward, through Qwix (docs/performance.md); master weights, optimizer "
+        "state, checkpoints and exports unchanged")
+    jax_cache_dir: str = key("~/.cache/maxlite/jax",
+        'JAX persistent compilation cache (a re-run skips compiling); "" disables', kind="path")
+
+    per_device_batch_size: float = key(2.0, "sequences per device per micro-batch", section="batch and sequence",
+        positive=True)
+    max_target_length: int = key(256, "sequence length T", positive=True)
+    gradient_accumulation_steps: int = key(1, "micro-batches summed per optimizer step", positive=True)
+
+    learning_rate: float = key(0.0003, "peak learning rate", section="optimizer", bounds=(0, None))
+    lr_schedule_type: str = key("cosine", "cosine | linear | constant (after warmup)",
+        choices=("cosine", "linear", "constant"))
+    warmup_steps_fraction: float = key(0.1, "fraction of the schedule spent in linear warmup from 0", bounds=(0, 1))
+    learning_rate_schedule_steps: int = key(-1,
+        "the schedule's length (MaxText's key); -1: `steps`. Set it and a higher `steps` on resume extends "
+        "the run at the final rate without changing its past schedule", bounds=(-1, None))
+    learning_rate_final_fraction: float = key(0.1, "final learning rate as a fraction of the peak (cosine, linear)",
+        bounds=(0, 1))
+    adam_b1: float = key(0.9, "AdamW beta1", bounds=(0, 1))
+    adam_b2: float = key(0.95, "AdamW beta2", bounds=(0, 1))
+    adam_eps: float = key(1e-08, "AdamW epsilon", positive=True)
+    adam_weight_decay: float = key(0.1, "AdamW decoupled weight decay", bounds=(0, None))
+    gradient_clipping_threshold: float = key(1.0, "clip by global norm; 0 disables", bounds=(0, None))
+    z_loss_weight: float = key(0.0, "weight of the z-loss (log-partition squared); 0 disables", bounds=(0, None))
+
+    ici_data_parallelism: int = key(1,
+        "pure data parallelism inside a slice",
+        section="mesh (ICI within a slice/host, DCN across slices/hosts); one value may be -1 and is filled")
+    ici_fsdp_parallelism: int = key(-1, "fully sharded data parallelism inside a slice")
+    ici_context_parallelism: int = key(1,
+        "context parallelism inside a slice: each sequence split over this many devices (long context; "
+        "docs/long-context.md)")
+    ici_expert_parallelism: int = key(1,
+        "expert parallelism inside a slice: experts split over it, tokens sent to them (all-to-all); the "
+        "batch is split over it too (data parallelism for the other weights)")
+    ici_tensor_parallelism: int = key(1, "tensor (model) parallelism inside a slice")
+    dcn_data_parallelism: int = key(-1, "data parallelism across slices")
+    dcn_fsdp_parallelism: int = key(1, "fsdp across slices")
+    dcn_context_parallelism: int = key(1,
+        "context parallelism across slices (rarely useful: attention gathers keys over this axis every layer)")
+    dcn_expert_parallelism: int = key(1, "expert parallelism across slices")
+    dcn_tensor_parallelism: int = key(1, "tensor parallelism across slices (rarely useful)")
+    num_slices: int = key(-1, "number of slices (TPU multislice); -1 reads it from the devices")
+    context_parallel_load_balance: bool = key(True,
+        "with context parallelism: shard i holds sequence chunks i and 2n−1−i (n shards), so causal attention "
+        "costs every shard the same; invisible outside the step")
+
+    dataset_type: str = key("synthetic",
+        "synthetic | text | indexed | sft (chat records; docs/sft.md)", section="data",
+        choices=("synthetic", "text", "indexed", "sft", "preference", "prompts"))
+    dataset_path: str = key("",
+        'text, sft: files, directories or globs, comma-separated (jsonl, json, .gz, .zst, parquet, arrow); "" '
+        "→ bundled KJV corpus (sft: the bundled chat set)", kind="paths")
+    eval_dataset_path: str = key("",
+        'text, sft: eval files like dataset_path; "" → the bundled eval split (only when dataset_path is "")',
+        kind="paths")
+    json_keys: str = key("text",
+        "record fields holding the text (comma-separated); each key's text is one document")
+    tokenizer_path: str = key("",
+        'tokenizer.json, sentencepiece .model, or a dir with tokenizer.json or vocab.json+merges.txt; "" → '
+        "bundled (4096 ids)", kind="path")
+    bos_id: int = key(-1, "beginning-of-document id; -1 → from the tokenizer")
+    eos_id: int = key(-1, "end-of-document id; -1 → from the tokenizer")
+    add_bos: bool = key(False, "text: prepend bos_id to every document")
+    add_eos: bool = key(True, "text: append eos_id to every document")
+    data_prefix: tuple[float | str, ...] = key((),
+        "indexed: prefix, or [w1,prefix1,w2,prefix2,...] blend (Megatron .bin/.idx without extension; gs:// "
+        "staged)", kind="blend")
+    eval_data_prefix: tuple[float | str, ...] = key((),
+        "indexed: separate eval blend like data_prefix; [] → the validation part of data_split", kind="blend")
+    data_split: str = key("99,1,0", "indexed: train,valid,test share of each prefix's documents (Megatron style)")
+    data_shuffle_seed: int = key(0, "seed of the data order (documents, samples, packing)")
+    data_shuffle: bool = key(True, "shuffle training data (eval data is never shuffled)")
+    data_bad_record_policy: str = key("skip",
+        "malformed records: skip (count, report the first few as file:line) | error", choices=("skip", "error"))
+    data_shuffle_window: int = key(1024, "text: documents in the streaming shuffle window", bounds=(1, None))
+    packing_bins: int = key(16, "text: rows packed at once (first-fit); more bins → less padding", bounds=(1, None))
+    grain_worker_count: int = key(0, "indexed: grain worker processes (0 = in-process; small machines want 0)",
+        bounds=(0, None))
+    grain_threads: int = key(2, "grain reader threads per process", bounds=(0, None))
+    grain_prefetch: int = key(4, "batches prefetched ahead of the step", bounds=(0, None))
+    data_cache_dir: str = key("", 'local cache for gs:// data; "" → ~/.cache/maxlite/data', kind="path")
+    sft_template: str = key("auto",
+        "sft: chat template: auto (the tokenizer's own chat_template, else chatml) | llama3 | chatml",
+        choices=("auto", "llama3", "chatml"))
+    sft_train_on_inputs: bool = key(False,
+        "sft: the loss also covers system/user turns and template text (default: assistant answers only)")
+    sft_allow_degenerate_mask: bool = key(False,
+        "sft: train even when the audit finds 0% or 100% of target tokens supervised, or every assistant "
+        "answer empty")
+    sft_audit_records: int = key(512, "sft: records the mask audit reads (the first ones of the train files)",
+        bounds=(1, None))
+    sft_audit_examples: int = key(3, "sft: rendered examples, supervised spans marked, in the run's sft_audit.txt",
+        bounds=(0, None))
+
+    enable_checkpointing: bool = key(True,
+        "save checkpoints and resume from the latest complete one when the run restarts",
+        section="checkpoints and eval")
+    checkpoint_dir: str = key("",
+        'local path or gs://bucket/path; "" → {base_output_directory}/{run_name}/checkpoints', kind="path")
+    checkpoint_period: int = key(50, "save every N steps (0 → only on completion)", bounds=(0, None))
+    async_checkpointing: bool = key(True, "write in the background; the loop only waits for the device→host copy")
+    max_num_checkpoints_to_keep: int = key(3, "keep the latest N checkpoints (0 → keep all)", bounds=(0, None))
+    checkpoint_keep_best_k: int = key(0,
+        "also keep the k checkpoints with the lowest eval loss (NeMo save_top_k); 0 disables", bounds=(0, None))
+    save_checkpoint_on_completion: bool = key(True, "save at the last step")
+    checkpoint_error_policy: str = key("stop",
+        "a failed save (storage down): stop (end the run at once, status failed, exit 74; the launcher "
+        "restarts from the last complete checkpoint) | continue (keep training; the run still ends failed, "
+        "exit 74, unless a later save succeeds)", choices=("continue", "stop"))
+    load_parameters_path: str = key("",
+        "start from these weights only (fresh optimizer, step 0): a checkpoint dir or one step dir", kind="path")
+    load_full_state_path: str = key("",
+        "start from this full state (params, optimizer, step, data position); ignored when checkpoint_dir has "
+        "one", kind="path")
+    eval_interval: int = key(0,
+        "evaluate every N steps (0 disables); eval loss + perplexity go to every metric output", bounds=(0, None))
+    eval_steps: int = key(10, "eval batches per evaluation (the same batches every time)", bounds=(0, None))
+
+    ray_num_workers: int = key(-1,
+        "Ray Train workers = hosts (TPU VM / GPU node; CPU: processes); -1 → TPU: from tpu_topology, chips "
+        "per host, num_slices; else 2", section="launch: ray")
+    ray_use_tpu: bool = key(False, "one worker per TPU host (ScalingConfig use_tpu)")
+    tpu_topology: str = key("", "TPU slice topology, e.g. 4x4 for v6e-16 (ScalingConfig topology)")
+    tpu_accelerator_type: str = key("", "e.g. TPU-V6E (ScalingConfig accelerator_type)")
+    tpu_chips_per_host: int = key(4, "chips (JAX devices) per TPU host")
+    ray_use_gpu: bool = key(False, "one worker per GPU node")
+    ray_gpus_per_worker: int = key(8, "GPUs per worker when ray_use_gpu")
+    ray_cpus_per_worker: int = key(1, "CPUs reserved per worker (CPU runs)")
+    ray_simulated_devices_per_worker: int = key(2, "CPU runs: XLA host devices per worker process")
+    ray_min_workers: int = key(0,
+        "elastic (1 ≤ this < workers): a group that lost a host restarts on the hosts left (at least this "
+        "many), the same global batch through more gradient accumulation; 0: fixed size", bounds=(0, None))
+    elastic_wait_seconds: int = key(60,
+        "elastic: how long a restart waits for the full group before it starts on fewer hosts", bounds=(1, None))
+
+    preemption_signals: str = key("SIGTERM,SIGUSR1",
+        'comma-separated signals that mean "save at the next safe point, exit 0, requeue me"', section="resilience")
+    preemption_grace_seconds: int = key(120, "after a preemption signal, give up saving and exit after this long",
+        bounds=(0, None))
+    max_time: str = key("", 'D:HH:MM:SS wall-clock budget; save and exit cleanly before it runs out ("" → none)')
+    resilience_sync_period: int = key(1, "steps between the cross-host votes (stop flags, straggler medians)",
+        bounds=(1, None))
+    watchdog: bool = key(True, "hang watchdog: stacks of all threads to the log, exit code 75 on a hang")
+    watchdog_initial_timeout: int = key(1800,
+        "seconds allowed to setup and to the first (compiling) step/eval/checkpoint", bounds=(0, None))
+    watchdog_factor: float = key(5.0, "later timeouts = this × the longest interval seen for that section",
+        bounds=(1, None))
+    watchdog_min_timeout: int = key(60, "never time a section out sooner than this (seconds)", bounds=(0, None))
+    run_lease_seconds: int = key(120,
+        "one writer per run directory: the primary holds {run_dir}/lease.json, renewed every this/4 s; a "
+        "second launch is refused, a lease this stale (or of a dead process on this host, or of an earlier "
+        "attempt of the same Slurm/Ray job) is taken over; 0 = no lease", bounds=(0, None))
+    max_restarts: int = key(3,
+        "THE restart budget: restarts after a failure (crash, hang, straggler, failed save) before the job "
+        "fails; Ray: FailureConfig(max_failures), Slurm: requeues; -1 = unlimited; preemptions are not "
+        "counted", bounds=(-1, None))
+    straggler_report_interval: float = key(300.0,
+        "seconds between straggler reports (per-process step-time medians gathered)")
+    straggler_threshold: float = key(0.7,
+        "a process whose relative or individual score is below this is a straggler", bounds=(0, 1))
+    stop_if_straggler: bool = key(False,
+        "stop the job (exit 76) when a straggler is reported, so the launcher replaces it")
+    inmemory_snapshot_period: int = key(0, "steps between in-memory (checkpointless) snapshots; 0 disables",
+        bounds=(0, None))
+    inmemory_snapshot_max_bytes: int = key(0,
+        "memory the snapshots (own + peer replica) may use per host; 0 → 1/4 of host RAM", bounds=(0, None))
+    inmemory_snapshot_keeper: str = key("auto",
+        "where snapshots live outside the training processes: auto | shm | ray", choices=("auto", "shm", "ray"))
+    spike_max_rollbacks: int = key(3,
+        "a non-finite (or spiked) loss rolls back to the newest snapshot/checkpoint before it and skips the "
+        "data since; stop after this many (0: stop at once)", bounds=(0, None))
+    spike_factor: float = key(0.0,
+        "also roll back when the loss stays above this × the median of the last 32 good losses (0: non-finite "
+        "only; 2–4 is usual)", bounds=(0, None))
+    spike_patience: int = key(3, "... for this many steps in a row", bounds=(1, None))
+    fault_type: str = key("",
+        "fault injection for tests/demos: crash | hang | slow | starve | sigterm | crash_in_snapshot | "
+        "crash_in_checkpoint | nan (that step's batch gives a non-finite loss) | pause",
+        choices=("", "crash", "hang", "slow", "starve", "sigterm", "crash_in_snapshot", "crash_in_checkpoint", "nan",
+                 "pause"))
+    fault_step: int = key(-1, "step at which the fault fires (once per run directory)")
+    fault_process: int = key(0, "process index the fault fires on")
+    fault_slowdown_factor: float = key(3.0,
+        "slow: that process's step work takes this many times longer from fault_step on", bounds=(1, None))
+    fault_pause_seconds: float = key(10.0,
+        "pause: that process sleeps this long once, after dispatching step fault_step", bounds=(0, None))
+
+    train_objective: str = key("lm",
+        "lm (next-token loss: pre-training, SFT) | dpo (dataset_type=preference) | grpo "
+        "(dataset_type=prompts)", section="alignment: DPO and GRPO after SFT (docs/alignment.md)",
+        choices=("lm", "dpo", "grpo"))
+    alignment_sft_steps: int = key(0,
+        "dpo/grpo: first train this many steps with the lm loss on the data's reference answers (chosen / "
+        "answer); their end is the reference policy", bounds=(0, None))
+    alignment_sft_learning_rate: float = key(0.0,
+        "dpo/grpo: the warm-up's constant learning rate (0: the run's schedule); the objective's schedule "
+        "then spans the steps left", bounds=(0, None))
+    dpo_beta: float = key(0.1, "dpo: β, how far the policy may move from the reference", bounds=(0, None))
+    dpo_label_smoothing: float = key(0.0,
+        "dpo: ε of conservative DPO (the share of pairs assumed mislabelled), in [0, 0.5)", bounds=(0, 0.499))
+    dpo_precompute_reference: bool = key(False,
+        "dpo: the reference's log-probs computed once before step 0 (saved in the run dir) instead of keeping "
+        "a reference copy of the weights; needs alignment_sft_steps=0")
+    grpo_num_generations: int = key(8, "grpo: completions sampled per prompt (G); rows per step = prompts × G",
+        positive=True)
+    grpo_max_new_tokens: int = key(16,
+        "grpo: tokens sampled per completion; prompts get max_target_length minus this", positive=True)
+    grpo_temperature: float = key(1.0, "grpo: sampling temperature (> 0)", positive=True)
+    grpo_beta: float = key(0.04, "grpo: weight of the KL penalty to the reference", bounds=(0, None))
+    grpo_epsilon: float = key(0.2, "grpo: ratio clipping, clip(ρ, 1 − ε, 1 + ε)", bounds=(0, None))
+    grpo_iterations: int = key(1,
+        "grpo: updates per batch of completions (μ); > 1 uses the sampling policy's log-probs for ρ", positive=True)
+    reward_functions: tuple[str, ...] = key((),
+        'grpo: "package.module:function" each; e.g. maxlite.objectives.rewards:exact_answer')
+    reward_weights: tuple[float, ...] = key((), "grpo: one weight per reward function ([] = 1 each)")
+
+    lora_rank: int = key(0,
+        "adapter rank r; 0 = off (full fine-tuning)",
+        section="LoRA: low-rank adapters, base weights frozen (docs/lora.md)", bounds=(0, None))
+    lora_alpha: float = key(16.0, "the update is (lora_alpha / lora_rank) · x A B")
+    lora_dropout: float = key(0.0, "dropout on the adapters' input while training (PEFT's), in [0, 1)")
+    lora_targets: tuple[str, ...] = key(("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        "HF / PEFT module names",
+        choices=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+
+    sample_prompts: tuple[str, ...] = key((),
+        "prompts to continue at the end of a finished run (and every sample_every_steps); [] = none; sft: "
+        "user turns in the chat template",
+        section="sampling: continuations from the model being trained (KV-cache decode; python -m maxlite.generate)")
+    sample_every_steps: int = key(0, "also sample every N steps (0: only at the end)", bounds=(0, None))
+    sample_max_new_tokens: int = key(32, "new tokens per prompt", bounds=(1, None))
+    sample_temperature: float = key(0.0, "0: greedy; else softmax(logits / temperature)", bounds=(0, None))
+    sample_top_k: int = key(0, "sample among the k most likely tokens (0: all)", bounds=(0, None))
+
+
+FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Keys)}
+
+
+def keys_of(kind: str) -> tuple[str, ...]:
+    """The keys whose values are of `kind` (KINDS)."""
+    return tuple(name for name, f in FIELDS.items() if f.metadata["kind"] == kind)
+
+
+# ---- base.yml, written from the schema ----
+
+_HEADER = """\
+# maxlite base config: every key, its default, one line on what it does.
+# Override with `python -m maxlite.train base.yml key=value ...` or a YAML that says `base_config: base.yml`.
+# Precedence (low → high): this file, models/<model_name>.yml, your YAML, key=value on the command line.
+# Written from maxlite/schema.py by `python -m maxlite.schema`: a key is declared (and changed) there.
+"""
+_PLAIN = re.compile(r"[A-Za-z_][\w.-]*")  # a list item written unquoted (when YAML reads it back as itself)
+
+
+def yaml_value(value: Any) -> str:
+    """A default as base.yml writes it: what yaml.safe_load reads back to the same value."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value and abs(value) < 1e-3:
+        # YAML 1.1 reads 1e-05 as a string: write the mantissa with a point (1.0e-05)
+        digits = next(p for p in range(1, 18) if float(f"{value:.{p}e}") == value)
+        return f"{value:.{digits}e}"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, tuple):
+        items = [x if isinstance(x, str) and _PLAIN.fullmatch(x) and yaml.safe_load(x) == x
+                 else yaml_value(x) for x in value]
+        return "[" + ", ".join(items) + "]"
+    return json.dumps(value, ensure_ascii=False)
+
+
+def render() -> str:
+    """base.yml's text: the header, then each section's keys with their default and doc."""
+    out = [_HEADER]
+    for name, f in FIELDS.items():
+        if f.metadata["section"]:
+            out.append(f"\n# ---- {f.metadata['section']} ----\n")
+        line = f"{name}: {yaml_value(f.default)}"
+        out.append(f"{line.ljust(max(34, len(line) + 2))}# {f.metadata['doc']}\n")
+    return "".join(out)
+
+
+def main(argv: list[str]) -> int:
+    """`python -m maxlite.schema`: rewrite base.yml from the schema; `--check`: exit 1 if it differs."""
+    text = render()
+    if "--check" in argv:
+        same = BASE_YML.read_text() == text
+        print(f"{BASE_YML}: {'up to date' if same else 'differs from maxlite/schema.py: run python -m maxlite.schema'}")
+        return 0 if same else 1
+    BASE_YML.write_text(text)
+    print(f"wrote {BASE_YML} ({len(FIELDS)} keys)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
