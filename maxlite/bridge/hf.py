@@ -221,7 +221,7 @@ def _checkpoints():
 
 @cli.entry_point(ValueError, FileNotFoundError)  # ConfigError is a ValueError
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m maxlite.bridge.hf", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m maxlite.bridge.hf", description=" ".join(__doc__.split("\n\n")[0].split()))
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("export", help="maxlite checkpoint → Hugging Face directory (the family's architecture)")
     ex.add_argument("checkpoint")
@@ -235,7 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     pe.add_argument("out_dir")
     pe.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
     pe.add_argument("--base-model", default="", help="base_model_name_or_path for adapter_config.json")
-    im = sub.add_parser("import", help="Hugging Face Llama/Mistral/Qwen2/Qwen3/Gemma 3/GPT-2 directory → maxlite checkpoint")
+    im = sub.add_parser("import", help="Hugging Face Llama/Mistral/Qwen2/Qwen3/Gemma 3/GPT-2/Mixtral/Qwen3-MoE "
+                        "directory → maxlite checkpoint")
     im.add_argument("hf_dir")
     im.add_argument("checkpoint")
     im.add_argument("recipe", nargs="*", help="[RECIPE.yml] [key=value ...] training keys to store")
