@@ -6,8 +6,9 @@
   parser accepts its flags (stopped right after parsing, nothing runs), and recipe arguments are
   `[recipe.yml] key=value` with known keys;
 - every results JSON a page names exists and records the `command` that produced it, and every
-  measured figure (a number with a unit in a paragraph that says it was measured, or in a table of
-  such numbers) sits in a paragraph or table that names one;
+  measured figure (a number with a unit in a paragraph that says it was measured or states a speed,
+  or in a table of such numbers) sits in a paragraph or table that names one, or says it is
+  historical;
 - the docs' own command sequences (docs/data.md top to bottom, then docs/lora.md) never land two
   recipes that cannot share a run in one run directory (maxlite/run_identity.py).
 """
@@ -35,10 +36,6 @@ KEYS = {f.name for f in dataclasses.fields(C.Config)}
 RESULTS = ROOT / "benchmarks" / "results"
 # modules whose arguments are all a recipe: `[recipe.yml] key=value ...`
 RECIPE_MODULES = ("maxlite.train", "ray_entry.train")
-
-
-def _text(page: pathlib.Path) -> str:
-    return page.read_text()
 
 
 def _code_blocks(text: str) -> list[tuple[str, str]]:
@@ -100,7 +97,7 @@ def _commands(text: str) -> list[list[str]]:
     return found
 
 
-def _check_recipe(args: list[str], where: str) -> None:
+def _check_recipe(args: list[str]) -> None:
     # RECIPE, key=value: a page's placeholders for any recipe and any key
     args = [a for a in args if not a.startswith(("-", "key=")) and not re.fullmatch(r"[A-Z][A-Z_]*", a)]
     path, cli = C.parse_cli(args)
@@ -131,14 +128,14 @@ def _parses(module: str, args: list[str], where: str) -> str | None:
     """None when the command parses, else what is wrong."""
     try:
         if module in RECIPE_MODULES:
-            _check_recipe(args, where)
+            _check_recipe(args)
             return None
         try:
             code = _main_of(module)(args)
         except _Parsed as parsed:
             recipe = getattr(parsed.namespace, "recipe", None) or getattr(parsed.namespace, "recipe_args", None)
             if recipe:
-                _check_recipe(list(recipe), where)
+                _check_recipe(list(recipe))
             return None
         except SystemExit as e:
             return f"{where}: does not parse (exit {e.code})"
@@ -161,7 +158,7 @@ def _main_of(module: str):
 def test_every_command_line_in_the_docs_parses(parse_only, capsys):
     seen, bad = 0, []
     for page in PAGES:
-        for command in _commands(_text(page)):
+        for command in _commands(page.read_text()):
             bad.append(_parses(command[0], command[1:], f"{page.name}: python -m {shlex.join(command)}"))
             seen += 1
     capsys.readouterr()
@@ -178,7 +175,7 @@ FOREIGN = {"key": "any key", "gated_linear_unit": "Megatron/NeMo", "activation_f
 def test_every_key_shown_is_a_config_key():
     bad = []
     for page in PAGES:
-        text = _text(page)
+        text = page.read_text()
         for command in _commands(text):
             if command[0] in RECIPE_MODULES or command[0] in ("maxlite.plan", "maxlite.launch", "maxlite.bridge.nemo"):
                 bad += [f"{page.name}: {k}= in `{' '.join(command)[:80]}`"
@@ -205,6 +202,7 @@ UNIT = r"(?:ms|s|min|h|GB|GiB|MB|MiB|TB|TiB|KiB|tokens/s|tok/s|%|TFLOP/s|GB/s|MB
 # a number with a unit, or a ratio (`2.6×`; `4 × 8` is a product, not a figure)
 FIGURE = re.compile(r"(?<![\w.=@:/-])\d[\d,]*(?:\.\d+)?(?:\s?" + UNIT + r"(?![\w/])|×(?!\s))")
 MEASURED = re.compile(r"\b(measured|measures|median|benchmark(ed)?|ran at|we ran|took)\b", re.I)
+RATE = re.compile(r"\d\s?(tokens/s|tok/s|TFLOP/s|GB/s|MB/s|MiB/s|GiB/s)")  # a speed is a result wherever it stands
 # figures others publish (MaxText's, a library's own) are quoted with their source, not re-run here
 QUOTED = re.compile(r"\bpublish(es|ed)?\b", re.I)
 CITED = re.compile(r"(?:benchmarks/results/)?([\w.+-]+\.json)")
@@ -229,7 +227,7 @@ def _paragraphs(text: str) -> list[str]:
 def test_every_results_json_named_exists_and_holds_its_command():
     bad = []
     for page in PAGES:
-        for name in sorted(set(re.findall(r"benchmarks/results/[\w.+-]+\.json", _text(page)))):
+        for name in sorted(set(re.findall(r"benchmarks/results/[\w.+-]+\.json", page.read_text()))):
             path = ROOT / name
             if not path.is_file():
                 bad.append(f"{page.name}: {name} does not exist")
@@ -241,10 +239,11 @@ def test_every_results_json_named_exists_and_holds_its_command():
 def test_every_measured_figure_names_its_json():
     bad = []
     for page in PAGES:
-        for para in _paragraphs(_text(page)):
+        for para in _paragraphs(page.read_text()):
             table = any(line.lstrip().startswith("|") for line in para.splitlines())
             figures = FIGURE.findall(re.sub(r"`[^`]*`", "", para))
-            if not figures or not (MEASURED.search(para) or (table and len(figures) >= 4)) or QUOTED.search(para):
+            measured = MEASURED.search(para) or RATE.search(re.sub(r"`[^`]*`", "", para))
+            if not figures or not (measured or (table and len(figures) >= 4)) or QUOTED.search(para):
                 continue
             if not _cites(para) and "historical" not in para.lower():
                 bad.append(f"{page.name}: {para.strip()[:160]!r}")
@@ -252,7 +251,7 @@ def test_every_measured_figure_names_its_json():
 
 
 def _train_commands(page: str) -> list[list[str]]:
-    return [c[1:] for c in _commands(_text(ROOT / "docs" / page)) if c[0] == "maxlite.train"]
+    return [c[1:] for c in _commands((ROOT / "docs" / page).read_text()) if c[0] == "maxlite.train"]
 
 
 def test_the_docs_sequences_never_share_a_run_between_recipes(tmp_path, monkeypatch):
@@ -280,7 +279,7 @@ def test_the_docs_sequences_never_share_a_run_between_recipes(tmp_path, monkeypa
 
 
 def test_the_readme_names_every_module_and_every_page():
-    readme = _text(ROOT / "README.md")
+    readme = (ROOT / "README.md").read_text()
     layout = readme.split("## Layout", 1)[1]
     package = ROOT / "maxlite"
     parts = [f"maxlite/{p.name}" + ("/" if p.is_dir() else "") for p in sorted(package.iterdir())
