@@ -23,7 +23,6 @@ import pathlib
 import re
 from typing import Any
 
-import fsspec
 import yaml
 
 DATA = ("dataset_type", "dataset_path", "data_prefix", "tokenizer_path")
@@ -70,6 +69,8 @@ def differences(saved: dict[str, Any], values: dict[str, Any]) -> list[str]:
 def refusal(run_dir: str, run_name: str, mine: dict[str, Any]) -> str | None:
     """The line refusing a run of the recipe `mine` (config.to_plain_dict) in `run_dir` when the run
     there (its config.yml, written at every start) differs in a key of KEYS; None when it may go on."""
+    import fsspec  # here, not at the top: loading a config (config.py imports this module) stays light
+
     try:
         with fsspec.open(f"{run_dir}/config.yml", "r") as f:
             saved = yaml.safe_load(f.read()) or {}
