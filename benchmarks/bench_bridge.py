@@ -22,6 +22,8 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks._results import write_result  # noqa: E402
+
 OUT = ROOT / "benchmarks" / "results" / "bridge.json"
 MIB = 2**20
 
@@ -114,9 +116,7 @@ def main() -> None:
         r = results[step]
         r["extra_over_largest_tensor"] = r["peak_added_beyond_result_mib"] / r["largest_tensor_mib"]
         r["extra_over_model"] = r["peak_added_beyond_result_mib"] / r["model_mib"]
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
+    write_result(results, OUT)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import shutil
 import statistics
 import sys
@@ -32,6 +33,7 @@ from maxlite.resilience.core import Resilience  # noqa: E402
 from maxlite.resilience.keeper import ShmKeeper  # noqa: E402
 from maxlite.resilience.snapshot import Snapshots  # noqa: E402
 from maxlite.resilience.vote import Vote  # noqa: E402
+from benchmarks._results import write_result  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "resilience.json")
 
@@ -210,9 +212,7 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     out["load_avg_1m_end"] = os.getloadavg()[0]
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    with open(RESULTS, "w") as f:
-        json.dump(out, f, indent=1)
+    write_result(out, pathlib.Path(RESULTS), indent=1)
     print(json.dumps({"speedup_memory_vs_disk": out["recovery"]["speedup_memory_vs_disk"],
                       "hooks_fraction_of_step": out["overhead"]["hooks_fraction_of_step"],
                       "ab_overhead_fraction": out["overhead"]["ab_overhead_fraction"]}))

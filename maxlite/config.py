@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from maxlite import config_checks
+from maxlite import config_checks, run_identity
 from maxlite.models import names
 # The names the rest of maxlite reads as `maxlite.config.X` (one home each: schema, recipe).
 from maxlite.recipe import (CHAT_DATASETS, Config, parse_blend, parse_max_time,  # noqa: F401
@@ -164,23 +164,18 @@ def load(argv: Sequence[str] = (), **overrides: Any) -> Config:
         _check_keys(preset, str(preset_path))
 
     values = {k: f.default for k, f in FIELDS.items()}
+    recipe = values
     for layer, from_cli in ((preset, False), (user, False), (overrides, False), (cli, True)):
+        if layer is overrides:
+            recipe = dict(values)  # the recipe alone: the default run name adds what the command line changes
         for key, value in layer.items():
             values[key] = _coerce(key, value, from_cli)
     if not values["run_name"]:
-        values["run_name"] = default_run_name(path, str(model_name))
+        values["run_name"] = run_identity.default_run_name(path, str(model_name), recipe, values)
     _resolve_paths(values)
     config = Config(**values)
     config_checks.validate(config)
     return config
-
-
-def default_run_name(recipe: str | None, model_name: str) -> str:
-    """The run directory's name when `run_name` is unset: the recipe's and the model's names
-    (`demo_tiny`, `base_llama3.1-8b`), the same on every re-run of the command, so a re-run resumes
-    the run (and a higher `steps` extends it); set run_name for a separate run of the same recipe."""
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", pathlib.Path(recipe).stem) if recipe else "run"
-    return stem if model_name in ("default", stem) else f"{stem}_{model_name}"
 
 
 # Every key that names a file or directory (schema kind `path`, `paths`: comma-separated files,

@@ -209,7 +209,7 @@ def _prompts(args) -> list[str]:
 
 @cli.entry_point(FileNotFoundError)
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m maxlite.generate", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m maxlite.generate", description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("source", help="a run directory, a checkpoint directory or one step of it")
     ap.add_argument("overrides", nargs="*", help="key=value changes to the saved recipe (dtype=float32, ...)")
     which = ap.add_mutually_exclusive_group(required=True)

@@ -48,14 +48,17 @@ class Keys:
     """Every key of the recipe, typed; frozen. Lists are tuples."""
 
     run_name: str = key("",
-        "run directory name under base_output_directory; empty → <recipe>_<model_name> (demo_tiny): a re-run "
-        "of the same command resumes it", section="run")
+        "run directory name under base_output_directory; empty → <recipe>_<model_name> (demo_tiny), plus the "
+        "data source, objective and LoRA the command line changes (base_tiny_text): a re-run of the same command "
+        "resumes it; another recipe's run in the directory is refused", section="run")
     base_output_directory: str = key("runs",
         "local path or gs://bucket/path; everything a run writes goes under {this}/{run_name}/", kind="path")
     steps: int = key(100, "number of optimizer steps to train", positive=True)
     seed: int = key(0, "seed for parameter init and synthetic data", bounds=(0, None))
     log_period: int = key(1, "print the per-step line every N steps", positive=True)
-    enable_tensorboard: bool = key(True, "write TensorBoard event files (no TensorFlow needed)")
+    enable_tensorboard: bool = key(True,
+        "write TensorBoard event files (no TensorFlow needed); local run directories only (gs://: off, said in "
+        "one line)")
     enable_progress_bar: bool = key(True, "show a progress bar when stdout is a terminal")
     check_memory_fit: bool = key(True, "refuse to start when the model + optimizer cannot fit in host memory")
 
@@ -252,7 +255,8 @@ class Keys:
         "costs every shard the same; invisible outside the step")
 
     dataset_type: str = key("synthetic",
-        "synthetic | text | indexed | sft (chat records; docs/sft.md)", section="data",
+        "synthetic | text | indexed | sft (chat records; docs/sft.md) | preference (DPO pairs) | prompts (GRPO; "
+        "docs/alignment.md)", section="data",
         choices=("synthetic", "text", "indexed", "sft", "preference", "prompts"))
     dataset_path: str = key("",
         'text, sft: files, directories or globs, comma-separated (jsonl, json, .gz, .zst, parquet, arrow); "" '

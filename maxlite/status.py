@@ -120,11 +120,13 @@ def format_status(st: dict[str, Any]) -> str:
 
 @cli.entry_point()
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or args[0].startswith("-"):
-        print("usage: python -m maxlite.status RUN_DIR", file=sys.stderr)
-        return 2
-    print(format_status(run_status(C.resolve_path(args[0]))))
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m maxlite.status", description="A run's status: state, step, "
+                                "how it ended and what happens next, from its run directory.")
+    p.add_argument("run_dir", help="the run directory, local or gs:// (e.g. runs/NAME)")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    print(format_status(run_status(C.resolve_path(args.run_dir))))
     return 0
 
 

@@ -127,15 +127,18 @@ def _preflight(cfg: C.Config, built, primary: bool, launcher_keeper: bool):
 
 
 def _hold_the_run(cfg: C.Config, primary: bool, job: tuple[str, str]):
-    """The primary takes the run's lease before anything is written (every process learns whether
-    it did: a refused launch ends everywhere with the same line)."""
+    """The primary checks that the run directory holds no other recipe's run (maxlite/run_identity.py)
+    and takes the run's lease, before anything is written (every process learns whether it did: a
+    refused launch ends everywhere with the same line)."""
     import jax
 
+    from maxlite import run_identity
     from maxlite.checkpoints.saver import gather_json
     from maxlite.lease import Holder, Lease
 
-    lease, refused = None, None
-    if primary and cfg.run_lease_seconds > 0:
+    lease = None
+    refused = run_identity.refusal(cfg.run_dir, cfg.run_name, C.to_plain_dict(cfg)) if primary else None
+    if primary and not refused and cfg.run_lease_seconds > 0:
         lease = Lease(cfg.run_dir, Holder(*job), cfg.run_lease_seconds,
                       log=lambda line: print(line, file=sys.stderr, flush=True))
         try:

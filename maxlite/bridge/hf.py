@@ -230,7 +230,7 @@ def _checkpoints():
 
 @cli.entry_point(ValueError, FileNotFoundError)  # ConfigError is a ValueError
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m maxlite.bridge.hf", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m maxlite.bridge.hf", description=" ".join(__doc__.split("\n\n")[0].split()))
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("export", help="maxlite checkpoint → Hugging Face directory (the family's architecture)")
     ex.add_argument("checkpoint")

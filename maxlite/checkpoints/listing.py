@@ -64,27 +64,33 @@ def _state(r: dict[str, Any]) -> str:
     return "complete" if r["checksums"] else "complete (no checksums: written before them)"
 
 
-USAGE = ("usage: python -m maxlite.checkpoints list PATH          (a checkpoint dir, local or gs://)\n"
-         "       python -m maxlite.checkpoints verify PATH [STEP] (check every array against its checksums)")
+def _parser():
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m maxlite.checkpoints",
+                                description="List a run's checkpoints, or verify them against their checksums.")
+    sub = p.add_subparsers(dest="command", required=True)
+    ls = sub.add_parser("list", help="every step, complete or not (or found corrupt), with NeMo-like names")
+    ls.add_argument("path", help="a checkpoint directory, local or gs:// (e.g. runs/NAME/checkpoints)")
+    ver = sub.add_parser("verify", help="check every array against its checksums; exit 1 when any step is corrupt")
+    ver.add_argument("path", help="a checkpoint directory, local or gs://")
+    ver.add_argument("step", nargs="?", type=int, help="one step (default: every step)")
+    return p
 
 
 @cli.entry_point()
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if not ((len(argv) == 2 and argv[0] in ("list", "verify")) or
-            (len(argv) == 3 and argv[0] == "verify" and argv[2].isdigit())):
-        print(USAGE, file=sys.stderr)
-        return 2
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        if argv[0] == "verify":
-            return _verify(argv[1], int(argv[2]) if len(argv) == 3 else None)
-        rows = list_checkpoints(argv[1])
+        if args.command == "verify":
+            return _verify(args.path, args.step)
+        rows = list_checkpoints(args.path)
     except C.ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 — the storage's own error, as one line
-        raise storage_error(argv[1], e) from None
+        raise storage_error(args.path, e) from None
     if not rows:
-        print(f"no checkpoints in {argv[1]}")
+        print(f"no checkpoints in {args.path}")
     for r in rows:
         print(f"{r['name']:<56} {_human(r['bytes']):>11}  {_state(r)}  [{r['dir']}]")
     return 0

@@ -80,6 +80,9 @@ def make_sinks(cfg, run_dir: str) -> list[Sink]:
         from maxlite.loggers.tensorboard_sink import TensorBoardSink
 
         sinks.append(TensorBoardSink(run_dir))
+    elif cfg.enable_tensorboard:  # the event writer writes local files only: say so rather than skip silently
+        print(f"maxlite: TensorBoard off: {run_dir} is not a local directory (metrics.jsonl and the loggers "
+              f"record every step; enable_tensorboard=false silences this)", flush=True)
     for name in dict.fromkeys(cfg.loggers):  # each once, in order
         sink = guarded(name, lambda name=name: _extra(name, cfg, run_dir))
         if sink is not None:

@@ -1,0 +1,89 @@
+"""Which recipes may share a run directory: THE decision behind the default run name, and behind
+refusing a command that lands in another recipe's run.
+
+A run directory holds one run, and running the same command again resumes it (a larger `steps=`
+extends it). Recipes that cannot continue each other's state must not share one: another data
+source (a saved data position means nothing in other data), another objective, another LoRA
+setting or another model shape (the checkpoint does not fit). So:
+- the default name (`run_name` unset) is `<recipe>_<model>`, plus a part for each of data source,
+  objective and LoRA that the command line changes from the recipe (`base_tiny_text`,
+  `base_tiny_sft_lora16`, `base_tiny_text-3fa9c1` for other files): the same command always gives
+  the same name;
+- a run whose directory already holds a run of a recipe that differs in one of these keys (a
+  model shape changed on the command line, an explicit `run_name`, a path that resolves elsewhere)
+  is refused in one line naming the keys and a `run_name=` to use, before anything is written.
+This module imports no JAX (config.py calls it while loading).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pathlib
+import re
+from typing import Any
+
+import yaml
+
+DATA = ("dataset_type", "dataset_path", "data_prefix", "tokenizer_path")
+OBJECTIVE = ("train_objective",)
+LORA = ("lora_rank", "lora_targets")
+# the keys that change the parameters' tree or shapes (a checkpoint of one does not fit another)
+SHAPE = ("decoder_block", "base_emb_dim", "base_num_decoder_layers", "base_num_query_heads", "base_num_kv_heads",
+         "base_mlp_dim", "head_dim", "vocab_size", "logits_via_embedding", "use_bias", "num_experts",
+         "base_moe_mlp_dim", "shared_experts", "first_num_dense_layers", "interleave_moe_layer_step", "routed_bias")
+KEYS = DATA + OBJECTIVE + LORA + SHAPE
+
+
+def _plain(value: Any) -> Any:
+    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+
+def _digest(values: dict[str, Any], keys: tuple[str, ...]) -> str:
+    text = json.dumps([_plain(values[k]) for k in keys], default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:6]
+
+
+def default_run_name(recipe_path: str | None, model_name: str, recipe: dict[str, Any], values: dict[str, Any]) -> str:
+    """The run directory's name when `run_name` is unset. `recipe`: the keys as the YAML and the
+    model preset give them; `values`: with the command line applied."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", pathlib.Path(recipe_path).stem) if recipe_path else "run"
+    parts = [stem if model_name in ("default", stem) else f"{stem}_{model_name}"]
+    changed = {k for k in DATA + OBJECTIVE + LORA if _plain(values[k]) != _plain(recipe[k])}
+    if changed & set(DATA):
+        files = DATA[1:]
+        parts.append(str(values["dataset_type"]) + (f"-{_digest(values, files)}" if changed & set(files) else ""))
+    if "train_objective" in changed:
+        parts.append(str(values["train_objective"]))
+    if changed & set(LORA):
+        parts.append(f"lora{values['lora_rank']}" + (f"-{_digest(values, ('lora_targets',))}"
+                                                     if "lora_targets" in changed else ""))
+    return "_".join(parts)
+
+
+def differences(saved: dict[str, Any], values: dict[str, Any]) -> list[str]:
+    """The keys of KEYS (those both recipes record) whose values differ."""
+    return [k for k in KEYS if k in saved and k in values and _plain(saved[k]) != _plain(values[k])]
+
+
+def refusal(run_dir: str, run_name: str, mine: dict[str, Any]) -> str | None:
+    """The line refusing a run of the recipe `mine` (config.to_plain_dict) in `run_dir` when the run
+    there (its config.yml, written at every start) differs in a key of KEYS; None when it may go on."""
+    import fsspec  # here, not at the top: loading a config (config.py imports this module) stays light
+
+    try:
+        with fsspec.open(f"{run_dir}/config.yml", "r") as f:
+            saved = yaml.safe_load(f.read()) or {}
+    except FileNotFoundError:
+        return None
+    keys = differences(saved, mine)
+    if not keys:
+        return None
+    shown = ", ".join(f"{k}={_short(saved[k])} there, {_short(mine[k])} here" for k in keys)
+    return (f"{run_dir} holds a run of another recipe ({shown}): this one cannot resume it; pass "
+            f"run_name={run_name}-{_digest(mine, KEYS)} for a run of this recipe (or the earlier values to resume that one)")
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(_plain(value), default=str) if not isinstance(value, str) else (value or '""')
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,71 @@
+"""maxlite/run_identity.py: runs of recipes that cannot share a run never land in one run directory,
+and the same command run again still resumes its own run."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from maxlite import config as C
+from maxlite.train import train
+from tests import helpers
+
+SMALL = [*helpers.SMALL, "checkpoint_period=2"]
+
+
+def _status(run_dir: str) -> dict:
+    with open(f"{run_dir}/status.json") as f:
+        return json.load(f)
+
+
+def test_a_new_users_session_in_an_empty_directory(tmp_path, monkeypatch):
+    """Synthetic data, then the same command with text data (before: it resumed the synthetic run
+    and died in the data iterator's set_state), then a changed model shape under the first run's
+    name (refused in one line, nothing written), then the first command for longer (resumes)."""
+    monkeypatch.chdir(tmp_path)
+    first = [*SMALL, "steps=2"]
+    assert train(C.load(first))["exit_code"] == 0
+    synthetic = C.load(first).run_dir
+    assert synthetic == str(tmp_path / "runs" / "base_tiny")
+
+    text = [*SMALL, "dataset_type=text", "vocab_size=4096", "steps=2"]
+    assert C.load(text).run_dir != synthetic  # another data source: another run
+    assert train(C.load(text))["exit_code"] == 0
+    assert _status(C.load(text).run_dir)["resumed_from"]["source"] == "fresh"
+
+    before = {name: os.path.getmtime(os.path.join(synthetic, name)) for name in os.listdir(synthetic)}
+    deeper = [*first, "base_num_decoder_layers=3", "run_name=base_tiny"]
+    with pytest.raises(C.ConfigError) as refused:
+        train(C.load(deeper))
+    line = str(refused.value)
+    assert "\n" not in line and "base_num_decoder_layers=2 there, 3 here" in line and "run_name=base_tiny-" in line
+    assert {name: os.path.getmtime(os.path.join(synthetic, name)) for name in os.listdir(synthetic)} == before
+
+    suggested = line.split("run_name=")[1].split()[0]
+    assert C.load([*deeper[:-1], f"run_name={suggested}"]).run_dir != synthetic
+
+    assert train(C.load([*SMALL, "steps=3"]))["exit_code"] == 0  # the first command, longer: it goes on
+    resumed = _status(synthetic)["resumed_from"]
+    assert (resumed["source"], resumed["step"]) == ("checkpoint", 2)
+
+
+@pytest.mark.parametrize("argv, name", [
+    ([], "base_tiny"),
+    (["dataset_type=synthetic"], "base_tiny"),  # the recipe's own value changes nothing
+    (["steps=7", "learning_rate=1e-4"], "base_tiny"),  # a run may change these and go on
+    (["dataset_type=text"], "base_tiny_text"),
+    (["dataset_type=sft", "lora_rank=16"], "base_tiny_sft_lora16"),
+    (["dataset_type=preference", "train_objective=dpo"], "base_tiny_preference_dpo"),
+])
+def test_the_default_name_tells_data_objective_and_lora_apart(argv, name):
+    assert C.load(["base.yml", "model_name=tiny", *argv]).run_name == name
+
+
+def test_other_files_get_another_name_the_same_files_the_same():
+    one = C.load(["base.yml", "model_name=tiny", "dataset_type=text", "dataset_path=a.jsonl"]).run_name
+    assert one.startswith("base_tiny_text-") and one != "base_tiny_text"
+    assert C.load(["base.yml", "model_name=tiny", "dataset_type=text", "dataset_path=a.jsonl"]).run_name == one
+    assert C.load(["base.yml", "model_name=tiny", "dataset_type=text", "dataset_path=b.jsonl"]).run_name != one
+    assert C.load(["demo.yml"]).run_name == "demo_tiny"  # a recipe that sets its data names it already
