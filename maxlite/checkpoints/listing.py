@@ -1,5 +1,6 @@
-"""`python -m maxlite.checkpoints list PATH`: every step, complete or not (or found corrupt), with
-NeMo-like names; `verify PATH [STEP]` (verify.py) checks steps against their checksums."""
+"""`python -m maxlite.checkpoints list PATH`: every step, complete or not (or found corrupt, or kept
+aside), with NeMo-like names; `verify PATH [STEP]` (verify.py) checks steps against their
+checksums; `remove-corrupt PATH` deletes the steps a resume kept aside."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from maxlite import cli, config as C
 from maxlite.checkpoints import checksums
-from maxlite.checkpoints.layout import TMP_STEP, complete_steps, read_meta
+from maxlite.checkpoints.layout import ASIDE_STEP, TMP_STEP, aside_steps, complete_steps, read_meta
 from maxlite.checkpoints.storage import fs_of, storage_error
 
 
@@ -29,10 +30,14 @@ def list_checkpoints(path: str) -> list[dict[str, Any]]:
     rows = []
     for entry in fs.ls(path, detail=False):
         name = entry.rstrip("/").rsplit("/", 1)[-1]
-        tmp = TMP_STEP.match(name)
-        if not (name.isdigit() or tmp):
+        tmp, aside = TMP_STEP.match(name), ASIDE_STEP.match(name)
+        if not (name.isdigit() or tmp or aside):
             continue
-        step = int(tmp.group(1) if tmp else name)
+        step = int(tmp.group(1) if tmp else aside.group(1) if aside else name)
+        if aside:  # renamed by a resume that found it corrupt: kept, never restored
+            rows.append({"step": step, "name": name, "dir": name, "bytes": fs.du(entry), "complete": False,
+                         "corrupt": checksums.marker(path, name), "aside": True, "checksums": False})
+            continue
         ok = bool(not tmp and step in complete)
         corrupt = checksums.marker(path, step) if ok else None
         try:
@@ -55,6 +60,8 @@ def _human(n: float) -> str:
 
 
 def _state(r: dict[str, Any]) -> str:
+    if r.get("aside"):
+        return "KEPT ASIDE (found corrupt on resume, never restored; remove-corrupt deletes it)"
     if not r["complete"]:
         return "INCOMPLETE (ignored; removed at the next start)"
     if r["corrupt"] is not None:
@@ -65,19 +72,22 @@ def _state(r: dict[str, Any]) -> str:
 
 
 USAGE = ("usage: python -m maxlite.checkpoints list PATH          (a checkpoint dir, local or gs://)\n"
-         "       python -m maxlite.checkpoints verify PATH [STEP] (check every array against its checksums)")
+         "       python -m maxlite.checkpoints verify PATH [STEP] (check every array against its checksums)\n"
+         "       python -m maxlite.checkpoints remove-corrupt PATH (delete the steps kept aside as corrupt)")
 
 
 @cli.entry_point()
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not ((len(argv) == 2 and argv[0] in ("list", "verify")) or
+    if not ((len(argv) == 2 and argv[0] in ("list", "verify", "remove-corrupt")) or
             (len(argv) == 3 and argv[0] == "verify" and argv[2].isdigit())):
         print(USAGE, file=sys.stderr)
         return 2
     try:
         if argv[0] == "verify":
             return _verify(argv[1], int(argv[2]) if len(argv) == 3 else None)
+        if argv[0] == "remove-corrupt":
+            return _remove_corrupt(C.resolve_path(argv[1]).rstrip("/"))
         rows = list_checkpoints(argv[1])
     except C.ConfigError:
         raise
@@ -87,6 +97,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no checkpoints in {argv[1]}")
     for r in rows:
         print(f"{r['name']:<56} {_human(r['bytes']):>11}  {_state(r)}  [{r['dir']}]")
+    return 0
+
+
+def _remove_corrupt(path: str) -> int:
+    fs = fs_of(path)
+    names = aside_steps(path)
+    for name in names:
+        fs.rm(f"{path}/{name}", recursive=True)
+        print(f"removed {path}/{name}")
+    if not names:
+        print(f"no steps kept aside in {path}")
     return 0
 
 
