@@ -234,7 +234,8 @@ def _loop(run: _Run, res, on_metrics) -> tuple[Any, str | None]:
                 res.step_begin(step)
                 with res.data_wait():
                     local = next(run.batches)
-                local = res.faults.corrupt(step + 1, local)  # tests' injected bad batch
+                if run.objective.data_rows(step) is not None:  # the rows it trains on (else its own)
+                    local = res.train_rows(step + 1, local, run.objective.data_rows(step))
                 batch = mesh_lib.global_batch(local, run.batch_sharding)
                 run.state, metrics = run.objective(run.state, batch, step, res)  # step number `step`
                 verdict = _read(run, res, pending, on_metrics) if pending is not None else None

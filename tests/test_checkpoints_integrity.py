@@ -241,3 +241,12 @@ def test_a_checkpoint_is_read_twice_before_it_is_called_corrupt(tmp_path, monkey
     c.close()
     assert calls == [2, 2] and ck.complete_steps(saver.path) == [1, 2] and not ck.checksums.marked(saver.path)
     assert all(np.array_equal(a, b) for a, b in zip(_host(restored), _host(state)))
+
+
+def test_a_corrupt_marker_that_cannot_be_written_is_said(tmp_path, capsys):
+    """The marker is best effort (the storage may refuse it); a refusal is said, not swallowed."""
+    err = ck.CheckpointCorrupt(f"{tmp_path}/7", ["params/w"])
+    ck.checksums.mark(str(tmp_path), 7, err, by="resume")  # no step 7 here: the write fails
+    line = capsys.readouterr().err.strip()
+    assert line.startswith(f"maxlite: warning: could not mark checkpoint step 7 in {tmp_path} corrupt")
+    assert ck.checksums.marker(str(tmp_path), 7) is None
