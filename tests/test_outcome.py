@@ -79,4 +79,12 @@ def test_a_kill_is_a_restart_unless_a_launcher_knows_it_was_for_memory():
 
     monitor = ray.exceptions.OutOfMemoryError("Task was killed due to the node running low on memory.")
     assert ray_trainer._killed_for_memory(Failed({1: monitor}))
+    wrapped = RuntimeError("the worker's task failed")  # Ray wraps the monitor's error in its own
+    wrapped.__cause__ = monitor
+    assert ray_trainer._killed_for_memory(Failed({1: wrapped}))
     assert not ray_trainer._killed_for_memory(Failed({1: RuntimeError("maxlite: training stopped with exit code 75")}))
+    # Ray's text for any worker that died lists the OOM killer among the common causes: a crash
+    died = RuntimeError("The actor is dead because its worker process has died. Some common causes include: (1) "
+                        "the process was killed by the OOM killer due to high memory usage, (2) ray stop --force was "
+                        "called, or (3) the worker crashed unexpectedly due to SIGSEGV")
+    assert not ray_trainer._killed_for_memory(Failed({0: died}))
