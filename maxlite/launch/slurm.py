@@ -24,7 +24,6 @@ import sys
 from maxlite import config as C
 from maxlite.launch import experiment
 from maxlite.launch.experiment import LaunchError
-from maxlite import outcome
 
 PROJECT_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
