@@ -2,8 +2,10 @@
 tokenizer, bridge, checkpoints, launch, status, generate ...).
 
 A user's mistake — a `ConfigError`, or an error type the command names as the user's — becomes one
-line `maxlite: error: <first line of the message>` on stderr and exit code 2; anything else is a
-bug and keeps its traceback.
+line `maxlite: error: <first line of the message>` on stderr and exit code 2 (never retried); a
+passing condition (`outcome.TransientError`: a live writer holds the run, a staged copy failed its
+check) one line and exit `outcome.TRANSIENT` (launchers retry it); anything else is a bug and keeps
+its traceback.
 
     @cli.entry_point(LaunchError)
     def main(argv=None) -> int: ...
@@ -16,7 +18,7 @@ import sys
 from typing import Callable, Sequence
 
 from maxlite.config import ConfigError
-from maxlite.outcome import CONFIG_ERROR  # launchers never retry it
+from maxlite.outcome import CONFIG_ERROR, TRANSIENT, TransientError  # never retried; retried
 
 
 def error_line(e: BaseException) -> str:
@@ -36,5 +38,8 @@ def entry_point(*user_errors: type[BaseException]):
             except caught as e:
                 print(f"maxlite: error: {error_line(e)}", file=sys.stderr, flush=True)
                 return CONFIG_ERROR
+            except TransientError as e:
+                print(f"maxlite: error: {error_line(e)}", file=sys.stderr, flush=True)
+                return TRANSIENT
         return run
     return wrap

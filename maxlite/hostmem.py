@@ -114,11 +114,8 @@ def cgroup(proc: str = "/proc") -> Memory | None:
     return best
 
 
-def oom_counter(proc: str = "/proc") -> tuple[str, int] | None:
-    """(the file that counts this process's cgroup's out-of-memory kills, its count now), or None:
-    v2 `memory.events` (its `oom_kill` counts the cgroup's descendants too), v1
-    `memory.oom_control`. Whoever finds the process gone compares the count (maxlite/lease.py
-    records it when the run starts; `maxlite.status` reads it)."""
+def _memory_cgroups(proc: str):
+    """(cgroup version, this process's memory cgroup and its ancestors, innermost first)."""
     v1_path = v2_path = None
     for line in (_read(f"{proc}/self/cgroup") or "").splitlines():
         parts = line.split(":", 2)
@@ -128,14 +125,38 @@ def oom_counter(proc: str = "/proc") -> tuple[str, int] | None:
             v1_path = parts[2]
     for fstype, mount_root, mount_point, options in _mounts(proc):
         if fstype == "cgroup" and v1_path is not None and "memory" in options.split(","):
-            path = os.path.join(_levels(mount_root, mount_point, v1_path)[0], "memory.oom_control")
+            yield "v1", _levels(mount_root, mount_point, v1_path)
         elif fstype == "cgroup2" and v2_path is not None and v1_path is None:
-            path = os.path.join(_levels(mount_root, mount_point, v2_path)[0], "memory.events")
-        else:
-            continue
+            yield "v2", _levels(mount_root, mount_point, v2_path)
+
+
+_COUNTER = {"v1": "memory.oom_control", "v2": "memory.events"}
+
+
+def oom_counter(proc: str = "/proc") -> tuple[str, int] | None:
+    """(the file that counts this process's cgroup's out-of-memory kills, its count now), or None:
+    v2 `memory.events` (its `oom_kill` counts the cgroup's descendants too), v1
+    `memory.oom_control`. Whoever finds the process gone compares the count (maxlite/lease.py
+    records it when the run starts; `maxlite.status` reads it)."""
+    for version, levels in _memory_cgroups(proc):
+        path = os.path.join(levels[0], _COUNTER[version])
         if _read(path) is not None:
             return path, oom_kills(path)
     return None
+
+
+def job_oom_kills(proc: str = "/proc") -> int:
+    """Out-of-memory kills in this process's Slurm job cgroup (`job_<id>`, the parent of the batch
+    shell's `step_batch`; the job's steps run beside it), 0 outside one: v2 memory.events counts
+    the descendants' kills too; v1 counts each cgroup's own, summed here over the job's."""
+    for version, levels in _memory_cgroups(proc):
+        if len(levels) < 2 or not os.path.basename(levels[1]).startswith("job_"):
+            continue
+        if version == "v2":
+            return oom_kills(os.path.join(levels[1], _COUNTER["v2"]))
+        return sum(oom_kills(os.path.join(d, _COUNTER["v1"])) for d, _, files in os.walk(levels[1])
+                   if _COUNTER["v1"] in files)
+    return 0
 
 
 def oom_kills(path: str) -> int:

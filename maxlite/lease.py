@@ -26,7 +26,8 @@ import time
 import uuid
 from typing import Any, Callable
 
-from maxlite import config as C
+from maxlite.outcome import TransientError
+from maxlite.rundir import make_dir
 
 FILE = "lease.json"
 
@@ -208,22 +209,23 @@ class Lease:
         self._thread: threading.Thread | None = None
 
     def acquire(self) -> None:
-        """Hold the lease, or raise ConfigError naming its holder."""
+        """Hold the lease, or raise TransientError naming its holder (a live writer passes: wait, or
+        run again)."""
         if "://" not in self.path:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            make_dir(os.path.dirname(self.path))
         with self.store.locked():
             held, generation = self.store.read()
             now = self.now()
             if held is not None:
                 why = takeover_reason(held, self.me, self.timeout, now) if held else "its file is unreadable"
                 if why is None:
-                    raise C.ConfigError(f"run directory {os.path.dirname(self.path)} is in use by "
+                    raise TransientError(f"run directory {os.path.dirname(self.path)} is in use by "
                                         f"{describe(held, now)}: one writer per run; stop it, wait "
                                         f"{self.timeout:g} s after it is gone, or pick another run_name")
                 self.took_over = {**held, "why": why}
             if not self.store.write(self.me.record(now), generation if held is not None else 0):
-                raise C.ConfigError(f"run directory {os.path.dirname(self.path)}: another launch took the "
-                                    f"lease at the same moment; one writer per run")
+                raise TransientError(f"run directory {os.path.dirname(self.path)}: another launch took the "
+                                     f"lease at the same moment; one writer per run: run again")
             self._mine = getattr(self.store, "generation", None)
         if self.took_over:
             self.log(f"maxlite: took over the run's lease from {describe(self.took_over, now)}: "
@@ -265,3 +267,13 @@ class Lease:
             held, generation = self.store.read()
             if held and held.get("token") == self.me.token:
                 self.store.delete(self._mine if self._mine is not None else generation)
+
+
+def job_identity() -> tuple[str, str]:
+    """(the job, the launcher in words) of this trainer, from the environment a launcher sets: in a
+    Slurm job, a requeued attempt of the same job takes the run's lease over from its predecessor;
+    outside one, a plain launch."""
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        return "", "python -m maxlite.train"
+    return f"slurm:{job_id}", f"Slurm job {job_id} attempt {os.environ.get('SLURM_RESTART_COUNT', '0')}"

@@ -2,18 +2,18 @@
 
 `decide(reason=..., error=..., lost_saves=...)` is THE map. The loop's end, a failure, the hang
 watchdog, the Ray worker and `main` all call it; status.json records its answer (`exit_code`,
-`state`, `next`, `reason`), and every launcher follows `next`:
+`state`, `next`, `reason`), and maxlite.policy turns `next` into what a launcher does against the
+run's restart count:
 
     done      finished, stopped at its own time budget (max_time), or stopped by the user: nothing to do
     requeue   preempted (a signal or a drain) and saved: start again from that checkpoint, uncounted
-    restart   a failure a new attempt can get past (crash, hang, straggler, failed save): counted
-              against the one restart budget, `max_restarts` (Ray: FailureConfig(max_failures);
-              Slurm: the batch script's count; both translated from the key by the launchers)
+    restart   a failure a new attempt can get past (crash, hang, straggler, failed save, a passing
+              condition): counted against the run's one restart budget, `max_restarts`
     fail      never retried: the recipe is wrong, or the loss diverged (the same data would diverge
               again)
 
 A launcher that has no status of this attempt (the trainer was killed) has only the exit code:
-`without_status(code)` is the same map read from the code alone.
+`from_code(code)` is the same map read from the code alone.
 
 Importable without JAX (launchers, config, the Slurm script generator use it).
 """
@@ -36,6 +36,7 @@ BAD_STATE = 79  # restored states go bad at their first step and none older is l
 LEASE_LOST = 73  # another launch took the run directory over (EX_CANTCREAT): this one stops writing
 OUT_OF_MEMORY = 137  # killed by the kernel (or Ray's monitor) for memory, as a launcher found out: a
 #                     restart would be killed again. 137 alone (any SIGKILL) is not proof: a restart
+TRANSIENT = 69  # a condition that passes (a live writer's lease, a staged copy that failed its check): retried
 INTERRUPTED = 130  # the user stopped it (Ctrl-C, SIGINT; the shell's 128 + 2): saved first, unless pressed twice
 
 # ---- next actions ----
@@ -56,6 +57,7 @@ _REASONS = {  # reason → (exit code, status state, next)
     "diverged": (DIVERGED, "failed", FAIL),
     "bad_state": (BAD_STATE, "failed", FAIL),
     "crash": (FAILED, "failed", RESTART),
+    "transient": (TRANSIENT, "failed", RESTART),  # worded as such: "run again", "wait"
     "lease_lost": (LEASE_LOST, "failed", FAIL),  # status.json is the new holder's: not written
     "out_of_memory": (OUT_OF_MEMORY, "failed", FAIL),  # decided by a launcher with the evidence
 }
@@ -70,6 +72,11 @@ class LossDiverged(RuntimeError):
 class BadState(RuntimeError):
     """Restored states go bad at their first step, and no rollback to an older one is left (or
     possible): not a diverged run; the run stops with this line."""
+
+
+class TransientError(RuntimeError):
+    """Not the recipe's fault and not lasting (another launch still holds the run's lease; a staged
+    data copy failed its verification): one line, and a new attempt is made (counted)."""
 
 
 class CheckpointSaveError(RuntimeError):
@@ -107,6 +114,8 @@ def reason_of(error: BaseException) -> str:
         return "bad_state"
     if isinstance(error, CheckpointSaveError):
         return "checkpoint_failed"
+    if isinstance(error, TransientError):
+        return "transient"
     if isinstance(error, KeyboardInterrupt):  # Ctrl-C pressed twice: out at once, without a save
         return "interrupted"
     return "crash"
@@ -122,7 +131,7 @@ def decide(reason: str | None = None, error: BaseException | None = None,
     if error is not None:
         reason = reason_of(error)
         first = (str(error).strip().splitlines() or [""])[0]
-        text = (first if reason in ("config", "diverged", "bad_state") else f"{type(error).__name__}: {first}")[:500]
+        text = (first if reason in ("config", "diverged", "bad_state", "transient") else f"{type(error).__name__}: {first}")[:500]
     if lost_saves and reason not in ("config", "diverged", "bad_state"):
         reason = "checkpoint_failed"
         text = text or f"{len(lost_saves)} checkpoint save(s) failed with no complete save after them " \
@@ -135,20 +144,15 @@ def decide(reason: str | None = None, error: BaseException | None = None,
     return Outcome(code, state, action, reason or "", text)
 
 
-def without_status(code: int) -> str:
-    """The next action from an exit code alone (the trainer was killed, or wrote no status)."""
-    for reason, (c, _, action) in _REASONS.items():
-        if c == code and code not in (FINISHED, FAILED, OUT_OF_MEMORY):  # shared codes: their status tells
-            return action
-    return DONE if code == FINISHED else RESTART  # a crash, a kill (negative, or 128+N from a shell)
-
-
-def next_of(code: int, status: dict | None) -> str:
-    """What a launcher does after an attempt: the `next` that attempt's status.json records, else
-    the exit code's."""
-    if status and status.get("next") in ACTIONS and "exit_code" in status:
-        return status["next"]
-    return without_status(code)
+def from_code(code: int) -> Outcome:
+    """How an attempt ended, from its exit code alone (a shell's 128 + N for a signal N; Python's
+    -N): a code that is one reason's own names it; any other is a crash (a restart)."""
+    code = 128 - code if code < 0 else code
+    own = [r for r, (c, _, _) in _REASONS.items() if c == code]
+    reason = own[0] if len(own) == 1 and code not in (FAILED, OUT_OF_MEMORY) else None
+    if reason is None:
+        return decide() if code == FINISHED else Outcome(code, "failed", RESTART, "crash")
+    return decide(reason)
 
 
 def describe(reason: str) -> str:
@@ -158,4 +162,5 @@ def describe(reason: str) -> str:
             "checkpoint_failed": "a checkpoint save failed", "hang": "a hang", "straggler": "a straggler",
             "preempt_timeout": "no safe point within the preemption grace", "crash": "a crash",
             "preempted": "preempted", "max_time": "its max_time budget",
-            "lease_lost": "another launch took the run over", "out_of_memory": "killed for memory"}.get(reason, reason or "finished")
+            "lease_lost": "another launch took the run over", "out_of_memory": "killed for memory",
+            "transient": "a passing condition"}.get(reason, reason or "finished")

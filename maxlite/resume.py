@@ -5,8 +5,8 @@ In order:
    (`inmemory_snapshot_period`) or its latest complete disk checkpoint; memory wins a tie (it is
    faster), the newer step wins otherwise. A checkpoint whose bytes fail their checksums
    (checkpoints/checksums.py) is never restored: it is marked corrupt, said in one line, and the
-   next older state is tried; the corrupt ones newer than where the run starts are deleted (the
-   run saves those steps again);
+   next older state is tried; the corrupt ones newer than where the run starts are kept aside,
+   renamed `<step>.corrupt-<time>` (the run saves those steps again);
 2. `load_full_state_path`: another run's full state (params, optimizer, step, data position);
 3. `load_parameters_path`: weights only, fresh optimizer, step 0;
 4. a fresh sharded init.
@@ -124,8 +124,9 @@ def _own_newest(built, ckpt, memory, at_most: int | None, data_iterator=None, pr
         if c["found_by"] != "resume":
             print_primary(primary, f"maxlite: checkpoint step {c['step']} in {ckpt.path} was found corrupt earlier "
                                    f"({', '.join(c['damaged'][:6]) or c['detail']}; by {c['found_by']}): never restored")
-    if any(s > got.step for s in skip):
-        ckpt.discard_after(got.step, why="they are corrupt; the run saves those steps again")
+    if any(s > got.step for s in skip):  # kept aside, renamed; the run saves those steps again
+        ckpt.set_aside(sorted(s for s in skip if s > got.step and s in complete))
+        ckpt.discard_after(got.step, why="newer than the state the run goes on from")
     return got, (snapshot.data_state if snapshot is not None else None), sorted(skip)
 
 

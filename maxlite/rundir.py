@@ -19,6 +19,16 @@ import fsspec
 from maxlite import config as C
 
 
+def make_dir(path: str) -> None:
+    """Create the run directory (and its parents); a path the user cannot have (a regular file on
+    the way, no permission) is their mistake: one line."""
+    fs, _, _ = fsspec.get_fs_token_paths(path)
+    try:
+        fs.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise C.ConfigError(f"cannot create run directory {path}: {e.strerror or e}") from None
+
+
 def print_primary(primary: bool, line: str, err: bool = False) -> None:
     """A progress line from process 0 only (an error line from every process, to stderr)."""
     if primary or err:
@@ -61,11 +71,7 @@ class RunDir:
         self.sticky: dict[str, Any] = {}  # fields every later status.json of this attempt repeats
         if not primary:
             return
-        fs, _, _ = fsspec.get_fs_token_paths(self.path)
-        try:
-            fs.makedirs(self.path, exist_ok=True)
-        except (PermissionError, OSError) as e:
-            raise C.ConfigError(f"cannot create run directory {self.path}: {e}") from None
+        make_dir(self.path)
         write_text(f"{self.path}/config.yml", C.to_yaml(cfg))
 
     def set_status(self, state: str, outcome=None, **fields: Any) -> None:
@@ -98,6 +104,16 @@ class RunDir:
                 return f.read()
         except FileNotFoundError:
             return None
+
+
+def status_copy() -> Callable[[str], None] | None:
+    """Where a launcher asked for a local copy of every status.json (MAXLITE_EXPERIMENT_DIR, set by
+    the Slurm batch script, which reads it wherever the run directory is, gs:// too): the callable
+    that keeps it; None elsewhere."""
+    launch_dir = os.environ.get("MAXLITE_EXPERIMENT_DIR")
+    if not launch_dir:
+        return None
+    return lambda text: write_text(f"{launch_dir}/run_status.json", text)
 
 
 def read_status(run_dir: str) -> dict[str, Any] | None:

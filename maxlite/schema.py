@@ -362,9 +362,9 @@ class Keys:
         "second launch is refused, a lease this stale (or of a dead process on this host, or of an earlier "
         "attempt of the same Slurm/Ray job) is taken over; 0 = no lease", bounds=(0, None))
     max_restarts: int = key(3,
-        "THE restart budget: restarts after a failure (crash, hang, straggler, failed save) before the job "
-        "fails; Ray: FailureConfig(max_failures), Slurm: requeues; -1 = unlimited; preemptions are not "
-        "counted", bounds=(-1, None))
+        "THE restart budget of the run: restarts after a failure (crash, hang, straggler, failed save) before "
+        "it fails, counted in {run_dir}/restarts.json across requeues and launchers (Ray, Slurm); -1 = "
+        "unlimited; preemptions are not counted", bounds=(-1, None))
     straggler_report_interval: float = key(300.0,
         "seconds between straggler reports (per-process step-time medians gathered)")
     straggler_threshold: float = key(0.7,
@@ -384,18 +384,6 @@ class Keys:
         "also roll back when the loss stays above this × the median of the last 32 good losses (0: non-finite "
         "only; 2–4 is usual)", bounds=(0, None))
     spike_patience: int = key(3, "... for this many steps in a row", bounds=(1, None))
-    fault_type: str = key("",
-        "fault injection for tests/demos: crash | hang | slow | starve | sigterm | crash_in_snapshot | "
-        "crash_in_checkpoint | nan (that step's batch gives a non-finite loss) | pause",
-        choices=("", "crash", "hang", "slow", "starve", "sigterm", "crash_in_snapshot", "crash_in_checkpoint", "nan",
-                 "pause"))
-    fault_step: int = key(-1, "step at which the fault fires (once per run directory)")
-    fault_process: int = key(0, "process index the fault fires on")
-    fault_slowdown_factor: float = key(3.0,
-        "slow: that process's step work takes this many times longer from fault_step on", bounds=(1, None))
-    fault_pause_seconds: float = key(10.0,
-        "pause: that process sleeps this long once, after dispatching step fault_step", bounds=(0, None))
-
     train_objective: str = key("lm",
         "lm (next-token loss: pre-training, SFT) | dpo (dataset_type=preference) | grpo "
         "(dataset_type=prompts)", section="alignment: DPO and GRPO after SFT (docs/alignment.md)",
@@ -442,6 +430,19 @@ class Keys:
     sample_max_new_tokens: int = key(32, "new tokens per prompt", bounds=(1, None))
     sample_temperature: float = key(0.0, "0: greedy; else softmax(logits / temperature)", bounds=(0, None))
     sample_top_k: int = key(0, "sample among the k most likely tokens (0: all)", bounds=(0, None))
+
+    fault_type: str = key("",
+        "fault injection for tests/demos: crash | hang | slow | starve | sigterm | crash_in_snapshot | "
+        "crash_in_checkpoint | nan (the rows that step trains on give a non-finite loss: the data's, or GRPO's "
+        "sampled ones) | pause", section="fault injection, for tests and demos (docs/resilience.md); fires once per run directory",
+        choices=("", "crash", "hang", "slow", "starve", "sigterm", "crash_in_snapshot", "crash_in_checkpoint", "nan",
+                 "pause"))
+    fault_step: int = key(-1, "step at which the fault fires (once per run directory)")
+    fault_process: int = key(0, "process index the fault fires on")
+    fault_slowdown_factor: float = key(3.0,
+        "slow: that process's step work takes this many times longer from fault_step on", bounds=(1, None))
+    fault_pause_seconds: float = key(10.0,
+        "pause: that process sleeps this long once, after dispatching step fault_step", bounds=(0, None))
 
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Keys)}

@@ -143,12 +143,12 @@ def _hold_the_run(cfg: C.Config, primary: bool, job: tuple[str, str]):
                       log=lambda line: print(line, file=sys.stderr, flush=True))
         try:
             lease.acquire()
-        except C.ConfigError as e:
-            refused = str(e)
+        except (C.ConfigError, outcome.TransientError) as e:  # a path under a file; a live writer
+            refused = [type(e).__name__, str(e)]
     if jax.process_count() > 1:
         refused = gather_json(refused)[0]
     if refused:
-        raise C.ConfigError(refused)
+        raise (outcome.TransientError if refused[0] == "TransientError" else C.ConfigError)(refused[1])
     return lease
 
 
@@ -235,7 +235,8 @@ def _loop(run: _Run, res, on_metrics) -> tuple[Any, str | None]:
                 res.step_begin(step)
                 with res.data_wait():
                     local = next(run.batches)
-                local = res.faults.corrupt(step + 1, local)  # tests' injected bad batch
+                if run.objective.data_rows(step) is not None:  # the rows it trains on (else its own)
+                    local = res.train_rows(step + 1, local, run.objective.data_rows(step))
                 batch = mesh_lib.global_batch(local, run.batch_sharding)
                 run.state, metrics = run.objective(run.state, batch, step, res)  # step number `step`
                 verdict = _read(run, res, pending, on_metrics) if pending is not None else None
@@ -372,15 +373,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("usage: python -m maxlite.train [base.yml|your.yml] key=value ...\n"
               "keys, defaults and comments: maxlite/configs/base.yml", file=sys.stderr)
         return 0 if argv else 2
-    from maxlite.launch.slurm import job_identity, status_copy
+    from maxlite.lease import job_identity
     from maxlite.resilience import preemption
+    from maxlite.rundir import status_copy
 
     cfg = C.load(argv)  # a wrong recipe: one line, exit 2 (maxlite/cli.py)
     preemption.catch_outside_the_loop(cfg.preemption_signal_numbers)  # before the loop and after it
     try:
         summary = train(cfg, on_status=status_copy(), job=job_identity())
-    except C.ConfigError:
-        raise
+    except (C.ConfigError, outcome.TransientError):
+        raise  # one line (maxlite/cli.py): exit 2, or TRANSIENT (retried)
     except BaseException as e:  # noqa: BLE001 — status.json already says how the run ended
         end = outcome.decide(error=e)
         if end.reason == "crash" and not _several_processes():

@@ -214,6 +214,7 @@ def test_grpo_run_stopped_and_resumed_ends_at_the_uninterrupted_parameters(tmp_p
     ("dpo", 6, 2, 4, 8),  # the NaN and the rollback inside the warm-up
     ("dpo", 6, 5, 8, 9),  # the NaN after the warm-up, the rollback into it (the issue's command)
     ("grpo", 4, 2, 4, 6),  # the warm-up's last step goes bad: back inside it, then across the boundary
+    ("grpo", 4, 2, 7, 8),  # a GRPO step goes bad (its sampled rows poisoned): back to a GRPO step's state
 ])
 def test_a_rollback_runs_each_step_with_its_own_phase(tmp_path, objective, warm, period, fault, steps):
     """After a loss rollback every step runs the objective of its own number: the SFT warm-up's lm

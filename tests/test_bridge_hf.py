@@ -197,11 +197,29 @@ def test_what_has_no_hf_equivalent_is_refused_in_one_line(tmp_path):
 
 
 def test_import_errors_are_one_line(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no config.json"):
+    with pytest.raises(C.ConfigError, match="no config.json"):
         hf.import_hf(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    with pytest.raises(ValueError, match="model_type='bert' has no maxlite equivalent"):
+    with pytest.raises(C.ConfigError, match="model_type='bert' has no maxlite equivalent"):
         hf.import_hf(str(tmp_path))
+
+
+def test_a_converter_bug_keeps_its_traceback(tmp_path, monkeypatch):
+    """The user's mistakes are one line and exit 2; an error inside the conversion is a bug: it
+    reaches the caller whole (its traceback), not a line that hides where it came from."""
+    from maxlite import checkpoints
+
+    cfg, pure = make("tiny")
+    checkpoints.save_params(str(tmp_path / "ckpt"), cfg, P.to_state(cfg, pure), step=7)
+    assert hf.main(["export", str(tmp_path / "ckpt"), str(tmp_path / "hf")]) == 0
+
+    def bug(*args, **kwargs):
+        raise ValueError("cannot reshape array of size 12 into shape (5,)")  # what a slip in a map raises
+
+    monkeypatch.setattr(hf.hf_convert, "import_params", bug)
+    with pytest.raises(ValueError, match="cannot reshape") as e:
+        hf.main(["import", str(tmp_path / "hf"), str(tmp_path / "back")])
+    assert not isinstance(e.value, C.ConfigError)
 
 
 def test_parse_size():

@@ -128,6 +128,12 @@ def _status(run_dir, name):
         return json.load(f)
 
 
+def _files(step_dir: str) -> dict[str, bytes]:
+    """Every file of a step (its corrupt marker aside): what a step kept aside must still hold."""
+    return {os.path.relpath(os.path.join(d, f), step_dir): open(os.path.join(d, f), "rb").read()
+            for d, _, files in os.walk(step_dir) for f in files if f != ck.checksums.MARKER}
+
+
 def test_resume_passes_over_damaged_checkpoints_to_the_newest_intact_one(run_dir):
     """Three checkpoints; in the newest, a parameter file and an optimizer file have flipped bytes
     and the data item other content; the one before has a truncated file. `verify` names what is
@@ -161,6 +167,7 @@ def test_resume_passes_over_damaged_checkpoints_to_the_newest_intact_one(run_dir
     rows = outs[0].strip().splitlines()
     assert [("CORRUPT" in r) for r in rows] == [False, True, True], outs[0]
 
+    damaged6 = _files(f"{root}/6")
     out = _train(run_dir, "r", "steps=8", "checkpoint_period=2")[0]
     st = _status(run_dir, "r")
     assert st["state"] == "finished" and st["step"] == 8
@@ -173,6 +180,16 @@ def test_resume_passes_over_damaged_checkpoints_to_the_newest_intact_one(run_dir
     assert ck.complete_steps(root) == [2, 4, 6, 8]  # 4 and 6 saved again, intact
     codes, outs = run_module("maxlite.checkpoints", ["verify", root], devices=1)
     assert codes == [0] and outs[0].count(": intact") == 4, outs[0][-2000:]
+    # the damaged ones were kept aside, renamed (the damage could have been in the checksum record
+    # alone): listed as such, with their bytes as they were, and removed only by the command
+    aside = {r["step"]: r for r in ck.list_checkpoints(root) if r.get("aside")}
+    assert aside.keys() == {4, 6} and all(r["corrupt"]["found_by"] == "resume" for r in aside.values())
+    assert _files(f"{root}/{aside[6]['dir']}") == damaged6  # as it was found, byte for byte
+    codes, outs = run_module("maxlite.checkpoints", ["list", root], devices=1)
+    assert sum("KEPT ASIDE" in r for r in outs[0].splitlines()) == 2, outs[0]
+    codes, outs = run_module("maxlite.checkpoints", ["remove-corrupt", root], devices=1)
+    assert codes == [0] and not any(r.get("aside") for r in ck.list_checkpoints(root)), outs[0]
+    assert ck.complete_steps(root) == [2, 4, 6, 8]
 
 
 def test_checkpoints_without_checksums_restore_unverified_and_a_dtype_change_is_checked_as_saved(tmp_path, capsys):
@@ -224,3 +241,12 @@ def test_a_checkpoint_is_read_twice_before_it_is_called_corrupt(tmp_path, monkey
     c.close()
     assert calls == [2, 2] and ck.complete_steps(saver.path) == [1, 2] and not ck.checksums.marked(saver.path)
     assert all(np.array_equal(a, b) for a, b in zip(_host(restored), _host(state)))
+
+
+def test_a_corrupt_marker_that_cannot_be_written_is_said(tmp_path, capsys):
+    """The marker is best effort (the storage may refuse it); a refusal is said, not swallowed."""
+    err = ck.CheckpointCorrupt(f"{tmp_path}/7", ["params/w"])
+    ck.checksums.mark(str(tmp_path), 7, err, by="resume")  # no step 7 here: the write fails
+    line = capsys.readouterr().err.strip()
+    assert line.startswith(f"maxlite: warning: could not mark checkpoint step 7 in {tmp_path} corrupt")
+    assert ck.checksums.marker(str(tmp_path), 7) is None

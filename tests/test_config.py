@@ -217,6 +217,7 @@ BAD_RECIPES = [
     (["dataset_type=text", "vocab_size=1000"], "has 4096 ids but vocab_size=1000", True),
     (["ici_tensor_parallelism=3"], "ici (within a slice)", False),
     (["model_name=llama3.1-405b", "vocab_size=128256"], "GiB", False),  # the host's memory
+    (["base_output_directory={tmp}/A_FILE/runs"], "A_FILE is a file, not a directory", False),  # the job's disk
 ]
 
 
@@ -240,7 +241,9 @@ def test_every_launcher_refuses_a_bad_recipe_before_the_run_directory(tmp_path, 
 
     monkeypatch.setenv("MAXLITE_HOME", str(tmp_path / "home"))
     out = tmp_path / "runs"
-    argv = ["base.yml", "model_name=tiny", f"base_output_directory={out}", "run_name=r", *keys]
+    (tmp_path / "A_FILE").write_text("a regular file where a directory would go")
+    argv = ["base.yml", "model_name=tiny", f"base_output_directory={out}", "run_name=r",
+            *(k.format(tmp=tmp_path) for k in keys)]
     for name, call, want in (
             ("maxlite.train", lambda: main(argv), 2),
             ("ray_entry.train", lambda: ray_entry.main(argv), 2),  # refused before any Ray cluster starts

@@ -81,6 +81,9 @@ def test_dry_run_writes_the_script_and_submits_nothing(tmp_path):
     assert "run_name=demo" in srun and f"base_output_directory={exp_dir}/runs" in srun
     assert "max_restarts=3" in srun  # --retries is the recipe's one restart budget
     assert "MAXLITE_COORDINATOR=" in script and "scontrol requeue" in script
+    # what follows an attempt is maxlite.policy's answer, asked where the trainer's maxlite is
+    assert re.search(rf"^policy\(\) {{ {re.escape(sys.executable)} -m maxlite\.policy \"\$@\"; }}$", script, re.M)
+    assert f"RUN_DIR={exp_dir}/runs/demo" in script.splitlines()
     assert subprocess.run(["bash", "-n", str(exp_dir / "sbatch.sh")]).returncode == 0
     meta = json.loads((exp_dir / "experiment.json").read_text())
     assert meta["job_id"] is None and meta["run_status"] == f"{exp_dir}/runs/demo/status.json"
@@ -99,8 +102,10 @@ def test_container_and_gpu_options_render(tmp_path):
     srun = next(ln for ln in script.splitlines() if ln.startswith("srun "))
     assert "--container-image=/lustre/maxlite-gpu.sqsh" in srun and "/lustre/data:/lustre/data" in srun
     assert " python -m maxlite.train base.yml model_name=llama3-8b base_output_directory=/lustre/runs run_name=r1" in srun
-    # the trainer's answer is read from its local copy in the launch directory (the run dir may be gs://)
-    assert re.search(r"^RUN_STATUS=\S+/experiments/gpu/gpu_\d+/run_status\.json$", script, re.M), script
+    # maxlite.policy runs in the image (one task), with the run directory the trainer writes
+    policy = next(ln for ln in script.splitlines() if ln.startswith("policy() {"))
+    assert "srun --ntasks=1 --nodes=1 --container-image=/lustre/maxlite-gpu.sqsh" in policy
+    assert policy.endswith(' python -m maxlite.policy "$@"; }') and "RUN_DIR=/lustre/runs/r1" in script.splitlines()
     assert "export NCCL_DEBUG=WARN" in script
     assert "PYTHONPATH" not in script  # the image brings its own maxlite
 
@@ -196,9 +201,10 @@ def test_crashed_attempt_is_requeued_and_finishes(tmp_path, cluster_env):
     log = log_text(info)
     assert info["status"] == "FINISHED" and info["run_state"] == "finished", log
     # one log holds both attempts (--open-mode=append)
-    assert "attempt 0 (max_restarts=1)" in log and "run failed (exit 137): requeueing (restart 1 of max_restarts=1)" in log
-    assert "attempt 1 (max_restarts=1)" in log and log.rstrip().endswith("run finished")
-    lease = json.loads(pathlib.Path(info["run_status_file"]).read_text())["lease"]  # handed on by the requeue
+    assert "attempt 0 (max_restarts=1)" in log and "attempt 1 (max_restarts=1)" in log
+    run = json.loads(pathlib.Path(info["run_status_file"]).read_text())
+    assert run["restarts"] == 1 and run["next"] == "done"  # the one restart, counted in the run directory
+    lease = run["lease"]  # handed on by the requeue
     assert lease["launcher"].endswith("attempt 1") and lease["took_over"]["launcher"].endswith("attempt 0")
 
 
@@ -209,7 +215,8 @@ def test_requeues_stop_after_the_retries(tmp_path, cluster_env):
     info = wait_for(tmp_path, "broken", cluster_env, lambda i: i["status"] == "FAILED")
     log = log_text(info)
     assert info["attempts"] == 2 and info["exit_code"] not in (0, 2), log
-    assert log.count("requeueing") == 1 and "no restarts left (max_restarts=1)" in log
+    run = json.loads(pathlib.Path(info["run_status_file"]).read_text())  # written by maxlite.policy: no trainer did
+    assert (run["state"], run["next"], run["restarts"], run["exit_code"]) == ("failed", "fail", 1, info["exit_code"])
 
 
 @pytest.mark.slurm
@@ -219,7 +226,7 @@ def test_config_error_in_the_job_is_not_requeued(tmp_path, cluster_env):
     info = wait_for(tmp_path, "cfg", cluster_env, lambda i: i["status"] not in ("PENDING", "RUNNING"))
     log = log_text(info)
     assert info["status"] == "FAILED" and info["exit_code"] == 2 and info["attempts"] == 1, log
-    assert "maxlite: error: ici" in log and "run failed (configuration error): not retried" in log
+    assert "maxlite: error: ici" in log and "run failed (configuration error, exit 2): not retried" in log
     assert not pathlib.Path(info["run_status_file"]).parent.exists()  # refused before the run directory
 
 
@@ -252,31 +259,30 @@ def test_sigterm_arrives_before_the_time_limit(tmp_path, cluster_env):
 
 
 def test_the_batch_script_sees_a_step_killed_for_memory(tmp_path):
-    """The batch script's OOM check, run for real: a job cgroup (Slurm's layout: job_7/step_batch
-    beside job_7/step_0, under a 200 MiB limit) whose step the kernel kills for memory; the
-    script's `oom_kills` counts it, which makes the job end OUT_OF_MEMORY instead of being requeued.
-    A shell outside a job cgroup counts nothing. Skipped where no memory cgroup can be made."""
+    """The batch script's OOM evidence (maxlite.hostmem.job_oom_kills, which `python -m maxlite.policy`
+    reads before and after each attempt), run for real: a job cgroup (Slurm's layout: job_7/step_batch
+    beside job_7/step_0, under a 200 MiB limit) whose step the kernel kills for memory is counted, which
+    makes the job end OUT_OF_MEMORY instead of being requeued. A process outside a job cgroup counts
+    nothing. Skipped where no memory cgroup can be made."""
     from tests.helpers import memory_cgroup
 
-    out = launch(tmp_path, "slurm", *TINY, "--partition", "debug", "--experiment-name", "m", "--dry-run")
-    script = out.stdout
-    fn = script[script.index("oom_kills() {"):script.index("\n}\n", script.index("oom_kills() {")) + 3]
     limited = memory_cgroup(200 * 2**20)
     if limited is None:
         pytest.skip("cannot make a memory-limited cgroup here (no writable memory controller under /sys/fs/cgroup)")
     job, made = f"{limited}/job_7", []
+    count = f"{sys.executable} -c 'from maxlite.hostmem import job_oom_kills; print(job_oom_kills())'"
     try:
         for d in (job, f"{job}/step_batch", f"{job}/step_0"):
             os.mkdir(d)
             made.append(d)
-        test = (f"{fn}\noutside=$(oom_kills)\necho $$ > {job}/step_batch/cgroup.procs\nbefore=$(oom_kills)\n"
+        test = (f"outside=$({count})\necho $$ > {job}/step_batch/cgroup.procs\nbefore=$({count})\n"
                 f"(echo $BASHPID > {job}/step_0/cgroup.procs && exec {sys.executable} -c 'x = bytearray(600 << 20); x[::4096] = b\"1\" * len(x[::4096])')\n"
-                f"echo \"rc=$? outside=$outside before=$before after=$(oom_kills)\"")
-        done = subprocess.run(["bash", "-c", test], capture_output=True, text=True, timeout=120)
+                f"echo \"rc=$? outside=$outside before=$before after=$({count})\"")
+        done = subprocess.run(["bash", "-c", test], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
     finally:
         for d in reversed(made):
             os.rmdir(d)
         os.rmdir(limited)
     rc, outside, before, after = (int(x.split("=")[1]) for x in done.stdout.split())
     assert rc == 137 and after == before + 1 and outside == 0, done.stdout + done.stderr
-    assert "trainer killed for memory" in script and "record OUT_OF_MEMORY" in script

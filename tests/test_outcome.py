@@ -26,6 +26,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
     (None, O.CheckpointSaveError("disk"), (74, "failed", "restart")),
     (None, KeyboardInterrupt(), (130, "stopped", "done")),  # Ctrl-C twice: no save, still the user's stop
     (None, RuntimeError("boom"), (1, "failed", "restart")),
+    (None, O.TransientError("in use: run again"), (69, "failed", "restart")),  # worded as a retry: retried
 ])
 def test_each_way_a_run_ends_has_one_answer(reason, error, want):
     end = O.decide(reason, error)
@@ -43,19 +44,13 @@ def test_a_lost_save_is_never_success_but_does_not_hide_a_wrong_recipe():
 
 
 def test_launchers_without_a_status_read_the_exit_code_by_the_same_map():
-    for reason in ("interrupted", "hang", "straggler", "preempt_timeout", "config", "diverged", "checkpoint_failed"):
+    for reason in ("interrupted", "hang", "straggler", "preempt_timeout", "config", "diverged", "checkpoint_failed",
+                   "transient"):
         end = O.decide(reason)
-        assert O.without_status(end.code) == end.next, reason
-    assert O.without_status(0) == "done"  # an entrypoint that writes no status.json
-    assert O.without_status(-9) == "restart" and O.without_status(137) == "restart"  # SIGKILL, bare or by a shell
-    assert O.next_of(0, {"state": "preempted", "exit_code": 0, "next": "requeue"}) == "requeue"
-    assert O.next_of(75, None) == "restart"
-
-
-def test_the_slurm_script_falls_back_by_the_same_map():
-    arms = dict(re.findall(r"(\d+|\*)\) echo (\w+) ;;", slurm._no_status_cases()))
-    for code in (0, 1, 2, 74, 75, 76, 77, 78, 130, 137):
-        assert arms.get(str(code), arms["*"]) == O.without_status(code), code
+        assert O.from_code(end.code) == end, reason
+    assert O.from_code(0).next == "done"  # an entrypoint that writes no status.json
+    assert O.from_code(-9).next == "restart" and O.from_code(137).next == "restart"  # SIGKILL, bare or by a shell
+    assert O.from_code(-9).code == 137  # what a shell would say of it
 
 
 def test_exit_codes_and_next_actions_are_assigned_in_one_module():
@@ -74,7 +69,7 @@ def test_a_kill_is_a_restart_unless_a_launcher_knows_it_was_for_memory():
 
     from maxlite.launch import ray_trainer
 
-    assert O.without_status(137) == "restart"
+    assert O.from_code(137).next == "restart"
     end = O.decide("out_of_memory")
     assert (end.code, end.state, end.next) == (137, "failed", "fail")
 
@@ -84,4 +79,12 @@ def test_a_kill_is_a_restart_unless_a_launcher_knows_it_was_for_memory():
 
     monitor = ray.exceptions.OutOfMemoryError("Task was killed due to the node running low on memory.")
     assert ray_trainer._killed_for_memory(Failed({1: monitor}))
+    wrapped = RuntimeError("the worker's task failed")  # Ray wraps the monitor's error in its own
+    wrapped.__cause__ = monitor
+    assert ray_trainer._killed_for_memory(Failed({1: wrapped}))
     assert not ray_trainer._killed_for_memory(Failed({1: RuntimeError("maxlite: training stopped with exit code 75")}))
+    # Ray's text for any worker that died lists the OOM killer among the common causes: a crash
+    died = RuntimeError("The actor is dead because its worker process has died. Some common causes include: (1) "
+                        "the process was killed by the OOM killer due to high memory usage, (2) ray stop --force was "
+                        "called, or (3) the worker crashed unexpectedly due to SIGSEGV")
+    assert not ray_trainer._killed_for_memory(Failed({0: died}))

@@ -90,7 +90,7 @@ def test_cpu_run_config_env_storage_and_failures(tmp_path):
     assert run.worker_runtime_env["env_vars"]["JAX_PLATFORMS"] == "cpu"
     assert run.worker_runtime_env["env_vars"]["XLA_FLAGS"] == "--xla_force_host_platform_device_count=4"
     assert run.storage_path == f"{tmp_path}/r"  # Ray's records live in the run dir, not ~/ray_results
-    assert run.failure_config.max_failures == 5
+    assert run.failure_config.max_failures == 0  # Ray never restarts by itself: maxlite.policy decides, per run
     assert cfg.num_devices == 8
 
 
@@ -213,7 +213,9 @@ def test_killed_worker_restarts_and_ends_at_the_same_loss(head, uninterrupted, t
     assert "maxlite: Ray run finished: 8 steps (the last attempt ran 5), final loss" in out
     assert (tmp_path / "killed" / ".fault_crash_5_p0").exists()  # fired once: the restart ran through
     assert _resumed(tmp_path / "killed") == {"step": 3, "source": "checkpoint"}  # the save before the crash
-    lease = json.loads((tmp_path / "killed" / "status.json").read_text())["lease"]  # handed on to the new group
+    status = json.loads((tmp_path / "killed" / "status.json").read_text())
+    assert status["restarts"] == 1 and status["next"] == "done"  # the one restart, counted in the run directory
+    lease = status["lease"]  # handed on to the new group
     assert lease["took_over"]["why"] == "a later attempt of the same job" and lease["launcher"].startswith("Ray job")
     whole, killed = _metrics(whole_dir), _metrics(tmp_path / "killed")
     assert sorted(killed) == list(range(1, STEPS + 1))
@@ -221,6 +223,22 @@ def test_killed_worker_restarts_and_ends_at_the_same_loss(head, uninterrupted, t
     assert killed[STEPS] == pytest.approx(whole[STEPS], rel=1e-6)
     for step in range(4, STEPS + 1):
         assert killed[step] == pytest.approx(whole[step], rel=1e-6), step
+
+
+@pytest.mark.ray
+def test_a_worker_that_dies_with_no_restarts_left_ends_with_one_answer(head, tmp_path):
+    """A worker dies without a word (a crash: Ray's text lists the OOM killer among the possible
+    causes) and max_restarts=0: the driver ends without a traceback, exit 1, and status.json — which
+    the dead worker left at `running` — says the same (the driver writes it, maxlite.policy decides)."""
+    driver = subprocess.run(
+        [sys.executable, "-m", "ray_entry.train", "base.yml", *RECIPE, "ray_num_workers=1", "max_restarts=0",
+         "fault_type=crash", "fault_step=2", f"base_output_directory={tmp_path}", "run_name=dead"],
+        env=ray_env(RAY_ADDRESS=head.gcs_address), cwd=REPO, capture_output=True, text=True, timeout=480)
+    out = driver.stdout + driver.stderr
+    status = json.loads((tmp_path / "dead" / "status.json").read_text())
+    assert driver.returncode == status["exit_code"] == 1, out[-4000:]
+    assert (status["state"], status["next"], status["reason"], status["restarts"]) == ("failed", "fail", "crash", 0)
+    assert "Traceback" not in out, out[-4000:]
 
 
 @pytest.mark.ray

@@ -465,15 +465,15 @@ def test_ray_two_workers_crash_recovers_from_memory_at_the_uninterrupted_loss(ru
 
 
 def test_one_writer_per_run_directory(run_dir):
-    """Two launches of one run started together: exactly one trains, the other exits 2 with one line
-    naming the holder and writes nothing; kill -9 the holder and a relaunch takes the lease over (its
+    """Two launches of one run started together: exactly one trains, the other exits TRANSIENT (a
+    launcher retries it: the holder will end) with one line naming the holder and writes nothing; kill -9 the holder and a relaunch takes the lease over (its
     process is gone) and resumes. A holder whose lease another launch took (a requeue of the same job
     while it still runs) stops without writing more, exit 73."""
     args = ["steps=12", "checkpoint_period=3", "async_checkpointing=false"]
     procs, logs = start(run_dir, "two", args)
     wait_for(lambda: status(run_dir, "two").get("state") == "running", procs[0])
     codes, texts = run(run_dir, "two", args)  # the second launch, while the first holds the run
-    assert codes == [2], texts[0][-3000:]
+    assert codes == [outcome.TRANSIENT], texts[0][-3000:]
     line = texts[0].strip().splitlines()[-1]
     assert re.fullmatch(rf"maxlite: error: run directory {run_dir}/two is in use by python -m maxlite\.train on host "
                         rf"\S+, pid {procs[0].pid}, since .*, last heartbeat \d+ s ago: one writer per run; .*", line), line

@@ -488,3 +488,21 @@ def test_loss_watch_points_at_a_restored_state_bad_at_its_first_step():
     spiky.rolled_back(8)
     assert spiky.see(9, 50.0) is None
     assert spiky.see(10, 50.0).state_step == 8  # a spiked stretch that began at the first step
+
+
+def test_peer_progress_that_cannot_be_read_is_said_once():
+    """The coordinator's key-value store gone (a peer's host died): the hang watchdog goes on with
+    this process's work and the peers' last figures, and the warning says so once, not per poll."""
+    from maxlite.resilience.progress import PUBLISH_SECONDS, Progress
+
+    class Gone:  # jax.distributed's client once the coordinator is unreachable
+        def key_value_set(self, *args, **kwargs):
+            raise RuntimeError("UNAVAILABLE: failed to connect to the coordination service")
+
+    now, said = [0.0], []
+    progress = Progress(clock=lambda: now[0], own=lambda: 5.0, log=said.append)
+    progress.client = lambda: Gone()
+    for _ in range(4):
+        assert progress() == 5.0
+        now[0] += PUBLISH_SECONDS
+    assert len(said) == 1 and "cannot read the peers' progress" in said[0] and "UNAVAILABLE" in said[0]

@@ -35,3 +35,16 @@ def test_not_a_run_directory_is_one_line(tmp_path, capsys):
     assert main([str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("maxlite: error:") and "not a maxlite run directory" in err and "\n" not in err
+
+
+def test_a_run_whose_process_died_is_named_lost_under_the_plain_cli(tmp_path):
+    """`python -m maxlite.train` with no launcher: a process that dies without a word (an injected
+    crash, exit 1, no traceback) leaves status.json at `running`; `maxlite.status` names it lost,
+    and why, from its lease."""
+    from tests.helpers import run_module
+
+    codes, outs = run_module("maxlite.train", [*SMALL, "steps=6", "fault_type=crash", "fault_step=2",
+                                               "run_name=c", f"base_output_directory={tmp_path}"], devices=1)
+    assert codes == [1] and "Traceback" not in outs[0], outs[0][-3000:]
+    st = run_status(f"{tmp_path}/c")
+    assert st["state"] == "lost" and "its process is gone" in st["lost"] and "run it again" in st["lost"], st

@@ -139,11 +139,11 @@ def export_hf(cfg, params, out_dir: str, dtype: str = "float32", max_shard_size:
 def read_hf_config(hf_dir: str) -> dict:
     path = pathlib.Path(hf_dir) / "config.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{hf_dir}: no config.json (is this a Hugging Face model directory?)")
+        raise C.ConfigError(f"{hf_dir}: no config.json (is this a Hugging Face model directory?)")
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
+        raise C.ConfigError(f"{path}: not valid JSON ({e})") from None
 
 
 def _own_tokenizer(hf_dir: str) -> str | None:
@@ -174,13 +174,15 @@ def import_hf(hf_dir: str, argv: Sequence[str] = (), verbose: bool = False):
     hf_cfg = read_hf_config(hf_dir)
     module = model_types().get(hf_cfg.get("model_type"))
     if module is None:
-        raise ValueError(f"{hf_dir}: config.json model_type={hf_cfg.get('model_type')!r} has no maxlite "
-                         f"equivalent (supported: {', '.join(model_types())})")
+        raise C.ConfigError(f"{hf_dir}: config.json model_type={hf_cfg.get('model_type')!r} has no maxlite "
+                            f"equivalent (supported: {', '.join(model_types())})")
     arch = adapter(module)
     try:
         overrides = arch.config_overrides(hf_cfg)
     except KeyError as e:
-        raise ValueError(f"{hf_dir}/config.json: required key {e.args[0]!r} is missing") from None
+        raise C.ConfigError(f"{hf_dir}/config.json: required key {e.args[0]!r} is missing") from None
+    except ValueError as e:  # the family's refusals of what maxlite does not model: the user's model
+        raise C.ConfigError(str(e)) from None
     own = _own_tokenizer(hf_dir)
     user = C.user_keys(argv)
     if own and "tokenizer_path" not in user:  # the model's own tokenizer, unless told otherwise
@@ -190,8 +192,11 @@ def import_hf(hf_dir: str, argv: Sequence[str] = (), verbose: bool = False):
     cfg = C.load(list(argv), **overrides)
     if cfg.tokenizer_path:
         from maxlite.data.tokenizer import load_tokenizer
-        check_vocab(load_tokenizer(cfg.tokenizer_path, cfg.bos_id, cfg.eos_id), cfg.vocab_size,
-                    "pass tokenizer_path= for this model")
+        try:
+            check_vocab(load_tokenizer(cfg.tokenizer_path, cfg.bos_id, cfg.eos_id), cfg.vocab_size,
+                        "pass tokenizer_path= for this model")
+        except ValueError as e:  # the tokenizer the user gave does not fit the model
+            raise C.ConfigError(str(e)) from None
     source = SafetensorsDir(hf_dir)
     maps = arch.import_maps(cfg, set(source.names()))  # the prefix its writer used
     pure = hf_convert.import_params(cfg, maps, source, np.dtype(cfg.weight_dtype), arch.ignore,
@@ -220,15 +225,13 @@ def write_recipe(cfg, checkpoint: str, argv: Sequence[str] = ()) -> str:
 
 
 def _checkpoints():
-    try:
-        from maxlite import checkpoints
-        return checkpoints.load_params, checkpoints.save_params
-    except (ImportError, AttributeError):
-        raise SystemExit("maxlite: error: maxlite.checkpoints.load_params/save_params are not "
-                         "available in this installation") from None
+    from maxlite import checkpoints
+    return checkpoints.load_params, checkpoints.save_params
 
 
-@cli.entry_point(ValueError, FileNotFoundError)  # ConfigError is a ValueError
+# a file the user named that is not there is theirs; any other error of the import (the converter)
+# is a bug and keeps its traceback; export's checks are ValueErrors (main turns them into one line)
+@cli.entry_point(FileNotFoundError)
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m maxlite.bridge.hf", description=" ".join(__doc__.split("\n\n")[0].split()))
     sub = parser.add_subparsers(dest="command", required=True)
@@ -252,17 +255,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_params, save_params = _checkpoints()
     if args.command == "import":
         args.checkpoint = C.resolve_path(args.checkpoint)
-    if args.command == "export":
-        cfg, params = load_params(args.checkpoint, step=args.step)
-        names = export_hf(cfg, params, args.out_dir, args.dtype, args.max_shard_size,
-                          args.tokenizer, verbose=True)
-        print(f"wrote {args.out_dir} ({len(names)} safetensors file(s), {args.dtype})")
-    elif args.command == "export-peft":
-        from maxlite.bridge.peft import export_peft
-        cfg, params = load_params(args.checkpoint, step=args.step)
-        out = export_peft(cfg, params, args.out_dir, args.base_model)
-        print(f"wrote {out} (PEFT LoRA adapter: r={cfg.lora_rank}, {', '.join(cfg.lora_targets)})")
-    else:
+    try:
+        if args.command == "export":
+            cfg, params = load_params(args.checkpoint, step=args.step)
+            names = export_hf(cfg, params, args.out_dir, args.dtype, args.max_shard_size,
+                              args.tokenizer, verbose=True)
+            print(f"wrote {args.out_dir} ({len(names)} safetensors file(s), {args.dtype})")
+        elif args.command == "export-peft":
+            from maxlite.bridge.peft import export_peft
+            cfg, params = load_params(args.checkpoint, step=args.step)
+            out = export_peft(cfg, params, args.out_dir, args.base_model)
+            print(f"wrote {out} (PEFT LoRA adapter: r={cfg.lora_rank}, {', '.join(cfg.lora_targets)})")
+    except ValueError as e:  # what an export cannot write: one line, as before
+        raise C.ConfigError(str(e)) from None
+    if args.command == "import":
         cfg, pure = import_hf(args.hf_dir, args.recipe, verbose=True)
         base = dataclasses.replace(cfg, lora_rank=0)  # the imported weights; LoRA keys go to the recipe
         save_params(args.checkpoint, base, P.to_state(base, P.to_jax_inplace(pure)))

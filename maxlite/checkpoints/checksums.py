@@ -22,6 +22,7 @@ import functools
 import json
 import os
 import re
+import sys
 import threading
 import time
 from typing import Any, Iterator
@@ -296,14 +297,16 @@ def damaged(records: Records, gathered: list[dict[str, list]]) -> list[str]:
 # ---- markers and error classification ----
 
 def mark(root: str, step: int, err: CheckpointCorrupt, by: str) -> None:
-    """Record in the step that it is corrupt (best effort: the storage may be read-only)."""
+    """Record in the step that it is corrupt (best effort: the storage may be read-only; then it is
+    said, and the step is found corrupt again by the next restore that tries it)."""
     from maxlite.rundir import write_text
     try:
         write_text(f"{root}/{step}/{MARKER}", json.dumps(
             {"damaged": err.damaged, "detail": err.detail, "found_by": by,
              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1))
-    except Exception:  # noqa: BLE001 — telling the user matters more than the marker
-        pass
+    except Exception as e:  # noqa: BLE001 — telling the user matters more than the marker
+        print(f"maxlite: warning: could not mark checkpoint step {step} in {root} corrupt ({type(e).__name__}: "
+              f"{str(e).strip()[:200]}); a later restore checks it again", file=sys.stderr, flush=True)
 
 
 def marked(path: str) -> dict[int, dict]:

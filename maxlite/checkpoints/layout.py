@@ -24,6 +24,7 @@ from maxlite.checkpoints.storage import check_path, complete_steps, fs_of, quiet
 
 ITEMS = ("params", "optimizer", "data", "meta", "checksums")
 TMP_STEP = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
+ASIDE_STEP = re.compile(r"^(\d+)\.corrupt-(\d+)$")  # a step kept aside (set_aside): never restored, never listed by Orbax
 
 
 @functools.cache
@@ -61,6 +62,25 @@ def remove_failed_save(path: str, step: int) -> bool:
         return True
     except Exception:  # noqa: BLE001 — the storage that failed the save may still be down
         return False
+
+
+def set_aside(path: str, step: int) -> str:
+    """Rename a complete step found corrupt to `<step>.corrupt-<unix time>` (kept, in case the damaged
+    file was the checksum record and the weights are good; `python -m maxlite.checkpoints
+    remove-corrupt PATH` deletes such steps); returns the new name."""
+    import time
+
+    fs = fs_of(path)
+    name = f"{step}.corrupt-{int(time.time())}"
+    fs.mv(f"{path}/{step}", f"{path}/{name}", recursive=True)
+    return name
+
+
+def aside_steps(path: str) -> list[str]:
+    """The names of the steps kept aside in a checkpoint directory."""
+    fs = fs_of(path)
+    names = [e.rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(path, detail=False)] if fs.exists(path) else []
+    return sorted(n for n in names if ASIDE_STEP.match(n))
 
 
 def clean_leftovers(path: str, failed: dict[int, str] | None = None) -> list[tuple[str, str]]:

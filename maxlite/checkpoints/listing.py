@@ -1,5 +1,6 @@
-"""`python -m maxlite.checkpoints list PATH`: every step, complete or not (or found corrupt), with
-NeMo-like names; `verify PATH [STEP]` (verify.py) checks steps against their checksums."""
+"""`python -m maxlite.checkpoints list PATH`: every step, complete or not (or found corrupt, or kept
+aside), with NeMo-like names; `verify PATH [STEP]` (verify.py) checks steps against their
+checksums; `remove-corrupt PATH` deletes the steps a resume kept aside."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from maxlite import cli, config as C
 from maxlite.checkpoints import checksums
-from maxlite.checkpoints.layout import TMP_STEP, read_meta
+from maxlite.checkpoints.layout import ASIDE_STEP, TMP_STEP, aside_steps, read_meta
 from maxlite.checkpoints.storage import complete_steps, fs_of, storage_error
 
 
@@ -29,10 +30,14 @@ def list_checkpoints(path: str) -> list[dict[str, Any]]:
     rows = []
     for entry in fs.ls(path, detail=False):
         name = entry.rstrip("/").rsplit("/", 1)[-1]
-        tmp = TMP_STEP.match(name)
-        if not (name.isdigit() or tmp):
+        tmp, aside = TMP_STEP.match(name), ASIDE_STEP.match(name)
+        if not (name.isdigit() or tmp or aside):
             continue
-        step = int(tmp.group(1) if tmp else name)
+        step = int(tmp.group(1) if tmp else aside.group(1) if aside else name)
+        if aside:  # renamed by a resume that found it corrupt: kept, never restored
+            rows.append({"step": step, "name": name, "dir": name, "bytes": fs.du(entry), "complete": False,
+                         "corrupt": checksums.marker(path, name), "aside": True, "checksums": False})
+            continue
         ok = bool(not tmp and step in complete)
         corrupt = checksums.marker(path, step) if ok else None
         try:
@@ -55,6 +60,8 @@ def _human(n: float) -> str:
 
 
 def _state(r: dict[str, Any]) -> str:
+    if r.get("aside"):
+        return "KEPT ASIDE (found corrupt on resume, never restored; remove-corrupt deletes it)"
     if not r["complete"]:
         return "INCOMPLETE (ignored; removed at the next start)"
     if r["corrupt"] is not None:
@@ -75,6 +82,8 @@ def _parser():
     ver = sub.add_parser("verify", help="check every array against its checksums; exit 1 when any step is corrupt")
     ver.add_argument("path", help="a checkpoint directory, local or gs://")
     ver.add_argument("step", nargs="?", type=int, help="one step (default: every step)")
+    rm = sub.add_parser("remove-corrupt", help="delete the steps kept aside as corrupt (listed as KEPT ASIDE)")
+    rm.add_argument("path", help="a checkpoint directory, local or gs://")
     return p
 
 
@@ -84,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "verify":
             return _verify(args.path, args.step)
+        if args.command == "remove-corrupt":
+            return _remove_corrupt(C.resolve_path(args.path).rstrip("/"))
         rows = list_checkpoints(args.path)
     except C.ConfigError:
         raise
@@ -93,6 +104,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no checkpoints in {args.path}")
     for r in rows:
         print(f"{r['name']:<56} {_human(r['bytes']):>11}  {_state(r)}  [{r['dir']}]")
+    return 0
+
+
+def _remove_corrupt(path: str) -> int:
+    fs = fs_of(path)
+    names = aside_steps(path)
+    for name in names:
+        fs.rm(f"{path}/{name}", recursive=True)
+        print(f"removed {path}/{name}")
+    if not names:
+        print(f"no steps kept aside in {path}")
     return 0
 
 

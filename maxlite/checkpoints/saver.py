@@ -13,6 +13,7 @@ from typing import Any
 from maxlite import checkpoints as ck
 from maxlite import config as C
 from maxlite.checkpoints import checksums, offload
+from maxlite.checkpoints.layout import set_aside
 from maxlite.outcome import CheckpointSaveError  # a save failed under checkpoint_error_policy=stop
 from maxlite.rundir import print_primary, read_status
 
@@ -208,6 +209,21 @@ class Checkpointer:
             print_primary(self.primary, f"maxlite: deleted checkpoint(s) of step(s) {', '.join(map(str, gone))}: "
                                         f"{why}")
         return gone
+
+    def set_aside(self, steps: list[int]) -> list[str]:
+        """Keep the complete steps found corrupt aside, renamed (checkpoints/layout.py: a damaged
+        checksum record must not cost good weights); they are never restored. Collective: every
+        host calls it; the primary renames."""
+        self.poll(wait=True)
+        names = [set_aside(self.path, s) for s in steps] if self.primary else []
+        names = gather_json(names)[0]  # every host waits for the renames
+        self.mngr.reload()
+        self.saved = [s for s in self.saved if s not in steps]
+        if names:
+            print_primary(self.primary, f"maxlite: kept checkpoint step(s) {', '.join(map(str, steps))} aside as "
+                                        f"{', '.join(names)} (corrupt: never restored; remove them with python -m "
+                                        f"maxlite.checkpoints remove-corrupt {self.path})")
+        return names
 
     def _failed(self, step: int, e: BaseException) -> None:
         earlier = [s for s in self.mngr.all_steps() if s != step]  # cached: the storage may be down

@@ -76,10 +76,18 @@ def error_line(e: BaseException) -> str:
 
 
 def check_storage(cfg) -> None:
-    """Before the run directory is made: the gs:// buckets it and the checkpoints use exist and are ours."""
+    """Before the run directory is made: the gs:// buckets it and the checkpoints use exist and are
+    ours; a local one has no regular file on its way (reads only)."""
     for path in dict.fromkeys((cfg.run_dir, checkpoint_dir(cfg))):
         if path.startswith("gs://"):
             check_bucket(path)
+        elif "://" not in path:
+            on_the_way = path
+            while not os.path.exists(on_the_way):
+                on_the_way = os.path.dirname(on_the_way)
+            if not os.path.isdir(on_the_way):
+                raise C.ConfigError(f"cannot create {path}: {on_the_way} is a file, not a directory; set "
+                                    f"base_output_directory= (or checkpoint_dir=) to a directory")
 
 
 def check_bucket(path: str) -> None:

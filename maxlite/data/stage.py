@@ -14,6 +14,7 @@ import os
 import sys
 
 from maxlite.config import ConfigError
+from maxlite.outcome import TransientError
 
 
 def cache_root(config) -> str:
@@ -62,7 +63,8 @@ def stage_file(url: str, local: str, client=None) -> str:
                 blob.download_to_file(f, start=have, checksum=None)
         if os.path.getsize(part) != blob.size or (blob.crc32c and _crc32c(part) != blob.crc32c):
             os.remove(part)
-            raise ConfigError(f"{url}: staged copy failed verification (size/CRC32C); run again")
+            raise TransientError(f"{url}: staged copy failed verification (size/CRC32C; the download "
+                                 f"was damaged on the way): run again to download it anew")
         os.replace(part, local)
         with open(marker, "w") as f:
             f.write(stamp)

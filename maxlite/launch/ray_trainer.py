@@ -5,12 +5,14 @@ The driver builds ScalingConfig/RunConfig/FailureConfig from the Config, connect
 `JaxTrainer.fit()`. Each worker runs `_worker_loop`: on CPU it starts jax.distributed itself
 (JaxTrainer only does so for TPU/GPU), then calls `maxlite.train.train` and reports metrics to Ray
 (at checkpoint steps and the last: `reports_to_ray`).
-After a worker dies Ray restarts the whole group (up to the recipe's `max_restarts`, Ray's
-`FailureConfig(max_failures)`); the new group resumes from maxlite's own checkpoint directory (the
-source of truth, not Ray's reported checkpoints). How each attempt ended is maxlite.outcome's
-answer: a failure a restart would repeat (a wrong recipe, a diverged loss) ends the job with its
-line and exit code instead. Ctrl-C on the driver stops the run as it stops a local one: the workers
-save at an agreed step, status.json says `stopped`, exit 130 (Ctrl-C again: at once, no save).
+Each `fit()` is one attempt (Ray's own restarts are off: `FailureConfig(max_failures=0)`); after
+it the driver asks maxlite.policy what follows (restart, requeue, fail or done) against the run's
+one restart count, kept in the run directory, so neither a requeue nor a new driver resets it; the
+new worker group resumes from maxlite's own checkpoints or in-memory snapshots (the source of truth,
+not Ray's reported checkpoints). The driver writes status.json from that answer: a worker that died
+without a word leaves no status of its own. Ctrl-C on the driver stops the run as it stops a local
+one: the workers save at an agreed step, status.json says `stopped`, exit 130 (Ctrl-C again: at
+once, no save).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import time
 import uuid
 from typing import Any
 
-from maxlite import config as C, outcome
+from maxlite import config as C, outcome, policy
 from maxlite.launch.ray_cluster import connect, free_port
 
 RAY_RUN_NAME = "ray_train"  # Ray's own records live in {run_dir}/ray_train/
@@ -132,11 +134,11 @@ def worker_env(cfg: C.Config) -> dict[str, str]:
 def run_config(cfg: C.Config, attempt: int = 0):
     from ray.train import FailureConfig, LoggingConfig, RunConfig
 
-    # Ray's records go inside the run directory (not ~/ray_results): one place per run; a requeued
-    # attempt (after a preemption) is a new Ray run beside the first.
-    name = RAY_RUN_NAME if attempt == 0 else f"{RAY_RUN_NAME}-requeue{attempt}"
+    # Ray's records go inside the run directory (not ~/ray_results): one place per run; each
+    # attempt (after a failure or a preemption) is a new Ray run beside the first.
+    name = RAY_RUN_NAME if attempt == 0 else f"{RAY_RUN_NAME}-attempt{attempt}"
     return RunConfig(name=name, storage_path=cfg.run_dir,
-                     failure_config=FailureConfig(max_failures=cfg.max_restarts),  # THE budget
+                     failure_config=FailureConfig(max_failures=0),  # maxlite.policy decides, per run
                      worker_runtime_env={"env_vars": worker_env(cfg)},
                      logging_config=LoggingConfig(log_level="WARNING"))  # maxlite prints progress
 
@@ -245,15 +247,10 @@ def _worker_loop(loop_config: dict[str, Any]) -> dict[str, Any]:
                                   job=tuple(loop_config.get("job", ("", "Ray Train"))))
     except BaseException as e:  # noqa: BLE001 — maxlite.outcome says whether a restart can help
         end = outcome.decide(error=e)
-        if end.next == outcome.FAIL:  # a wrong recipe, a diverged loss: the driver ends the job
+        if end.next == outcome.FAIL:  # a wrong recipe, a diverged loss: every worker ends alike
             return end.fields()
-        raise  # Ray restarts the whole group, counted against max_restarts
-    if summary["next"] == outcome.RESTART:
-        # a failure (straggler, failed save): fail this attempt and Ray restarts the whole group,
-        # counted against max_restarts; it resumes from the newest checkpoint or snapshot
-        raise RuntimeError(f"maxlite: training stopped with exit code {summary['exit_code']} "
-                           f"({summary.get('reason', '')}): restart requested")
-    return summary  # done (finished, stopped), requeue (preempted and saved), fail
+        raise  # Ray ends the whole group (a peer may wait in a collective); the driver decides
+    return summary  # its `next` (maxlite.outcome) is the driver's to follow (maxlite.policy)
 
 
 def reports_to_ray(cfg: C.Config, step: int) -> bool:
@@ -317,13 +314,20 @@ def _first_cause(error: Exception) -> str:
 
 
 def _killed_for_memory(error: Exception) -> bool:
-    """Whether Ray says a worker of the failed run was killed for memory: its memory monitor's
-    OutOfMemoryError, or a worker the OOM killer ended (Ray names it in the failure)."""
+    """Whether Ray's memory monitor killed a worker of the failed attempt (its OutOfMemoryError).
+    A worker that died otherwise is a crash, whatever Ray's text lists among possible causes."""
+    import ray.exceptions
+
     causes = list((getattr(error, "worker_failures", None) or {}).values()) or [getattr(error, "controller_failure", error)]
-    for cause in causes:
-        text = f"{type(cause).__name__}: {cause}".lower()
-        if "outofmemoryerror" in text or "oom killer" in text or "low on memory" in text:
+    seen, stack = set(), causes
+    while stack:  # Ray wraps the monitor's error (RayTaskError, ActorDiedError ...): follow the causes
+        cause = stack.pop()
+        if cause is None or id(cause) in seen:
+            continue
+        seen.add(id(cause))
+        if isinstance(cause, ray.exceptions.OutOfMemoryError):
             return True
+        stack += [getattr(cause, "cause", None), cause.__cause__, cause.__context__]
     return False
 
 
@@ -391,21 +395,37 @@ def _fit(trainer):
     return box["result"]
 
 
-def _ended_without_workers(cfg: C.Config, end: outcome.Outcome) -> None:
-    """status.json when the driver ended the workers itself (they could not write it)."""
-    import json
+def _attempt_status(run_dir: str, started: str) -> dict | None:
+    """status.json as this attempt's workers ended it, or None (they died without a word)."""
+    from maxlite.rundir import read_status
 
-    from maxlite.rundir import read_status, write_text
+    status = read_status(run_dir)
+    fresh = status is not None and str(status.get("time", "")) >= started and "exit_code" in status
+    return status if fresh else None
 
-    status = read_status(cfg.run_dir)
-    if status is None:
-        return
-    status.update(state=end.state, time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **end.fields())
-    write_text(f"{cfg.run_dir}/status.json", json.dumps(status, indent=1, default=str))
+
+def _attempt(cfg: C.Config, number: int, job: tuple[str, str]) -> tuple[dict, policy.Decision, str]:
+    """One `fit()`: (rank 0's summary, maxlite.policy's answer, the failure's cause in one line)."""
+    from ray.train import TrainingFailedError
+
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    try:
+        result = _fit(build_trainer(cfg, number, job))
+    except TrainingFailedError as e:
+        cause = _first_cause(e)
+        print(f"maxlite: Ray: attempt {number} failed: {cause}", file=sys.stderr, flush=True)
+        decision = policy.after_attempt(cfg.run_dir, cfg.max_restarts, None, _attempt_status(cfg.run_dir, started),
+                                        killed_for_memory=_killed_for_memory(e))
+        return {}, decision, cause
+    summary = dict(result.return_value or {})
+    decision = policy.after_attempt(cfg.run_dir, cfg.max_restarts, int(summary.get("exit_code", outcome.FINISHED)),
+                                    summary if "next" in summary else None)
+    return summary, decision, summary.get("error", "")
 
 
 def run(cfg: C.Config) -> dict[str, Any]:
-    """Train on a Ray cluster; returns rank 0's run summary (`exit_code` is the job's)."""
+    """Train on a Ray cluster; returns rank 0's run summary with maxlite.policy's answer
+    (`exit_code` is the job's, as status.json says)."""
     import fsspec
 
     _warn_if_inside_job_copy(cfg)
@@ -413,7 +433,6 @@ def run(cfg: C.Config) -> dict[str, Any]:
     preflight(resolved, local_cluster=not os.environ.get("RAY_ADDRESS"))  # before any cluster starts
     if elastic(cfg):
         os.environ[GROUP_START_TIMEOUT_ENV] = str(cfg.elastic_wait_seconds)
-    from ray.train import TrainingFailedError
 
     fs, path = fsspec.url_to_fs(f"{cfg.run_dir}/{STOP_REQUEST}")
     if fs.exists(path):
@@ -424,36 +443,27 @@ def run(cfg: C.Config) -> dict[str, Any]:
     job = (f"ray:{uuid.uuid4().hex}", f"Ray job (driver on {socket.gethostname()}, pid {os.getpid()})")
     with connect(num_workers(cfg) * cfg.ray_cpus_per_worker) as where:
         print(f"maxlite: Ray: {num_workers(cfg)} worker(s) × {devices_per_worker(cfg)} device(s) on "
-              f"{where}; run directory {cfg.run_dir}; max_restarts={budget}", flush=True)
+              f"{where}; run directory {cfg.run_dir}; max_restarts={budget} "
+              f"({policy.restarts(cfg.run_dir)} made so far)", flush=True)
         try:
             with _DriverInterrupt(cfg):
-                for attempt in itertools.count():
-                    try:
-                        result = _fit(build_trainer(cfg, attempt, job))
-                    except TrainingFailedError as e:
-                        if _killed_for_memory(e):  # a worker was, every attempt: no status of its own
-                            end = outcome.decide("out_of_memory")
-                            _ended_without_workers(cfg, end)
-                            print(f"maxlite: error: a Ray worker was killed for memory ({_first_cause(e)}); "
-                                  f"lower per_device_batch_size or check the fit with python -m maxlite.plan; "
-                                  f"status in {cfg.run_dir}/status.json", file=sys.stderr, flush=True)
-                            return end.fields()
-                        print(f"maxlite: error: Ray training failed after {budget} restart(s) (max_restarts): "
-                              f"{_first_cause(e)}; worker logs above, status in {cfg.run_dir}/status.json",
-                              file=sys.stderr, flush=True)
-                        return {"exit_code": outcome.FAILED, "next": outcome.FAIL}
-                    summary = dict(result.return_value or {})
-                    if summary.get("next") != outcome.REQUEUE:
+                for number in itertools.count():
+                    summary, decision, cause = _attempt(cfg, number, job)
+                    if decision.action not in (outcome.RESTART, outcome.REQUEUE):
                         break
-                    print("maxlite: Ray: run preempted and saved: starting it again (a requeue: not counted "
-                          "against max_restarts)", flush=True)
-        except KeyboardInterrupt as e:
+                    print(f"maxlite: Ray: {decision.note}", flush=True)
+        except KeyboardInterrupt as e:  # Ctrl-C twice: the workers are gone without a save
             end = outcome.decide(error=e)
-            _ended_without_workers(cfg, end)
-            return end.fields()
-    if summary.get("next") == outcome.FAIL:
-        print(f"maxlite: error: {summary.get('error')}; status in {cfg.run_dir}/status.json", file=sys.stderr,
-              flush=True)
+            return policy.after_attempt(cfg.run_dir, cfg.max_restarts, end.code, end.fields()).fields()
+    summary.update(decision.fields())
+    if decision.action == outcome.FAIL:
+        if decision.end.reason == "out_of_memory":
+            print(f"maxlite: error: a Ray worker was killed for memory ({cause}); lower per_device_batch_size or "
+                  f"check the fit with python -m maxlite.plan; status in {cfg.run_dir}/status.json",
+                  file=sys.stderr, flush=True)
+        else:
+            print(f"maxlite: error: {decision.note}: {cause or decision.end.error}; status in "
+                  f"{cfg.run_dir}/status.json", file=sys.stderr, flush=True)
         return summary
     loss = f", final loss {summary['final_loss']:.4f}" if "final_loss" in summary else ""
     attempt = f" (the last attempt ran {summary.get('steps', 0)})" \

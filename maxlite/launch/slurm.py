@@ -3,10 +3,10 @@
 One task per node (`srun --ntasks-per-node`), each running `python -m maxlite.train RECIPE k=v`;
 `maxlite.mesh` initialises jax.distributed from the Slurm environment and MAXLITE_COORDINATOR.
 The batch shell asks for SIGTERM 60 s before the time limit (`--signal=B:TERM@60` reaches only the
-batch shell, so it forwards the signal to the step), then follows the trainer's answer in
-`status.json` (`next`: done | requeue | restart | fail, decided by maxlite.outcome); only restarts
-count against the recipe's restart budget `max_restarts` (in EXP_DIR/failures), a requeue after a
-preemption does not.
+batch shell, so it forwards the signal to the step), then follows maxlite.policy's answer
+(`python -m maxlite.policy end ...`: done | requeue | restart | fail, against the run's one restart
+count in its run directory; it also writes status.json from the answer): the shell only runs the
+trainer, requeues and records; it decides nothing.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import sys
 from maxlite import config as C
 from maxlite.launch import experiment
 from maxlite.launch.experiment import LaunchError
-from maxlite import outcome
 
 PROJECT_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -94,28 +93,6 @@ def restart_budget(job: SlurmJob) -> int:
         return C.load([]).max_restarts
 
 
-def job_identity() -> tuple[str, str]:
-    """(the job, the launcher in words) of a trainer in a Slurm job: a requeued attempt of the same
-    job takes the run's lease over from its predecessor (maxlite/lease.py); outside Slurm, a plain
-    launch."""
-    job_id = os.environ.get("SLURM_JOB_ID")
-    if not job_id:
-        return "", "python -m maxlite.train"
-    return f"slurm:{job_id}", f"Slurm job {job_id} attempt {os.environ.get('SLURM_RESTART_COUNT', '0')}"
-
-
-def status_copy():
-    """In a Slurm job launched by maxlite (MAXLITE_EXPERIMENT_DIR set by its batch script): a
-    callable the trainer hands every status.json text to, which keeps a local copy the batch shell
-    reads with bash wherever the run directory is (gs:// too); None elsewhere."""
-    launch_dir = os.environ.get("MAXLITE_EXPERIMENT_DIR")
-    if not launch_dir:
-        return None
-    from maxlite.rundir import write_text
-
-    return lambda text: write_text(f"{launch_dir}/run_status.json", text)
-
-
 def run_status_path(job: SlurmJob, exp_dir: pathlib.Path) -> str:
     """Where the trainer writes its status.json for this launch."""
     _, base, run_name = trainer_args(job, exp_dir)
@@ -155,53 +132,37 @@ def render(job: SlurmJob, exp_dir: pathlib.Path, python: str = sys.executable) -
     srun = ["srun", f"--ntasks-per-node={job.ntasks_per_node}", "--kill-on-bad-exit=1"]
     if job.gpus_per_node and job.ntasks_per_node > 1:
         srun.append(f"--gpus-per-task={max(1, job.gpus_per_node // job.ntasks_per_node)}")
-    exports = []
+    exports, container = [], []
     if job.image:
         mounts = [f"{exp_dir}:{exp_dir}", f"{workdir}:{workdir}"]
         if "://" not in base:
             mounts.append(f"{pathlib.Path(workdir, base).absolute()}:{pathlib.Path(workdir, base).absolute()}")
         mounts += [m if ":" in m else f"{m}:{m}" for m in job.mounts]
-        srun += [f"--container-image={job.image}", f"--container-mounts={','.join(dict.fromkeys(mounts))}",
-                 f"--container-workdir={workdir}"]
+        container = [f"--container-image={job.image}", f"--container-mounts={','.join(dict.fromkeys(mounts))}",
+                     f"--container-workdir={workdir}"]
         python = "python"
     else:
         # The job runs this checkout with this interpreter, installed or not.
         exports.append(f'export PYTHONPATH={q(str(PROJECT_ROOT))}"${{PYTHONPATH:+:$PYTHONPATH}}"')
     exports += [f"export {k}={q(v)}" for k, v in (e.split("=", 1) for e in job.env)]
-    command = " ".join(q(a) for a in [*srun, python, "-m", job.entrypoint, *args])
+    command = " ".join(q(a) for a in [*srun, *container, python, "-m", job.entrypoint, *args])
+    # maxlite.policy runs where maxlite is: this interpreter, or one task in the image
+    policy = " ".join(q(a) for a in [*(["srun", "--ntasks=1", "--nodes=1", *container] if container else []),
+                                     python, "-m", "maxlite.policy"])
+    run_dir = _run_status_path(base, run_name, workdir).rsplit("/", 1)[0]
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return "\n".join(head) + "\n" + _BODY.format(
-        generated=now, exp_dir=q(str(exp_dir)), run_status=q(str(exp_dir / "run_status.json")),
-        retries=restart_budget(job), exports="\n".join(exports), command=command, fallback=_no_status_cases(),
-        describe=_reason_cases(),
-    )
+        generated=now, exp_dir=q(str(exp_dir)), run_dir=q(run_dir), retries=restart_budget(job),
+        exports="\n".join(exports), command=command, policy=policy)
 
 
-def _no_status_cases() -> str:
-    """The bash `case` arms of `outcome.without_status(code)`, generated from the rule itself."""
-    codes = sorted({c for c in range(256) if outcome.without_status(c) != outcome.RESTART})
-    arms = [f"{c}) echo {outcome.without_status(c)} ;;" for c in codes]
-    return " ".join(arms + [f"*) echo {outcome.RESTART} ;;"])
-
-
-def _reason_cases() -> str:
-    """The bash `case` arms naming a run's `reason` in the log (maxlite.outcome.describe); a trainer
-    that wrote no status (a wrong recipe refused before its run directory) is named by its exit
-    code, where that code is a reason's own."""
-    reasons = [r for r in outcome._REASONS if r]
-    arms = [f"{r}) echo {shlex.quote(outcome.describe(r))} ;;" for r in reasons]
-    own = {c: r for r, (c, _, _) in outcome._REASONS.items()
-           if r and c not in (outcome.FINISHED, outcome.FAILED, outcome.OUT_OF_MEMORY)}
-    arms += [f"{c}) echo {shlex.quote(outcome.describe(r))} ;;" for c, r in sorted(own.items())]
-    return " ".join(arms) + " *) echo \"exit $rc\" ;;"
-
-
-# The batch shell. Bash, not Python: it must run on a bare login image and inside no container.
+# The batch shell: it runs the trainer, forwards signals, requeues and records; what follows an
+# attempt is maxlite.policy's answer (run in Python, where maxlite is).
 _BODY = r"""# Written by `python -m maxlite.launch slurm` at {generated}; relaunch rather than edit.
 set -uo pipefail
 EXP_DIR={exp_dir}
-RUN_STATUS={run_status}
-# the recipe's max_restarts (maxlite.outcome's one restart budget; -1: unlimited)
+RUN_DIR={run_dir}
+# the recipe's max_restarts (maxlite.policy's one restart budget, counted in the run directory; -1: unlimited)
 RETRIES={retries}
 ATTEMPT=${{SLURM_RESTART_COUNT:-0}}
 {exports}
@@ -215,30 +176,7 @@ record() {{  # state exit_code: the job's own record, read by `python -m maxlite
     "$SLURM_JOB_ID" "$1" "$ATTEMPT" "$2" "$SLURM_JOB_NODELIST" "$(date -u +%FT%TZ)" > "$EXP_DIR/status.json.tmp"
   mv -f "$EXP_DIR/status.json.tmp" "$EXP_DIR/status.json"
 }}
-status_field() {{  # a field of the trainer's status.json, only if written during this attempt
-  [ -r "$RUN_STATUS" ] && [ "$RUN_STATUS" -nt "$EXP_DIR/.attempt" ] || return 0
-  sed -n "s/.*\"$1\"[[:space:]]*:[[:space:]]*\"\([a-z_]*\)\".*/\1/p" "$RUN_STATUS" | head -n 1
-}}
-oom_kills() {{  # out-of-memory kills in this job's cgroup (Slurm's job_<id>, the parent of this shell's
-  # step_batch; the job's steps run beside it): v2 memory.events counts its descendants' too; v1
-  # counts each cgroup's own, summed here over the job's; 0 without a memory cgroup of the job
-  local cg
-  cg=$(sed -n 's/^0:://p' /proc/self/cgroup | head -n 1)
-  if [ -n "$cg" ] && [ -r "/sys/fs/cgroup$(dirname "$cg")/memory.events" ]; then
-    case "$(basename "$(dirname "$cg")")" in job_*) ;; *) echo 0; return ;; esac
-    sed -n 's/^oom_kill \([0-9]*\)$/\1/p' "/sys/fs/cgroup$(dirname "$cg")/memory.events"; return
-  fi
-  cg=$(sed -n 's/^[0-9]*:[^:]*memory[^:]*://p' /proc/self/cgroup | head -n 1)
-  case "$(basename "$(dirname "${{cg:-/}}")")" in job_*) ;; *) echo 0; return ;; esac
-  find "/sys/fs/cgroup/memory$(dirname "$cg")" -name memory.oom_control 2>/dev/null |
-    xargs -r cat | awk '$1 == "oom_kill" {{ n += $2 }} END {{ print n + 0 }}'
-}}
-no_status_action() {{  # maxlite.outcome.without_status(code): the trainer wrote no status
-  case "$1" in {fallback} esac
-}}
-describe() {{  # maxlite.outcome.describe(reason)
-  case "$1" in {describe} esac
-}}
+policy() {{ {policy} "$@"; }}
 
 got_term=0 interrupted=0
 on_term() {{
@@ -255,10 +193,9 @@ on_int() {{  # `scancel --batch --signal=INT`: the user's stop, as Ctrl-C on a l
 trap on_term TERM
 trap on_int INT
 
-touch "$EXP_DIR/.attempt"
 note "attempt $ATTEMPT (max_restarts=$RETRIES) of job $SLURM_JOB_ID on $SLURM_JOB_NODELIST; coordinator $MAXLITE_COORDINATOR"
 record RUNNING null
-oom_before=$(oom_kills)
+policy begin "$EXP_DIR"  # the job cgroup's out-of-memory count before the attempt
 {command} &
 pid=$!
 rc=1
@@ -266,49 +203,25 @@ while :; do  # `wait` returns early when the trap runs; wait again for the real 
   interrupted=0; wait "$pid"; s=$?; [ "$s" -ne 127 ] && rc=$s
   [ "$interrupted" = 1 ] || break
 done
-state=$(status_field state)
-reason=$(status_field reason)
-[ -n "$reason" ] || reason=$rc  # no status of this attempt: the exit code names it
-next=$(status_field next)  # the trainer's answer (maxlite.outcome)
-oom_after=$(oom_kills)
-if [ -z "$next" ] && [ "${{oom_after:-0}}" -gt "${{oom_before:-0}}" ]; then  # killed by the kernel, for memory
-  note "trainer killed for memory: this job's cgroup counted $((oom_after - oom_before)) out-of-memory kill(s); not requeued (it would be killed again): lower per_device_batch_size, give the job more memory, or check the fit with python -m maxlite.plan"
-  record OUT_OF_MEMORY "$rc"; exit "$rc"
-fi
-[ -n "$next" ] || next=$(no_status_action "$rc")
 slurm_state=$(squeue -h -j "$SLURM_JOB_ID" -o %T 2>/dev/null)
-failures=$(cat "$EXP_DIR/failures" 2>/dev/null || echo 0)
-note "trainer exited with $rc; run state: ${{state:-unknown}}; next: $next; job state: ${{slurm_state:-unknown}}"
+if [ -e "$EXP_DIR/cancelled" ] || {{ [ -n "$slurm_state" ] && [ "$slurm_state" != RUNNING ]; }}; then
+  note "job cancelled: not requeueing"; record CANCELLED "$rc"; exit "$rc"
+fi
+# maxlite.policy: what follows (it counts a restart and writes status.json from its answer)
+read -r next code reason state < <(policy end "$EXP_DIR" "$RUN_DIR" "$RETRIES" "$rc")
+note "trainer exited with $rc; run state: ${{state:-unknown}}; next: ${{next:-unknown}}; job state: ${{slurm_state:-unknown}}"
 requeue() {{
   trap - TERM  # the requeue kills this shell: let it die here, not run on
   scontrol requeue "$SLURM_JOB_ID" && exec sleep 300
   note "scontrol requeue failed"; record FAILED "$rc"; exit 1
 }}
-
-if [ -e "$EXP_DIR/cancelled" ] || {{ [ -n "$slurm_state" ] && [ "$slurm_state" != RUNNING ]; }}; then
-  note "job cancelled: not requeueing"; record CANCELLED "$rc"; exit "$rc"
-fi
 case "$next" in
-  done)
-    case "$state" in
-      preempted) note "run stopped at its max_time budget: launch again to continue" ;;
-      stopped) note "run stopped by the user ($(describe "$reason")): launch again to resume" ;;
-      *) note "run finished" ;;
-    esac
-    record FINISHED "$rc"; exit 0 ;;
-  requeue)  # preempted and saved: not a failure, not counted against max_restarts
-    note "run preempted and saved: requeueing"; record REQUEUED "$rc"; requeue ;;
-  restart)
-    if [ "$RETRIES" -lt 0 ] || [ "$failures" -lt "$RETRIES" ]; then
-      echo $((failures + 1)) > "$EXP_DIR/failures"
-      note "run failed ($(describe "$reason")): requeueing (restart $((failures + 1)) of max_restarts=$RETRIES)"
-      record REQUEUED "$rc"; requeue
-    fi
-    note "run failed ($(describe "$reason")) and no restarts left (max_restarts=$RETRIES)"; record FAILED "$rc"
-    [ "$rc" -eq 0 ] && exit 1; exit "$rc" ;;
-  *)
-    note "run failed ($(describe "$reason")): not retried (a restart would repeat it); exit $rc"; record FAILED "$rc"
-    [ "$rc" -eq 0 ] && exit 1; exit "$rc" ;;
+  done) record FINISHED "$code"; exit 0 ;;
+  requeue|restart) record REQUEUED "$rc"; requeue ;;
+  fail)
+    if [ "$reason" = out_of_memory ]; then record OUT_OF_MEMORY "$code"; else record FAILED "$code"; fi
+    exit "$code" ;;
+  *) note "maxlite.policy gave no answer (see above)"; record FAILED "$rc"; [ "$rc" -eq 0 ] && exit 1; exit "$rc" ;;
 esac
 """
 

@@ -34,6 +34,9 @@ class NoClock:
     def device_wait(self):
         yield
 
+    def train_rows(self, step: int, rows: dict, prefix: str = "") -> dict:
+        return rows
+
 
 NO_CLOCK = NoClock()
 
@@ -46,7 +49,11 @@ class Objective:
         __call__(state, batch, step, clock) → (state, metrics)
                                          runs step number `step` (the steps done before it);
                                          `clock.section(name)` / `clock.device_wait()` show the loop
-                                         (watchdog, goodput, straggler timing) where its time goes
+                                         (watchdog, goodput, straggler timing) where its time goes;
+                                         rows it makes itself (GRPO's samples) go through
+                                         `clock.train_rows(step + 1, rows)` before they become a batch
+        data_rows(step)                  the prefix of the data batch's rows step `step` trains on
+                                         ("": all of them), or None: it trains on rows it makes
         compiled                         the main jitted step (what the planner and benchmarks lower)
         scorer                           the Evaluator's `score(params, opt_state, batches)`, or None
                                          (the lm loss)
@@ -60,6 +67,9 @@ class Objective:
     def restore(self, state, step: int, files) -> None:
         pass
 
+    def data_rows(self, step: int) -> str | None:
+        return ""
+
     def __call__(self, state, batch, step: int, clock=NO_CLOCK) -> tuple[Any, dict]:
         with clock.device_wait():  # on CPU a dispatch may run the step inline, waiting for peers
             return self.compiled(state, batch)
@@ -69,8 +79,8 @@ class Phased(Objective):
     """`warm` for the steps before `warm_steps`, `main` from then on: chosen by the step number the
     loop passes, never by counting calls."""
 
-    def __init__(self, warm: Objective, main: Objective, warm_steps: int):
-        self.warm, self.main, self.warm_steps = warm, main, warm_steps
+    def __init__(self, warm: Objective, main: Objective, warm_steps: int, warm_rows: str = ""):
+        self.warm, self.main, self.warm_steps, self.warm_rows = warm, main, warm_steps, warm_rows
 
     @property
     def compiled(self):
@@ -82,6 +92,9 @@ class Phased(Objective):
 
     def restore(self, state, step: int, files) -> None:
         self.main.restore(state, step, files)
+
+    def data_rows(self, step: int) -> str | None:
+        return self.main.data_rows(step) if step >= self.warm_steps else self.warm_rows
 
     def __call__(self, state, batch, step: int, clock=NO_CLOCK):
         if step >= self.warm_steps:
@@ -110,4 +123,4 @@ def make_objective(cfg, graphdef, tx, schedule, shardings, batch_sharding) -> Ob
         return main
     lm, rows = step_lib.lm_loss(cfg.z_loss_weight), WARM_UP_ROWS[cfg.train_objective]
     warm = step_lib.jit_step(*common, lambda p, g, b, *a: lm(p, g, view(b, rows), *a), set_reference=True)
-    return Phased(Objective(warm), main, cfg.alignment_sft_steps)
+    return Phased(Objective(warm), main, cfg.alignment_sft_steps, rows)

@@ -98,6 +98,9 @@ class GRPOStep(Objective):
         samples step `step` with the key the uninterrupted run used."""
         return jax.random.fold_in(jax.random.fold_in(jax.random.key(self.cfg.seed), _SALT), step)
 
+    def data_rows(self, step: int) -> None:
+        return None  # it trains on the completions it samples, not on the prompts' rows
+
     def __call__(self, state, batch, step: int, clock=NO_CLOCK):
         from maxlite.mesh import global_batch
 
@@ -107,7 +110,8 @@ class GRPOStep(Objective):
             got = self.rollout(state.params, batch, self.sampling_key(step))
         sampled = time.perf_counter()
         with clock.device_wait():
-            train = global_batch({**got.rows, "advantages": advantages(got.rewards_PG).reshape(-1)},
+            rows = clock.train_rows(step + 1, got.rows)  # the loop's look (an injected nan poisons them)
+            train = global_batch({**rows, "advantages": advantages(got.rewards_PG).reshape(-1)},
                                  self.batch_sharding)
             train.update(self.logps(state, train, cfg.grpo_iterations > 1))
             for i in range(cfg.grpo_iterations):  # the step counter moves on the last update only

@@ -144,6 +144,12 @@ class Resilience:
     def section(self, name: str, productive: bool = False):
         return self.clock.section(name, productive)
 
+    def train_rows(self, step: int, rows: dict, prefix: str = "") -> dict:
+        """This process's rows that step `step` (a count) trains on, before they become a global
+        batch: where they are laid out — the loop for the data's rows (`prefix`: the objective's share
+        of them), GRPO for its sampled ones — hands them here; an injected `nan` poisons them."""
+        return self.faults.corrupt(step, rows, prefix) if self.faults else rows
+
     def step_end(self, step: int) -> None:
         """After step `step` (= steps done) was dispatched and the previous metrics read, before the
         hooks (eval, checkpoint, snapshot: their time is their own): fires injected faults, times

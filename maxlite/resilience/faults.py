@@ -66,15 +66,18 @@ class Faults:
             while True:
                 time.sleep(3600)
 
-    def corrupt(self, step: int, batch: dict) -> dict:
+    def corrupt(self, step: int, batch: dict, prefix: str = "") -> dict:
         """This process's rows of the batch of step `step` (a count: its loss is logged as `step`);
-        nan: NaN weights, so the step's loss is not finite."""
-        if self.type == "nan" and step == self.step:
+        nan: NaN loss weights (the `prefix`ed ones: what the step trains on), so the step's loss is
+        not finite. Rows without loss weights (GRPO's prompts: its sampled rows come later) are
+        left alone, and the fault waits for the rows that have them."""
+        poisoned = [k for k in batch if k.startswith(prefix) and k.endswith("weights")]
+        if self.type == "nan" and step == self.step and poisoned:
             self._fire_once()
             self.type = ""  # the step runs again after the rollback: with good data
             print(f"maxlite: fault injection: a non-finite loss at step {step}", file=sys.stderr, flush=True)
             import numpy as np
-            return {k: np.full_like(v, np.nan) if k.endswith("weights") else v for k, v in batch.items()}
+            return {k: np.full_like(v, np.nan) if k in poisoned else v for k, v in batch.items()}
         return batch
 
     def slow_down(self, step: int, took: float) -> None:

@@ -33,10 +33,13 @@ def _client():
 class Progress:
     """`progress()` → CPU seconds of work by this process and its peers (monotone per source)."""
 
-    def __init__(self, clock=time.monotonic, own=time.process_time):
+    def __init__(self, clock=time.monotonic, own=time.process_time, log=None):
+        """`log(line)`: where the one warning goes when the peers' figures cannot be read."""
         self.clock, self.own, self.client = clock, own, lambda: None
+        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self._published = None
         self._peers = 0.0
+        self.stale: str | None = None  # why the peers' work is no longer read fresh, once said
 
     def share(self) -> None:
         """Publish and read the peers' work from now on (call once jax.distributed is connected)."""
@@ -55,6 +58,10 @@ class Progress:
                 client.key_value_set(f"{PREFIX}{process_index()}", f"{own:.3f}", allow_overwrite=True)
                 self._peers = sum(float(v) for k, v in client.key_value_dir_get(PREFIX)
                                   if k.rsplit("/", 1)[-1] != str(process_index()))
-            except Exception:  # noqa: BLE001 — the coordinator gone: judge on own work
-                pass
+            except Exception as e:  # noqa: BLE001 — the coordinator gone: the peers' last figures stand
+                if self.stale is None:
+                    self.stale = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+                    self.log(f"maxlite: warning: cannot read the peers' progress from jax.distributed's "
+                             f"key-value store ({self.stale[:200]}); the hang watchdog judges on this process's "
+                             f"work and the peers' last figures (said once)")
         return own + self._peers
