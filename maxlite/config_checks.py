@@ -22,6 +22,7 @@ _CHOICES = {
     "moe_implementation": names.MOE_IMPLEMENTATIONS,
     "routed_score_func": ("softmax", "sigmoid"),
     "quantization": names.QUANTIZATION,
+    "cpu_matmul": ("auto", "bf16", "f32"),
     "rope_scaling_type": ("llama3", "linear"),
     "lr_schedule_type": ("cosine", "linear", "constant"),
     "checkpoint_error_policy": ("continue", "stop"),
