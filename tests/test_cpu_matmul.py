@@ -15,6 +15,14 @@ from flax import nnx
 from helpers import SMALL, build, dot_equations, train_losses
 from maxlite import build as build_lib, config as C, cpu_matmul, mesh as mesh_lib
 from maxlite.data.synthetic import make_synthetic_iterator
+from maxlite.models import matmul
+
+@pytest.fixture(autouse=True)
+def _process_path_restored():
+    """Building sets this process's CPU path (maxlite.build): put the one before back after each test."""
+    with matmul.cpu_path("bf16"):
+        yield
+
 
 F32_WINS, BF16_WINS = {"bf16": 0.002, "f32": 0.001}, {"bf16": 0.001, "f32": 0.002}
 
