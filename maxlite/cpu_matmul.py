@@ -3,10 +3,11 @@
 XLA:CPU can multiply bf16 operands natively (bf16 × bf16 → f32), or upcast them and run its float32
 kernels (`maxlite.models.matmul`). Which is faster is the CPU's: with bf16 matrix instructions
 (avx512_bf16, AMX) the native dot wins; on an AVX2 + FMA CPU XLA emulates it and the float32 product
-won by 1.35× per step. So `auto` times both at the model's own shapes (the forward and both backward
-products of a step's projections), keeps the faster, and caches the answer per CPU model (its name
-and instruction flags), JAX version and shapes, in `cpu_matmul.json` beside the compile cache: a
-machine measures once. `bf16` / `f32` force a path. With `dtype=float32` there is nothing to choose.
+won by 1.35× per step. So `auto` times both at the model's own shapes (the forward and both
+backward products of a step's projections, capped at 512 rows and 4096 columns), keeps the faster,
+and caches the answer per CPU model (its name and instruction flags), JAX version and shapes, in
+`cpu_matmul.json` beside the compile cache: a machine measures once. `bf16` / `f32` force a path.
+With `dtype=float32` there is nothing to choose.
 """
 
 from __future__ import annotations
@@ -93,28 +94,38 @@ def _jax_version() -> str:
     return jax.__version__
 
 
+# The probe's rows and columns are capped: a big model's products have the same kernels' shape at
+# a fraction of the cost (uncapped, llama-100m's head alone was seconds per timing on 2 cores).
+_MAX_ROWS, _MAX_COLUMNS = 512, 4096
+
+
 def _tokens(cfg) -> int:
-    """Tokens of one device's micro-batch (at least one sequence)."""
-    return max(1, round(cfg.per_device_batch_size)) * cfg.max_target_length
+    """Rows of the probe: one device's micro-batch of tokens (at least one sequence), capped."""
+    return min(_MAX_ROWS, max(1, round(cfg.per_device_batch_size)) * cfg.max_target_length)
+
+
+def _widths(cfg) -> tuple[int, ...]:
+    """Columns of the probe's products: the MLP's, attention's (heads × head dim), the vocabulary's."""
+    return tuple(min(_MAX_COLUMNS, n) for n in
+                 (cfg.base_mlp_dim, cfg.base_num_query_heads * cfg.head_dim, cfg.vocab_size))
 
 
 def _shapes(cfg) -> str:
-    """The probe's shapes: tokens × model dim × (MLP width, attention width, vocabulary)."""
-    return (f"M{_tokens(cfg)} D{cfg.base_emb_dim} F{cfg.base_mlp_dim} "
-            f"A{cfg.base_num_query_heads * cfg.head_dim} V{cfg.vocab_size}")
+    """The probe's shapes (part of the cache key): rows, model dim, columns."""
+    return f"M{_tokens(cfg)} D{cfg.base_emb_dim} N{'/'.join(map(str, _widths(cfg)))}"
 
 
 def probe(cfg, repeats: int = 5) -> dict:
     """Best time of each path over `repeats` interleaved runs of a step's projections at the model's
-    shapes: x [tokens, D] × w [D, F], [D, heads × head_dim] and [D, V], forward and both backward
-    products, through `project` itself."""
+    shapes (capped above): x [tokens, D] × w [D, F], [D, heads × head_dim] and [D, V], forward and
+    both backward products, through `project` itself."""
     import jax
     import jax.numpy as jnp
 
     from maxlite.models import matmul
 
     dt = jnp.dtype(cfg.dtype)
-    widths = (cfg.base_mlp_dim, cfg.base_num_query_heads * cfg.head_dim, cfg.vocab_size)
+    widths = _widths(cfg)
     keys = jax.random.split(jax.random.key(0), len(widths) + 1)
     x = jax.random.normal(keys[0], (_tokens(cfg), cfg.base_emb_dim), dt)
     ws = [jax.random.normal(k, (cfg.base_emb_dim, n), jnp.float32) * 0.05 for k, n in zip(keys[1:], widths)]
