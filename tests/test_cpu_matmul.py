@@ -95,3 +95,10 @@ def test_both_paths_train_the_same_and_each_runs_its_own_dots():
     assert f32[0] == "f32" and f32[1] == {(f, f)}
     built = build_lib.build(C.load(SMALL + ["cpu_matmul=f32"]), jax.devices()[:1], num_processes=1)
     assert built.cpu_matmul == cpu_matmul.Choice("f32", "forced", {}) and built.cfg.cpu_matmul == "f32"
+
+
+@pytest.mark.parametrize("path, dtype", [("bf16", "bfloat16"), ("f32", "float32")])
+def test_the_mfu_peak_is_the_running_paths(path, dtype):
+    from maxlite.peak import peak_tflops_per_device
+    peak, source = peak_tflops_per_device("bfloat16", path)
+    assert peak > 0 and source.startswith(f"measured XLA {dtype} matmul"), source
