@@ -72,7 +72,9 @@ def wire(cfg: C.Config, devices) -> Built:
     from maxlite import mesh as mesh_lib, objectives, optim, quant, state as state_lib
 
     quant.check(cfg.quantization, devices[0].platform)  # the model applies it (quant.using)
-    if devices[0].platform == "cpu":  # before anything traces (maxlite/models/matmul.py)
+    # before anything traces (maxlite/models/matmul.py); a float32 model's product is the same on
+    # both paths, so it leaves the process's path as it was
+    if devices[0].platform == "cpu" and cfg.dtype != "float32":
         from maxlite.models import matmul
         matmul.use_cpu_path(cfg.cpu_matmul)
     mesh = mesh_lib.make_mesh(cfg, devices)

@@ -4,7 +4,7 @@ XLA:CPU can multiply bf16 operands natively (bf16 × bf16 → f32), or upcast th
 kernels (`maxlite.models.matmul`). Which is faster is the CPU's: with bf16 matrix instructions
 (avx512_bf16, AMX) the native dot wins; on an AVX2 + FMA CPU XLA emulates it and the float32 product
 won by 1.35× per step. So `auto` times both at the model's own shapes (the forward and both
-backward products of a step's projections, capped at 512 rows and 4096 columns), keeps the faster,
+backward products of a step's projections, capped at 512 rows and 1024 elsewhere), keeps the faster,
 and caches the answer per CPU model (its name and instruction flags), JAX version and shapes, in
 `cpu_matmul.json` beside the compile cache: a machine measures once. `bf16` / `f32` force a path.
 With `dtype=float32` there is nothing to choose.
@@ -94,9 +94,10 @@ def _jax_version() -> str:
     return jax.__version__
 
 
-# The probe's rows and columns are capped: a big model's products have the same kernels' shape at
-# a fraction of the cost (uncapped, llama-100m's head alone was seconds per timing on 2 cores).
-_MAX_ROWS, _MAX_COLUMNS = 512, 4096
+# The probe's dimensions are capped: a big model's products run the same kernels at a fraction of
+# the cost (uncapped, llama-100m's head alone was seconds per timing on 2 cores, and a 405B recipe
+# would probe for minutes before the check that it cannot fit): ≤ 10 GFLOP a timing.
+_MAX_ROWS, _MAX_DIM = 512, 1024
 
 
 def _tokens(cfg) -> int:
@@ -106,13 +107,17 @@ def _tokens(cfg) -> int:
 
 def _widths(cfg) -> tuple[int, ...]:
     """Columns of the probe's products: the MLP's, attention's (heads × head dim), the vocabulary's."""
-    return tuple(min(_MAX_COLUMNS, n) for n in
+    return tuple(min(_MAX_DIM, n) for n in
                  (cfg.base_mlp_dim, cfg.base_num_query_heads * cfg.head_dim, cfg.vocab_size))
+
+
+def _model_dim(cfg) -> int:
+    return min(_MAX_DIM, cfg.base_emb_dim)
 
 
 def _shapes(cfg) -> str:
     """The probe's shapes (part of the cache key): rows, model dim, columns."""
-    return f"M{_tokens(cfg)} D{cfg.base_emb_dim} N{'/'.join(map(str, _widths(cfg)))}"
+    return f"M{_tokens(cfg)} D{_model_dim(cfg)} N{'/'.join(map(str, _widths(cfg)))}"
 
 
 def probe(cfg, repeats: int = 5) -> dict:
@@ -127,8 +132,9 @@ def probe(cfg, repeats: int = 5) -> dict:
     dt = jnp.dtype(cfg.dtype)
     widths = _widths(cfg)
     keys = jax.random.split(jax.random.key(0), len(widths) + 1)
-    x = jax.random.normal(keys[0], (_tokens(cfg), cfg.base_emb_dim), dt)
-    ws = [jax.random.normal(k, (cfg.base_emb_dim, n), jnp.float32) * 0.05 for k, n in zip(keys[1:], widths)]
+    D = _model_dim(cfg)
+    x = jax.random.normal(keys[0], (_tokens(cfg), D), dt)
+    ws = [jax.random.normal(k, (D, n), jnp.float32) * 0.05 for k, n in zip(keys[1:], widths)]
 
     def loss(x, ws):  # a sum of squares: every product's backward has a dense cotangent
         return sum(jnp.sum(jnp.square(matmul.project("md,dn->mn", x, w).astype(jnp.float32))) for w in ws)
