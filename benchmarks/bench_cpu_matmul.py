@@ -71,7 +71,7 @@ def main() -> None:
     write_result({
         "command": "JAX_PLATFORMS=cpu python benchmarks/bench_cpu_matmul.py " + " ".join(sys.argv[1:]),
         "config": argv, "cpu_model": _cpuinfo("model name"), "cpu_flags": _cpuinfo("flags"),
-        "cpus": os.cpu_count(), "jax": jax.__version__, "load_before": load_before, "load_after": _load(),
+        "cpus": os.cpu_count(), "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""), "load_before": load_before, "load_after": _load(),
         "probe_seconds": probe, "auto_would_choose": cpu_matmul.faster(probe),
         "step_faster_path": min(steps, key=lambda p: steps[p]["median_wall_s"]),
         "repeats": args.repeats, "steps_per_repeat": args.steps, "step": steps,
