@@ -83,7 +83,9 @@ def main() -> None:
     repo = str(work / "repo")
     if args.venv:
         python = str(pathlib.Path(args.venv) / "bin" / "python")
-        record["command"] = f"{python} -m ray_entry.train demo.yml  (fresh clone, fresh HOME, existing venv)"
+        env["PYTHONPATH"] = repo  # the clone's code, wherever the venv's own install points
+        record["command"] = (f"PYTHONPATH=<clone> {python} -m ray_entry.train demo.yml  "
+                             "(fresh clone, fresh HOME, existing venv)")
     else:
         record["command"] = ("python3.11 -m venv .venv && .venv/bin/pip install -e . && "
                              ".venv/bin/python -m ray_entry.train demo.yml  (fresh clone, fresh HOME)")
