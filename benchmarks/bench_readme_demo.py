@@ -5,8 +5,8 @@
 Clones this checkout's HEAD into a temporary directory with a fresh HOME (no pip cache, no compile
 cache, no cpu_matmul.json: a new machine as far as this user is concerned), then runs
 `python3.11 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/python -m ray_entry.train demo.yml`,
-stamping every output line. `--venv` skips the install and runs the demo with an existing venv's
-Python (the demo's own phases only). The JSON has the phases (install, driver start → Ray up, worker
+stamping every output line. `--venv` skips the install and runs the clone's code with an existing
+venv's Python (the demo's own phases only). The JSON has the phases (install, driver start → Ray up, worker
 set-up, first steps with the compile, steps, evals, sample, report, shutdown), the command, the
 CPU's flags and the load average at each phase (the machine may be shared: read the figures with it).
 """
