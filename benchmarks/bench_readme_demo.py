@@ -54,8 +54,9 @@ def stamped(cmd: list[str], cwd: str, env: dict, log: list) -> int:
     return proc.wait()
 
 
-def phases(start: float, log: list) -> dict:
-    """Seconds of each phase, from the stamped demo output (the last completed step for the steps)."""
+def phases(start: float, log: list, end: float) -> dict:
+    """Seconds of each phase, from the stamped demo output (the last completed step for the steps);
+    `exit`: from the last phase's line to the process's end."""
     out, t = {}, start
     last_step = max((ts for ts, line in log if "completed step:" in line), default=None)
     for name, pattern in MARKS:
@@ -64,7 +65,7 @@ def phases(start: float, log: list) -> dict:
         if end is not None:
             out[name] = round(end - t, 2)
             t = end
-    out["exit"] = round(log[-1][0] - t, 2) if log else 0.0
+    out["exit"] = round(end - t, 2)
     return out
 
 
@@ -96,8 +97,9 @@ def main() -> None:
         python = ".venv/bin/python"
     start, log = time.time(), []
     rc = stamped([python, "-u", "-m", "ray_entry.train", "demo.yml"], repo, env, log)
-    record["phases_seconds"].update(phases(start, log))
-    record.update(exit_code=rc, demo_seconds=round(time.time() - start, 2),
+    end = time.time()
+    record["phases_seconds"].update(phases(start, log, end))
+    record.update(exit_code=rc, demo_seconds=round(end - start, 2),
                   total_seconds=round(time.time() - t0, 2), load_end=load(),
                   lines=[line for _, line in log if "maxlite" in line and "completed step" not in line][-12:])
     pathlib.Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
