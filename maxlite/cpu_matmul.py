@@ -42,15 +42,14 @@ def faster(seconds: dict) -> str:
     return min(PATHS, key=lambda p: seconds[p])
 
 
-def choose(cfg, time_paths: Callable[[object], dict] | None = None,
-           cache_file: str | None = None) -> Choice:
+def choose(cfg, time_paths: Callable[[object], dict] | None = None) -> Choice:
     """`cfg.cpu_matmul` for this CPU: forced, cached, or measured by `time_paths(cfg)` (default
-    `probe`) and cached in `cache_file` (default: beside cfg.jax_cache_dir; none when it is off)."""
+    `probe`) and cached beside cfg.jax_cache_dir (not when it is off)."""
     if cfg.dtype == "float32":
         return Choice("f32", "float32 model", {})
     if cfg.cpu_matmul != "auto":
         return Choice(cfg.cpu_matmul, "forced", {})
-    cache_file = default_cache_file(cfg) if cache_file is None else cache_file
+    cache_file = default_cache_file(cfg)
     key = f"{cpu_identity()} | jax {_jax_version()} | {_shapes(cfg)}"
     cached = _read(cache_file).get(key)
     if cached:
