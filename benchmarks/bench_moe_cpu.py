@@ -42,6 +42,10 @@ def _load() -> list[float]:
     return [float(x) for x in open("/proc/loadavg").read().split()[:3]]
 
 
+def _cpu_flags() -> str:
+    return next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("flags")), "")
+
+
 def _interleaved(fns: dict, repeats: int, inner: int = 1) -> dict:
     """{name: {"cpu_s": [...], "wall_s": [...]}} per call, fns[name]() run `inner` times a repeat."""
     import jax
@@ -180,13 +184,16 @@ def main() -> None:
 
     load_before = _load()
     fns, chosen = step_fns()
+    from maxlite.models import matmul
+    cpu_matmul_path = matmul._cpu_path[0]  # what `auto` chose (the builds set it); the layers run on it too
     steps = _summary(_interleaved(fns, args.repeats, args.steps), "tiny")
     layers = _summary(_interleaved(layer_fns(), args.repeats, 3), "dense_mlp_2F")
     write_result({
         "command": "JAX_PLATFORMS=cpu python benchmarks/bench_moe_cpu.py " + " ".join(sys.argv[1:]),
         "step_config": STEP, "moe_implementation": chosen, "repeats": args.repeats,
         "steps_per_repeat": args.steps, "jax": jax.__version__, "cpus": os.cpu_count(),
-        "load_before": load_before, "load_after": _load(),
+        "load_before": load_before, "load_after": _load(), "cpu_flags": _cpu_flags(),
+        "cpu_matmul": cpu_matmul_path,
         "step": steps, "layer_forward_backward": layers,
     }, pathlib.Path(args.out))
 

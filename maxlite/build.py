@@ -24,6 +24,7 @@ class Built:
     shardings: Any  # TrainState of NamedShardings
     batch_sharding: Any
     objective: Any  # maxlite.objectives.Objective: what the loop calls with each step's number
+    cpu_matmul: Any = None  # maxlite.cpu_matmul.Choice on CPU (how cfg.cpu_matmul was chosen), else None
 
     @property
     def train_step(self) -> Callable:
@@ -45,7 +46,24 @@ def build(cfg: C.Config, devices=None, num_processes: int | None = None) -> Buil
     devices = list(jax.devices() if devices is None else devices)
     cfg = C.resolve(cfg, len(devices), mesh_lib.num_slices_of(devices),
                     jax.process_count() if num_processes is None else num_processes, devices[0].platform)
-    return wire(cfg, devices)
+    choice = _choose_cpu_matmul(cfg) if devices[0].platform == "cpu" else None
+    if choice is not None:
+        cfg = dataclasses.replace(cfg, cpu_matmul=choice.path)
+    return dataclasses.replace(wire(cfg, devices), cpu_matmul=choice)
+
+
+def _choose_cpu_matmul(cfg: C.Config):
+    """The CPU product (maxlite/cpu_matmul.py): the first process's choice, so every process runs
+    the same program."""
+    import jax
+
+    from maxlite import cpu_matmul
+
+    choice = cpu_matmul.choose(cfg) if jax.process_index() == 0 else None
+    if jax.process_count() > 1:
+        from maxlite.checkpoints.saver import gather_json
+        choice = cpu_matmul.Choice(**gather_json(dataclasses.asdict(choice) if choice else None)[0])
+    return choice
 
 
 def wire(cfg: C.Config, devices) -> Built:
@@ -53,6 +71,11 @@ def wire(cfg: C.Config, devices) -> Built:
     (the planner's: a TPU topology's, compiled ahead of time from this CPU)."""
     from maxlite import mesh as mesh_lib, objectives, optim, state as state_lib
 
+    # the CPU matmul path is set before anything traces (maxlite/models/matmul.py); a float32 model's product is the same on
+    # both paths, so it leaves the process's path as it was
+    if devices[0].platform == "cpu" and cfg.dtype != "float32":
+        from maxlite.models import matmul
+        matmul.use_cpu_path(cfg.cpu_matmul)
     mesh = mesh_lib.make_mesh(cfg, devices)
     tx, schedule = optim.make_optimizer(cfg), optim.learning_rate_schedule(cfg)
     graphdef, abstract, shardings = state_lib.abstract_state(cfg, mesh, tx)

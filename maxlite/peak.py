@@ -30,12 +30,18 @@ def measure_matmul_tflops(dtype: str = "float32", size: int = 2048, repeats: int
     return 2 * size**3 / best / 1e12
 
 
-def peak_tflops_per_device(dtype: str = "bfloat16") -> tuple[float, str]:
+def peak_tflops_per_device(dtype: str = "bfloat16", cpu_matmul: str = "bf16") -> tuple[float, str]:
     """(peak, where it came from): the published bf16 figure for known chips, else (CPU) measured
-    for `dtype`, the model's compute dtype."""
+    for the product that runs: `dtype`, the model's compute dtype, or float32 where the CPU path
+    upcasts it (`cpu_matmul` f32, maxlite/cpu_matmul.py)."""
     device = jax.local_devices()[0]
     for name, peak in PEAK_TFLOPS.items():
         if device.device_kind.startswith(name):
             return peak, f"published {name} bf16 peak"
-    return (measure_matmul_tflops(dtype, device=device),
+    if device.platform == "cpu" and cpu_matmul == "f32":
+        dtype = "float32"
+    # on CPU a 1024 product reaches the 2048 one's rate (0.099 against 0.084 TFLOP/s, 2 loaded cores)
+    # at an eighth of the work: the 2048 probe was 9 s of the README demo's wall time
+    size = 1024 if device.platform == "cpu" else 2048
+    return (measure_matmul_tflops(dtype, size=size, device=device),
             f"measured XLA {jnp.dtype(dtype).name} matmul on {device.device_kind}")

@@ -208,6 +208,11 @@ class Keys:
         "\"\" (none) | int8 | fp8 | fp8_full | fp8_gpu (GPUs only): the decoder layers' projections quantized "
         "in training, forward and backward, through Qwix (docs/performance.md); master weights, optimizer "
         "state, checkpoints and exports unchanged")
+    cpu_matmul: str = key("auto",
+        "CPU only: how bf16 matmuls run: auto (time both at the model's shapes once per CPU model, keep the "
+        "faster; cached in cpu_matmul.json beside jax_cache_dir) | bf16 (native bf16 × bf16 → f32 dots: CPUs "
+        "with bf16 instructions) | f32 (operands upcast to float32: AVX2-only CPUs)",
+        choices=("auto", "bf16", "f32"))
     jax_cache_dir: str = key("~/.cache/maxlite/jax",
         'JAX persistent compilation cache (a re-run skips compiling); "" disables', kind="path")
 

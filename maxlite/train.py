@@ -182,7 +182,8 @@ def _setup(cfg: C.Config, res, status_fields: dict[str, Any], on_status, launche
         print(f"maxlite: run {cfg.run_name} → {run_dir.path}; {jax.process_count()} process(es), "
               f"mesh {dict(zip(mesh.axis_names, mesh.devices.shape))} on {jax.device_count()} "
               f"{jax.devices()[0].platform} device(s); global batch {cfg.global_batch_size} × "
-              f"{cfg.max_target_length} tokens; attention {cfg.attention}", flush=True)
+              f"{cfg.max_target_length} tokens; attention {cfg.attention}"
+              + (f"; cpu matmul {built.cpu_matmul.describe()}" if built.cpu_matmul else ""), flush=True)
     if cfg.dataset_type == "sft":  # the loss mask checked before step 0 (sft_audit.txt)
         from maxlite.data import sft_audit
         from maxlite.data.tokenizer import load_tokenizer
@@ -206,6 +207,8 @@ def _setup(cfg: C.Config, res, status_fields: dict[str, Any], on_status, launche
     run_hooks = hooks.standard(cfg, primary, res, logger, batches, ckpt, evaluator, mesh)
     run_dir.sticky.update(status_fields)
     run_dir.sticky.update(attention=cfg.attention, resumed_from=start.record())  # what runs, where from
+    if built.cpu_matmul:
+        run_dir.sticky["cpu_matmul"] = built.cpu_matmul.record()
     if lease is not None:
         run_dir.sticky["lease"] = {"host": lease.me.host, "pid": lease.me.pid, "launcher": lease.me.launcher,
                                    **({"took_over": lease.took_over} if lease.took_over else {})}
@@ -309,7 +312,7 @@ def _finish(run: _Run, res, state, reason: str | None, started: float) -> dict[s
     summary = logger.summary(time.perf_counter() - started, None)
     if primary and "tokens_per_second" in summary and not reason:  # stopped: exit fast, no peak probe
         with res.section("peak_probe"):
-            peak, source = peak_tflops_per_device(run.cfg.dtype)
+            peak, source = peak_tflops_per_device(run.cfg.dtype, run.cfg.cpu_matmul)
         if jax.devices()[0].platform == "cpu":
             peak /= jax.local_device_count()  # simulated CPU devices share the host's cores
         summary = logger.summary(time.perf_counter() - started, peak)

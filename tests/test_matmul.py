@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from helpers import dot_equations
-from maxlite.models.matmul import project
+from maxlite.models.matmul import CPU_PATHS, cpu_path, project
 
 SPECS = {  # the model's projections: MLP, query/key/value, output, head; and attention's two
     "btd,df->btf": ((2, 8, 16), (16, 24)),
@@ -66,18 +66,47 @@ def test_a_stored_float32_weight_gets_its_gradient_in_float32_unrounded():
     np.testing.assert_allclose(dw, want, rtol=1e-6, atol=1e-6)
 
 
-def test_every_matmul_forward_and_backward_is_bfloat16_accumulated_in_float32():
-    """What XLA is handed: bf16 operands, an f32 result (CPU runs its native bf16 kernels on such a
-    dot; a bf16 → bf16 dot it upcasts to f32 × f32), in the forward pass and both backward matmuls."""
+@pytest.mark.parametrize("path, operand", [("bf16", jnp.bfloat16), ("f32", jnp.float32)])
+def test_every_matmul_forward_and_backward_is_accumulated_in_float32_on_the_cpu_path(path, operand):
+    """What XLA is handed: an f32 result, in the forward pass and both backward matmuls, with bf16
+    operands on the bf16 path (CPU runs its native bf16 kernels on such a dot; a bf16 → bf16 dot it
+    upcasts to f32 × f32) and the upcast f32 operands on the f32 path."""
     spec = "btd,df->btf"
     x, w, g = _operands(spec, jnp.bfloat16)
     w = w.astype(jnp.float32)  # as stored: cast at use
-    jaxpr = jax.make_jaxpr(lambda x, w, g: _value_and_grads(lambda x, w: project(spec, x, w), x, w, g))(x, w, g)
+    with cpu_path(path):
+        jaxpr = jax.make_jaxpr(lambda x, w, g: _value_and_grads(lambda x, w: project(spec, x, w), x, w, g))(x, w, g)
     dots = list(dot_equations(jaxpr.jaxpr))
     assert len(dots) == 3  # forward, dx, dw
     for eqn in dots:
-        assert [v.aval.dtype for v in eqn.invars] == [jnp.bfloat16, jnp.bfloat16], eqn
+        assert [v.aval.dtype for v in eqn.invars] == [operand, operand], eqn
         assert eqn.outvars[0].aval.dtype == jnp.float32, eqn
+
+
+@pytest.mark.parametrize("spec", sorted(SPECS))
+def test_both_cpu_paths_give_the_same_rounded_products(spec):
+    """Both paths form each bf16 × bf16 product exactly in f32 and sum in f32, in different orders;
+    so their bf16 results differ by at most one rounding step (an ulp of bf16, 2^-8 relative) plus
+    twice a float32 summation's error bound (n · 2^-24 · Σ|a·b| for n terms), in value and gradients."""
+    x, w, g = _operands(spec, jnp.bfloat16)
+    results = {}
+    for path in CPU_PATHS:
+        with cpu_path(path):
+            results[path] = jax.jit(lambda x, w, g: _value_and_grads(lambda x, w: project(spec, x, w), x, w, g))(x, w, g)
+    ins, out = spec.split("->")
+    a, b = ins.split(",")
+    terms = {"out": (f"{a},{b}->{out}", x, w), "dx": (f"{out},{b}->{a}", g, w), "dw": (f"{a},{out}->{b}", x, g)}
+    (bf_out, (bf_dx, bf_dw)), (f_out, (f_dx, f_dw)) = results["bf16"], results["f32"]
+    for name, bf, f in (("out", bf_out, f_out), ("dx", bf_dx, f_dx), ("dw", bf_dw, f_dw)):
+        assert bf.dtype == f.dtype == jnp.bfloat16, name
+        sub, p, q = terms[name]
+        (pa, qa), res = [t.split(",") for t in sub.split("->")[0:1]][0], sub.split("->")[1]
+        sizes = dict(zip(pa + qa, p.shape + q.shape))
+        n = np.prod([sizes[c] for c in set(pa + qa) - set(res)])  # terms in each sum
+        abs_sum = np.asarray(jnp.einsum(sub, jnp.abs(p.astype(jnp.float32)), jnp.abs(q.astype(jnp.float32))))
+        bf, f = np.asarray(bf, np.float32), np.asarray(f, np.float32)
+        bound = np.maximum(np.abs(bf), np.abs(f)) * 2.0**-8 + 2 * n * 2.0**-24 * abs_sum
+        assert np.all(np.abs(bf - f) <= bound), (name, np.max(np.abs(bf - f) - bound))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="needs the tpu extra")

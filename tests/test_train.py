@@ -31,7 +31,11 @@ def test_cli_trains_sharded_and_fills_the_run_directory(run_dir):
     records = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
     assert [rec["step"] for rec in records if "loss" in rec] == [1, 2, 3, 4]
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(out, "tensorboard")))
-    assert json.load(open(os.path.join(out, "status.json")))["state"] == "finished"
+    status = json.load(open(os.path.join(out, "status.json")))
+    assert status["state"] == "finished"
+    chosen = status["cpu_matmul"]  # the bf16 model's CPU product: timed here or cached by an earlier run
+    assert chosen["how"] in ("measured", "cached") and chosen["path"] == min(chosen["seconds"], key=chosen["seconds"].get)
+    assert f"cpu matmul {chosen['path']} ({chosen['how']}: " in r.stdout.splitlines()[0]
     page = open(os.path.join(out, "report.html")).read()  # write_report: the run's own report
     assert "run_name: t1" in page and os.path.getsize(os.path.join(out, "report.png")) > 10_000
 

@@ -21,10 +21,19 @@ itself: under `remat_policy=minimal` or `save_dots` a CPU backward pass recomput
 accumulator, twice the bytes of the scaled bf16 result. So `project` names those results (a weight
 matmul, or a batched one such as attention's), and `dots_saveable` / `dots_with_no_batch_dims_saveable`
 below are JAX's policies plus those names: the same choice on every platform, quantized or not.
+
+Which CPU product runs is the machine's (`cpu_matmul`, chosen by `maxlite.cpu_matmul`): "bf16", the
+native bf16 × bf16 → f32 dot above, fast on CPUs with bf16 matrix instructions; or "f32", the same
+operands upcast to float32 for an f32 × f32 dot, which wins where XLA only emulates bf16 (AVX2 + FMA).
+Both compute each product exactly (a bf16 × bf16 product fits in f32) and accumulate in f32: they
+differ only in summation order, so the rounded results agree to an ulp of the compute dtype. The
+choice is one per process, like the platform itself, set by the wiring (`maxlite.build`) before
+anything traces; the resolved config that carries it is part of every model's jit cache key.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
@@ -46,6 +55,26 @@ dots_with_no_batch_dims_saveable = _cp.save_from_both_policies(_cp.dots_with_no_
 
 quantization = quant.using  # `with quantization(cfg.quantization):` around a model's layers
 
+CPU_PATHS = ("bf16", "f32")  # what `cpu_matmul` resolves to (maxlite/cpu_matmul.py)
+_cpu_path = ["bf16"]  # this process's CPU product: set by the wiring, read while tracing
+
+
+def use_cpu_path(path: str) -> None:
+    """Trace CPU matmuls as `path` (one of CPU_PATHS) from now on in this process."""
+    assert path in CPU_PATHS, path
+    _cpu_path[0] = path
+
+
+@contextlib.contextmanager
+def cpu_path(path: str):
+    """`use_cpu_path(path)` for a block (the probe that times both, tests), then the previous one."""
+    before = _cpu_path[0]
+    use_cpu_path(path)
+    try:
+        yield
+    finally:
+        _cpu_path[0] = before
+
 
 def project(spec: str, x, w):
     """einsum(spec, x, w) in x's dtype (w cast to it), accumulated in float32 on every platform;
@@ -65,6 +94,8 @@ def _batched(spec: str) -> bool:
 
 
 def _dot(spec: str, a, b, dtype):
+    if _cpu_path[0] == "f32":  # exact products either way; XLA's f32 kernels where bf16 is emulated
+        a, b = a.astype(jnp.float32), b.astype(jnp.float32)
     return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32).astype(dtype)
 
 
