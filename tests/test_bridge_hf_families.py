@@ -186,3 +186,19 @@ def test_exports_that_the_architecture_cannot_hold_are_refused(tmp_path):
     with pytest.raises(ValueError, match="scales scores by 1/sqrt"):
         hf.export_hf(scaled, P.random_params(scaled), str(tmp_path / "b"))
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_checkpoint_whose_tensors_do_not_match_its_config_is_one_line(tmp_path, capsys):
+    """A tensor missing or of another shape is the user's checkpoint, not a converter bug: exit 2."""
+    from safetensors.numpy import save_file
+
+    model = _hf_model("qwen3", tmp_path / "hf")
+    weights = {n: p.detach().numpy() for n, p in model.state_dict().items()}
+    del weights["model.layers.1.mlp.down_proj.weight"]
+    save_file(weights, str(tmp_path / "hf" / "model.safetensors"))
+    capsys.readouterr()  # transformers' own progress lines
+    assert hf.main(["import", str(tmp_path / "hf"), str(tmp_path / "ckpt")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err  # the import's progress lines, then one error line
+    assert err.strip().splitlines()[-1].startswith("maxlite: error: ") and \
+        "tensor model.layers.1.mlp.down_proj.weight missing" in err.strip().splitlines()[-1], err

@@ -14,6 +14,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from maxlite.bridge import params as P
+from maxlite.schema import ConfigError
 from maxlite.bridge.safetensors_io import Entry, SafetensorsDir
 from maxlite.models.kinds import layer_mlps
 
@@ -93,7 +94,8 @@ def export_entries(cfg, maps: list[TensorMap], pure: P.Tree, dtype) -> list[Entr
 def import_params(cfg, maps: list[TensorMap], source: SafetensorsDir, dtype,
                   ignore: Callable[[str], bool] = lambda name: False,
                   progress: Callable[[str], None] | None = None) -> P.Tree:
-    """HF tensors → maxlite nested numpy dict, filling preallocated arrays one tensor at a time."""
+    """HF tensors → maxlite nested numpy dict, filling preallocated arrays one tensor at a time. A
+    checkpoint whose tensors do not match its config.json is the user's input: one line, exit 2."""
     names = set(source.names())
     kinds = layer_mlps(cfg)
 
@@ -106,10 +108,10 @@ def import_params(cfg, maps: list[TensorMap], source: SafetensorsDir, dtype,
         if name not in names:
             hint = " but tie_word_embeddings is false" if name == "lm_head.weight" else \
                 " (does config.json match the weights?)"
-            raise ValueError(f"{source.path}: tensor {name} missing{hint}")
+            raise ConfigError(f"{source.path}: tensor {name} missing{hint}")
         raw = source.get(name)
         if tuple(raw.shape) != t.hf_shape:
-            raise ValueError(f"{source.path}: {name} has shape {tuple(raw.shape)}, config.json implies {t.hf_shape}")
+            raise ConfigError(f"{source.path}: {name} has shape {tuple(raw.shape)}, config.json implies {t.hf_shape}")
         names.discard(name)
         for path, value in zip(t.paths, t.from_hf(raw)):
             if i is None:
@@ -122,5 +124,5 @@ def import_params(cfg, maps: list[TensorMap], source: SafetensorsDir, dtype,
         names.discard("lm_head.weight")  # tied: some writers store the shared matrix twice
     unused = sorted(n for n in names if not ignore(n))
     if unused:
-        raise ValueError(f"{source.path}: {len(unused)} tensors not mapped, e.g. {unused[0]}")
+        raise ConfigError(f"{source.path}: {len(unused)} tensors not mapped, e.g. {unused[0]}")
     return pure
