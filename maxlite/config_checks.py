@@ -24,7 +24,8 @@ _CHOICES = {
     "routed_score_func": ("softmax", "sigmoid"),
     "quantization": names.QUANTIZATION,
     "rope_scaling_type": ("llama3", "linear"),
-    "lr_schedule_type": ("cosine", "linear", "constant"),
+    "lr_schedule_type": ("cosine", "linear", "constant", "wsd"),
+    "wsd_decay_style": ("linear", "cosine", "1-sqrt"),
     "checkpoint_error_policy": ("continue", "stop"),
     "fault_type": ("", "crash", "hang", "slow", "starve", "sigterm", "crash_in_snapshot", "crash_in_checkpoint", "nan", "pause"),
     "inmemory_snapshot_keeper": ("auto", "shm", "ray"),
@@ -41,7 +42,7 @@ _CHOICES = {
 # Legal types, nonsense values: inclusive [low, high] (None: unbounded). `_POSITIVE` keys must be > 0.
 _RANGES: dict[str, tuple[float | None, float | None]] = {
     "learning_rate": (0, None), "learning_rate_final_fraction": (0, 1), "warmup_steps_fraction": (0, 1),
-    "learning_rate_schedule_steps": (-1, None),
+    "learning_rate_schedule_steps": (-1, None), "wsd_decay_steps_fraction": (0, 1), "lr_warmup_steps": (-1, None),
     "adam_b1": (0, 1), "adam_b2": (0, 1), "adam_weight_decay": (0, None),
     "gradient_clipping_threshold": (0, None), "z_loss_weight": (0, None), "seed": (0, None),
     "checkpoint_period": (0, None), "max_num_checkpoints_to_keep": (0, None),
@@ -86,6 +87,9 @@ def validate(c: Config) -> None:
             raise ConfigError(f"{key}={value} must be {where}")
     if c.learning_rate_schedule_steps == 0:
         raise ConfigError("learning_rate_schedule_steps=0: give the schedule's length, or -1 for `steps`")
+    if c.lr_schedule_type == "wsd" and c.warmup_steps + c.wsd_decay_steps > c.schedule_steps:
+        raise ConfigError(f"lr_schedule_type=wsd: warmup ({c.warmup_steps} steps) + decay ({c.wsd_decay_steps}) "
+                          f"exceed the schedule's {c.schedule_steps} steps; shorten one or raise steps")
     if 0 < c.spike_factor <= 1:
         raise ConfigError(f"spike_factor={c.spike_factor}: a spike is a loss above this × the recent median; "
                           f"use a factor above 1 (2–4 is usual), or 0 to judge non-finite losses only")

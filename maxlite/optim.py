@@ -1,4 +1,4 @@
-"""The optax chain: warmup then cosine/linear/constant, global-norm clipping, AdamW; for the
+"""The optax chain: warmup then cosine/linear/constant/warmup-stable-decay, global-norm clipping, AdamW; for the
 alignment objectives, the reference policy carried in the optimizer state.
 
 DPO and GRPO compare the policy with a frozen reference: the weights the run starts from, or those
@@ -16,6 +16,7 @@ import dataclasses
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import optax
 
 
@@ -39,11 +40,35 @@ def _schedule(cfg) -> optax.Schedule:
         decay = optax.cosine_decay_schedule(peak, decay_steps, alpha=cfg.learning_rate_final_fraction)
     elif cfg.lr_schedule_type == "linear":
         decay = optax.linear_schedule(peak, final, decay_steps)
+    elif cfg.lr_schedule_type == "wsd":
+        decay = _stable_then_decay(cfg, peak, final)
     else:
         decay = optax.constant_schedule(peak)
     if warmup == 0:
         return decay
     return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), decay], [warmup])
+
+
+# Warmup-stable-decay's decay shapes: the fraction of (peak - final) left at t ∈ [0, 1] of the decay.
+WSD_SHAPES = {
+    "linear": lambda t: 1 - t,
+    "cosine": lambda t: 0.5 * (1 + jnp.cos(jnp.pi * t)),
+    "1-sqrt": lambda t: 1 - jnp.sqrt(t),
+}
+
+
+def _stable_then_decay(cfg, peak: float, final: float) -> optax.Schedule:
+    """After warmup: the peak until the schedule's last `wsd_decay_steps`, then the decay to
+    `final`, held after the schedule's end. Only the decay depends on `steps`, so a stable-phase
+    checkpoint resumed with a larger `steps` keeps every step already taken (a branched decay)."""
+    n, shape = cfg.wsd_decay_steps, WSD_SHAPES[cfg.wsd_decay_style]
+    stable = cfg.schedule_steps - cfg.warmup_steps - n
+
+    def decay(count):
+        t = jnp.clip(count / max(n, 1), 0.0, 1.0)
+        return final + (peak - final) * shape(t)
+
+    return optax.join_schedules([optax.constant_schedule(peak), decay], [stable])
 
 
 def _decay_mask(params):

@@ -158,6 +158,9 @@ SCHEDULES = [  # every schedule optax can run from a recipe
     ["lr_schedule_type=constant", "warmup_steps_fraction=0.2"],
     ["lr_schedule_type=cosine", "warmup_steps_fraction=0"],
     ["lr_schedule_type=cosine", "learning_rate_schedule_steps=30"],  # steps past the schedule's end
+    *(["lr_schedule_type=wsd", "wsd_decay_steps_fraction=0.3", f"wsd_decay_style={style}"]
+      for style in ("linear", "cosine", "1-sqrt")),
+    ["lr_schedule_type=wsd", "learning_rate_schedule_steps=30", "lr_warmup_steps=3"],
 ]
 
 
@@ -182,7 +185,8 @@ def test_megatron_runs_the_schedule_optax_runs(keys):
     sched = OptimizerParamScheduler(
         Optimizer(), init_lr=0.0, max_lr=a["--lr"], min_lr=a["--min-lr"], lr_warmup_steps=a["--lr-warmup-iters"],
         lr_decay_steps=a["--lr-decay-iters"], lr_decay_style=a["--lr-decay-style"], start_wd=0.0, end_wd=0.0,
-        wd_incr_steps=1, wd_incr_style="constant")
+        wd_incr_steps=1, wd_incr_style="constant", wsd_decay_steps=a.get("--lr-wsd-decay-iters"),
+        lr_wsd_decay_style=a.get("--lr-wsd-decay-style"))
     optax_lr = learning_rate_schedule(cfg)
     for step in range(a["--train-iters"]):
         assert sched.get_lr({}) == pytest.approx(float(optax_lr(step)), rel=1e-5, abs=1e-12), step

@@ -119,12 +119,19 @@ def _schedule(cfg, notes: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[
                             f"Megatron's one --lr schedule cannot express; export the SFT recipe on its own")
     final = float(f"{cfg.learning_rate * cfg.learning_rate_final_fraction:.10g}")  # 3e-05, not 2.99…e-05
     min_lr = cfg.learning_rate if cfg.lr_schedule_type == "constant" else final
+    wsd = cfg.lr_schedule_type == "wsd"
     mega = [("--lr", cfg.learning_rate), ("--min-lr", min_lr),
-            ("--lr-decay-style", cfg.lr_schedule_type), ("--lr-warmup-iters", cfg.warmup_steps),
+            ("--lr-decay-style", "WSD" if wsd else cfg.lr_schedule_type), ("--lr-warmup-iters", cfg.warmup_steps),
             ("--lr-decay-iters", cfg.schedule_steps), ("--train-iters", cfg.steps)]
     nemo = [("recipe.trainer.max_steps", cfg.steps), ("recipe.optim.config.lr", cfg.learning_rate)]
+    if wsd:  # megatron-core's scheduler: the peak until --lr-decay-iters minus these, then the decay
+        mega += [("--lr-wsd-decay-style", {"1-sqrt": "minus_sqrt"}.get(cfg.wsd_decay_style, cfg.wsd_decay_style)),
+                 ("--lr-wsd-decay-iters", cfg.wsd_decay_steps)]
+        notes.append("lr_schedule_type=wsd: NeMo's recipe schedulers have no warmup-stable-decay; the NeMo "
+                     "recipe keeps the warmup and holds the peak (its decay is not mapped); the Megatron "
+                     "flags run the whole schedule")
     scheduler = {"cosine": "CosineAnnealingScheduler", "linear": "PolynomialDecayAnnealingScheduler",
-                 "constant": "WarmupHoldPolicyScheduler"}[cfg.lr_schedule_type]
+                 "constant": "WarmupHoldPolicyScheduler", "wsd": "WarmupHoldPolicyScheduler"}[cfg.lr_schedule_type]
     nemo.append(("recipe.optim.lr_scheduler", f"run.Config(nemo.lightning.pytorch.optim.{scheduler})"))
     nemo += [("recipe.optim.lr_scheduler.warmup_steps", cfg.warmup_steps),
              ("recipe.optim.lr_scheduler.max_steps", cfg.schedule_steps)]
