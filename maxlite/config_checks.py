@@ -26,6 +26,7 @@ _CHOICES = {
     "rope_scaling_type": ("llama3", "linear"),
     "lr_schedule_type": ("cosine", "linear", "constant", "wsd"),
     "wsd_decay_style": ("linear", "cosine", "1-sqrt"),
+    "opt_type": ("adamw", "muon"),
     "checkpoint_error_policy": ("continue", "stop"),
     "fault_type": ("", "crash", "hang", "slow", "starve", "sigterm", "crash_in_snapshot", "crash_in_checkpoint", "nan", "pause"),
     "inmemory_snapshot_keeper": ("auto", "shm", "ray"),
@@ -43,6 +44,7 @@ _CHOICES = {
 _RANGES: dict[str, tuple[float | None, float | None]] = {
     "learning_rate": (0, None), "learning_rate_final_fraction": (0, 1), "warmup_steps_fraction": (0, 1),
     "learning_rate_schedule_steps": (-1, None), "wsd_decay_steps_fraction": (0, 1), "lr_warmup_steps": (-1, None),
+    "muon_beta": (0, 1), "muon_weight_decay": (0, None), "muon_consistent_rms": (0, None),
     "adam_b1": (0, 1), "adam_b2": (0, 1), "adam_weight_decay": (0, None),
     "gradient_clipping_threshold": (0, None), "z_loss_weight": (0, None), "seed": (0, None),
     "checkpoint_period": (0, None), "max_num_checkpoints_to_keep": (0, None),

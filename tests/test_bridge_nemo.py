@@ -212,3 +212,19 @@ def test_gemma3_is_refused_in_one_line_and_windows_and_qk_norms_map(capsys):
     assert "--qk-layernorm" in q and "--disable-bias-linear" in q and "--add-qkv-bias" not in q
     q2 = mapping("model_name=qwen2.5-7b")
     assert "--add-qkv-bias" in q2.megatron_dict() and q2.factory == "qwen25_7b" and q2.factory_exact
+
+
+def test_muon_exports_megatron_cores_muon_settings_or_is_refused_in_one_line():
+    from megatron.core.optimizer.optimizer_config import OptimizerConfig
+
+    m = mapping("opt_type=muon", "muon_weight_decay=0.1", "muon_beta=0.9")
+    a, n = m.megatron_dict(), dict(m.nemo)
+    assert a["--optimizer"] == "muon" and a["--muon-momentum"] == 0.9 and a["--muon-scale-mode"] == "shape_scaling"
+    assert "--muon-use-nesterov" in a and a["--weight-decay"] == 0.1
+    fields = {k.split(".")[-1] for k in n if k.startswith("recipe.optim.config.muon")}
+    assert fields and fields <= set(OptimizerConfig.__dataclass_fields__)  # megatron-core's own names
+    rms = mapping("opt_type=muon", "muon_weight_decay=0.1", "muon_consistent_rms=0.2").megatron_dict()
+    assert (rms["--muon-scale-mode"], rms["--muon-extra-scale-factor"]) == ("spectral", 0.2)
+    with pytest.raises(C.ConfigError, match="muon_weight_decay=0 differs from adam_weight_decay=0.1") as e:
+        nemo.map_recipe(C.load(["base.yml", "opt_type=muon"]))
+    assert "\n" not in str(e.value)

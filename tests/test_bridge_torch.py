@@ -198,3 +198,9 @@ def test_families_the_twin_does_not_model_are_refused_in_one_line():
     cfg = C.load(["base.yml", "model_name=tiny", "decoder_block=qwen3"])
     with pytest.raises(ValueError, match="for this model transformers is the reference"):
         TM.from_maxlite(cfg, P.random_params(cfg))
+
+
+def test_the_torch_twin_refuses_muon_in_one_line():
+    cfg = C.load(["base.yml", "model_name=tiny", "opt_type=muon"])
+    with pytest.raises(ValueError, match="opt_type=muon: the torch twin trains with AdamW only"):
+        TM.make_optimizer(TM.TorchTransformer(cfg), cfg)

@@ -290,6 +290,8 @@ def learning_rate(cfg, step: int) -> float:
 
 def make_optimizer(model: TorchTransformer, cfg):
     """AdamW with maxlite's hyper-parameters (no decay on norm scales and biases) + LR schedule."""
+    if cfg.opt_type != "adamw":
+        raise ValueError(f"opt_type={cfg.opt_type}: the torch twin trains with AdamW only; use opt_type=adamw")
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         leaf = name.split(".")[-1]
