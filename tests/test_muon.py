@@ -135,3 +135,12 @@ def test_a_killed_muon_run_resumes_to_the_straight_runs_loss(tmp_path):
                              devices=1)
     assert codes == [0] and "resumed from step 4" in outs[0], outs[0][-3000:]
     assert _final_loss(f"{tmp_path}/killed", 6) == _final_loss(f"{tmp_path}/straight", 6)
+
+
+def test_lora_adapters_train_with_muon():
+    argv = [*SMALL, "opt_type=muon", "lora_rank=4"]
+    split = _split(argv)
+    assert split and all(d is not None for d in split.values())  # the adapters' matrices; no AdamW half
+    assert all(k[-1].endswith(("_lora_a", "_lora_b")) for k in split)
+    losses, _ = train_losses([*argv, "learning_rate=0.01", "per_device_batch_size=4"], 1, 3)
+    assert np.isfinite(losses).all()
