@@ -138,15 +138,14 @@ def _muon(cfg, schedule, split) -> optax.GradientTransformation:
     }, labels)
 
 
-def make_optimizer(cfg, trainable=None) -> optax.GradientTransformation:
-    """`trainable`: the abstract parameters the optimizer updates (opt_type=muon splits them; default:
-    the model's, LoRA's adapters with LoRA)."""
+def make_optimizer(cfg) -> optax.GradientTransformation:
+    """Clipping, then AdamW, or Muon + AdamW split over the trainable parameters (LoRA: the adapters)."""
     parts = []
     if cfg.gradient_clipping_threshold > 0:
         parts.append(optax.clip_by_global_norm(cfg.gradient_clipping_threshold))
     schedule = learning_rate_schedule(cfg)
     if cfg.opt_type == "muon":
-        parts.append(_muon(cfg, schedule, muon_split(trainable if trainable is not None else _trainable(cfg))))
+        parts.append(_muon(cfg, schedule, muon_split(_trainable(cfg))))
     else:
         parts.append(optax.adamw(schedule, b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps,
                                  weight_decay=cfg.adam_weight_decay, mask=_decay_mask))
