@@ -15,7 +15,7 @@ from flax import nnx
 
 from maxlite import config as C, optim, state as state_lib
 from maxlite.checkpoints.saver import Checkpointer
-from tests.helpers import MOE, SMALL, build, run_module, start, train_losses, trained
+from tests.helpers import MOE, SMALL, build, run_module, start, start_built, train_losses, trained
 
 MUON = ["opt_type=muon", "gradient_clipping_threshold=0", "lr_schedule_type=constant", "warmup_steps_fraction=0",
         "learning_rate=0.02", "muon_weight_decay=0.1"]
@@ -109,12 +109,22 @@ def test_another_opt_type_on_resume_is_refused_unless_the_optimizer_is_reset(tmp
     saver.close()
     with pytest.raises(C.ConfigError, match="holds the optimizer state of opt_type=adamw, this run has opt_type=muon"):
         start(tmp_path, ["run_name=src", *MUON], 1)
-    _, started, _, c = start(tmp_path, ["run_name=src", *MUON, "reset_optimizer_state=true"], 1)
-    c.close()
+    reset = ["run_name=src", *MUON, "reset_optimizer_state=true"]
+    built, started, data, c = start_built(tmp_path, reset, 1)
     assert int(started.state.step) == 1
     assert all(np.array_equal(a, b) for a, b in zip(_host(started.state.params), _host(state.params)))
     fresh = optim.make_optimizer(C.load([*SMALL, *MUON])).init(jax.device_get(started.state.params))
     assert all(np.array_equal(a, b) for a, b in zip(_host(started.state.opt_state), _host(fresh)))
+    # the reset happens once: the reset run's own checkpoint comes back with its Muon state
+    trained_on, _ = built.train_step(started.state, {k: jax.device_put(v, built.batch_sharding)
+                                                     for k, v in next(data).items()})
+    assert c.save(2, trained_on, data)
+    c.close()
+    _, again, _, c = start(tmp_path, reset, 1)
+    c.close()
+    assert int(again.state.step) == 2
+    assert all(np.array_equal(a, b) for a, b in zip(_host(again.state.opt_state), _host(trained_on.opt_state)))
+    assert any(np.any(a) for a in _host(again.state.opt_state[0].inner_states["muon"]))  # not a fresh momentum
 
 
 def _final_loss(run_dir: str, step: int) -> float:
