@@ -48,6 +48,9 @@ def validate(c: Config) -> None:
                      f.metadata["positive"])
     if c.learning_rate_schedule_steps == 0:
         raise ConfigError("learning_rate_schedule_steps=0: give the schedule's length, or -1 for `steps`")
+    if c.lr_schedule_type == "wsd" and c.warmup_steps + c.wsd_decay_steps > c.schedule_steps:
+        raise ConfigError(f"lr_schedule_type=wsd: warmup ({c.warmup_steps} steps) + decay ({c.wsd_decay_steps}) "
+                          f"exceed the schedule's {c.schedule_steps} steps; shorten one or raise steps")
     if 0 < c.spike_factor <= 1:
         raise ConfigError(f"spike_factor={c.spike_factor}: a spike is a loss above this × the recent median; "
                           f"use a factor above 1 (2–4 is usual), or 0 to judge non-finite losses only")

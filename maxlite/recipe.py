@@ -73,7 +73,14 @@ class Config(Keys):
 
     @property
     def warmup_steps(self) -> int:
+        if self.lr_warmup_steps >= 0:
+            return self.lr_warmup_steps
         return int(self.warmup_steps_fraction * self.schedule_steps)
+
+    @property
+    def wsd_decay_steps(self) -> int:
+        """lr_schedule_type=wsd: the decay's length, at the schedule's end."""
+        return int(self.wsd_decay_steps_fraction * self.schedule_steps)
 
     @property
     def run_dir(self) -> str:

@@ -51,7 +51,7 @@ def decide(built, ckpt, data_iterator, process_index: int, primary: bool, memory
     """Where the run `built` (maxlite.build) starts. Collective when `memory` (the in-memory
     snapshots' `restore(abstract, newer_than)`) is given: every host calls it. Restores onto this
     run's mesh whatever mesh saved the state."""
-    cfg, abstract, shardings = built.cfg, built.abstract, built.shardings
+    cfg = built.cfg
     start = time.perf_counter()
     got, data_state, passed_over = _own_newest(built, ckpt, memory, None, data_iterator, process_index)
     if got is not None and got.source == "memory":
@@ -69,12 +69,12 @@ def decide(built, ckpt, data_iterator, process_index: int, primary: bool, memory
                             f"from; delete them (or pick another run_name) to start afresh")
     elif cfg.load_full_state_path:
         root, step = ck.resolve_step_dir(cfg.load_full_state_path)
-        state = _restore_full(root, step, abstract, shardings, data_iterator, process_index)
+        state = _restore_full(root, step, built, data_iterator, process_index)
         got = Start(state, "full_state", step, f"{root}/{step}")
         print_primary(primary, f"maxlite: loaded the full state of step {step} from {root}")
     elif cfg.load_parameters_path:
         root, step = ck.resolve_step_dir(cfg.load_parameters_path)
-        got = Start(_params_only(root, step, built.cfg, built.mesh, built.tx, abstract, shardings), "params", 0, f"{root}/{step}")
+        got = Start(_params_only(root, step, built), "params", 0, f"{root}/{step}")
         print_primary(primary, f"maxlite: loaded parameters from {root}/{step}; fresh optimizer, starting at step 0")
     else:
         got = Start(built.init_state(), "fresh", 0)
@@ -134,10 +134,10 @@ def _restore_verified(root: str, step: int, built, data_iterator, process_index:
     """A checkpoint's state; read a second time before it is called corrupt: a transient bad read
     (the storage or the network returned wrong bytes once) must not cost a good checkpoint."""
     try:
-        return _restore_full(root, step, built.abstract, built.shardings, data_iterator, process_index)
+        return _restore_full(root, step, built, data_iterator, process_index)
     except ck.CheckpointCorrupt as e:
         first = e
-    state = _restore_full(root, step, built.abstract, built.shardings, data_iterator, process_index)
+    state = _restore_full(root, step, built, data_iterator, process_index)
     print_primary(primary, f"maxlite: warning: the first read of checkpoint step {step} in {root} failed "
                            f"verification ({first.what()}), the second passed: the storage returned wrong bytes once")
     return state
@@ -190,37 +190,58 @@ def _note_val_loss(ckpt, step: int) -> None:
             return
 
 
-def _restore_full(root: str, step: int, abstract, shardings, data_iterator=None, process_index: int = 0):
-    """The state saved at `step`, and, given `data_iterator`, its data position applied."""
+def _restore_full(root: str, step: int, built, data_iterator=None, process_index: int = 0):
+    """The state saved at `step`, and, given `data_iterator`, its data position applied. Its
+    optimizer state must be of this run's `opt_type`, unless `reset_optimizer_state` starts a fresh
+    one on its weights and step: once, for a checkpoint saved by a run without the reset (a later
+    resume of the reset run's own checkpoints keeps their state)."""
     from maxlite.state import TrainState
 
-    targets = {"params": ck.sharded_target(abstract.params, shardings.params),
-               "optimizer": ck.sharded_target({"step": abstract.step, "opt_state": abstract.opt_state},
-                                              {"step": shardings.step, "opt_state": shardings.opt_state})}
+    abstract, shardings = built.abstract, built.shardings
+    saved = ck.read_meta(root, step).get("config", {})
+    reset = built.cfg.reset_optimizer_state and not saved.get("reset_optimizer_state", False)
+    if not reset and saved.get("opt_type", "adamw") != built.cfg.opt_type:
+        raise C.ConfigError(f"{root}/{step} holds the optimizer state of opt_type={saved.get('opt_type', 'adamw')}, "
+                            f"this run has opt_type={built.cfg.opt_type}: resume with the checkpoint's, or add "
+                            f"reset_optimizer_state=true to keep its weights and start a fresh optimizer state")
+    targets = {"params": ck.sharded_target(abstract.params, shardings.params)}
+    if not reset:
+        targets["optimizer"] = ck.sharded_target({"step": abstract.step, "opt_state": abstract.opt_state},
+                                                 {"step": shardings.step, "opt_state": shardings.opt_state})
     if data_iterator is not None:
         targets["data"] = None
     restored = ck.restore_items(root, step, targets)
     if data_iterator is not None:
         apply_data_state(data_iterator, restored.get("data") or {}, process_index, f"{root}/{step}")
+    if reset:
+        return _fresh_optimizer(restored["params"], step, built)
     opt = restored["optimizer"]
     return TrainState(step=opt["step"], params=restored["params"], opt_state=opt["opt_state"])
 
 
-def _params_only(root: str, step: int, cfg, mesh, tx, abstract, shardings):
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
+def _params_only(root: str, step: int, built):
+    from maxlite.state import fresh_adapters, join, split_trainable
 
-    from maxlite.mesh import RULES
-    from maxlite.state import TrainState, fresh_adapters, join, split_trainable
-
+    cfg, mesh, abstract, shardings = built.cfg, built.mesh, built.abstract, built.shardings
     base, base_shardings = split_trainable(abstract.params)[1], split_trainable(shardings.params)[1]
     if base is None:  # no LoRA: every parameter comes from the checkpoint
         base, base_shardings = abstract.params, shardings.params
     params = ck.restore_items(root, step, {"params": ck.sharded_target(base, base_shardings)})["params"]
     if base is not abstract.params:  # LoRA on a base model: fresh adapters (B = 0: step 0 is the base)
         params = join(fresh_adapters(cfg, mesh, split_trainable(shardings.params)[0]), params)
-    with jax.set_mesh(mesh), nnx.logical_axis_rules(RULES):
-        opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(split_trainable(params)[0])
-        zero = jax.device_put(jnp.zeros((), jnp.int32), shardings.step)
-    return TrainState(step=zero, params=params, opt_state=opt_state)
+    return _fresh_optimizer(params, 0, built)
+
+
+def _fresh_optimizer(params, step: int, built):
+    """A state of these weights at `step` with the run's optimizer freshly initialised, sharded."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from maxlite.mesh import RULES
+    from maxlite.state import TrainState, split_trainable
+
+    with jax.set_mesh(built.mesh), nnx.logical_axis_rules(RULES):
+        opt_state = jax.jit(built.tx.init, out_shardings=built.shardings.opt_state)(split_trainable(params)[0])
+        at = jax.device_put(jnp.asarray(step, jnp.int32), built.shardings.step)
+    return TrainState(step=at, params=params, opt_state=opt_state)

@@ -222,9 +222,17 @@ class Keys:
     gradient_accumulation_steps: int = key(1, "micro-batches summed per optimizer step", positive=True)
 
     learning_rate: float = key(0.0003, "peak learning rate", section="optimizer", bounds=(0, None))
-    lr_schedule_type: str = key("cosine", "cosine | linear | constant (after warmup)",
-        choices=("cosine", "linear", "constant"))
+    lr_schedule_type: str = key("cosine",
+        "cosine | linear | constant | wsd (after warmup; wsd: stable at the peak, then a decay over the "
+        "schedule's last wsd_decay_steps_fraction)", choices=("cosine", "linear", "constant", "wsd"))
+    wsd_decay_steps_fraction: float = key(0.1,
+        "wsd: fraction of the schedule's steps spent decaying to the final rate, at its end", bounds=(0, 1))
+    wsd_decay_style: str = key("linear", "wsd: the decay's shape: linear | cosine | 1-sqrt",
+        choices=("linear", "cosine", "1-sqrt"))
     warmup_steps_fraction: float = key(0.1, "fraction of the schedule spent in linear warmup from 0", bounds=(0, 1))
+    lr_warmup_steps: int = key(-1,
+        "the warmup's length in steps (-1: warmup_steps_fraction × the schedule); fix it to branch a wsd decay "
+        "with a new `steps` without moving the warmup", bounds=(-1, None))
     learning_rate_schedule_steps: int = key(-1,
         "the schedule's length (MaxText's key); -1: `steps`. Set it and a higher `steps` on resume extends "
         "the run at the final rate without changing its past schedule", bounds=(-1, None))
@@ -234,6 +242,18 @@ class Keys:
     adam_b2: float = key(0.95, "AdamW beta2", bounds=(0, 1))
     adam_eps: float = key(1e-08, "AdamW epsilon", positive=True)
     adam_weight_decay: float = key(0.1, "AdamW decoupled weight decay", bounds=(0, None))
+    opt_type: str = key("adamw",
+        "adamw | muon: optax's Muon on the decoder layers' weight matrices (each layer's, each expert's), AdamW "
+        "(adam_*) on embeddings, the output head, norms and biases (docs/optimizers.md)", choices=("adamw", "muon"))
+    muon_beta: float = key(0.95, "muon: momentum decay of the matrices' gradient average (Nesterov)", bounds=(0, 1))
+    muon_weight_decay: float = key(0.0,
+        "muon: decoupled weight decay of the Muon matrices (multiplied by the learning rate)", bounds=(0, None))
+    muon_consistent_rms: float = key(0.0,
+        "muon: 0 scales each update by its matrix's shape (sqrt(max(1, fan_out/fan_in))); > 0 gives every matrix "
+        "update this RMS (0.2 matches AdamW's, so Muon shares AdamW's learning rate)", bounds=(0, None))
+    reset_optimizer_state: bool = key(False,
+        "resume a checkpoint's weights and step with a fresh optimizer state (required to change opt_type on "
+        "resume)")
     gradient_clipping_threshold: float = key(1.0, "clip by global norm; 0 disables", bounds=(0, None))
     z_loss_weight: float = key(0.0, "weight of the z-loss (log-partition squared); 0 disables", bounds=(0, None))
 

@@ -72,6 +72,10 @@ def state_shardings(abstract: TrainState, mesh: Mesh, tx) -> TrainState:
     opt = optax.tree_map_params(
         tx, lambda _, s: s, abstract.opt_state, split_trainable(params)[0],
         transform_non_params=lambda _: replicated, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    # optax.partition (opt_type=muon) leaves empty MaskedNode placeholders where the other half's
+    # parameters are; tree_map_params puts a sharding there: keep the state's own (leafless) node
+    opt = jax.tree.map(lambda a, s: a if isinstance(a, optax.MaskedNode) else s, abstract.opt_state, opt,
+                       is_leaf=lambda x: isinstance(x, optax.MaskedNode))
     return TrainState(step=replicated, params=params, opt_state=opt)
 
 

@@ -191,6 +191,9 @@ def _setup(cfg: C.Config, res, status_fields: dict[str, Any], on_status, launche
     if primary:
         n_params = sum(x.size for x in jax.tree.leaves(built.abstract.params))
         print(f"maxlite: model {cfg.model_name}: {n_params / 1e6:,.2f}M parameters", flush=True)
+        if cfg.opt_type == "muon":
+            from maxlite import optim
+            print(optim.describe_split(optim.muon_split(state_lib.split_trainable(built.abstract.params)[0])), flush=True)
     # after initialize_distributed, which installs its own SIGTERM handler: attach puts ours back
     res.attach(run_dir.path, mesh, built.shardings, primary, on_status=run_dir.set_status)
     torn_save = res.faults.in_checkpoint if res.faults.armed_in_checkpoint() else None  # tests' fault

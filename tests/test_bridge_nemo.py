@@ -158,6 +158,9 @@ SCHEDULES = [  # every schedule optax can run from a recipe
     ["lr_schedule_type=constant", "warmup_steps_fraction=0.2"],
     ["lr_schedule_type=cosine", "warmup_steps_fraction=0"],
     ["lr_schedule_type=cosine", "learning_rate_schedule_steps=30"],  # steps past the schedule's end
+    *(["lr_schedule_type=wsd", "wsd_decay_steps_fraction=0.3", f"wsd_decay_style={style}"]
+      for style in ("linear", "cosine", "1-sqrt")),
+    ["lr_schedule_type=wsd", "learning_rate_schedule_steps=30", "lr_warmup_steps=3"],
 ]
 
 
@@ -182,7 +185,8 @@ def test_megatron_runs_the_schedule_optax_runs(keys):
     sched = OptimizerParamScheduler(
         Optimizer(), init_lr=0.0, max_lr=a["--lr"], min_lr=a["--min-lr"], lr_warmup_steps=a["--lr-warmup-iters"],
         lr_decay_steps=a["--lr-decay-iters"], lr_decay_style=a["--lr-decay-style"], start_wd=0.0, end_wd=0.0,
-        wd_incr_steps=1, wd_incr_style="constant")
+        wd_incr_steps=1, wd_incr_style="constant", wsd_decay_steps=a.get("--lr-wsd-decay-iters"),
+        lr_wsd_decay_style=a.get("--lr-wsd-decay-style"))
     optax_lr = learning_rate_schedule(cfg)
     for step in range(a["--train-iters"]):
         assert sched.get_lr({}) == pytest.approx(float(optax_lr(step)), rel=1e-5, abs=1e-12), step
@@ -208,3 +212,19 @@ def test_gemma3_is_refused_in_one_line_and_windows_and_qk_norms_map(capsys):
     assert "--qk-layernorm" in q and "--disable-bias-linear" in q and "--add-qkv-bias" not in q
     q2 = mapping("model_name=qwen2.5-7b")
     assert "--add-qkv-bias" in q2.megatron_dict() and q2.factory == "qwen25_7b" and q2.factory_exact
+
+
+def test_muon_exports_megatron_cores_muon_settings_or_is_refused_in_one_line():
+    from megatron.core.optimizer.optimizer_config import OptimizerConfig
+
+    m = mapping("opt_type=muon", "muon_weight_decay=0.1", "muon_beta=0.9")
+    a, n = m.megatron_dict(), dict(m.nemo)
+    assert a["--optimizer"] == "muon" and a["--muon-momentum"] == 0.9 and a["--muon-scale-mode"] == "shape_scaling"
+    assert "--muon-use-nesterov" in a and a["--weight-decay"] == 0.1
+    fields = {k.split(".")[-1] for k in n if k.startswith("recipe.optim.config.muon")}
+    assert fields and fields <= set(OptimizerConfig.__dataclass_fields__)  # megatron-core's own names
+    rms = mapping("opt_type=muon", "muon_weight_decay=0.1", "muon_consistent_rms=0.2").megatron_dict()
+    assert (rms["--muon-scale-mode"], rms["--muon-extra-scale-factor"]) == ("spectral", 0.2)
+    with pytest.raises(C.ConfigError, match="muon_weight_decay=0 differs from adam_weight_decay=0.1") as e:
+        nemo.map_recipe(C.load(["base.yml", "opt_type=muon"]))
+    assert "\n" not in str(e.value)

@@ -101,12 +101,15 @@ def test_wrong_shapes_are_one_clear_error():
 
 
 def test_learning_rate_schedule_matches_optax():
-    for kind in ("cosine", "linear", "constant"):
+    kinds = [["lr_schedule_type=cosine"], ["lr_schedule_type=linear"], ["lr_schedule_type=constant"],
+             *(["lr_schedule_type=wsd", "wsd_decay_steps_fraction=0.3", f"wsd_decay_style={style}"]
+               for style in ("linear", "cosine", "1-sqrt"))]
+    for kind in kinds:
         for length in (-1, 30):  # the schedule spans `steps`, or learning_rate_schedule_steps
-            cfg = C.load(["base.yml", f"lr_schedule_type={kind}", "steps=50", "warmup_steps_fraction=0.2",
+            cfg = C.load(["base.yml", *kind, "steps=50", "warmup_steps_fraction=0.2",
                           f"learning_rate_schedule_steps={length}"])
             schedule = learning_rate_schedule(cfg)
-            for step in (0, 3, 10, 11, 30, 40, 50, 60):
+            for step in (0, 3, 10, 11, 30, 36, 40, 44, 50, 60):
                 assert TM.learning_rate(cfg, step) == pytest.approx(float(schedule(step)), rel=1e-5, abs=1e-9)
 
 
@@ -195,3 +198,9 @@ def test_families_the_twin_does_not_model_are_refused_in_one_line():
     cfg = C.load(["base.yml", "model_name=tiny", "decoder_block=qwen3"])
     with pytest.raises(ValueError, match="for this model transformers is the reference"):
         TM.from_maxlite(cfg, P.random_params(cfg))
+
+
+def test_the_torch_twin_refuses_muon_in_one_line():
+    cfg = C.load(["base.yml", "model_name=tiny", "opt_type=muon"])
+    with pytest.raises(ValueError, match="opt_type=muon: the torch twin trains with AdamW only"):
+        TM.make_optimizer(TM.TorchTransformer(cfg), cfg)

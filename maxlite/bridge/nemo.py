@@ -119,12 +119,19 @@ def _schedule(cfg, notes: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[
                             f"Megatron's one --lr schedule cannot express; export the SFT recipe on its own")
     final = float(f"{cfg.learning_rate * cfg.learning_rate_final_fraction:.10g}")  # 3e-05, not 2.99…e-05
     min_lr = cfg.learning_rate if cfg.lr_schedule_type == "constant" else final
+    wsd = cfg.lr_schedule_type == "wsd"
     mega = [("--lr", cfg.learning_rate), ("--min-lr", min_lr),
-            ("--lr-decay-style", cfg.lr_schedule_type), ("--lr-warmup-iters", cfg.warmup_steps),
+            ("--lr-decay-style", "WSD" if wsd else cfg.lr_schedule_type), ("--lr-warmup-iters", cfg.warmup_steps),
             ("--lr-decay-iters", cfg.schedule_steps), ("--train-iters", cfg.steps)]
     nemo = [("recipe.trainer.max_steps", cfg.steps), ("recipe.optim.config.lr", cfg.learning_rate)]
+    if wsd:  # megatron-core's scheduler: the peak until --lr-decay-iters minus these, then the decay
+        mega += [("--lr-wsd-decay-style", {"1-sqrt": "minus_sqrt"}.get(cfg.wsd_decay_style, cfg.wsd_decay_style)),
+                 ("--lr-wsd-decay-iters", cfg.wsd_decay_steps)]
+        notes.append("lr_schedule_type=wsd: NeMo's recipe schedulers have no warmup-stable-decay; the NeMo "
+                     "recipe keeps the warmup and holds the peak (its decay is not mapped); the Megatron "
+                     "flags run the whole schedule")
     scheduler = {"cosine": "CosineAnnealingScheduler", "linear": "PolynomialDecayAnnealingScheduler",
-                 "constant": "WarmupHoldPolicyScheduler"}[cfg.lr_schedule_type]
+                 "constant": "WarmupHoldPolicyScheduler", "wsd": "WarmupHoldPolicyScheduler"}[cfg.lr_schedule_type]
     nemo.append(("recipe.optim.lr_scheduler", f"run.Config(nemo.lightning.pytorch.optim.{scheduler})"))
     nemo += [("recipe.optim.lr_scheduler.warmup_steps", cfg.warmup_steps),
              ("recipe.optim.lr_scheduler.max_steps", cfg.schedule_steps)]
@@ -147,6 +154,11 @@ def _optimizer(cfg, notes: list[str]) -> tuple[list[tuple[str, Any]], list[tuple
             ("recipe.optim.config.adam_beta1", cfg.adam_b1), ("recipe.optim.config.adam_beta2", cfg.adam_b2),
             ("recipe.optim.config.adam_eps", cfg.adam_eps),
             ("recipe.optim.config.clip_grad", cfg.gradient_clipping_threshold)]
+    if cfg.opt_type == "muon":
+        mega[0], nemo[0] = ("--optimizer", "muon"), ("recipe.optim.config.optimizer", "muon")
+        muon = _muon(cfg)
+        mega += [(f"--{k.replace('_', '-')}", None if v is True else v) for k, v in muon]  # True: a bare flag
+        nemo += [(f"recipe.optim.config.{k}", v) for k, v in muon]
     if cfg.dtype == "bfloat16":
         mega.append(("--bf16", None))
         nemo += [("recipe.optim.config.bf16", True), ("recipe.trainer.plugins.precision", "bf16-mixed")]
@@ -159,6 +171,19 @@ def _optimizer(cfg, notes: list[str]) -> tuple[list[tuple[str, Any]], list[tuple
         notes.append(f"z_loss_weight={cfg.z_loss_weight}: Megatron's GPT loss has no z-loss "
                      "(only the MoE router has one); dropped")
     return mega, nemo
+
+
+def _muon(cfg) -> list[tuple[str, Any]]:
+    """megatron-core's Muon settings (OptimizerConfig's names) that run optax's: Nesterov momentum,
+    five Newton-Schulz steps, the update scaled by its matrix's shape (optax's default, Megatron's
+    shape_scaling) or to a consistent RMS (Megatron's spectral scale times an extra factor)."""
+    if cfg.muon_weight_decay != cfg.adam_weight_decay:
+        raise C.ConfigError(f"muon_weight_decay={cfg.muon_weight_decay:g} differs from adam_weight_decay="
+                            f"{cfg.adam_weight_decay:g}: Megatron's Muon has one --weight-decay for both; "
+                            f"set them equal to export")
+    scale = [("muon_scale_mode", "spectral"), ("muon_extra_scale_factor", cfg.muon_consistent_rms)] \
+        if cfg.muon_consistent_rms else [("muon_scale_mode", "shape_scaling")]
+    return [("muon_momentum", cfg.muon_beta), ("muon_use_nesterov", True), ("muon_num_ns_steps", 5), *scale]
 
 
 def inexpressible(cfg) -> list[str]:

@@ -261,8 +261,8 @@ def from_maxlite(cfg, params=None, device: str = "cpu") -> TorchTransformer:
 
 def learning_rate(cfg, step: int) -> float:
     """maxlite's schedule, written again in plain Python on purpose (an independent twin of optim.py,
-    tested against it on every schedule): linear warmup from 0, then cosine/linear/constant to the
-    schedule's end (`schedule_steps`), held after it; an alignment run's warm-up
+    tested against it on every schedule): linear warmup from 0, then cosine/linear/constant (or stable then a
+    warmup-stable-decay's decay) to the schedule's end (`schedule_steps`), held after it; an alignment run's warm-up
     (`alignment_sft_steps` at `alignment_sft_learning_rate`) first, the schedule spanning the rest."""
     n = cfg.alignment_sft_steps
     if n and cfg.alignment_sft_learning_rate:
@@ -274,6 +274,11 @@ def learning_rate(cfg, step: int) -> float:
     peak, warmup = cfg.learning_rate, cfg.warmup_steps
     if step < warmup:
         return peak * step / warmup
+    if cfg.lr_schedule_type == "wsd":  # the peak, then the decay over the schedule's last steps
+        start, n = cfg.schedule_steps - cfg.wsd_decay_steps, cfg.wsd_decay_steps
+        t = 0.0 if step < start else min((step - start) / max(n, 1), 1.0)
+        left = {"linear": 1 - t, "cosine": 0.5 * (1 + math.cos(math.pi * t)), "1-sqrt": 1 - math.sqrt(t)}
+        return peak * (cfg.learning_rate_final_fraction + (1 - cfg.learning_rate_final_fraction) * left[cfg.wsd_decay_style])
     t = min(step - warmup, max(cfg.schedule_steps - warmup, 1)) / max(cfg.schedule_steps - warmup, 1)
     final = cfg.learning_rate_final_fraction
     if cfg.lr_schedule_type == "cosine":
@@ -285,6 +290,8 @@ def learning_rate(cfg, step: int) -> float:
 
 def make_optimizer(model: TorchTransformer, cfg):
     """AdamW with maxlite's hyper-parameters (no decay on norm scales and biases) + LR schedule."""
+    if cfg.opt_type != "adamw":
+        raise ValueError(f"opt_type={cfg.opt_type}: the torch twin trains with AdamW only; use opt_type=adamw")
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         leaf = name.split(".")[-1]
