@@ -76,7 +76,7 @@ def pytest_xdist_make_scheduler(config, log):
     return ByFile(config, log)
 
 
-# pytest-timeout (pyproject's `timeout`, 300 s) for one test; these start clusters or several training
+# pytest-timeout (pyproject's `timeout`, 600 s) for one test; these start clusters or several training
 # processes one after another (a Ray run with a restart, a Slurm requeue): 177 s for the longest on an
 # idle machine, so 900 s stays far from a slow run and still ends a hang.
 LONG_TIMEOUT_S = 900

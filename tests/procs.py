@@ -125,6 +125,19 @@ def _complete_checkpoint(run_dir, name, step):
         n for n in os.listdir(ckpts) if "tmp" in n]
 
 
+def starve_and_finish(run_dir, processes):
+    """A process that keeps computing (starved by a loaded machine, or compiling) for 3× its step
+    timeout is not killed: the watchdog sees its work (saying so once: test_resilience_units.py),
+    no hang is declared and the run finishes. The last of `processes` starves."""
+    codes, texts = run(run_dir, "st", ["steps=10", "fault_type=starve", "fault_step=6", f"fault_process={processes - 1}",
+                                        "enable_checkpointing=false", "watchdog_min_timeout=3", "watchdog_factor=2"],
+                       processes=processes)
+    assert codes == [0] * processes, texts[0][-3000:]
+    assert fired(run_dir, "st", "starve", 6, processes - 1)
+    assert not glob.glob(os.path.join(run_dir, "st", "hang_p*.log"))  # no watchdog fired
+    assert status(run_dir, "st")["state"] == "finished" and status(run_dir, "st")["step"] == 10
+
+
 def remove_snapshots(run_dir):
     """In-memory snapshots live in /dev/shm, outside the test's tmp dir: remove what the runs in
     `run_dir` left (a failed test's; a finished run clears its own)."""

@@ -12,7 +12,7 @@ import pytest
 
 from maxlite import outcome
 from tests.procs import (_complete_checkpoint, checkpoints_listed, fired, finish, losses, remove_snapshots, resumed,
-                         rollbacks, run, start, status, steps_logged, wait_for)
+                         rollbacks, run, start, starve_and_finish, status, steps_logged, wait_for)
 
 pytestmark = pytest.mark.timeout(900)  # several training processes one after another (pytest-timeout)
 
@@ -86,6 +86,11 @@ def test_hang_is_detected_with_stacks_and_exit_75(run_dir):
     assert "hang detected in section 'step'" in log and "in at_step" in log  # the stuck frame
     st = status(run_dir, "h")
     assert st["state"] == "failed" and st["exit_code"] == outcome.HANG and "hang" in st["error"]
+
+
+def test_starved_process_is_slow_not_hung(run_dir):
+    """One process computing for 3× its step timeout: slow, not hung. Two: test_resilience_procs.py."""
+    starve_and_finish(run_dir, processes=1)
 
 
 def test_nan_loss_rolls_back_to_disk_and_stops_with_one_line_when_no_rollback_is_left(run_dir):

@@ -13,8 +13,8 @@ import textwrap
 import pytest
 
 from maxlite.resilience.keeper import run_key
-from tests.procs import (ROOT, TINY, _complete_checkpoint, batch_hashes, fired, finish, losses, remove_snapshots,
-                         resumed, rollbacks, run, start, status, steps_logged, wait_for)
+from tests.procs import (ROOT, TINY, _complete_checkpoint, batch_hashes, finish, losses, remove_snapshots, resumed,
+                         rollbacks, run, starve_and_finish, start, status, steps_logged, wait_for)
 from tests.ray_cluster import ray_env
 
 
@@ -22,6 +22,16 @@ from tests.ray_cluster import ray_env
 def _no_snapshots_left(run_dir):
     yield
     remove_snapshots(run_dir)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """step → loss of one uninterrupted 10-step run on two processes (2 × 2 devices): what every
+    interrupted run below must end at, bit for bit (checkpoints and snapshots change no number)."""
+    run_dir = str(tmp_path_factory.mktemp("uninterrupted"))
+    codes, texts = run(run_dir, "ref", ["steps=10"], processes=2)
+    assert codes == [0, 0], texts[0][-3000:]
+    return losses(run_dir, "ref")
 
 
 def test_sigterm_mid_run_saves_at_the_same_step_on_both_processes_and_resumes(run_dir):
@@ -41,14 +51,12 @@ def test_sigterm_mid_run_saves_at_the_same_step_on_both_processes_and_resumes(ru
     assert status(run_dir, "m")["state"] == "finished"
 
 
-def test_two_processes_saving_every_step_killed_and_rerun_end_at_the_uninterrupted_losses(run_dir):
+def test_two_processes_saving_every_step_killed_and_rerun_end_at_the_uninterrupted_losses(run_dir, uninterrupted):
     """Async saves run Orbax on a writer thread (coordination-service barriers) while the loop's own
     gloo collectives go on: saving at every step must neither hang nor change training, a SIGKILL of
     both hosts mid-run leaves only complete checkpoints behind, and the rerun ends bit-identical."""
     from maxlite import checkpoints as ck
 
-    codes, _ = run(run_dir, "ref", ["steps=10"], processes=2)
-    assert codes == [0, 0]
     args = ["steps=10", "checkpoint_period=1", "max_num_checkpoints_to_keep=2"]
     procs, logs = start(run_dir, "x", args, processes=2)
     wait_for(lambda: steps_logged(run_dir, "x") >= 5, procs[0])
@@ -60,23 +68,15 @@ def test_two_processes_saving_every_step_killed_and_rerun_end_at_the_uninterrupt
     codes, texts = run(run_dir, "x", args, processes=2)
     assert codes == [0, 0], texts[0][-3000:] + texts[1][-3000:]
     assert resumed(run_dir, "x") == (max(saved), "checkpoint"), texts[0][-3000:]
-    assert losses(run_dir, "x") == losses(run_dir, "ref")  # all 10 steps, bit-identical
+    assert losses(run_dir, "x") == uninterrupted  # all 10 steps, bit-identical
     assert sorted(ck.complete_steps(os.path.join(run_dir, "x", "checkpoints")))[-2:] == [9, 10]
 
 
-@pytest.mark.parametrize("processes", [1, 2])
-def test_starved_process_is_slow_not_hung(run_dir, processes):
-    """A process that keeps computing (starved by a loaded machine, or compiling) for 3× its step
-    timeout is not killed: the watchdog sees its work, says so once, and the run finishes. With two
-    processes the last one starves and the other, waiting for it in the step's collectives, sees
-    its peer's work (without it, it was killed as hung)."""
-    codes, texts = run(run_dir, "st", ["steps=10", "fault_type=starve", "fault_step=6", f"fault_process={processes - 1}",
-                                        "enable_checkpointing=false", "watchdog_min_timeout=3", "watchdog_factor=2"],
-                       processes=processes)
-    assert codes == [0] * processes, texts[0][-3000:]
-    assert fired(run_dir, "st", "starve", 6, processes - 1)
-    assert not glob.glob(os.path.join(run_dir, "st", "hang_p*.log"))  # no watchdog fired (said once: units)
-    assert status(run_dir, "st")["state"] == "finished" and status(run_dir, "st")["step"] == 10
+def test_starved_process_is_slow_not_hung(run_dir):
+    """The last of two processes keeps computing (starved by a loaded machine, or compiling) for 3×
+    its step timeout; the other, waiting for it in the step's collectives, sees its peer's work
+    (without it, it was killed as hung). One process: test_resilience_one_process.py."""
+    starve_and_finish(run_dir, processes=2)
 
 
 def test_a_peers_stall_is_the_steps_time_not_other(run_dir):
@@ -129,14 +129,22 @@ TOPOLOGY_CHANGES = {"2x2_to_1x4": ((2, 4, []), (1, 4, [])),
                     "1x2_accum2_to_2x2": ((1, 2, ["gradient_accumulation_steps=2"]), (2, 4, []))}
 
 
+@pytest.fixture(scope="module")
+def corpus_reference(corpus, tmp_path_factory):
+    """(step → loss, step → batch_hash) of one uninterrupted 10-step run on the corpus, two processes."""
+    run_dir = str(tmp_path_factory.mktemp("corpus_reference"))
+    codes, texts = run(run_dir, "ref", ["dataset_type=indexed", f"data_prefix={corpus}", "steps=10"], processes=2)
+    assert codes == [0, 0], texts[0][-3000:]
+    return losses(run_dir, "ref"), batch_hashes(run_dir, "ref")
+
+
 @pytest.mark.parametrize("change", TOPOLOGY_CHANGES)
-def test_resume_on_another_topology_reads_the_same_global_batches(run_dir, corpus, change):
+def test_resume_on_another_topology_reads_the_same_global_batches(run_dir, corpus, corpus_reference, change):
     """A run killed at step 7 and resumed from its step-5 checkpoint on another number of hosts and
     devices consumes exactly the uninterrupted run's global batches (every step's batch_hash equal:
     no sample skipped or repeated) and tracks its losses (within 1e-4: only the reduction order differs, 3e-5 seen with accumulation)."""
     data = ["dataset_type=indexed", f"data_prefix={corpus}", "steps=10"]
-    codes, texts = run(run_dir, "ref", data, processes=2)
-    assert codes == [0, 0], texts[0][-3000:]
+    want, hashes = corpus_reference
     (p1, d1, extra1), (p2, d2, extra2) = TOPOLOGY_CHANGES[change]
     crash = ["checkpoint_period=5", "async_checkpointing=false", "fault_type=crash", "fault_step=7", "fault_process=0",
              "watchdog_min_timeout=5", "watchdog_factor=2"]
@@ -149,9 +157,9 @@ def test_resume_on_another_topology_reads_the_same_global_batches(run_dir, corpu
     codes, texts = run(run_dir, "x", data + crash + extra2, processes=p2, devices=d2)
     assert codes == [0] * p2, texts[0][-3000:]
     assert resumed(run_dir, "x") == (5, "checkpoint")
-    assert batch_hashes(run_dir, "x") == batch_hashes(run_dir, "ref")
-    assert len(set(batch_hashes(run_dir, "ref").values())) == 10  # ten different batches
-    got, want = losses(run_dir, "x"), losses(run_dir, "ref")
+    assert batch_hashes(run_dir, "x") == hashes
+    assert len(set(hashes.values())) == 10  # ten different batches
+    got = losses(run_dir, "x")
     assert sorted(got) == list(range(1, 11))
     assert [got[s] for s in sorted(got)] == pytest.approx([want[s] for s in sorted(want)], rel=1e-4)
 
@@ -188,10 +196,8 @@ def test_nan_loss_rolls_back_to_memory_skips_its_batches_and_finishes(run_dir, c
     assert data["position"]["batches_read"] == 14  # 12 steps trained, 2 batches skipped
 
 
-def test_crash_recovers_from_peer_memory_like_an_uninterrupted_run(run_dir):
-    args = ["steps=12", "inmemory_snapshot_period=2"]
-    codes, _ = run(run_dir, "ref", args, processes=2)
-    assert codes == [0, 0]
+def test_crash_recovers_from_peer_memory_like_an_uninterrupted_run(run_dir, uninterrupted):
+    args = ["steps=10", "inmemory_snapshot_period=2"]
     crash = args + ["fault_type=crash", "fault_step=7", "fault_process=1",
                     "watchdog_min_timeout=5", "watchdog_factor=2"]  # the survivor stops within seconds
     codes, texts = run(run_dir, "x", crash, processes=2)
@@ -208,7 +214,7 @@ def test_crash_recovers_from_peer_memory_like_an_uninterrupted_run(run_dir):
     # "own shards" (status.json's resumed_from is rank 0's)
     assert status(run_dir, "x")["resumed_from"] | {"seconds": 0} == {
         "step": 6, "source": "memory", "where": "own shard", "seconds": 0}, texts[1][-3000:]
-    assert losses(run_dir, "x") == losses(run_dir, "ref")  # bit-identical to the uninterrupted run
+    assert losses(run_dir, "x") == uninterrupted  # bit-identical to the uninterrupted run
     assert not os.path.exists(shm) or not os.listdir(shm)  # finished: the keeper was cleared
 
 
@@ -245,13 +251,11 @@ def test_ray_keeper_outlives_the_worker(ray_head, tmp_path):
 
 
 @pytest.mark.ray
-def test_ray_two_workers_crash_recovers_from_memory_at_the_uninterrupted_loss(ray_head, run_dir):
+def test_ray_two_workers_crash_recovers_from_memory_at_the_uninterrupted_loss(ray_head, run_dir, uninterrupted):
     """`python -m ray_entry.train`: Ray Train restarts the whole worker group after the injected crash;
     the detached keeper actors hand the state back. The reference is the same 2 × 2-device layout
     run as two plain processes (no Ray: faster, and the same numbers)."""
     args = ["steps=10", "inmemory_snapshot_period=2", "enable_checkpointing=false"]
-    codes, texts = run(run_dir, "ref", args, processes=2)
-    assert codes == [0, 0], texts[0][-3000:]
     env = {k: v for k, v in ray_env(RAY_ADDRESS=ray_head.gcs_address, PYTHONPATH=ROOT).items()
            if not k.startswith("MAXLITE_")}
     got = subprocess.run([sys.executable, "-m", "ray_entry.train", *TINY, *args, f"base_output_directory={run_dir}",
@@ -266,6 +270,6 @@ def test_ray_two_workers_crash_recovers_from_memory_at_the_uninterrupted_loss(ra
     assert resumed(run_dir, "x") == (6, "memory"), out[-4000:]  # the snapshot before the crash
     # held by the Ray keeper actors, not /dev/shm (auto picks the launcher's keeper)
     assert not os.path.exists(f"/dev/shm/maxlite-snap-{run_key(os.path.join(run_dir, 'x'))}")
-    assert losses(run_dir, "x") == losses(run_dir, "ref")  # bit-identical to the uninterrupted run
+    assert losses(run_dir, "x") == uninterrupted  # bit-identical to the uninterrupted run
 
 
