@@ -72,7 +72,7 @@ def test_ctrl_c_saves_says_so_exits_130_and_the_rerun_resumes(run_dir):
     st = status(run_dir, "ii")
     assert codes == [130], texts[0][-3000:]
     assert (st["state"], st["reason"], st["next"]) == ("stopped", "interrupted", "done")
-    assert "without a save" in st["error"] and "Traceback" not in texts[0]
+    assert "without a save" in st["error"] and "Traceback" not in texts[0]  # the terminal: no traceback
     assert ck.complete_steps(os.path.join(run_dir, "ii", "checkpoints")) == [2, 4]  # none after the pause
     codes, texts = run(run_dir, "ii", ["steps=5", "checkpoint_period=2", "async_checkpointing=false"])
     assert codes == [0] and resumed(run_dir, "ii") == (4, "checkpoint"), texts[0][-3000:]
@@ -83,7 +83,7 @@ def test_hang_is_detected_with_stacks_and_exit_75(run_dir):
                                        "watchdog_min_timeout=3", "watchdog_factor=2"])
     assert codes == [outcome.HANG], texts[0][-3000:]
     log = open(os.path.join(run_dir, "h", "hang_p0.log")).read()
-    assert "hang detected in section 'step'" in log and "in at_step" in log  # the stuck frame
+    assert "hang detected in section 'step'" in log and "in at_step" in log  # the stuck frame, for a person to read
     st = status(run_dir, "h")
     assert st["state"] == "failed" and st["exit_code"] == outcome.HANG and "hang" in st["error"]
 
