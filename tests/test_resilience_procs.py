@@ -13,8 +13,8 @@ import textwrap
 import pytest
 
 from maxlite.resilience.keeper import run_key
-from tests.procs import (ROOT, TINY, _complete_checkpoint, batch_hashes, finish, losses, remove_snapshots, resumed,
-                         rollbacks, run, starve_and_finish, start, status, steps_logged, wait_for)
+from tests.procs import (ROOT, TINY, _complete_checkpoint, batch_hashes, finish, fired, losses, remove_snapshots,
+                         resumed, rollbacks, run, starve_and_finish, start, status, steps_logged, wait_for)
 from tests.ray_cluster import ray_env
 
 
@@ -180,8 +180,13 @@ def test_nan_loss_rolls_back_to_memory_skips_its_batches_and_finishes(run_dir, c
     (back,) = rollbacks(run_dir, "m")
     assert (back["why"], back["to_step"], back["source"]) == ("loss is nan at step 7", 6, "memory"), back
     assert (back["skipped_batches"], back["skipped_samples"]) == ([6, 8], [24, 32]), back  # [first, end)
+    import jax
+    import numpy as np
     from maxlite import checkpoints as ck
-    assert 7 not in ck.complete_steps(os.path.join(run_dir, "m", "checkpoints"))  # the NaN state's, deleted
+    # the NaN state's checkpoint (step 7, saved before its loss was read) is gone: step 7 again holds
+    # the state trained from step 6 on the next batches, finite
+    _, params = ck.load_params(os.path.join(run_dir, "m", "checkpoints"), step=7)
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
     with open(os.path.join(run_dir, "m", "rollbacks.jsonl")) as f:
         (record,) = map(json.loads, f)
     assert record["to_step"] == 6 and record["source"] == "memory" and record["steps_undone"] == [7, 8]
