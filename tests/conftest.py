@@ -31,6 +31,19 @@ def run_dir(tmp_path):
     return str(path)
 
 
+@pytest.fixture(scope="session")
+def ray_head():
+    """One private Ray head (tests/ray_cluster.py) for every test that trains on a cluster and leaves
+    it standing (jobs, worker crashes, keeper actors): a head start and stop is 10-30 s on 2 busy
+    cores. Tests that stop nodes or start clusters themselves (drains, lost hosts, the launcher's
+    own local cluster) keep their own. The multi-process files share one xdist worker (below), so
+    the session builds it once."""
+    from tests.ray_cluster import RayHead
+
+    with RayHead(num_cpus=4) as head:
+        yield head
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Tiny torch models: one thread. On a shared 2-core machine torch's default threads contend
@@ -63,6 +76,16 @@ def pytest_xdist_make_scheduler(config, log):
     return ByFile(config, log)
 
 
+# pytest-timeout (pyproject's `timeout`, 600 s) for one test; these start clusters or several training
+# processes one after another (a Ray run with a restart, a Slurm requeue): 177 s for the longest on an
+# idle machine, so 900 s stays far from a slow run and still ends a hang.
+LONG_TIMEOUT_S = 900
+
+
 def pytest_collection_modifyitems(config, items):
     """The multi-process files first: the longest share of the run starts at once (stable sort)."""
     items.sort(key=lambda item: item.path.name not in MULTI_PROCESS_FILES)
+    for item in items:
+        long = item.path.name in MULTI_PROCESS_FILES or any(item.get_closest_marker(m) for m in ("ray", "slurm"))
+        if long and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(LONG_TIMEOUT_S))

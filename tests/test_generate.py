@@ -90,6 +90,7 @@ def _word_tokenizer(directory, size):
     return tok
 
 
+@pytest.mark.timeout(900)  # five CLI runs (import and generate, twice; a prompts file) of up to 300 s each
 def test_greedy_equals_transformers_generate_on_an_imported_llama31(tmp_path):
     config = transformers.LlamaConfig(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

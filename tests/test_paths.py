@@ -34,8 +34,17 @@ def _steps_logged(run_dir: str) -> list[int]:
         return [json.loads(x)["step"] for x in f.read().splitlines() if '"loss"' in x]
 
 
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A run of SMALL trained 2 steps (checkpoints 1 and 2), once for every path form: each form
+    resumes its own copy (step 3 saved through the form) and starts a fresh run (`ft`) through it."""
+    base = tmp_path_factory.mktemp("trained") / "runs"
+    assert train(C.load([*SMALL, f"base_output_directory={base}", "run_name=r", "steps=2"]))["exit_code"] == 0
+    return base / "r"
+
+
 @pytest.mark.parametrize("form", ["relative", "dot", "home", "absolute", "gs"])
-def test_train_resume_list_export_import_load_with_each_path_form(form, tmp_path, monkeypatch, request):
+def test_train_resume_list_export_import_load_with_each_path_form(form, trained, tmp_path, monkeypatch, request):
     work, home = tmp_path / "work", tmp_path / "home"
     work.mkdir()
     home.mkdir()
@@ -48,17 +57,18 @@ def test_train_resume_list_export_import_load_with_each_path_form(form, tmp_path
     where = {"relative": work / "runs", "dot": work / "runs", "home": home / "runs",
              "absolute": tmp_path / "abs" / "runs"}.get(form)
     run = [*SMALL, f"base_output_directory={base}", "run_name=r"]
+    import fsspec
 
-    assert train(C.load([*run, "steps=2"]))["exit_code"] == 0
+    fs, path = fsspec.url_to_fs(C.load(run).run_dir)  # the run's first 2 steps, where the form points
+    fs.put(f"{trained}/", path, recursive=True)
     ckpts = f"{base}/r/checkpoints"  # as the user types it
-    if where is not None:  # the checkpoints are where the user meant, complete
-        assert sorted(os.listdir(where / "r" / "checkpoints")) == ["1", "2"]
     assert [r["step"] for r in ck.list_checkpoints(ckpts) if r["complete"]] == [1, 2]
 
     summary = train(C.load([*run, "steps=3"]))
     assert summary["exit_code"] == 0 and summary["steps"] == 1  # resumed: this attempt ran step 3 only
     assert _steps_logged(C.load(run).run_dir)[-1] == 3
-    import fsspec
+    if where is not None:  # step 3's checkpoint is where the user meant, complete
+        assert sorted(os.listdir(where / "r" / "checkpoints")) == ["1", "2", "3"]
     with fsspec.open(f"{C.load(run).run_dir}/status.json", "r") as f:
         resumed = json.load(f)["resumed_from"]
     assert (resumed["source"], resumed["step"]) == ("checkpoint", 2)

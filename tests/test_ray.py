@@ -160,9 +160,9 @@ def _metrics(run_dir: pathlib.Path) -> dict[int, float]:
 
 
 @pytest.fixture(scope="module")
-def head():
-    with RayHead(num_cpus=4) as h:
-        yield h
+def head(ray_head):
+    """The session's Ray head (tests/conftest.py): these tests crash, hang and stop workers, never it."""
+    return ray_head
 
 
 @pytest.fixture(scope="module")
@@ -182,18 +182,18 @@ PAUSE_ARGS = ["fault_type=pause", "fault_step=4", "fault_process=1", f"fault_pau
 def test_job_submit_trains_on_two_workers(uninterrupted):
     done, run_dir = uninterrupted
     out = done.stdout + done.stderr
-    assert done.returncode == 0, out[-4000:]
-    assert "succeeded" in out
+    assert done.returncode == 0, out[-4000:]  # `ray job submit` exits 0 when the job succeeded
+    # text is the contract for the next three: what the job's console shows (the run's layout, one
+    # line per step from rank 0 only, the driver's last line)
     assert re.search(r"2 process\(es\), mesh \{'data': 1, 'fsdp': 4, .*'tensor': 1\} on 4 cpu device\(s\)", out)
     steps = [int(s) for s in re.findall(r"completed step: (\d+),", out)]
     assert steps == list(range(1, STEPS + 1))  # printed once each, by rank 0 only
-    assert "maxlite summary: 8 steps" in out
     assert re.search(r"maxlite: Ray run finished: 8 steps, final loss \d", out)
     status = json.loads((run_dir / "status.json").read_text())
-    assert status["state"] == "finished" and status["step"] == STEPS
+    assert status["state"] == "finished" and status["step"] == STEPS and status["summary"]["steps"] == STEPS
     # rank 0 waited out worker 1's 12 s stall inside a step: step time (productive), not `other`
     # (the accounting itself, on an injected clock: test_resilience_units.py)
-    assert "fault injection: pause of 12s at step 4" in out
+    assert (run_dir / ".fault_pause_4_p1").exists()  # the stall happened
     assert status["summary"]["productive_seconds"] >= PAUSE
     assert (run_dir / RT.RAY_RUN_NAME).is_dir()  # Ray's storage_path is inside the run dir
     assert sorted(_metrics(run_dir)) == list(range(1, STEPS + 1))
@@ -409,7 +409,7 @@ def test_lost_host_continues_on_the_one_left_with_the_same_global_batch(uninterr
             assert driver.poll() is None, log.read_text()[-4000:]
 
         try:
-            wait_until(lambda: "fault injection: pause" in log.read_text(), 300, alive=alive,
+            wait_until(lambda: (tmp_path / "el" / ".fault_pause_5_p0").exists(), 300, alive=alive,
                        context=lambda: log.read_text()[-4000:])
             stop_session(head.nodes["b"].pid, grace_s=0.5)  # the node is gone, with its worker
             driver.wait(timeout=400)
@@ -417,7 +417,6 @@ def test_lost_host_continues_on_the_one_left_with_the_same_global_batch(uninterr
             stop_session(driver.pid)
     out = log.read_text()
     assert driver.returncode == 0, out[-4000:]
-    assert "maxlite: elastic: training on 1 of 2 Ray workers" in out, out[-4000:]
     assert _resumed(tmp_path / "el") == {"step": 3, "source": "checkpoint"}
     status = json.loads((tmp_path / "el" / "status.json").read_text())
     assert status["state"] == "finished" and status["step"] == STEPS

@@ -281,7 +281,7 @@ def test_watchdog_dumps_stacks_and_exits_75(tmp_path):
                           capture_output=True, text=True, timeout=60,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert proc.returncode == outcome.HANG, proc.stderr
-    text = open(log).read()
+    text = open(log).read()  # text is the contract: the dump is for a person reading the hang
     assert "(timeout 0.5s)" in text  # learned from the beats (min_timeout), not the initial 30 s
     assert "hang detected in section 'step'" in text and "stuck_in_collective" in text
     assert "maxlite-watchdog" in text  # every thread's stack, the watchdog's own included
@@ -328,7 +328,8 @@ def test_watchdog_tells_a_starved_process_from_a_stuck_one(capsys):
     starved = _Fake()  # a quarter of a core: slow (compiling, or a loaded machine), not hung
     w = _watched(starved)
     assert _poll_until(w, starved, 12.0, 0.25) is None
-    assert capsys.readouterr().err.count("slow, not hung") == 1  # said once for this step
+    # text is the contract: the console notice a person sees, once per step (no status changes)
+    assert capsys.readouterr().err.count("slow, not hung") == 1
     # its work stops at t = 12: hung once a whole timeout (2 s) went by without it, at t = 14
     assert _poll_until(w, starved, 30.0, 0.0) == ("step", 13.0, 2.0)
 

@@ -41,13 +41,12 @@ def _poison(tmp_path, run_dir, name, step):
 def test_a_bad_state_sends_the_second_rollback_to_an_older_state(tmp_path, run_dir):
     _train(run_dir, "b", "steps=6", "checkpoint_period=2")
     _poison(tmp_path, run_dir, "b", 6)
-    st, out = _train(run_dir, "b", "steps=10", "checkpoint_period=2")
+    st, _ = _train(run_dir, "b", "steps=10", "checkpoint_period=2")
     assert st["state"] == "finished" and st["step"] == 10 and st["rollbacks"] == 2
     with open(f"{run_dir}/b/rollbacks.jsonl") as f:
         first, second = map(json.loads, f)
     assert (first["to_step"], first["suspect"], first["bad_state_step"]) == (6, "data", None)
     assert (second["to_step"], second["suspect"], second["bad_state_step"]) == (4, "state", 6)
-    assert "the state of step 6 went bad again at its first step" in out
 
 
 def test_with_no_older_state_the_run_stops_without_a_diverged_verdict(tmp_path, run_dir):

@@ -40,7 +40,7 @@ def test_cli_trains_sharded_and_fills_the_run_directory(run_dir):
     assert "run_name: t1" in page and os.path.getsize(os.path.join(out, "report.png")) > 10_000
 
 
-def test_preemption_notice_saves_at_once_and_training_goes_on(tmp_path, capsys):
+def test_preemption_notice_saves_at_once_and_training_goes_on(tmp_path):
     """A launcher's notice (Ray: a node drain) → a checkpoint at the agreed step, then the run goes on."""
     calls = []
 
@@ -50,12 +50,10 @@ def test_preemption_notice_saves_at_once_and_training_goes_on(tmp_path, capsys):
 
     cfg = C.load([*SMALL, "steps=6", "checkpoint_period=0", "run_name=nt", f"base_output_directory={tmp_path}"])
     summary = train(cfg, preemption_notice=notice)
-    out = capsys.readouterr().out
     assert len(calls) == 3  # polled each step until seen, then never again in this attempt
-    assert "maxlite: test: node n1 is being drained: saving a checkpoint at the next agreed step" in out
-    assert "maxlite: preemption notice: saving step 4 and waiting for it" in out  # read one sync step late
     assert summary["exit_code"] == 0 and summary["steps"] == 6
     assert json.load(open(f"{tmp_path}/nt/status.json"))["state"] == "finished"
+    # the notice's save at step 4 (seen at step 3, read one sync step late), then the final one
     assert sorted(int(d) for d in os.listdir(f"{tmp_path}/nt/checkpoints") if d.isdigit()) == [4, 6]
 
 

@@ -155,6 +155,13 @@ class Resilience:
         hooks (eval, checkpoint, snapshot: their time is their own): fires injected faults, times
         the step."""
         if self.faults:
+            if self.snapshots is not None and self.faults.type == "crash" and step == self.faults.step:
+                # An injected crash lands at one defined point: after the last snapshot is written and
+                # its exchange with the peer host has run. Without this wait the crash raced the
+                # snapshot's background write: on a slower or busier CPU the peer died mid-exchange,
+                # the survivor's collective failed ("Gloo ... Connection closed by peer") and that
+                # snapshot was lost on both hosts, so a restart found an older one.
+                self.snapshots.wait()
             self.faults.at_step(step)
         self.clock.step_end(step, self.faults)
 
