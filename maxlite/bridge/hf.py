@@ -198,7 +198,8 @@ def import_hf(hf_dir: str, argv: Sequence[str] = (), verbose: bool = False):
         except ValueError as e:  # the tokenizer the user gave does not fit the model
             raise C.ConfigError(str(e)) from None
     source = SafetensorsDir(hf_dir)
-    maps = arch.import_maps(cfg, set(source.names()))  # the prefix its writer used
+    # the prefix its writer used, where an adapter reads several (else its own table)
+    maps = arch.import_maps(cfg, set(source.names())) if hasattr(arch, "import_maps") else arch.tensor_maps(cfg)
     pure = hf_convert.import_params(cfg, maps, source, np.dtype(cfg.weight_dtype), arch.ignore,
                                     _progress(len(source.names())) if verbose else None)
     return cfg, pure

@@ -40,10 +40,6 @@ def tensor_maps(cfg) -> list[TensorMap]:
     return hf_llama.decoder_maps(cfg)
 
 
-def import_maps(cfg, names: set[str]) -> list[TensorMap]:
-    return tensor_maps(cfg)
-
-
 ignore = hf_llama.ignore
 
 
