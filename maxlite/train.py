@@ -137,7 +137,10 @@ def _hold_the_run(cfg: C.Config, primary: bool, job: tuple[str, str]):
     from maxlite.lease import Holder, Lease
 
     lease = None
-    refused = run_identity.refusal(cfg.run_dir, cfg.run_name, C.to_plain_dict(cfg)) if primary else None
+    refused = None  # [the error's kind, its line]: what every process raises
+    other_recipe = run_identity.refusal(cfg.run_dir, cfg.run_name, C.to_plain_dict(cfg)) if primary else None
+    if other_recipe:
+        refused = ["ConfigError", other_recipe]
     if primary and not refused and cfg.run_lease_seconds > 0:
         lease = Lease(cfg.run_dir, Holder(*job), cfg.run_lease_seconds,
                       log=lambda line: print(line, file=sys.stderr, flush=True))

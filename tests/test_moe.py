@@ -202,7 +202,8 @@ def test_dense_layers_first_and_interleaved_scan_equals_unrolled():
     cfg_scan, cfg_loop = moe_cfg(**over), moe_cfg(scan_layers=False, **over)
     assert layer_mlps(cfg_scan) == ("dense", "dense", "moe", "dense", "moe")
     assert [(s.name, s.count, s.unit) for s in layer_stacks(cfg_scan)] == [
-        ("dense_layers", 1, ("dense",)), ("layers", 2, ("dense", "moe"))]
+        ("dense_layers", 1, (("attention", "dense"),)),
+        ("layers", 2, (("attention", "dense"), ("attention", "moe")))]
     ids = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 8)))
     pos, seg = jnp.broadcast_to(jnp.arange(8), (2, 8)), jnp.ones((2, 8), jnp.int32)
     outs = []
