@@ -184,7 +184,7 @@ class Attention(nnx.Module):
         elif fam.qk_norm:  # one scale [H] per projection, shared by its heads
             self.q_norm = make_norm(cfg, H, rngs, ("head_dim",))
             self.k_norm = make_norm(cfg, H, rngs, ("head_dim",))
-        self.qk_norm, self.qk_norm_heads, self.use_rope = fam.qk_norm, fam.qk_norm_heads, fam.rope
+        self.qk_norm, self.qk_norm_heads, self.use_rope = fam.qk_norm, fam.qk_norm and fam.qk_norm_heads, fam.rope
         self.query_scale = cfg.query_pre_attn_scalar ** -0.5 if cfg.query_pre_attn_scalar > 0 else None
         self.cfg = cfg
         self.num_kv, self.dtype = K, jnp.dtype(cfg.dtype)
