@@ -9,8 +9,9 @@ it, that preset in the default dtypes (bf16 compute) at B × T. One device. Ever
 same batches (dataset_type=text, the bundled corpus) with a WSD schedule; the JSON holds every loss
 curve, each run's final loss (the mean of its last 5 steps), its median step time after the first
 step, the compiled step's memory (XLA's memory analysis: arguments + temporaries, the same on every
-platform), and the first step at which Muon's best run's 5-step mean reaches AdamW's best final loss
-(benchmarks/results/optimizers_tiny.json by default).
+platform), and the first step at which Muon's best run's 5-step mean reaches AdamW's best final loss;
+with --eval-every K, the eval split's loss every K steps and the first of those at which Muon's best
+run reaches AdamW's best final eval loss (benchmarks/results/optimizers_tiny.json by default).
 """
 
 from __future__ import annotations
@@ -35,18 +36,21 @@ COMMON = ["dataset_type=text", "enable_tensorboard=false", "write_report=false",
 SWEEP = {"adamw": (1e-3, 3e-3, 1e-2), "muon": (3e-3, 1e-2, 3e-2)}
 
 
-def train(argv: list[str], steps: int) -> dict:
-    """One run: its loss curve, median step time after the first step, compiled step memory."""
+def train(argv: list[str], steps: int, eval_every: int = 0) -> dict:
+    """One run: its loss curve, median step time after the first step, compiled step memory, and
+    every `eval_every` steps the eval split's loss (the same eval_steps batches each time)."""
     import jax
     from flax import nnx
 
     from maxlite import build as build_lib, config as C, mesh as mesh_lib
     from maxlite.data import make_iterator
+    from maxlite.evaluation import Evaluator
 
     built = build_lib.build(C.load(argv), jax.devices()[:1], num_processes=1)
     state, step = built.init_state(), built.train_step
     data = make_iterator(built.cfg, "train", 0, 1)
-    out, times, memory = [], [], None
+    evaluator = Evaluator(built.cfg, built.graphdef, built.shardings.params, built.batch_sharding, 0, 1)
+    out, times, memory, evals = [], [], None, {}
     with jax.set_mesh(built.mesh), nnx.logical_axis_rules(mesh_lib.RULES):
         for i in range(steps):
             batch = {k: jax.device_put(v, built.batch_sharding) for k, v in next(data).items()}
@@ -60,10 +64,12 @@ def train(argv: list[str], steps: int) -> dict:
             state, metrics = step(state, batch)
             out.append(float(metrics["loss"]))  # waits for the step
             times.append(time.perf_counter() - start)
+            if eval_every and ((i + 1) % eval_every == 0 or i + 1 == steps):
+                evals[i + 1] = round(evaluator.run(state.params)["loss"], 5)
     data.close()
     times = sorted(times[1:]) or [0.0]
-    return {"losses": out, "step_seconds_median": times[len(times) // 2], "compiled_memory": memory,
-            "device": jax.devices()[0].device_kind}
+    return {"losses": out, "eval_losses": evals, "step_seconds_median": times[len(times) // 2],
+            "compiled_memory": memory, "device": jax.devices()[0].device_kind}
 
 
 def sweep_arg(text: str) -> dict[str, tuple[float, ...]]:
@@ -80,6 +86,8 @@ def main() -> None:
     parser.add_argument("--model", default="", help="a preset, trained in the default dtypes (default: shrunk tiny)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--length", type=int, default=64)
+    parser.add_argument("--eval-every", type=int, default=0,
+                        help="score the eval split every this many steps (0: training loss only)")
     parser.add_argument("--sweep", default="", help="e.g. 'adamw=1e-3,3e-3 muon=1e-2' (default: SWEEP)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/optimizers_tiny.json"))
     args, extra = parser.parse_known_args()
@@ -91,7 +99,7 @@ def main() -> None:
         for lr in rates:
             start = time.perf_counter()
             run = train([*recipe, f"steps={args.steps}", f"opt_type={opt}", f"learning_rate={lr}", *extra],
-                        args.steps)
+                        args.steps, args.eval_every)
             curve = run.pop("losses")
             runs.append({"opt_type": opt, "learning_rate": lr, "final_loss": sum(curve[-5:]) / 5,
                          "seconds": round(time.perf_counter() - start, 1), **run,
@@ -105,10 +113,18 @@ def report(args, recipe: list[str], sweep: dict, runs: list[dict]) -> None:
     """The JSON so far (written after every run: a run cut short keeps the ones before it)."""
     best = {opt: min((r for r in runs if r["opt_type"] == opt), key=lambda r: r["final_loss"])
             for opt in sweep if any(r["opt_type"] == opt for r in runs)}
-    reached = None
+    reached = eval_reached = None
     if "adamw" in best and "muon" in best:
         target, curve = best["adamw"]["final_loss"], best["muon"]["losses"]
         reached = next((i + 1 for i in range(4, len(curve)) if sum(curve[i - 4:i + 1]) / 5 <= target), None)
+        if args.eval_every:  # the same on the eval split: AdamW's best final eval loss, Muon's best run
+            last = lambda r: r["eval_losses"][max(r["eval_losses"])]  # noqa: E731
+            adamw = min((r for r in runs if r["opt_type"] == "adamw"), key=last)
+            muon = min((r for r in runs if r["opt_type"] == "muon"), key=last)
+            eval_reached = {"adamw_final_eval_loss": last(adamw), "adamw_learning_rate": adamw["learning_rate"],
+                            "muon_learning_rate": muon["learning_rate"],
+                            "muon_step": next((s for s, v in sorted(muon["eval_losses"].items()) if v <= last(adamw)),
+                                              None)}
     with open("/proc/cpuinfo") as f:
         flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
     ratio = (round(best["muon"]["step_seconds_median"] / best["adamw"]["step_seconds_median"], 3)
@@ -124,6 +140,7 @@ def report(args, recipe: list[str], sweep: dict, runs: list[dict]) -> None:
                  for opt, r in best.items()},
         "muon_to_adamw_step_time": ratio,
         "muon_steps_to_adamw_final_loss": reached,
+        "muon_steps_to_adamw_final_eval_loss": eval_reached,
         "ratio_to_adamw_steps": None if reached is None else round(reached / args.steps, 3),
         "runs": runs,
     }
