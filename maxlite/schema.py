@@ -148,6 +148,9 @@ class Keys:
         bounds=(0, None))
     normalization_layer_epsilon: float = key(1e-05, "epsilon of RMSNorm / LayerNorm", positive=True)
     logits_via_embedding: bool = key(False, "tie input embedding and output projection")
+    use_qk_norm: bool = key(False,
+        "RMSNorm over each head of q and k before RoPE in a family without q/k norms of its own (GLM-4.5's "
+        "use_qk_norm); families with them (Qwen3, Gemma 3, OLMo 3) always have them")
     use_bias: bool = key(False,
         "the family's biases: q/k/v/o (llama2, qwen3, gemma3), q/k/v (qwen2: true), every linear and norm "
         "(gpt3: true)")
@@ -186,7 +189,7 @@ class Keys:
         "routed_bias moves by this × sign(mean load - expert's load), from the step's expert load, outside "
         "the gradient; needs routed_bias; 0: the bias stays", bounds=(0, None))
     routed_scaling_factor: float = key(1.0,
-        "the routed experts' weights multiplied by this after normalisation (DeepSeek-V3 2.5, GLM-4.5 1.0)",
+        "the routed experts' weights multiplied by this after normalisation (DeepSeek-V3, GLM-4.5 2.5; GLM-4.5-Air 1.0)",
         positive=True)
     n_routing_groups: int = key(-1,
         "group-limited routing: the experts in this many equal groups, each token choosing only among the "
