@@ -151,6 +151,8 @@ def _validate_moe(c: Config) -> None:
     if c.interleave_moe_layer_step < 1 or rest % c.interleave_moe_layer_step:
         raise ConfigError(f"interleave_moe_layer_step={c.interleave_moe_layer_step} must divide the "
                           f"{rest} layers after first_num_dense_layers")
+    if c.ragged_buffer_factor <= 0 and c.ragged_buffer_factor != -1:
+        raise ConfigError(f"ragged_buffer_factor={c.ragged_buffer_factor}: -1 (every sender's rows) or > 0")
     if c.capacity_factor <= 0 and c.capacity_factor != -1:
         raise ConfigError(f"capacity_factor={c.capacity_factor}: -1 (dropless) or > 0")
     if c.moe_implementation == "capacity" and c.capacity_factor <= 0:

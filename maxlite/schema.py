@@ -202,6 +202,10 @@ class Keys:
     capacity_factor: float = key(-1.0,
         "-1: dropless; > 0: an expert takes at most ceil(this × T × k / E) of a sequence's tokens (first "
         "choices first, then in order), the rest are dropped (that expert adds 0)")
+    ragged_buffer_factor: float = key(-1.0,
+        "expert parallelism with a dropless implementation: each device's receive buffer holds this many times "
+        "a balanced routing's rows (MaxText's key; e.g. 2), rows past it dropped and counted in moe_dropped; "
+        "-1: every sender's rows (the worst case, expert-parallelism × a balanced routing's; nothing dropped)")
     load_balance_loss_weight: float = key(0.01,
         "weight of the auxiliary load-balancing loss added to the objective (Hugging Face's "
         "router_aux_loss_coef: Mixtral 0.02, Qwen3-MoE 0.001); reported as moe_lb_loss")

@@ -243,9 +243,10 @@ class MoE(nnx.Module):
         valid_BT = jnp.ones((B, T), bool) if segment_ids_BT is None else segment_ids_BT != 0
         bias = self.router_bias[...] if cfg.routed_bias else None
         routing = route(cfg, x_BTD, self.router[...], bias, valid_BT, slots)
-        y_BTD = moe_parallel.experts(impl, x_BTD, routing, slots, self.gate[...], self.up[...],
-                                     self.down[...], self.act)
+        y_BTD, dropped = moe_parallel.experts(impl, x_BTD, routing, slots, self.gate[...], self.up[...],
+                                              self.down[...], self.act, -1.0 if dropless else cfg.ragged_buffer_factor)
         y_BTD = checkpoint_name(y_BTD.astype(self.dtype), "mlpwo")
         if cfg.shared_experts:
             y_BTD = y_BTD + self.shared(x_BTD, dropout_key)
-        return constrain(y_BTD, BTD), routing.stats
+        # what capped receive buffers dropped counts with the capacity drops (ragged_buffer_factor)
+        return constrain(y_BTD, BTD), {**routing.stats, "dropped": routing.stats["dropped"] + dropped}
