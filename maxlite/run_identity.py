@@ -31,7 +31,8 @@ LORA = ("lora_rank", "lora_targets")
 # the keys that change the parameters' tree or shapes (a checkpoint of one does not fit another)
 SHAPE = ("decoder_block", "base_emb_dim", "base_num_decoder_layers", "base_num_query_heads", "base_num_kv_heads",
          "base_mlp_dim", "head_dim", "vocab_size", "logits_via_embedding", "use_bias", "num_experts",
-         "base_moe_mlp_dim", "shared_experts", "first_num_dense_layers", "interleave_moe_layer_step", "routed_bias")
+         "base_moe_mlp_dim", "shared_experts", "first_num_dense_layers", "interleave_moe_layer_step", "routed_bias",
+         "use_qk_norm")
 KEYS = DATA + OBJECTIVE + LORA + SHAPE
 
 

@@ -148,6 +148,9 @@ class Keys:
         bounds=(0, None))
     normalization_layer_epsilon: float = key(1e-05, "epsilon of RMSNorm / LayerNorm", positive=True)
     logits_via_embedding: bool = key(False, "tie input embedding and output projection")
+    use_qk_norm: bool = key(False,
+        "RMSNorm over each head of q and k before RoPE in a family without q/k norms of its own (GLM-4.5's "
+        "use_qk_norm); families with them (Qwen3, Gemma 3, OLMo 3) always have them")
     use_bias: bool = key(False,
         "the family's biases: q/k/v/o (llama2, qwen3, gemma3), q/k/v (qwen2: true), every linear and norm "
         "(gpt3: true)")
@@ -180,10 +183,29 @@ class Keys:
         choices=("softmax", "sigmoid"))
     routed_bias: bool = key(False,
         "a per-expert bias added to the scores when choosing the top k only, not to the weights "
-        "(DeepSeek-V3's, trained by no gradient: imported or zero)")
+        "(DeepSeek-V3's, trained by no gradient: imported, zero, or moved by routed_bias_update_rate)")
+    routed_bias_update_rate: float = key(0.0,
+        "auxiliary-loss-free balancing (DeepSeek-V3: 0.001): after each optimizer step every MoE layer's "
+        "routed_bias moves by this × sign(mean load - expert's load), from the step's expert load, outside "
+        "the gradient; needs routed_bias; 0: the bias stays", bounds=(0, None))
+    routed_scaling_factor: float = key(1.0,
+        "the routed experts' weights multiplied by this after normalisation (DeepSeek-V3, GLM-4.5 2.5; GLM-4.5-Air 1.0)",
+        positive=True)
+    n_routing_groups: int = key(-1,
+        "group-limited routing: the experts in this many equal groups, each token choosing only among the "
+        "best topk_routing_group groups (a group's score: the sum of its top 2 choice scores with sigmoid, "
+        "its best score with softmax; DeepSeek-V3 8); -1: no groups")
+    topk_routing_group: int = key(-1, "the groups each token may route to (DeepSeek-V3 4); -1: no groups")
+    routed_seq_aux_loss_weight: float = key(0.0,
+        "weight of DeepSeek-V3's sequence-wise balance loss (E/k · Σ_e f_e · P_e per sequence, P from the "
+        "scores normalised over experts; DeepSeek-V3 0.0001); reported as moe_seq_lb_loss", bounds=(0, None))
     capacity_factor: float = key(-1.0,
         "-1: dropless; > 0: an expert takes at most ceil(this × T × k / E) of a sequence's tokens (first "
         "choices first, then in order), the rest are dropped (that expert adds 0)")
+    ragged_buffer_factor: float = key(-1.0,
+        "expert parallelism with a dropless implementation: each device's receive buffer holds this many times "
+        "a balanced routing's rows (MaxText's key; e.g. 2), rows past it dropped and counted in moe_dropped; "
+        "-1: every sender's rows (the worst case, expert-parallelism × a balanced routing's; nothing dropped)")
     load_balance_loss_weight: float = key(0.01,
         "weight of the auxiliary load-balancing loss added to the objective (Hugging Face's "
         "router_aux_loss_coef: Mixtral 0.02, Qwen3-MoE 0.001); reported as moe_lb_loss")

@@ -225,7 +225,7 @@ def shrunk(model_name: str) -> list[str]:
     window = [f"sliding_window={min(cfg.sliding_window, 8)}"] if cfg.sliding_window else []
     if cfg.num_experts:  # a MoE preset: a few narrow experts, still more than it routes to
         window += [f"num_experts={min(cfg.num_experts, 8)}", f"num_experts_per_tok={min(cfg.num_experts_per_tok, 4)}",
-                   "base_moe_mlp_dim=32"]
+                   "base_moe_mlp_dim=32", f"first_num_dense_layers={min(cfg.first_num_dense_layers, 1)}"]
     return ["base.yml", f"model_name={model_name}", "base_emb_dim=64", "base_mlp_dim=128",
             f"base_num_query_heads={heads}", f"base_num_kv_heads={kv}", f"head_dim={head_dim}",
             f"base_num_decoder_layers={layers}", "vocab_size=512", *window,

@@ -1,6 +1,7 @@
 """maxlite/models/moe_parallel.py: expert parallelism on 8 simulated CPU devices (expert 4 × fsdp 2)
 trains like one device: the experts split over `expert`, each device's tokens sent to their experts
-by all-to-all and back, dropless (ragged) and with fixed capacity buffers (capacity). Same losses
+by all-to-all and back, dropless (ragged, with DeepSeekMoE routing: its bias moved by the global
+expert load) and with fixed capacity buffers (capacity, softmax routing). Same losses
 over two steps, relative 1e-5 (float32: only the order of sums differs), and the same weights
 after them. A checkpoint saved at expert 4 restores at expert 2 and trains on as the saving run."""
 
@@ -14,9 +15,15 @@ from maxlite.data.synthetic import make_synthetic_iterator
 from tests.helpers import MOE, SMALL, build, start_built, train_losses
 
 
-@pytest.mark.parametrize("impl", ["ragged", "capacity"])
-def test_expert_parallel_training_equals_one_device(impl):
-    extra = [f"moe_implementation={impl}"] + (["capacity_factor=1.0"] if impl == "capacity" else [])
+# DeepSeekMoE routing: sigmoid, groups, scaled weights, a shared expert, the sequence-wise loss and the
+# routing bias moved by each step's global expert load (the same on every mesh)
+DEEPSEEK = ["routed_score_func=sigmoid", "routed_bias=true", "routed_bias_update_rate=0.01", "n_routing_groups=4",
+            "topk_routing_group=2", "routed_scaling_factor=2.5", "routed_seq_aux_loss_weight=0.01", "shared_experts=1"]
+
+
+@pytest.mark.parametrize("impl, routing", [("ragged", DEEPSEEK), ("capacity", [])], ids=["ragged", "capacity"])
+def test_expert_parallel_training_equals_one_device(impl, routing):
+    extra = [f"moe_implementation={impl}", *routing] + (["capacity_factor=1.0"] if impl == "capacity" else [])
     one, state_one = train_losses(MOE + extra + ["per_device_batch_size=8", "ici_fsdp_parallelism=1"], 1, 2)
     ep, state_ep = train_losses(MOE + extra + ["per_device_batch_size=1", "ici_expert_parallelism=4",
                                                "ici_fsdp_parallelism=2"], 8, 2)
@@ -59,3 +66,56 @@ def test_a_checkpoint_saved_at_expert_4_restores_at_expert_2(tmp_path):
     _, resumed = built.train_step(started.state, put(next(data2), built.batch_sharding))
     np.testing.assert_allclose(float(resumed["loss"]), float(went_on["loss"]), rtol=1e-5)
     np.testing.assert_allclose(float(resumed["moe_lb_loss"]), float(went_on["moe_lb_loss"]), rtol=1e-5)
+
+
+def _kept_by_capped_buffers(experts_BTk, ep: int, El: int, R: int) -> np.ndarray:
+    """Which assignments a receive buffer of R rows keeps, from the rule: rows of row b (the device
+    at expert index b % ep of its group b // ep) sorted by expert (stably), each destination's
+    buffer filled source after source, a source's rows for it cut where the buffer ends."""
+    B, T, k = experts_BTk.shape
+    kept = np.ones((B, T * k), bool)
+    for group in range(B // ep):
+        rows = [group * ep + e for e in range(ep)]
+        for d in range(ep):
+            filled = 0
+            for b in rows:
+                flat = experts_BTk[b].reshape(-1)
+                mine = [i for i in np.argsort(flat, kind="stable") if flat[i] // El == d]
+                fit = max(0, min(len(mine), R - filled))
+                kept[b, mine[fit:]] = False
+                filled += len(mine)
+    return kept.reshape(B, T, k)
+
+
+def test_capped_receive_buffers_drop_each_senders_last_rows_and_count_them():
+    """ragged_buffer_factor=1 at expert 4 × fsdp 2 (a buffer of one balanced routing's rows): the
+    experts' output equals one device's with exactly the assignments the rule drops set to weight
+    0, and the count of dropped assignments is theirs; factor 4 (every sender's rows) drops none."""
+    import jax.numpy as jnp
+    from flax import nnx
+    from jax.sharding import AxisType, Mesh
+
+    from maxlite import config as C, mesh as mesh_lib
+    from maxlite.models import moe, moe_kernels, moe_parallel
+
+    E, k, T, D, F = 8, 2, 8, 16, 8
+    cfg = C.load([*MOE, f"num_experts={E}", f"num_experts_per_tok={k}", f"base_emb_dim={D}"])
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(0, 1, (8, T, D)), jnp.float32)
+    router = jnp.asarray(rng.normal(0, 1, (D, E)) + np.array([2.0, 1.5, 0, 0, 0, 0, 0, 0]), jnp.float32)
+    gate, up, down = (jnp.asarray(rng.normal(0, 0.3, s), jnp.float32) for s in ((E, D, F), (E, D, F), (E, F, D)))
+    routing = moe.route(cfg, x, router, None, jnp.ones((8, T), bool), 0)
+    mesh = Mesh(np.asarray(jax.devices()[:8]).reshape(1, 2, 1, 4, 1), mesh_lib.MESH_AXES,
+                axis_types=(AxisType.Auto,) * 5)
+    with jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.RULES):
+        run = jax.jit(lambda f: moe_parallel.experts("ragged", x, routing, 0, gate, up, down, jax.nn.silu, f),
+                      static_argnums=0)
+        capped, dropped = run(1.0)
+        whole, none = run(4.0)
+    kept = _kept_by_capped_buffers(np.asarray(routing.experts_BTk), 4, E // 4, T * k)
+    assert 0 < (~kept).sum() < kept.size // 4  # the case the test is about: some, not most, dropped
+    assert float(dropped) == (~kept).sum() and float(none) == 0
+    want = moe_kernels.dense(x, routing._replace(weights_BTk=routing.weights_BTk * kept), gate, up, down, jax.nn.silu)
+    np.testing.assert_allclose(np.asarray(capped), np.asarray(want), rtol=1e-5, atol=1e-5)
+    full = moe_kernels.dense(x, routing, gate, up, down, jax.nn.silu)
+    np.testing.assert_allclose(np.asarray(whole), np.asarray(full), rtol=1e-5, atol=1e-5)

@@ -51,7 +51,9 @@ MODEL_KEYS = ("decoder_block", "base_emb_dim", "base_num_decoder_layers", "base_
               "mscale_all_dim", "rope_truncate", "rope_attention_factor", "partial_rotary_factor", "sliding_window", "layer_types", "local_rope_max_timescale",
               "query_pre_attn_scalar", "normalization_layer_epsilon", "logits_via_embedding", "use_bias",
               "num_experts", "num_experts_per_tok", "base_moe_mlp_dim", "first_num_dense_layers",
-              "interleave_moe_layer_step", "norm_topk_prob", "load_balance_loss_weight")
+              "interleave_moe_layer_step", "norm_topk_prob", "load_balance_loss_weight",
+              "shared_experts", "routed_score_func", "routed_bias", "routed_scaling_factor", "n_routing_groups",
+              "topk_routing_group", "use_qk_norm")
 # config.json's dtype → the compute dtype an import records (float16 is not a maxlite compute dtype:
 # float32 computes its values exactly)
 COMPUTE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float32"}
@@ -201,7 +203,10 @@ def import_hf(hf_dir: str, argv: Sequence[str] = (), verbose: bool = False):
     source = SafetensorsDir(hf_dir)
     # the prefix its writer used, where an adapter reads several (else its own table)
     maps = arch.import_maps(cfg, set(source.names())) if hasattr(arch, "import_maps") else arch.tensor_maps(cfg)
-    pure = hf_convert.import_params(cfg, maps, source, np.dtype(cfg.weight_dtype), arch.ignore,
+    # tensors an adapter leaves out knowingly (GLM's multi-token-prediction layer), said by the adapter
+    skipped = arch.skipped(cfg, set(source.names())) if hasattr(arch, "skipped") else set()
+    pure = hf_convert.import_params(cfg, maps, source, np.dtype(cfg.weight_dtype),
+                                    lambda name: name in skipped or arch.ignore(name),
                                     _progress(len(source.names())) if verbose else None)
     return cfg, pure
 

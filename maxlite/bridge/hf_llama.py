@@ -22,7 +22,7 @@ Conventions (checked against transformers by tests/test_bridge_hf*.py, not assum
 from __future__ import annotations
 
 from maxlite.bridge.hf_convert import TensorMap, config_tail, linear, same
-from maxlite.models.families import family
+from maxlite.models.families import family, has_qk_norm
 from maxlite.models.kinds import check_layer_types, layer_windows
 
 
@@ -38,8 +38,11 @@ def check_supported(cfg) -> None:
     check_plain_attention(cfg, "Llama/Mistral")
 
 
-def check_plain_attention(cfg, name: str) -> None:
-    """Architectures with one RoPE and scores scaled by 1/√head_dim."""
+def check_plain_attention(cfg, name: str, qk_norm: bool = False) -> None:
+    """Architectures with one RoPE and scores scaled by 1/√head_dim (and `qk_norm`: a use_qk_norm
+    switch, as GLM-4.5's; else q/k norms only where the family has them)."""
+    if cfg.use_qk_norm and not (qk_norm or family(cfg).qk_norm):
+        raise ValueError(f"use_qk_norm=true: {name} has no q/k norms")
     if cfg.local_rope_max_timescale or cfg.query_pre_attn_scalar not in (0, cfg.head_dim):
         raise ValueError(f"{name} has one RoPE for every layer and scales scores by 1/sqrt(head_dim): set "
                          f"local_rope_max_timescale=0 and query_pre_attn_scalar=0 to export as {name}")
@@ -70,7 +73,7 @@ def decoder_maps(cfg, prefix: str = "model.") -> list[TensorMap]:
     for leaf in fam.bias_leaves if cfg.use_bias else ():
         shape, hf_shape = bias_shapes[leaf]
         maps.append(same(f"{a}{leaf[0]}_proj.bias", ("attn", leaf), shape, hf_shape))
-    if fam.qk_norm:  # per head [H], or over the whole projection [N·H] / [K·H]
+    if has_qk_norm(cfg):  # per head [H], or over the whole projection [N·H] / [K·H]
         q_shape, k_shape = ((N * H,), (K * H,)) if fam.qk_norm_heads else ((H,), (H,))
         maps += [same(a + "q_norm.weight", ("attn", "q_norm", "scale"), q_shape),
                  same(a + "k_norm.weight", ("attn", "k_norm", "scale"), k_shape)]

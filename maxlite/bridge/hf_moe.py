@@ -14,6 +14,13 @@ expresses the ones whose dense layers come first (first_num_dense_layers) or rec
 interleave_moe_layer_step-th layer from the first; other layouts are refused. Routing is the same
 function on both sides: softmax in float32, top k, weights renormalised (Mixtral always, Qwen3-MoE
 with norm_topk_prob); router_aux_loss_coef is load_balance_loss_weight.
+
+DeepSeekMoE (DeepSeek-V3, GLM-4.5: `deepseek_moe_maps`, `deepseek_moe_config`, `deepseek_moe_overrides`,
+what their family modules share): dense layers keep Llama's MLP names; a MoE layer stores
+
+  mlp.gate.weight [E, D], mlp.gate.e_score_correction_bias [E]  ↔ mlp.router [D, E], mlp.router_bias
+  mlp.experts.{j}.gate_proj / up_proj / down_proj .weight      ↔ mlp.gate / up / down [j]
+  mlp.shared_experts.gate_proj / up_proj / down_proj .weight   ↔ mlp.shared.gate / up / down
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 
 from maxlite.bridge import hf_llama, hf_qwen
-from maxlite.bridge.hf_convert import TensorMap, linear, of_expert
+from maxlite.bridge.hf_convert import TensorMap, linear, of_expert, same
 
 ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}  # by decoder_block
 # the MoE MLP's tensor names in a layer: (router, experts' prefix, gate, up, down)
@@ -33,9 +40,10 @@ def check_supported(cfg) -> None:
     if cfg.decoder_block not in ARCHITECTURES:
         raise ValueError(f"decoder_block={cfg.decoder_block} is not a Hugging Face mixture of experts "
                          f"({', '.join(ARCHITECTURES)})")
-    if cfg.shared_experts or cfg.routed_bias or cfg.routed_score_func != "softmax":
-        raise ValueError("shared_experts, routed_bias and routed_score_func=sigmoid have no Mixtral or "
-                         "Qwen3-MoE equivalent")
+    if (cfg.shared_experts or cfg.routed_bias or cfg.routed_score_func != "softmax" or cfg.n_routing_groups > 0
+            or cfg.routed_scaling_factor != 1):
+        raise ValueError("shared_experts, routed_bias, routed_score_func=sigmoid, n_routing_groups and "
+                         "routed_scaling_factor != 1 have no Mixtral or Qwen3-MoE equivalent")
     if cfg.decoder_block == "mixtral" and (cfg.first_num_dense_layers or cfg.interleave_moe_layer_step != 1
                                            or not cfg.norm_topk_prob):
         raise ValueError("Mixtral has experts in every layer and renormalised top-k weights: set "
@@ -51,13 +59,17 @@ def tensor_maps(cfg) -> list[TensorMap]:
     D, E, F = cfg.base_emb_dim, cfg.num_experts, cfg.base_moe_mlp_dim
     router, experts, gate, up, down = NAMES[cfg.decoder_block]
     layer = "model.layers.{i}."
-    maps = [t if t.paths[0][0] != "mlp" else dataclasses.replace(t, mlp="dense")
-            for t in hf_llama.decoder_maps(cfg)]
+    maps = dense_first(hf_llama.decoder_maps(cfg))
     maps.append(dataclasses.replace(linear(layer + router + ".weight", ("mlp", "router"), (D,), (E,)), mlp="moe"))
     one_expert = [linear(layer + experts + gate + ".weight", ("mlp", "gate"), (D,), (F,)),
                   linear(layer + experts + up + ".weight", ("mlp", "up"), (D,), (F,)),
                   linear(layer + experts + down + ".weight", ("mlp", "down"), (F,), (D,))]
     return maps + [of_expert(t, j) for j in range(E) for t in one_expert]
+
+
+def dense_first(maps: list[TensorMap]) -> list[TensorMap]:
+    """A Llama decoder's MLP tensors as those of the dense layers only."""
+    return [t if t.paths[0][0] != "mlp" else dataclasses.replace(t, mlp="dense") for t in maps]
 
 
 def import_maps(cfg, names: set[str]) -> list[TensorMap]:
@@ -110,6 +122,50 @@ def config_overrides(hf: dict) -> dict:
             "num_experts": hf["num_experts"] if "num_experts" in hf else hf["num_local_experts"],
             "base_moe_mlp_dim": hf["moe_intermediate_size"], "norm_topk_prob": bool(hf.get("norm_topk_prob", True)),
             "first_num_dense_layers": first, "interleave_moe_layer_step": step}
+
+
+def deepseek_moe_maps(cfg, prefix: str = "model.layers.{i}.mlp.") -> list[TensorMap]:
+    """The MoE layers' MLP tensors of DeepSeekMoE (the dense layers' are Llama's, decoder_maps')."""
+    D, E, F = cfg.base_emb_dim, cfg.num_experts, cfg.base_moe_mlp_dim
+    Fs = cfg.shared_experts * F
+    moe = [linear(prefix + "gate.weight", ("mlp", "router"), (D,), (E,))]
+    if cfg.routed_bias:
+        moe.append(same(prefix + "gate.e_score_correction_bias", ("mlp", "router_bias"), (E,)))
+    if cfg.shared_experts:
+        s = prefix + "shared_experts."
+        moe += [linear(s + "gate_proj.weight", ("mlp", "shared", "gate"), (D,), (Fs,)),
+                linear(s + "up_proj.weight", ("mlp", "shared", "up"), (D,), (Fs,)),
+                linear(s + "down_proj.weight", ("mlp", "shared", "down"), (Fs,), (D,))]
+    one_expert = [linear(prefix + "experts.{j}.gate_proj.weight", ("mlp", "gate"), (D,), (F,)),
+                  linear(prefix + "experts.{j}.up_proj.weight", ("mlp", "up"), (D,), (F,)),
+                  linear(prefix + "experts.{j}.down_proj.weight", ("mlp", "down"), (F,), (D,))]
+    return [dataclasses.replace(t, mlp="moe") for t in moe] + [of_expert(t, j) for j in range(E) for t in one_expert]
+
+
+def deepseek_moe_config(cfg) -> dict:
+    """DeepSeekMoE's config.json keys (DeepseekV3Config, Glm4MoeConfig): no groups is one group."""
+    grouped = cfg.n_routing_groups > 0
+    return {"n_routed_experts": cfg.num_experts, "num_experts_per_tok": cfg.num_experts_per_tok,
+            "moe_intermediate_size": cfg.base_moe_mlp_dim, "n_shared_experts": cfg.shared_experts,
+            "first_k_dense_replace": cfg.first_num_dense_layers, "norm_topk_prob": bool(cfg.norm_topk_prob),
+            "routed_scaling_factor": cfg.routed_scaling_factor, "n_group": cfg.n_routing_groups if grouped else 1,
+            "topk_group": cfg.topk_routing_group if grouped else 1}
+
+
+def deepseek_moe_overrides(hf: dict) -> dict:
+    """DeepSeekMoE's config.json keys → maxlite's (sigmoid routing with the choice bias). Groups that
+    are all kept (topk_group = n_group) route as no groups. The published models train the bias
+    without a gradient and no auxiliary loss transformers computes: both 0 here (a fine-tune sets
+    routed_bias_update_rate to keep balancing)."""
+    groups, top = hf.get("n_group") or 1, hf.get("topk_group") or 1
+    grouped = 1 < groups and top < groups
+    return {"num_experts": hf["n_routed_experts"], "num_experts_per_tok": hf["num_experts_per_tok"],
+            "base_moe_mlp_dim": hf["moe_intermediate_size"], "shared_experts": hf.get("n_shared_experts") or 0,
+            "first_num_dense_layers": hf.get("first_k_dense_replace", 0), "interleave_moe_layer_step": 1,
+            "norm_topk_prob": bool(hf.get("norm_topk_prob", True)), "routed_score_func": "sigmoid",
+            "routed_bias": True, "routed_scaling_factor": float(hf.get("routed_scaling_factor") or 1.0),
+            "n_routing_groups": groups if grouped else -1, "topk_routing_group": top if grouped else -1,
+            "load_balance_loss_weight": 0.0}
 
 
 def _dense_layout(hf: dict, L: int) -> tuple[int, int]:

@@ -20,7 +20,7 @@ import sys
 from typing import Any, Sequence
 
 from maxlite import cli, config as C
-from maxlite.models.families import family
+from maxlite.models.families import family, has_qk_norm
 from maxlite.models.kinds import layer_windows
 
 # maxlite preset → the NeMo 2.0 recipe factory (`llm.<name>.pretrain_recipe`) it corresponds to.
@@ -276,9 +276,9 @@ def _model(cfg, tp: int, notes: list[str]) -> tuple[list[tuple[str, Any]], list[
                              f"Llama 3.1's 1.0/4.0/8192 (NeMo's Llama31Config takes them)")
     mega.append(("--norm-epsilon", cfg.normalization_layer_epsilon))
     nemo.append((m + "layernorm_epsilon", cfg.normalization_layer_epsilon))
-    if fam.qk_norm:  # Megatron normalises q and k per head with the model's `normalization`
+    if has_qk_norm(cfg):  # Megatron normalises q and k per head with the model's `normalization`
         mega.append(("--qk-layernorm", None))
-    nemo.append((m + "qk_layernorm", fam.qk_norm))
+    nemo.append((m + "qk_layernorm", has_qk_norm(cfg)))
     if cfg.sliding_window:  # (left, right) keys around each query: i − (W − 1) … i
         mega.append(("--window-size", [cfg.sliding_window - 1, 0]))
         nemo.append((m + "window_size", (cfg.sliding_window - 1, 0)))

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from maxlite.bridge import params as P
-from maxlite.models.families import family
+from maxlite.models.families import family, has_qk_norm
 from maxlite.models.kinds import layer_windows
 from maxlite.bridge import require
 
@@ -149,7 +149,7 @@ def check_supported(cfg) -> None:
     """One line for a model the twin does not model."""
     fam = family(cfg)
     unmodelled = [what for what, present in (
-        ("q/k norms", fam.qk_norm), ("norms after attention and the MLP", fam.post_norms),
+        ("q/k norms", has_qk_norm(cfg)), ("norms after attention and the MLP", fam.post_norms),
         ("no pre-norms", not fam.pre_norms), ("scaled embeddings", fam.embed_scale),
         ("(1 + w) norms", fam.norm_offset), ("a mixture of experts", fam.moe), ("a GeGLU MLP", fam.mlp == "geglu"),
         ("q/k/v biases without an o bias", fam.biases == "qkv"),

@@ -128,3 +128,8 @@ FAMILIES = _Registry(BUILT_IN)
 def family(cfg) -> Family:
     """The family of a config (its `decoder_block`; config validation keeps it one of FAMILIES)."""
     return FAMILIES[cfg.decoder_block]
+
+
+def has_qk_norm(cfg) -> bool:
+    """q and k RMS-normed before RoPE: the family's own norms, or the recipe's use_qk_norm (per head)."""
+    return family(cfg).qk_norm or cfg.use_qk_norm

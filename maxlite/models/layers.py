@@ -20,7 +20,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from maxlite.models import attention, lora
 from maxlite.models.matmul import project
-from maxlite.models.families import family
+from maxlite.models.families import family, has_qk_norm
 
 Axes = tuple[str | None, ...]
 
@@ -226,13 +226,14 @@ class Attention(nnx.Module):
         for name in self.biases:
             shape, axes = bias_shapes[name]
             setattr(self, name, param(rngs, shape, axes, wd, init="zeros"))
+        qk_norm = has_qk_norm(cfg)
         if fam.qk_norm and fam.qk_norm_heads:  # one scale per element of the projection [N·H]
             self.q_norm = make_norm(cfg, N * H, rngs)
             self.k_norm = make_norm(cfg, K * H, rngs)
-        elif fam.qk_norm:  # one scale [H] per projection, shared by its heads
+        elif qk_norm:  # one scale [H] per projection, shared by its heads
             self.q_norm = make_norm(cfg, H, rngs, ("head_dim",))
             self.k_norm = make_norm(cfg, H, rngs, ("head_dim",))
-        self.qk_norm, self.qk_norm_heads, self.use_rope = fam.qk_norm, fam.qk_norm and fam.qk_norm_heads, fam.rope
+        self.qk_norm, self.qk_norm_heads, self.use_rope = qk_norm, fam.qk_norm and fam.qk_norm_heads, fam.rope
         self.query_scale = cfg.query_pre_attn_scalar ** -0.5 if cfg.query_pre_attn_scalar > 0 else None
         self.cfg = cfg
         self.num_kv, self.dtype = K, jnp.dtype(cfg.dtype)

@@ -29,24 +29,38 @@ Shape legend as in moe.py; ep expert shards, El = E/ep local experts, R received
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
+from jax.sharding import PartitionSpec as P
 
 from maxlite.models import grouped, moe_kernels
 from maxlite.models.platform import target_platform
 
 
-def experts(impl: str, x_BTD, routing: moe_kernels.Routing, slots: int, gate_EDF, up_EDF, down_EFD, act):
-    """The routed experts' weighted output [B, T, D] (float32) by `impl`."""
+def buffer_rows(M: int, ep: int, factor: float) -> int:
+    """Rows a device's receive buffer holds: every sender's M rows (dropless: the worst case, all
+    of them for this device's experts), or with `ragged_buffer_factor` > 0 that many times a
+    balanced routing's M (rounded up to 8), at most the worst case."""
+    if factor <= 0:
+        return ep * M
+    return min(ep * M, 8 * math.ceil(factor * M / 8))
+
+
+def experts(impl: str, x_BTD, routing: moe_kernels.Routing, slots: int, gate_EDF, up_EDF, down_EFD, act,
+            buffer_factor: float = -1.0):
+    """(the routed experts' weighted output [B, T, D] (float32) by `impl`, the assignments the
+    expert exchange dropped, all devices: 0 unless `buffer_factor` caps the receive buffers)."""
+    none = jnp.zeros((), jnp.float32)
     if impl == "dense":
-        return moe_kernels.dense(x_BTD, routing, gate_EDF, up_EDF, down_EFD, act)
+        return moe_kernels.dense(x_BTD, routing, gate_EDF, up_EDF, down_EFD, act), none
     mesh = jax.sharding.get_abstract_mesh()
-    local = functools.partial(_local, impl, slots, act)
+    local = functools.partial(_local, impl, slots, act, buffer_factor)
     arrays = (routing.experts_BTk, routing.weights_BTk, routing.kept_BTk, routing.slots_BTk)
     if mesh.empty:
-        return local(None, None, x_BTD, *arrays, gate_EDF, up_EDF, down_EFD)
+        return local(None, None, (), x_BTD, *arrays, gate_EDF, up_EDF, down_EFD)
     batch = nn.logical_to_mesh_axes(("activation_batch", None, None))
     w_in = nn.logical_to_mesh_axes(("exp", None, "mlp"))
     w_out = nn.logical_to_mesh_axes(("exp", "mlp", None))
@@ -54,8 +68,9 @@ def experts(impl: str, x_BTD, routing: moe_kernels.Routing, slots: int, gate_EDF
     assert exp_axis is None or isinstance(exp_axis, str), exp_axis  # one mesh axis (or none)
     exp_axis = exp_axis if exp_axis and mesh.shape[exp_axis] > 1 else None
     mlp_axis = mlp_axis if mlp_axis and mesh.shape[_one(mlp_axis)] > 1 else None
-    body = functools.partial(local, exp_axis, mlp_axis)
-    return jax.shard_map(body, mesh=mesh, in_specs=(batch,) * 5 + (w_in, w_in, w_out), out_specs=batch,
+    token_axes = () if batch[0] is None else (batch[0],) if isinstance(batch[0], str) else tuple(batch[0])
+    body = functools.partial(local, exp_axis, mlp_axis, token_axes)
+    return jax.shard_map(body, mesh=mesh, in_specs=(batch,) * 5 + (w_in, w_in, w_out), out_specs=(batch, P()),
                          check_vma=False)(x_BTD, *arrays, gate_EDF, up_EDF, down_EFD)
 
 
@@ -63,12 +78,14 @@ def _one(axes):
     return axes if isinstance(axes, str) else axes[0]
 
 
-def _local(impl, slots, act, exp_axis, mlp_axis, x_BTD, experts_BTk, weights_BTk, kept_BTk, slots_BTk,
-           gate_EDF, up_EDF, down_EFD):
-    """One device's part: its tokens, its experts (all of them without an expert axis)."""
+def _local(impl, slots, act, buffer_factor, exp_axis, mlp_axis, token_axes, x_BTD, experts_BTk, weights_BTk,
+           kept_BTk, slots_BTk, gate_EDF, up_EDF, down_EFD):
+    """One device's part: its tokens, its experts (all of them without an expert axis); and the
+    assignments dropped by capped receive buffers, summed over the devices that split the tokens."""
     ep = 1 if exp_axis is None else jax.lax.axis_size(exp_axis)
     E = gate_EDF.shape[0] * ep
     routing = moe_kernels.Routing(experts_BTk, weights_BTk, kept_BTk, slots_BTk, {})
+    dropped = jnp.zeros((), jnp.float32)
 
     def partial_sum(y):  # the MLP width split over `mlp`: each device holds part of the output
         return y if mlp_axis is None else jax.lax.psum(y, mlp_axis)
@@ -80,7 +97,7 @@ def _local(impl, slots, act, exp_axis, mlp_axis, x_BTD, experts_BTk, weights_BTk
         y_BECD = partial_sum(moe_kernels.capacity_ffn(buf_BECD, gate_EDF, up_EDF, down_EFD, act))
         if ep > 1:
             y_BECD = jax.lax.all_to_all(y_BECD, exp_axis, 0, 1, tiled=True)  # back: [B, E, C, D]
-        return moe_kernels.capacity_combine(y_BECD, routing)
+        return moe_kernels.capacity_combine(y_BECD, routing), dropped
     B, T, D = x_BTD.shape
     k = experts_BTk.shape[-1]
     order_M, sizes_E = moe_kernels.sort_by_expert(experts_BTk, E)
@@ -88,71 +105,80 @@ def _local(impl, slots, act, exp_axis, mlp_axis, x_BTD, experts_BTk, weights_BTk
     if ep == 1:
         y_MD = partial_sum(grouped.ffn(impl, x_MD, sizes_E, gate_EDF, up_EDF, down_EFD, act))
     else:
-        exchange = Exchange(sizes_E, ep, exp_axis, ragged=target_platform() in ("tpu", "gpu"))
-        x_RD, sizes_El, regroup_R = exchange.send(x_MD)
-        y_RD = grouped.ffn(impl, x_RD, sizes_El, gate_EDF, up_EDF, down_EFD, act)
-        y_MD = exchange.back(partial_sum(jnp.take(y_RD, jnp.argsort(regroup_R), axis=0)))
+        exchange = Exchange(sizes_E, ep, exp_axis, target_platform() in ("tpu", "gpu"),
+                            buffer_rows(B * T * k, ep, buffer_factor))
+        x_RD, sizes_El = exchange.send(x_MD)
+        y_MD = exchange.back(partial_sum(grouped.ffn(impl, x_RD, sizes_El, gate_EDF, up_EDF, down_EFD, act)))
+        dropped = exchange.dropped.astype(jnp.float32)
+        dropped = jax.lax.psum(dropped, token_axes) if token_axes else dropped
     y_XkD = moe_kernels.unsort(y_MD, order_M, k)
-    return moe_kernels.combine(y_XkD, weights_BTk.reshape(B * T, k)).reshape(B, T, D)
+    return moe_kernels.combine(y_XkD, weights_BTk.reshape(B * T, k)).reshape(B, T, D), dropped
 
 
 class Exchange:
     """Rows sorted by expert sent to the devices of their experts and back (the dropless path).
 
-    `send(x_MD)` → (the received rows regrouped by local expert [R, D], their counts [El], the
-    permutation that regrouped them); `back(y_RD)` takes results in the received order."""
+    Each device's receive buffer holds R rows, the senders' rows packed source after source: R =
+    every sender's rows (dropless), or fewer (`ragged_buffer_factor`), when a sender's rows past
+    the buffer's end are not sent (dropped: the tail of its rows for that device, its highest
+    experts' last tokens) and come back as zeros. `send(x_MD)` → (the received rows regrouped by
+    local expert [R, D], their counts [El]); `back(y_RD)` takes the results in that order and
+    returns my rows' [M, D], in my sorted order."""
 
-    def __init__(self, sizes_E, ep: int, axis: str, ragged: bool):
+    def __init__(self, sizes_E, ep: int, axis: str, ragged: bool, R: int):
         E = sizes_E.shape[0]
-        self.ep, self.axis, self.ragged, self.El = ep, axis, ragged, E // ep
+        self.ep, self.axis, self.ragged, self.El, self.R = ep, axis, ragged, E // ep, R
         self.send_sizes = jnp.sum(sizes_E.reshape(ep, self.El), axis=1)  # rows to each device [ep]
         self.send_start = jnp.cumsum(self.send_sizes) - self.send_sizes
-        self.all_sizes = jax.lax.all_gather(sizes_E, axis)  # every device's counts [ep, E]
-        me = jax.lax.axis_index(axis)
-        # rows each source sends me per local expert [ep, El], and in all
-        self.mine = jax.lax.dynamic_slice_in_dim(self.all_sizes, me * self.El, self.El, axis=1)
-        self.recv_sizes = jnp.sum(self.mine, axis=1)
-        self.me = me
+        all_sizes = jax.lax.all_gather(sizes_E, axis)  # every device's counts [ep, E]
+        self.me = me = jax.lax.axis_index(axis)
+        self.shard_sizes = jnp.sum(all_sizes.reshape(ep, ep, self.El), axis=2)  # rows [source, dest]
+        # where each source's rows land in each destination's buffer (after those of lower
+        # sources), and how many of them fit
+        land = jnp.cumsum(self.shard_sizes, axis=0) - self.shard_sizes
+        fits = jnp.clip(R - land, 0, self.shard_sizes)
+        self.out_offsets, self.kept_to = land[me], fits[me]  # mine at each destination [ep]
+        self.recv_sizes = fits[:, me]  # what each source sends me [ep]
+        self.recv_start = jnp.minimum(land[:, me], R)
+        # rows each source sends me per local expert [ep, El]: the first of its sorted rows that fit
+        sent = jax.lax.dynamic_slice_in_dim(all_sizes, me * self.El, self.El, axis=1)
+        before = jnp.cumsum(sent, axis=1) - sent
+        self.mine = jnp.clip(self.recv_sizes[:, None] - before, 0, sent)
+        self.dropped = jnp.sum(self.send_sizes - self.kept_to)  # my assignments not sent
+
+    def _regroup(self, source_N, within_N):
+        """The order that puts received rows (their source and index in it) by local expert, the
+        rows that are no real row last (El: past what their source sent)."""
+        cum_eEl = jnp.cumsum(self.mine, axis=1)
+        local_N = jax.vmap(lambda c, w: jnp.searchsorted(c, w, side="right"))(cum_eEl[source_N], within_N)
+        return jnp.argsort(local_N, stable=True)
 
     def send(self, x_MD):
         M, D = x_MD.shape
-        ep = self.ep
+        ep, R = self.ep, self.R
         if self.ragged:
-            R = ep * M
-            recv_start = jnp.cumsum(self.recv_sizes) - self.recv_sizes
-            shard_sizes = jnp.sum(self.all_sizes.reshape(ep, ep, self.El), axis=2)  # [source, dest]
-            # where my rows land in each destination's buffer: after those of lower sources
-            out_offsets = jnp.sum(jnp.where(jnp.arange(ep)[:, None] < self.me, shard_sizes, 0), axis=0)
-            x_RD = jax.lax.ragged_all_to_all(x_MD, jnp.zeros((R, D), x_MD.dtype), self.send_start,
-                                             self.send_sizes, out_offsets, self.recv_sizes, axis_name=self.axis)
-            source_R = jnp.clip(jnp.searchsorted(jnp.cumsum(self.recv_sizes), jnp.arange(R), side="right"), 0, ep - 1)
-            within_R = jnp.arange(R) - recv_start[source_R]
-            self._back = (recv_start, shard_sizes, M)
-        else:
-            R = ep * M
-            rows_eM = self.send_start[:, None] + jnp.arange(M)
-            ok_eM = jnp.arange(M) < self.send_sizes[:, None]
-            buf_eMD = jnp.where(ok_eM[..., None], jnp.take(x_MD, jnp.minimum(rows_eM, M - 1), axis=0), 0)
-            x_RD = jax.lax.all_to_all(buf_eMD, self.axis, 0, 0, tiled=True).reshape(R, D)
-            source_R, within_R = jnp.arange(R) // M, jnp.arange(R) % M
-            self._back = (rows_eM, ok_eM, M)
-        # each received row's local expert (El: padding past what its source sent)
-        cum_eEl = jnp.cumsum(self.mine, axis=1)
-        local_R = jax.vmap(lambda c, w: jnp.searchsorted(c, w, side="right"))(cum_eEl[source_R], within_R)
-        regroup_R = jnp.argsort(local_R, stable=True)
-        return jnp.take(x_RD, regroup_R, axis=0), jnp.sum(self.mine, axis=0).astype(jnp.int32), regroup_R
+            x_ND = jax.lax.ragged_all_to_all(x_MD, jnp.zeros((R, D), x_MD.dtype), self.send_start, self.kept_to,
+                                             self.out_offsets, self.recv_sizes, axis_name=self.axis)
+            source_N = jnp.clip(jnp.searchsorted(jnp.cumsum(self.recv_sizes), jnp.arange(R), side="right"), 0, ep - 1)
+            within_N = jnp.arange(R) - self.recv_start[source_N]
+        else:  # XLA:CPU has no ragged all-to-all: M-row buffers per destination, source-major
+            self._rows_eM = self.send_start[:, None] + jnp.arange(M)
+            self._ok_eM = jnp.arange(M) < self.kept_to[:, None]
+            buf_eMD = jnp.where(self._ok_eM[..., None], jnp.take(x_MD, jnp.minimum(self._rows_eM, M - 1), axis=0), 0)
+            x_ND = jax.lax.all_to_all(buf_eMD, self.axis, 0, 0, tiled=True).reshape(ep * M, D)
+            source_N, within_N = jnp.arange(ep * M) // M, jnp.arange(ep * M) % M
+        self._regroup_R = self._regroup(source_N, within_N)[:R]  # every real row is among the first R
+        self._shape = (M, x_ND.shape[0], D)
+        return jnp.take(x_ND, self._regroup_R, axis=0), jnp.sum(self.mine, axis=0).astype(jnp.int32)
 
     def back(self, y_RD):
-        """Results in the received order → my rows' results [M, D], in my sorted order."""
-        R, D = y_RD.shape
+        M, N, D = self._shape
+        y_ND = jnp.zeros((N, D), y_RD.dtype).at[self._regroup_R].set(y_RD)  # back in the received order
         if self.ragged:
-            recv_start, shard_sizes, M = self._back
             # I return each source its rows: they go where that source's rows for me started
-            their_offsets = jnp.sum(jnp.where(jnp.arange(self.ep)[None, :] < self.me,
-                                              self.all_sizes.reshape(self.ep, self.ep, self.El).sum(2), 0), axis=1)
-            return jax.lax.ragged_all_to_all(y_RD, jnp.zeros((M, D), y_RD.dtype), recv_start, self.recv_sizes,
-                                             their_offsets, self.send_sizes, axis_name=self.axis)
-        rows_eM, ok_eM, M = self._back
-        back_eMD = jax.lax.all_to_all(y_RD.reshape(self.ep, M, D), self.axis, 0, 0, tiled=True)
-        flat = jnp.where(ok_eM, rows_eM, M).reshape(-1)
+            their_offsets = jnp.sum(jnp.where(jnp.arange(self.ep)[None, :] < self.me, self.shard_sizes, 0), axis=1)
+            return jax.lax.ragged_all_to_all(y_ND, jnp.zeros((M, D), y_RD.dtype), self.recv_start, self.recv_sizes,
+                                             their_offsets, self.kept_to, axis_name=self.axis)
+        back_eMD = jax.lax.all_to_all(y_ND.reshape(self.ep, M, D), self.axis, 0, 0, tiled=True)
+        flat = jnp.where(self._ok_eM, self._rows_eM, M).reshape(-1)
         return jnp.zeros((M + 1, D), y_RD.dtype).at[flat].set(back_eMD.reshape(-1, D))[:M]

@@ -211,7 +211,9 @@ def _sliced_bytes(shape_text: str, trips: int) -> float:
 def hbm_bytes(text: str) -> float:
     """Bytes read and written per step by the top-level ops (each fusion reads its operands and
     writes its result), loops multiplied by their trip counts; an approximation of HBM traffic.
-    A custom call (a Pallas kernel such as splash attention) is one such op: Q, K, V in, O out."""
+    A custom call (a Pallas kernel such as splash attention) is one such op: Q, K, V in, O out.
+    A ragged all-to-all reads the rows it sends and writes those it receives, not its whole output
+    buffer (sized for the worst case): it counts twice a balanced routing's rows."""
     comps = _split(text)
     runs, trips = _runs(comps), _loop_trips(comps)
     control = {comps["__entry_name__"][0]} if "__entry_name__" in comps else set()
@@ -238,6 +240,10 @@ def hbm_bytes(text: str) -> float:
             if op in _FREE or op.endswith("-done"):
                 continue
             operands = re.findall(r"%([\w.\-]+)", m.group(4).split("), ")[0])
+            if op == "ragged-all-to-all":  # reads the rows it sends, writes those it receives into its
+                # (aliased, worst-case) output buffer: at a balanced routing's volume, as `collectives`
+                subtotal += 2 * min([sizes[o] for o in operands[:2] if o in sizes] + [result])
+                continue
             subtotal += result + sum(sizes.get(o, 0.0) for o in operands)
         total += subtotal * runs(name)
     return total
