@@ -69,8 +69,6 @@ def check_supported(cfg) -> None:
     if _version(cfg) == "deepseek_v3" and (not cfg.routed_bias or not cfg.norm_topk_prob):
         raise ValueError("DeepSeek-V3 (sigmoid routing) has the routed_bias and renormalised top-k weights: set "
                          "routed_bias=true, norm_topk_prob=true")
-    if cfg.q_lora_rank == 0 and _version(cfg) == "deepseek_v3":
-        raise ValueError("DeepseekV3ForCausalLM always has a query latent: set q_lora_rank > 0 (or export V2)")
 
 
 # ---- the RoPE permutation: DeepSeek's interleaved pairs ↔ maxlite's split halves ----
