@@ -138,7 +138,7 @@ MLA = ("attention_type=mla", "q_lora_rank=96", "kv_lora_rank=64", "qk_nope_head_
        "v_head_dim=64")
 
 
-@pytest.mark.parametrize("mixer", [(), MLA], ids=["gqa", "mla"])
+@pytest.mark.parametrize("mixer", [(), MLA, MLA + ("mtp_num_layers=1",)], ids=["gqa", "mla", "mla-mtp"])
 def test_flops_formula_agrees_with_xla_cost_analysis(mixer):
     """MaxText's count (models/flops.py) against XLA's own count of one unscanned forward+backward.
 
@@ -161,6 +161,7 @@ def test_flops_formula_agrees_with_xla_cost_analysis(mixer):
     if mixer:  # MLA's heads: P + R = V wide
         H = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
     # the masked half the formula leaves out (checked against XLA by the test below), × 3 for training
+    L += cfg.mtp_num_layers  # a multi-token-prediction depth attends as a layer does
     expected = train_flops_per_step(cfg, batch_size=B) + 3 * L * attention_flops(B, T, N, H)
     assert xla_flops == pytest.approx(expected, rel=0.03), (xla_flops, expected)
 
