@@ -159,6 +159,27 @@ def _validate_moe(c: Config) -> None:
                           "capacity_factor > 0 (e.g. 1.25), or pick a dropless implementation")
     if c.load_balance_loss_weight < 0 or c.router_z_loss_weight < 0:
         raise ConfigError("load_balance_loss_weight and router_z_loss_weight must be >= 0")
+    if c.routed_bias_update_rate and not c.routed_bias:
+        raise ConfigError(f"routed_bias_update_rate={c.routed_bias_update_rate} moves the routing bias: set "
+                          f"routed_bias=true")
+    _validate_routing_groups(c)
+
+
+def _validate_routing_groups(c: Config) -> None:
+    """Group-limited routing: both keys or neither; equal groups holding at least the top k."""
+    G, top = c.n_routing_groups, c.topk_routing_group
+    if G == -1 and top == -1:
+        return
+    E = c.num_experts
+    if G < 1 or E % G or not 1 <= top <= G:
+        raise ConfigError(f"n_routing_groups={G}, topk_routing_group={top}: the groups must divide "
+                          f"num_experts={E} and 1 <= topk_routing_group <= n_routing_groups (-1, -1: no groups)")
+    if c.routed_score_func == "sigmoid" and E // G < 2:
+        raise ConfigError(f"n_routing_groups={G}: a group's score is the sum of its best 2 experts, so each "
+                          f"group needs 2 of the num_experts={E}")
+    if top * (E // G) < c.num_experts_per_tok:
+        raise ConfigError(f"topk_routing_group={top} groups of {E // G} experts hold fewer than "
+                          f"num_experts_per_tok={c.num_experts_per_tok}")
 
 
 def _validate_mla(c: Config) -> None:

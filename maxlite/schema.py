@@ -199,7 +199,22 @@ class Keys:
         choices=("softmax", "sigmoid"))
     routed_bias: bool = key(False,
         "a per-expert bias added to the scores when choosing the top k only, not to the weights "
-        "(DeepSeek-V3's, trained by no gradient: imported or zero)")
+        "(DeepSeek-V3's, trained by no gradient: imported, zero, or moved by routed_bias_update_rate)")
+    routed_bias_update_rate: float = key(0.0,
+        "auxiliary-loss-free balancing (DeepSeek-V3: 0.001): after each optimizer step every MoE layer's "
+        "routed_bias moves by this × sign(mean load - expert's load), from the step's expert load, outside "
+        "the gradient; needs routed_bias; 0: the bias stays", bounds=(0, None))
+    routed_scaling_factor: float = key(1.0,
+        "the routed experts' weights multiplied by this after normalisation (DeepSeek-V3 2.5, GLM-4.5 1.0)",
+        positive=True)
+    n_routing_groups: int = key(-1,
+        "group-limited routing: the experts in this many equal groups, each token choosing only among the "
+        "best topk_routing_group groups (a group's score: the sum of its top 2 choice scores with sigmoid, "
+        "its best score with softmax; DeepSeek-V3 8); -1: no groups")
+    topk_routing_group: int = key(-1, "the groups each token may route to (DeepSeek-V3 4); -1: no groups")
+    routed_seq_aux_loss_weight: float = key(0.0,
+        "weight of DeepSeek-V3's sequence-wise balance loss (E/k · Σ_e f_e · P_e per sequence, P from the "
+        "scores normalised over experts; DeepSeek-V3 0.0001); reported as moe_seq_lb_loss", bounds=(0, None))
     capacity_factor: float = key(-1.0,
         "-1: dropless; > 0: an expert takes at most ceil(this × T × k / E) of a sequence's tokens (first "
         "choices first, then in order), the rest are dropped (that expert adds 0)")

@@ -62,6 +62,8 @@ def with_aux_losses(cfg, loss_sum, sums: dict, stats, denominator):
     losses = moe.aux_losses(cfg, stats)
     loss_sum = loss_sum + denominator * moe.objective_terms(cfg, losses)
     sums = {**sums, **{k: denominator * v for k, v in moe.step_metrics(cfg, losses).items()}}
+    if cfg.routed_bias_update_rate:  # the per-expert load the train step balances the routing bias by
+        sums["moe_expert_load"] = denominator * losses["moe_expert_load"]
     return loss_sum, (sums, denominator)
 
 
@@ -181,10 +183,12 @@ def dropout_key(seed: int | None, step: jax.Array):
 
 def train_step(state: TrainState, batch: Batch, *, graphdef, tx, schedule, accumulation_steps: int,
                loss_fn, dropout_seed: int | None = None, set_reference: bool = False,
-               advance=1) -> tuple[TrainState, dict[str, jax.Array]]:
+               advance=1, balance=None) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer update. The alignment objectives' reference policy lives in the optimizer
     state (optim.with_reference): `set_reference` makes the updated weights the reference
-    (warm-up steps); `advance` is what the step counter moves by (GRPO's inner iterations: 0)."""
+    (warm-up steps); `advance` is what the step counter moves by (GRPO's inner iterations: 0).
+    `balance` (the config, when routed_bias_update_rate > 0): after the update the MoE routing
+    biases move toward balance by the step's expert load (moe.update_routed_bias)."""
     trainable, frozen = split_trainable(state.params)
     reference = optim.reference_policy(state.opt_state, frozen)
     if getattr(loss_fn, "prepare", None) is not None and reference is not None:
@@ -197,6 +201,10 @@ def train_step(state: TrainState, batch: Batch, *, graphdef, tx, schedule, accum
     if set_reference:
         opt_state = optim.set_reference(opt_state, trainable)
     grad_norm = optax.tree.norm(grads)
+    params = join(trainable, frozen)
+    if balance is not None:  # outside the gradient: the bias only chooses experts
+        load_LE = means.pop("moe_expert_load")
+        means = {**means, "moe_bias_spread": moe.update_routed_bias(balance, params, load_LE)}
     metrics = {
         **means,
         "total_weights": weights,
@@ -205,7 +213,7 @@ def train_step(state: TrainState, batch: Batch, *, graphdef, tx, schedule, accum
         "finite": jnp.isfinite(means["loss"]) & jnp.isfinite(grad_norm),  # else the update spoils the weights
         "batch_hash": batch_hash(batch),
     }
-    return TrainState(step=state.step + advance, params=join(trainable, frozen), opt_state=opt_state), metrics
+    return TrainState(step=state.step + advance, params=params, opt_state=opt_state), metrics
 
 
 def eval_step(params, batch: Batch, *, graphdef) -> dict[str, jax.Array]:
@@ -223,7 +231,8 @@ def jit_step(cfg, graphdef, tx, schedule, state_shardings, batch_sharding, loss_
     """A `train_step` with `loss_fn`, compiled once with explicit shardings and the state donated."""
     fn = functools.partial(train_step, graphdef=graphdef, tx=tx, schedule=schedule,
                            accumulation_steps=cfg.gradient_accumulation_steps, loss_fn=loss_fn,
-                           dropout_seed=cfg.seed if cfg.lora_rank and cfg.lora_dropout > 0 else None, **kwargs)
+                           dropout_seed=cfg.seed if cfg.lora_rank and cfg.lora_dropout > 0 else None,
+                           balance=cfg if cfg.routed_bias_update_rate else None, **kwargs)
     return jax.jit(fn, in_shardings=(state_shardings, batch_sharding),
                    out_shardings=(state_shardings, None), donate_argnums=0)
 

@@ -1,6 +1,7 @@
 """maxlite/models/moe_parallel.py: expert parallelism on 8 simulated CPU devices (expert 4 × fsdp 2)
 trains like one device: the experts split over `expert`, each device's tokens sent to their experts
-by all-to-all and back, dropless (ragged) and with fixed capacity buffers (capacity). Same losses
+by all-to-all and back, dropless (ragged, with DeepSeekMoE routing: its bias moved by the global
+expert load) and with fixed capacity buffers (capacity, softmax routing). Same losses
 over two steps, relative 1e-5 (float32: only the order of sums differs), and the same weights
 after them. A checkpoint saved at expert 4 restores at expert 2 and trains on as the saving run."""
 
@@ -14,9 +15,15 @@ from maxlite.data.synthetic import make_synthetic_iterator
 from tests.helpers import MOE, SMALL, build, start_built, train_losses
 
 
-@pytest.mark.parametrize("impl", ["ragged", "capacity"])
-def test_expert_parallel_training_equals_one_device(impl):
-    extra = [f"moe_implementation={impl}"] + (["capacity_factor=1.0"] if impl == "capacity" else [])
+# DeepSeekMoE routing: sigmoid, groups, scaled weights, a shared expert, the sequence-wise loss and the
+# routing bias moved by each step's global expert load (the same on every mesh)
+DEEPSEEK = ["routed_score_func=sigmoid", "routed_bias=true", "routed_bias_update_rate=0.01", "n_routing_groups=4",
+            "topk_routing_group=2", "routed_scaling_factor=2.5", "routed_seq_aux_loss_weight=0.01", "shared_experts=1"]
+
+
+@pytest.mark.parametrize("impl, routing", [("ragged", DEEPSEEK), ("capacity", [])], ids=["ragged", "capacity"])
+def test_expert_parallel_training_equals_one_device(impl, routing):
+    extra = [f"moe_implementation={impl}", *routing] + (["capacity_factor=1.0"] if impl == "capacity" else [])
     one, state_one = train_losses(MOE + extra + ["per_device_batch_size=8", "ici_fsdp_parallelism=1"], 1, 2)
     ep, state_ep = train_losses(MOE + extra + ["per_device_batch_size=1", "ici_expert_parallelism=4",
                                                "ici_fsdp_parallelism=2"], 8, 2)

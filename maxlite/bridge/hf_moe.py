@@ -33,9 +33,10 @@ def check_supported(cfg) -> None:
     if cfg.decoder_block not in ARCHITECTURES:
         raise ValueError(f"decoder_block={cfg.decoder_block} is not a Hugging Face mixture of experts "
                          f"({', '.join(ARCHITECTURES)})")
-    if cfg.shared_experts or cfg.routed_bias or cfg.routed_score_func != "softmax":
-        raise ValueError("shared_experts, routed_bias and routed_score_func=sigmoid have no Mixtral or "
-                         "Qwen3-MoE equivalent")
+    if (cfg.shared_experts or cfg.routed_bias or cfg.routed_score_func != "softmax" or cfg.n_routing_groups > 0
+            or cfg.routed_scaling_factor != 1):
+        raise ValueError("shared_experts, routed_bias, routed_score_func=sigmoid, n_routing_groups and "
+                         "routed_scaling_factor != 1 have no Mixtral or Qwen3-MoE equivalent")
     if cfg.decoder_block == "mixtral" and (cfg.first_num_dense_layers or cfg.interleave_moe_layer_step != 1
                                            or not cfg.norm_topk_prob):
         raise ValueError("Mixtral has experts in every layer and renormalised top-k weights: set "

@@ -44,7 +44,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from maxlite.models import moe_parallel
 from maxlite.models.families import family
-from maxlite.models.kinds import layer_mlps
+from maxlite.models.kinds import layer_mlps, layer_place
 from maxlite.models.layers import ACTIVATIONS, BTD, GatedMLP, constrain, param
 from maxlite.models.moe_kernels import Routing
 from maxlite.models.names import MOE_IMPLEMENTATIONS, resolve_moe
@@ -67,10 +67,14 @@ def route(cfg, x_BTD, router_DE, bias_E, valid_BT, slots: int) -> Routing:
     probs_BTE = jax.nn.softmax(logits_BTE, axis=-1)
     scores_BTE = probs_BTE if cfg.routed_score_func == "softmax" else jax.nn.sigmoid(logits_BTE)
     choice_BTE = scores_BTE if bias_E is None else scores_BTE + bias_E.astype(jnp.float32)
-    _, experts_BTk = jax.lax.top_k(jax.lax.stop_gradient(choice_BTE), k)
+    choice_BTE = jax.lax.stop_gradient(choice_BTE)
+    if cfg.n_routing_groups > 0:
+        choice_BTE = _best_groups(cfg, choice_BTE)
+    _, experts_BTk = jax.lax.top_k(choice_BTE, k)
     weights_BTk = jnp.take_along_axis(scores_BTE, experts_BTk, axis=-1)
     if cfg.norm_topk_prob:
         weights_BTk = weights_BTk / jnp.sum(weights_BTk, axis=-1, keepdims=True)
+    weights_BTk = weights_BTk * cfg.routed_scaling_factor
     if slots:
         slots_BTk, kept_BTk = _capacity_slots(experts_BTk, valid_BT, E, slots)
     else:
@@ -83,7 +87,40 @@ def route(cfg, x_BTD, router_DE, bias_E, valid_BT, slots: int) -> Routing:
              "probs": jnp.sum(probs_BTE * valid_f[..., None], axis=(0, 1)),
              "dropped": jnp.sum((~kept_BTk & valid_BT[..., None]).astype(jnp.float32)),
              "z": jnp.sum(jnp.square(lse_BT) * valid_f)}
+    if cfg.routed_seq_aux_loss_weight:
+        stats.update(_sequence_balance(cfg, scores_BTE, experts_BTk, valid_f))
     return Routing(experts_BTk, jnp.where(kept_BTk, weights_BTk, 0.0), kept_BTk, slots_BTk, stats)
+
+
+def _best_groups(cfg, choice_BTE):
+    """The choice scores outside each token's best `topk_routing_group` groups set to -inf. A group's
+    score is the sum of its best two (sigmoid: DeepSeek-V3, GLM-4.5) or its best one (softmax:
+    DeepSeek-V2's group-limited greedy), as transformers' routers compute it."""
+    B, T, E = choice_BTE.shape
+    G = cfg.n_routing_groups
+    grouped_BTGe = choice_BTE.reshape(B, T, G, E // G)
+    best = 2 if cfg.routed_score_func == "sigmoid" else 1
+    group_BTG = jnp.sum(jax.lax.top_k(grouped_BTGe, best)[0], axis=-1)
+    _, groups_BTg = jax.lax.top_k(group_BTG, cfg.topk_routing_group)
+    keep_BTG = jnp.any(groups_BTg[..., None] == jnp.arange(G), axis=-2)
+    return jnp.where(keep_BTG[..., None], grouped_BTGe, -jnp.inf).reshape(B, T, E)
+
+
+def _sequence_balance(cfg, scores_BTE, experts_BTk, valid_f):
+    """DeepSeek-V3's sequence-wise balance statistics: Σ over sequences (rows) of E/k · Σ_e f_e P_e,
+    f_e the share of the row's real tokens choosing e, P_e the row's mean score of e normalised
+    over the experts; and the number of rows with real tokens."""
+    B, T, E = scores_BTE.shape
+    k = experts_BTk.shape[-1]
+    n_B = jnp.sum(valid_f, axis=1)
+    rows_Bk = jnp.broadcast_to(jnp.arange(B)[:, None, None], experts_BTk.shape).reshape(-1)
+    routed_BE = jnp.zeros((B, E), jnp.float32).at[rows_Bk, experts_BTk.reshape(-1)].add(
+        jnp.broadcast_to(valid_f[..., None], experts_BTk.shape).reshape(-1))
+    share_BTE = scores_BTE / jnp.sum(scores_BTE, axis=-1, keepdims=True)
+    p_BE = jnp.sum(share_BTE * valid_f[..., None], axis=1)
+    n = jnp.maximum(n_B, 1.0)[:, None]
+    per_row_B = E / k * jnp.sum(jax.lax.stop_gradient(routed_BE / n) * p_BE / n, axis=-1)
+    return {"seq_balance": jnp.sum(per_row_B), "rows": jnp.sum((n_B > 0).astype(jnp.float32))}
 
 
 def _capacity_slots(experts_BTk, valid_BT, E: int, C: int):
@@ -117,10 +154,13 @@ def aux_losses(cfg, stats_L: dict) -> dict:
     total = jnp.sum(tokens_L)
     f_E = jnp.sum(stats_L["routed"], axis=0) / total
     p_E = jnp.sum(stats_L["probs"], axis=0) / total
-    return {"moe_lb_loss": cfg.num_experts * jnp.sum(f_E * p_E),
-            "moe_z_loss": jnp.sum(stats_L["z"]) / total,
-            "moe_expert_load": stats_L["routed"] / (k * tokens_L[:, None]),
-            "moe_dropped": stats_L["dropped"] / (k * tokens_L)}
+    out = {"moe_lb_loss": cfg.num_experts * jnp.sum(f_E * p_E),
+           "moe_z_loss": jnp.sum(stats_L["z"]) / total,
+           "moe_expert_load": stats_L["routed"] / (k * tokens_L[:, None]),
+           "moe_dropped": stats_L["dropped"] / (k * tokens_L)}
+    if "seq_balance" in stats_L:  # each MoE layer's own loss, summed over the layers (as DeepSeek-V3's)
+        out["moe_seq_lb_loss"] = jnp.sum(stats_L["seq_balance"] / jnp.maximum(stats_L["rows"], 1.0))
+    return out
 
 
 def step_metrics(cfg, losses: dict) -> dict:
@@ -130,6 +170,11 @@ def step_metrics(cfg, losses: dict) -> dict:
     taken by its busiest and idlest expert (1/num_experts each when balanced), moe_dropped/i."""
     out = {"moe_lb_loss": losses["moe_lb_loss"], "moe_z_loss": losses["moe_z_loss"],
            "moe_dropped": jnp.mean(losses["moe_dropped"])}
+    if "moe_seq_lb_loss" in losses:
+        out["moe_seq_lb_loss"] = losses["moe_seq_lb_loss"]
+    if cfg.routed_bias_update_rate:  # what the bias update balances: mean over MoE layers of max - min load
+        load_LE = losses["moe_expert_load"]
+        out["moe_load_gap"] = jnp.mean(jnp.max(load_LE, axis=-1) - jnp.min(load_LE, axis=-1))
     moe_layers = [i for i, kind in enumerate(layer_mlps(cfg)) if kind == "moe"]
     for j, i in enumerate(moe_layers):
         out[f"moe_load_max/{i}"] = jnp.max(losses["moe_expert_load"][j])
@@ -140,7 +185,31 @@ def step_metrics(cfg, losses: dict) -> dict:
 
 def objective_terms(cfg, losses: dict):
     """What the auxiliary losses add to the objective (per token, like the mean cross-entropy)."""
-    return cfg.load_balance_loss_weight * losses["moe_lb_loss"] + cfg.router_z_loss_weight * losses["moe_z_loss"]
+    terms = cfg.load_balance_loss_weight * losses["moe_lb_loss"] + cfg.router_z_loss_weight * losses["moe_z_loss"]
+    if "moe_seq_lb_loss" in losses:
+        terms = terms + cfg.routed_seq_aux_loss_weight * losses["moe_seq_lb_loss"]
+    return terms
+
+
+def update_routed_bias(cfg, params, load_LE):
+    """Auxiliary-loss-free balancing (DeepSeek-V3): each MoE layer's routed_bias in `params` (a
+    model's nnx.State, changed in place) moves by routed_bias_update_rate × sign(mean load - load)
+    of its experts, `load_LE` the step's share of choices per expert [L_moe, E]: an overloaded
+    expert's bias falls, an idle one's rises. Returns the mean over layers of the biases' spread
+    (max - min) after the update, the metric moe_bias_spread."""
+    delta_LE = cfg.routed_bias_update_rate * jnp.sign(jnp.mean(load_LE, axis=-1, keepdims=True) - load_LE)
+    spreads = []
+    for j, i in enumerate(i for i, kind in enumerate(layer_mlps(cfg)) if kind == "moe"):
+        path, index = layer_place(cfg, i)
+        node = params
+        for key in path:
+            node = node[key]
+        bias = node["mlp"]["router_bias"]
+        value = bias[...] + delta_LE[j] if index is None else bias[...].at[index].add(delta_LE[j])
+        bias[...] = value
+        row = value if index is None else value[index]
+        spreads.append(jnp.max(row) - jnp.min(row))
+    return jnp.mean(jnp.stack(spreads))
 
 
 class MoE(nnx.Module):
@@ -150,8 +219,8 @@ class MoE(nnx.Module):
         D, E, F = cfg.base_emb_dim, cfg.num_experts, cfg.base_moe_mlp_dim
         wd, s = jnp.dtype(cfg.weight_dtype), cfg.init_scale
         self.router = param(rngs, (D, E), ("embed", None), wd, scale=s)
-        if cfg.routed_bias:
-            self.router_bias = param(rngs, (E,), (None,), wd, init="zeros")
+        if cfg.routed_bias:  # float32 whatever the weights: updates of 0.001 vanish in bfloat16
+            self.router_bias = param(rngs, (E,), (None,), jnp.float32, init="zeros")
         self.gate = param(rngs, (E, D, F), ("exp", "embed_no_exp", "mlp"), wd, scale=s)
         self.up = param(rngs, (E, D, F), ("exp", "embed_no_exp", "mlp"), wd, scale=s)
         self.down = param(rngs, (E, F, D), ("exp", "mlp", "embed_no_exp"), wd, scale=s)

@@ -76,6 +76,7 @@ def eval_step(params, reference, batch, *, graphdef, cfg):
     if reference is not None:  # else the batch carries them (objectives/dpo_reference.py)
         batch = {**batch, **reference_logps(reference, graphdef, batch)}
     _, (sums, pairs) = loss_fn(cfg)(params, graphdef, batch)
+    sums.pop("moe_expert_load", None)  # the train step's (routing-bias balance), no figure
     return {**sums, "pairs": pairs}
 
 
