@@ -36,7 +36,7 @@ def _plain(m, x, seg, window=0):
     [T, S] mask, scores scaled by 1/sqrt(P + R)."""
     cfg = m.cfg
     P, R = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
-    inv = jnp.asarray(rope_frequencies(dataclasses.replace(cfg, head_dim=R)), jnp.float32)
+    inv = jnp.asarray(rope_frequencies(cfg, dims=R), jnp.float32)
     pos = jnp.arange(x.shape[1])[None]
     q = jnp.einsum("btq,qnk->btnk", m.q_norm(x @ m.q_a[...]), m.q_b[...])
     kv = x @ m.kv_a[...]

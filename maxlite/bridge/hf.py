@@ -186,6 +186,9 @@ def import_hf(hf_dir: str, argv: Sequence[str] = (), verbose: bool = False):
         raise C.ConfigError(f"{hf_dir}/config.json: required key {e.args[0]!r} is missing") from None
     except ValueError as e:  # the family's refusals of what maxlite does not model: the user's model
         raise C.ConfigError(str(e)) from None
+    source = SafetensorsDir(hf_dir)
+    if hasattr(arch, "tensor_overrides"):  # what the tensors say beside config.json (DeepSeek's MTP layers)
+        overrides.update(arch.tensor_overrides(hf_cfg, set(source.names())))
     own = _own_tokenizer(hf_dir)
     user = C.user_keys(argv)
     if own and "tokenizer_path" not in user:  # the model's own tokenizer, unless told otherwise
@@ -200,7 +203,6 @@ def import_hf(hf_dir: str, argv: Sequence[str] = (), verbose: bool = False):
                         "pass tokenizer_path= for this model")
         except ValueError as e:  # the tokenizer the user gave does not fit the model
             raise C.ConfigError(str(e)) from None
-    source = SafetensorsDir(hf_dir)
     # the prefix its writer used, where an adapter reads several (else its own table)
     maps = arch.import_maps(cfg, set(source.names())) if hasattr(arch, "import_maps") else arch.tensor_maps(cfg)
     pure = hf_convert.import_params(cfg, maps, source, np.dtype(cfg.weight_dtype), arch.ignore,

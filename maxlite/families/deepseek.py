@@ -31,6 +31,7 @@ multi-token-prediction layer is stored as layer num_hidden_layers (`num_nextn_pr
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import numpy as np
 
@@ -140,9 +141,42 @@ def tensor_maps(cfg, interleaved: bool = True) -> list[TensorMap]:
     one_expert = [linear(m + "experts.{j}.gate_proj.weight", ("mlp", "gate"), (D,), (Fm,)),
                   linear(m + "experts.{j}.up_proj.weight", ("mlp", "up"), (D,), (Fm,)),
                   linear(m + "experts.{j}.down_proj.weight", ("mlp", "down"), (Fm,), (D,))]
-    return (maps + [dataclasses.replace(t, mlp="dense") for t in dense]
+    maps = (maps + [dataclasses.replace(t, mlp="dense") for t in dense]
             + [dataclasses.replace(t, mlp="moe") for t in moe]
             + [of_expert(t, j) for j in range(E) for t in one_expert])
+    return maps + [t for k in range(cfg.mtp_num_layers) for t in mtp_maps(cfg, maps, k)]
+
+
+def mtp_maps(cfg, maps: list[TensorMap], k: int) -> list[TensorMap]:
+    """Multi-token-prediction depth k, stored as DeepSeek-V3 stores it: layer num_hidden_layers + k,
+    a decoder layer of the last layer's kinds beside enorm, hnorm, eh_proj [D, 2D] (its input
+    [embedding; hidden]) and shared_head.norm, with copies of the embedding and the output head
+    (written on export; on import the copy writes the same values over the shared ones)."""
+    D, V = cfg.base_emb_dim, cfg.vocab_size
+    j = cfg.base_num_decoder_layers + k
+    prefix, here = f"model.layers.{j}.", ("mtp", k)
+    last = "moe" if cfg.num_experts and cfg.base_num_decoder_layers > cfg.first_num_dense_layers else "dense"
+    block = [dataclasses.replace(t, hf=t.hf.format(i=j), paths=tuple((*here, "block", *p) for p in t.paths),
+                                 layer=False, mlp=None)
+             for t in maps if t.layer and t.mlp in (None, last)]
+    return block + [
+        same(prefix + "enorm.weight", (*here, "enorm", "scale"), (D,), layer=False),
+        same(prefix + "hnorm.weight", (*here, "hnorm", "scale"), (D,), layer=False),
+        linear(prefix + "eh_proj.weight", (*here, "eh_proj"), (2 * D,), (D,), layer=False),
+        same(prefix + "shared_head.norm.weight", (*here, "norm", "scale"), (D,), layer=False),
+        same(prefix + "embed_tokens.weight", ("embedding",), (V, D), layer=False),
+        linear(prefix + "shared_head.head.weight", ("unembedding",), (D,), (V,), layer=False)]
+
+
+def tensor_overrides(hf: dict, names: set[str]) -> dict:
+    """What the tensors say beside config.json: the multi-token-prediction layers a checkpoint holds
+    (DeepSeek's publish them; transformers saves none, though its config keeps the count)."""
+    L, n = hf["num_hidden_layers"], hf.get("num_nextn_predict_layers") or 0
+    held = sum(f"model.layers.{L + k}.eh_proj.weight" in names for k in range(n))
+    if held < n:
+        print(f"maxlite: config.json states num_nextn_predict_layers={n} but the checkpoint holds {held} of those "
+              f"layers: imported with mtp_num_layers={held}", file=sys.stderr)
+    return {"mtp_num_layers": held} if n else {}
 
 
 def import_maps(cfg, names: set[str]) -> list[TensorMap]:
@@ -212,11 +246,8 @@ def config_overrides(hf: dict) -> dict:
            "norm_topk_prob": bool(hf.get("norm_topk_prob", v3)) if v3 else False,
            "routed_score_func": "sigmoid" if v3 else "softmax", "routed_bias": v3,
            "load_balance_loss_weight": 0.0 if v3 else float(hf.get("aux_loss_alpha", 0.001))}
-    if float(hf.get("routed_scaling_factor", 1.0)) != 1.0:
-        out["routed_scaling_factor"] = float(hf["routed_scaling_factor"])
+    out["routed_scaling_factor"] = float(hf.get("routed_scaling_factor", 1.0))
     if groups > 1 and topk_groups < groups:  # group-limited routing (else every group is open)
         out.update(n_routing_groups=groups, topk_routing_group=topk_groups)
-    if v3 and hf.get("num_nextn_predict_layers"):
-        out["mtp_num_layers"] = hf["num_nextn_predict_layers"]
     return out
 

@@ -21,26 +21,25 @@ a query/key head, R its RoPE part (K = P + R the query/key head width), V the va
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from maxlite.models import attention
-from maxlite.models.layers import BTD, apply_rope, constrain, make_norm, param, pick, rope_frequencies
+from maxlite.models.layers import (BTD, apply_rope, constrain, make_norm, param, pick, rope_attention_factor,
+                                   rope_frequencies, yarn_mscale)
 from maxlite.models.matmul import project
 
 
 def softmax_scale(cfg) -> float:
-    """1/√(P + R), the query/key head width (YaRN's mscale² joins it where the RoPE is YaRN's)."""
-    return (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim) ** -0.5
-
-
-def rope_config(cfg):
-    """The config RoPE is computed from: its frequencies span the R RoPE dims of a head."""
-    return dataclasses.replace(cfg, head_dim=cfg.qk_rope_head_dim)
+    """1/√(P + R), the query/key head width, × m(mscale_all_dim)² under YaRN (DeepSeek's softmax
+    scale, as transformers' DeepseekV3Attention: with mscale = mscale_all_dim the RoPE's own factor
+    is 1 and this carries the whole correction)."""
+    scale = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim) ** -0.5
+    if cfg.rope_scaling_type == "yarn" and cfg.rope_scaling_factor > 0 and cfg.mscale_all_dim:
+        scale *= yarn_mscale(cfg.rope_scaling_factor, cfg.mscale_all_dim) ** 2
+    return scale
 
 
 class MLA(nnx.Module):
@@ -64,10 +63,12 @@ class MLA(nnx.Module):
         self.cfg, self.dtype, self.scale = cfg, jnp.dtype(cfg.dtype), softmax_scale(cfg)
 
     def _rope(self, x_BTNR, positions_BT, local):
-        rope_cfg = rope_config(self.cfg)
-        inv_freq = pick(local, jnp.asarray(rope_frequencies(rope_cfg, local=True), jnp.float32),
-                        jnp.asarray(rope_frequencies(rope_cfg), jnp.float32))
-        return apply_rope(x_BTNR, positions_BT, inv_freq)
+        """RoPE over the R dims (YaRN's attention factor with it, 1 for DeepSeek's mscale = mscale_all_dim)."""
+        cfg, R = self.cfg, self.cfg.qk_rope_head_dim
+        inv_freq = pick(local, jnp.asarray(rope_frequencies(cfg, local=True, dims=R), jnp.float32),
+                        jnp.asarray(rope_frequencies(cfg, dims=R), jnp.float32))
+        factors = rope_attention_factor(cfg, local=True), rope_attention_factor(cfg)
+        return apply_rope(x_BTNR, positions_BT, inv_freq, factors[0] if factors[0] == factors[1] else pick(local, *factors))
 
     def queries(self, x_BTD, positions_BT, local=False):
         """(q_nope_BTNP, q_rope_BTNR), the latter rotated."""
