@@ -44,7 +44,9 @@ def loss_sums(params, graphdef, batch: Batch, z_loss_weight: float = 0.0, dropou
         loss_sum = xent_sum + z_loss_weight * jnp.sum(jnp.square(log_z_BT) * weights_BT)
     sums = {"loss": xent_sum}
     if model.cfg.mtp_num_layers:  # multi-token prediction: its own loss, scaled into the objective
-        mtp_loss = mtp.loss(model, x_BTD, batch)
+        mtp_loss, mtp_stats = mtp.loss(model, x_BTD, batch)
+        if mtp_stats is not None:  # the depths' MoE layers after the model's (moe.update_routed_bias)
+            stats = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), stats, mtp_stats)
         loss_sum = loss_sum + weights * model.cfg.mtp_loss_scaling_factor * mtp_loss
         sums["mtp_loss"] = weights * mtp_loss
     return with_aux_losses(model.cfg, loss_sum, sums, stats, weights)

@@ -227,6 +227,8 @@ def shrunk(model_name: str) -> list[str]:
     if cfg.num_experts:  # a MoE preset: a few narrow experts, still more than it routes to
         window += [f"num_experts={min(cfg.num_experts, 8)}", f"num_experts_per_tok={min(cfg.num_experts_per_tok, 4)}",
                    "base_moe_mlp_dim=32", f"first_num_dense_layers={min(cfg.first_num_dense_layers, 1)}"]
+        if cfg.n_routing_groups > 0:  # groups of 4, the best of 2 open
+            window += ["n_routing_groups=2", "topk_routing_group=1"]
     if cfg.attention_type == "mla":  # narrow latents, values narrower than queries and keys (as published)
         window += [f"q_lora_rank={min(cfg.q_lora_rank, 32)}", "kv_lora_rank=16", "qk_nope_head_dim=16",
                    "qk_rope_head_dim=8", "v_head_dim=16"]

@@ -46,7 +46,7 @@ def _batch(tokens, seg, weights=None):
 @nnx.jit
 def _jitted_loss(model, batch):
     x, _ = model.forward(batch["inputs"], batch["positions"], batch["segment_ids"])
-    return mtp.loss(model, x, batch)
+    return mtp.loss(model, x, batch)[0]
 
 
 def _mtp_loss(model, batch):

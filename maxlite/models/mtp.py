@@ -23,17 +23,20 @@ def _ahead(x_BT, k: int, fill=0):
     return jnp.concatenate([x_BT[:, k:], jnp.full((x_BT.shape[0], k), fill, x_BT.dtype)], axis=1)
 
 
-def loss(model, x_BTD, batch) -> jax.Array:
-    """mtp_loss: the mean over depths of each depth's weighted mean cross-entropy."""
+def loss(model, x_BTD, batch) -> tuple[jax.Array, dict | None]:
+    """(mtp_loss: the mean over depths of each depth's weighted mean cross-entropy, the routing
+    statistics of the depths' MoE layers stacked [D, ...] or None): a MoE model's depths route as
+    its layers do, so their load joins the balance losses and the routing-bias update."""
     inputs, targets, seg = batch["inputs"], batch["targets"], batch["segment_ids"]
-    h_BTD, losses = x_BTD, []
+    h_BTD, losses, stats = x_BTD, [], []
     for k, layer in enumerate(model.mtp, start=1):
         # the target of depth k at i is token i + k + 1: targets[i + k]; its weight counts it
         weights_BT = _ahead(batch["weights"], k) * (_ahead(seg, k, -1) == seg)
-        h_BTD, normed_BTD = layer(h_BTD, model.embed(_ahead(inputs, k), batch["positions"]),
-                                  batch["positions"], seg)
+        h_BTD, normed_BTD, routing = layer(h_BTD, model.embed(_ahead(inputs, k), batch["positions"]),
+                                           batch["positions"], seg)
+        stats += [] if routing is None else [routing]
         logits_BTV = model.logits(normed_BTD)
         target_logit_BT = jnp.take_along_axis(logits_BTV, _ahead(targets, k)[..., None], axis=-1)[..., 0]
         xent_BT = jax.nn.logsumexp(logits_BTV, axis=-1) - target_logit_BT
         losses.append(jnp.sum(xent_BT * weights_BT) / jnp.maximum(jnp.sum(weights_BT), 1.0))
-    return sum(losses) / len(losses)
+    return sum(losses) / len(losses), (jax.tree.map(lambda *a: jnp.stack(a), *stats) if stats else None)

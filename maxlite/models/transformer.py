@@ -131,10 +131,11 @@ class MTPLayer(nnx.Module):
         self.norm = make_norm(cfg, D, rngs)
 
     def __call__(self, h_BTD, emb_BTD, positions_BT, segment_ids_BT):
+        """(hidden state h_BTD, its normed output, its MoE layer's routing statistics or None)."""
         x_BTD = matmul.project("btc,cd->btd", jnp.concatenate([self.enorm(emb_BTD), self.hnorm(h_BTD)], axis=-1),
                                self.eh_proj[...])
-        h_BTD, _ = self.block(constrain(x_BTD, BTD), positions_BT, segment_ids_BT)
-        return h_BTD, self.norm(h_BTD)
+        h_BTD, stats = self.block(constrain(x_BTD, BTD), positions_BT, segment_ids_BT)
+        return h_BTD, self.norm(h_BTD), stats
 
 
 class Transformer(nnx.Module):
