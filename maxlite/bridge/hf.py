@@ -30,7 +30,7 @@ import numpy as np
 from maxlite import cli, config as C
 import importlib
 
-from maxlite.bridge import hf_convert
+from maxlite.bridge import fp8, hf_convert
 from maxlite.bridge import params as P
 from maxlite.models.families import FAMILIES, family
 from maxlite.bridge.safetensors_io import SafetensorsDir, parse_size, write_sharded
@@ -186,7 +186,7 @@ def import_hf(hf_dir: str, argv: Sequence[str] = (), verbose: bool = False):
         raise C.ConfigError(f"{hf_dir}/config.json: required key {e.args[0]!r} is missing") from None
     except ValueError as e:  # the family's refusals of what maxlite does not model: the user's model
         raise C.ConfigError(str(e)) from None
-    source = SafetensorsDir(hf_dir)
+    source = fp8.dequantized(SafetensorsDir(hf_dir))
     if hasattr(arch, "tensor_overrides"):  # what the tensors say beside config.json (DeepSeek's MTP layers)
         overrides.update(arch.tensor_overrides(hf_cfg, set(source.names())))
     own = _own_tokenizer(hf_dir)

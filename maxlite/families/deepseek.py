@@ -61,6 +61,9 @@ def check_supported(cfg) -> None:
     if cfg.use_bias or cfg.sliding_window or cfg.layer_types or cfg.local_rope_max_timescale:
         raise ValueError("DeepSeek-V2/V3 have no attention biases, sliding windows or per-layer RoPE: set "
                          "use_bias=false, sliding_window=0, layer_types=[]")
+    if cfg.mtp_num_layers and _version(cfg) == "deepseek_v2":
+        raise ValueError("DeepSeek-V2 checkpoints have no multi-token-prediction layers: set mtp_num_layers=0 to "
+                         "export (or export V3's routing: routed_score_func=sigmoid)")
     if cfg.interleave_moe_layer_step != 1 or not cfg.shared_experts:
         raise ValueError("DeepSeek-V2/V3 have MoE in every layer after the first dense ones and shared experts: set "
                          "interleave_moe_layer_step=1 and shared_experts > 0")
