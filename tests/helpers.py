@@ -249,3 +249,19 @@ def jax_logits(cfg, pure, ids):
     B, T = ids.shape
     forward = nnx.jit(lambda m, *args: m(*args))
     return np.asarray(forward(model, ids, np.broadcast_to(np.arange(T), (B, T)), np.ones((B, T), np.int32)))
+
+
+def greedy_paths(cfg, pure, model, prompt: list[int], n: int = 12) -> tuple[list[int], list[int]]:
+    """(maxlite's greedy continuation of `prompt` from a nested numpy params tree, transformers'
+    `generate` of the same from the torch `model`): n new tokens each."""
+    import torch
+
+    from maxlite.bridge import params as P
+    from maxlite.generate import Sampling, generate_ids
+
+    ours = generate_ids(cfg, P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure))), [prompt],
+                        Sampling(max_new_tokens=n)).tokens[0]
+    with torch.no_grad():
+        theirs = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=n,
+                                eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    return ours, theirs

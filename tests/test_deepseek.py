@@ -18,8 +18,7 @@ import transformers
 from maxlite.bridge import hf
 from maxlite.bridge import params as P
 from maxlite.bridge.safetensors_io import Entry, SafetensorsDir, write_sharded
-from maxlite.generate import Sampling, generate_ids
-from tests.helpers import jax_logits
+from tests.helpers import greedy_paths, jax_logits
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -91,12 +90,7 @@ def test_import_gives_transformers_logits_and_greedy_path(imported):
     ids = np.random.default_rng(1).integers(0, V - 1, (2, T))
     assert _relative(jax_logits(cfg, pure, ids), _logits(model, ids)) <= 1e-5
 
-    prompt = list(range(10, 18))
-    ours = generate_ids(cfg, P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure))), [prompt],
-                        Sampling(max_new_tokens=12)).tokens[0]
-    with torch.no_grad():
-        theirs = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=12, min_new_tokens=12,
-                                eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    ours, theirs = greedy_paths(cfg, pure, model, list(range(10, 18)))
     assert ours == theirs and len(set(ours)) > 3, (ours, theirs)
 
 
