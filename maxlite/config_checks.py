@@ -78,6 +78,7 @@ def validate(c: Config) -> None:
         raise ConfigError(f"attention_block_size={c.attention_block_size} must divide "
                           f"max_target_length={c.max_target_length}")
     _validate_moe(c)
+    _validate_mla(c)
     _validate_objective(c)
     _validate_data(c)
     _validate_resilience(c)
@@ -181,6 +182,15 @@ def _validate_routing_groups(c: Config) -> None:
     if top * (E // G) < c.num_experts_per_tok:
         raise ConfigError(f"topk_routing_group={top} groups of {E // G} experts hold fewer than "
                           f"num_experts_per_tok={c.num_experts_per_tok}")
+
+
+def _validate_mla(c: Config) -> None:
+    """Latent attention (maxlite/models/mla.py) and multi-token prediction (maxlite/models/mtp.py)."""
+    if c.attention_type == "mla" and c.qk_rope_head_dim % 2:
+        raise ConfigError(f"qk_rope_head_dim={c.qk_rope_head_dim}: RoPE rotates pairs of dims, make it even")
+    if c.attention_type == "mla" and c.lora_rank:
+        raise ConfigError("lora_rank > 0 with attention_type=mla: LoRA adapts grouped-query attention's "
+                          "projections, which latent attention does not have; set lora_rank=0")
 
 
 def _validate_objective(c: Config) -> None:
@@ -379,6 +389,9 @@ def _check_context(c: Config, context: int) -> None:
     if c.train_objective != "lm":
         raise ConfigError(f"context parallelism (context={context}) is for train_objective=lm (pre-training, "
                           f"SFT); set ici_context_parallelism=1 for train_objective={c.train_objective}")
+    if c.mtp_num_layers and c.context_parallel_load_balance:
+        raise ConfigError("mtp_num_layers > 0 reads tokens ahead in sequence order, which context parallelism's "
+                          "load balance reorders: set context_parallel_load_balance=false")
     pieces = c.sequence_pieces
     if c.max_target_length % pieces:
         why = " (load balance: two chunks per shard)" if c.context_parallel_load_balance else ""

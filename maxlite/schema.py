@@ -147,6 +147,25 @@ class Keys:
     query_pre_attn_scalar: float = key(0.0, "attention scores scaled by this^-0.5 (Gemma 3); 0: head_dim",
         bounds=(0, None))
     normalization_layer_epsilon: float = key(1e-05, "epsilon of RMSNorm / LayerNorm", positive=True)
+    attention_type: str = key("global",
+        "the token mixer: global (grouped-query attention; sliding windows by the family's pattern or "
+        "layer_types) | mla (multi-head latent attention, DeepSeek-V2/V3: the keys below; maxlite/models/mla.py)",
+        choices=("global", "mla"))
+    q_lora_rank: int = key(0, "mla: the queries' low-rank latent width (DeepSeek-V3 1536); 0: a full query "
+        "projection (DeepSeek-V2-Lite)", bounds=(0, None))
+    kv_lora_rank: int = key(512, "mla: the keys' and values' shared latent width (what decoding caches)",
+        positive=True)
+    qk_nope_head_dim: int = key(128, "mla: each query/key head's width without RoPE", positive=True)
+    qk_rope_head_dim: int = key(64, "mla: each query head's RoPE width, and the one RoPE key all heads share "
+        "(cached beside the latent)", positive=True)
+    v_head_dim: int = key(128, "mla: each value head's width", positive=True)
+    mtp_num_layers: int = key(0,
+        "multi-token prediction (DeepSeek-V3): extra layers, the k-th predicting token t+1+k from the previous "
+        "depth's hidden state and token t+k's embedding, sharing embedding and output head; 0: none",
+        bounds=(0, None))
+    mtp_loss_scaling_factor: float = key(0.1,
+        "multi-token prediction: weight of the mean of the extra layers' losses in the objective (reported as "
+        "mtp_loss)", bounds=(0, None))
     logits_via_embedding: bool = key(False, "tie input embedding and output projection")
     use_qk_norm: bool = key(False,
         "RMSNorm over each head of q and k before RoPE in a family without q/k norms of its own (GLM-4.5's "

@@ -10,7 +10,7 @@ import optax
 from flax import nnx
 
 from maxlite import optim
-from maxlite.models import context, loss as loss_lib, moe
+from maxlite.models import context, loss as loss_lib, moe, mtp
 from maxlite.state import TrainState, join, split_trainable
 
 Batch = dict[str, jax.Array]  # inputs, targets, positions, segment_ids: int32 [B, T]; weights: f32
@@ -42,7 +42,14 @@ def loss_sums(params, graphdef, batch: Batch, z_loss_weight: float = 0.0, dropou
         target_logit_BT = jnp.take_along_axis(logits_BTV, batch["targets"][..., None], axis=-1)[..., 0]
         xent_sum = jnp.sum((log_z_BT - target_logit_BT) * weights_BT)
         loss_sum = xent_sum + z_loss_weight * jnp.sum(jnp.square(log_z_BT) * weights_BT)
-    return with_aux_losses(model.cfg, loss_sum, {"loss": xent_sum}, stats, weights)
+    sums = {"loss": xent_sum}
+    if model.cfg.mtp_num_layers:  # multi-token prediction: its own loss, scaled into the objective
+        mtp_loss, mtp_stats = mtp.loss(model, x_BTD, batch)
+        if mtp_stats is not None:  # the depths' MoE layers after the model's (moe.update_routed_bias)
+            stats = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), stats, mtp_stats)
+        loss_sum = loss_sum + weights * model.cfg.mtp_loss_scaling_factor * mtp_loss
+        sums["mtp_loss"] = weights * mtp_loss
+    return with_aux_losses(model.cfg, loss_sum, sums, stats, weights)
 
 
 def with_aux_losses(cfg, loss_sum, sums: dict, stats, denominator):

@@ -213,7 +213,8 @@ def shrunk(model_name: str) -> list[str]:
     """A preset at CPU size that keeps its traits: its family (with one whole period of its layer
     pattern: Gemma 3's 5 local + 1 global), tied head or not, biases, RoPE scaling and local RoPE,
     a sliding window (8 of 32 tokens), query scaling, GQA (or not), a head_dim that is (or is not)
-    emb/heads; a mixture of experts with at most 8 experts of width 32. Default dtypes (bf16 compute)."""
+    emb/heads; a mixture of experts with at most 8 experts of width 32 (at most 1 dense layer first);
+    latent attention with narrow latents. Default dtypes (bf16 compute)."""
     from maxlite.models.families import family
 
     cfg = C.load(["base.yml", f"model_name={model_name}"])
@@ -226,6 +227,11 @@ def shrunk(model_name: str) -> list[str]:
     if cfg.num_experts:  # a MoE preset: a few narrow experts, still more than it routes to
         window += [f"num_experts={min(cfg.num_experts, 8)}", f"num_experts_per_tok={min(cfg.num_experts_per_tok, 4)}",
                    "base_moe_mlp_dim=32", f"first_num_dense_layers={min(cfg.first_num_dense_layers, 1)}"]
+        if cfg.n_routing_groups > 0:  # groups of 4, the best of 2 open
+            window += ["n_routing_groups=2", "topk_routing_group=1"]
+    if cfg.attention_type == "mla":  # narrow latents, values narrower than queries and keys (as published)
+        window += [f"q_lora_rank={min(cfg.q_lora_rank, 32)}", "kv_lora_rank=16", "qk_nope_head_dim=16",
+                   "qk_rope_head_dim=8", "v_head_dim=16"]
     return ["base.yml", f"model_name={model_name}", "base_emb_dim=64", "base_mlp_dim=128",
             f"base_num_query_heads={heads}", f"base_num_kv_heads={kv}", f"head_dim={head_dim}",
             f"base_num_decoder_layers={layers}", "vocab_size=512", *window,
@@ -243,3 +249,19 @@ def jax_logits(cfg, pure, ids):
     B, T = ids.shape
     forward = nnx.jit(lambda m, *args: m(*args))
     return np.asarray(forward(model, ids, np.broadcast_to(np.arange(T), (B, T)), np.ones((B, T), np.int32)))
+
+
+def greedy_paths(cfg, pure, model, prompt: list[int], n: int = 12) -> tuple[list[int], list[int]]:
+    """(maxlite's greedy continuation of `prompt` from a nested numpy params tree, transformers'
+    `generate` of the same from the torch `model`): n new tokens each."""
+    import torch
+
+    from maxlite.bridge import params as P
+    from maxlite.generate import Sampling, generate_ids
+
+    ours = generate_ids(cfg, P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure))), [prompt],
+                        Sampling(max_new_tokens=n)).tokens[0]
+    with torch.no_grad():
+        theirs = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=n,
+                                eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    return ours, theirs

@@ -12,10 +12,9 @@ import transformers
 from flax import nnx
 
 from maxlite.bridge import hf
-from maxlite.bridge import params as P
-from maxlite.generate import Sampling, generate_ids
 from maxlite.models import moe
 from maxlite.state import abstract_params
+from tests.helpers import greedy_paths
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -75,12 +74,7 @@ def test_import_logits_aux_loss_greedy_and_export(family, tmp_path):
     assert _relative(logits, out.logits.numpy()) <= 1e-5
     np.testing.assert_allclose(lb, float(out.aux_loss), rtol=1e-5)
 
-    prompt = list(range(10, 18))
-    ours = generate_ids(cfg, P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure))), [prompt],
-                        Sampling(max_new_tokens=12)).tokens[0]
-    with torch.no_grad():
-        theirs = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=12, min_new_tokens=12,
-                                eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    ours, theirs = greedy_paths(cfg, pure, model, list(range(10, 18)))
     assert ours == theirs and len(set(ours)) > 3, (ours, theirs)
 
     hf.export_hf(cfg, pure, str(tmp_path / "back"))

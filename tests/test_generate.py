@@ -46,12 +46,19 @@ FAMILIES = {  # windows shorter than the prompts: the ring caches wrap during pr
     "mistral-window": ["sliding_window=3"],
     "gemma3": ["decoder_block=gemma3", "sliding_window=4", "local_rope_max_timescale=100",
                "base_num_decoder_layers=7", "query_pre_attn_scalar=24"],
+    # latent attention decodes from its latent (the up-projections absorbed), a window as a ring too
+    "deepseek-mla": ["decoder_block=deepseek", "attention_type=mla", "q_lora_rank=24", "kv_lora_rank=16",
+                     "qk_nope_head_dim=8", "qk_rope_head_dim=8", "v_head_dim=12", "num_experts=4",
+                     "num_experts_per_tok=2", "base_moe_mlp_dim=32", "shared_experts=1", "first_num_dense_layers=1",
+                     "routed_score_func=sigmoid", "routed_bias=true"],
+    "mla-window": ["attention_type=mla", "q_lora_rank=0", "kv_lora_rank=16", "qk_nope_head_dim=8",
+                   "qk_rope_head_dim=8", "v_head_dim=12", "sliding_window=3"],
 }
 
 
 @pytest.mark.parametrize("family, scan", [("llama", "true"), ("llama", "false"), ("qwen2", "true"),
                                           ("qwen3", "true"), ("mistral-window", "true"), ("gemma3", "true"),
-                                          ("gemma3", "false")])
+                                          ("gemma3", "false"), ("deepseek-mla", "true"), ("mla-window", "true")])
 def test_cached_decoding_equals_recomputing_the_prefix_and_batching_changes_nothing(family, scan):
     cfg, model, params = _model(f"scan_layers={scan}", *FAMILIES[family])
     batched = generate_ids(cfg, params, PROMPTS, Sampling(max_new_tokens=8))
@@ -193,11 +200,15 @@ def test_on_a_context_parallel_mesh_the_prefill_splits_the_prompt_and_decodes_th
     assert on_mesh == generate_ids(cfg, params, PROMPTS, Sampling(max_new_tokens=6)).tokens
 
 
-@pytest.mark.parametrize("extra", [(), ("decoder_block=gemma3", "sliding_window=4", "base_num_decoder_layers=6")],
-                         ids=["global", "windowed"])
-def test_the_reported_cache_bytes_per_token_are_the_caches_own(extra):
+@pytest.mark.parametrize("extra, without", [((), ""),
+                                            (("decoder_block=gemma3", "sliding_window=4", "base_num_decoder_layers=6"),
+                                             "sliding_window=0"),
+                                            (tuple(FAMILIES["deepseek-mla"]), "attention_type=global")],
+                         ids=["global", "windowed", "mla"])
+def test_the_reported_cache_bytes_per_token_are_the_caches_own(extra, without):
     """What `generate` reports per token is the size of the caches decoding allocated for the longest
-    row (prompt + new tokens), divided by that length: a sliding-window layer's keeps its window only."""
+    row (prompt + new tokens), divided by that length: a sliding-window layer's keeps its window only,
+    a latent-attention layer its latent (smaller than grouped-query K and V of the same heads)."""
     from maxlite.models import decode
 
     cfg, _, params = _model(*extra)
@@ -208,7 +219,7 @@ def test_the_reported_cache_bytes_per_token_are_the_caches_own(extra):
     per_layer = [layers for layers, _ in cache.stacks.values()]  # the slot-position record is bookkeeping
     allocated = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(per_layer))
     assert got.cache_bytes_per_token == allocated / length
-    if extra:  # the same model without a window keeps every position in every layer
-        everything = decode.empty_cache(_model(*extra, "sliding_window=0")[0], 1, length)
+    if extra:  # the same model without a window (or the latent) keeps more
+        everything = decode.empty_cache(_model(*extra, without)[0], 1, length)
         assert allocated < sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(
             [layers for layers, _ in everything.stacks.values()]))

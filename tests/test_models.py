@@ -132,7 +132,14 @@ def test_llama31_rope_scaling_matches_reference_rule():
     assert mid.any() and np.all(scaled[mid] < plain[mid]) and np.all(scaled[mid] > plain[mid] / 8)
 
 
-def test_flops_formula_agrees_with_xla_cost_analysis():
+# latent attention (its query latent, key/value latent and up-projection) with values as wide as the
+# queries and keys, so that dot_product pads nothing
+MLA = ("attention_type=mla", "q_lora_rank=96", "kv_lora_rank=64", "qk_nope_head_dim=48", "qk_rope_head_dim=16",
+       "v_head_dim=64")
+
+
+@pytest.mark.parametrize("mixer", [(), MLA, MLA + ("mtp_num_layers=1",)], ids=["gqa", "mla", "mla-mtp"])
+def test_flops_formula_agrees_with_xla_cost_analysis(mixer):
     """MaxText's count (models/flops.py) against XLA's own count of one unscanned forward+backward.
 
     XLA computes the full T×T score matrix, where the formula counts the causal half, and adds the
@@ -142,7 +149,7 @@ def test_flops_formula_agrees_with_xla_cost_analysis():
 
     cfg = C.resolve(C.load(["base.yml", "model_name=tiny", "per_device_batch_size=2", "max_target_length=128",
                             "scan_layers=false", "remat_policy=none", "attention=dot_product",
-                            "num_vocab_tiling=1", "dtype=float32"]), 1)
+                            "num_vocab_tiling=1", "dtype=float32", *mixer]), 1)
     graphdef, params = abstract_params(cfg)
     B, T = 2, 128
     ids = jax.ShapeDtypeStruct((B, T), np.int32)
@@ -151,7 +158,10 @@ def test_flops_formula_agrees_with_xla_cost_analysis():
     grad = jax.jit(jax.grad(lambda p, b: step_lib.loss_sums(p, graphdef, b)[0]))
     xla_flops = grad.lower(params, batch).compile().cost_analysis()["flops"]
     L, N, H = cfg.base_num_decoder_layers, cfg.base_num_query_heads, cfg.head_dim
+    if mixer:  # MLA's heads: P + R = V wide
+        H = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
     # the masked half the formula leaves out (checked against XLA by the test below), × 3 for training
+    L += cfg.mtp_num_layers  # a multi-token-prediction depth attends as a layer does
     expected = train_flops_per_step(cfg, batch_size=B) + 3 * L * attention_flops(B, T, N, H)
     assert xla_flops == pytest.approx(expected, rel=0.03), (xla_flops, expected)
 

@@ -1,7 +1,8 @@
 """maxlite/models/moe_parallel.py: expert parallelism on 8 simulated CPU devices (expert 4 × fsdp 2)
 trains like one device: the experts split over `expert`, each device's tokens sent to their experts
-by all-to-all and back, dropless (ragged, with DeepSeekMoE routing: its bias moved by the global
-expert load) and with fixed capacity buffers (capacity, softmax routing). Same losses
+by all-to-all and back, dropless (ragged, with DeepSeek-V3's layer: latent attention, DeepSeekMoE
+routing with its bias moved by the global expert load, a multi-token-prediction depth) and with
+fixed capacity buffers (capacity, softmax routing). Same losses
 over two steps, relative 1e-5 (float32: only the order of sums differs), and the same weights
 after them. A checkpoint saved at expert 4 restores at expert 2 and trains on as the saving run."""
 
@@ -21,7 +22,12 @@ DEEPSEEK = ["routed_score_func=sigmoid", "routed_bias=true", "routed_bias_update
             "topk_routing_group=2", "routed_scaling_factor=2.5", "routed_seq_aux_loss_weight=0.01", "shared_experts=1"]
 
 
-@pytest.mark.parametrize("impl, routing", [("ragged", DEEPSEEK), ("capacity", [])], ids=["ragged", "capacity"])
+# DeepSeek-V3's whole layer: latent attention and a multi-token-prediction depth (its MoE layer balanced too)
+MLA_MTP = ["attention_type=mla", "q_lora_rank=16", "kv_lora_rank=16", "qk_nope_head_dim=8", "qk_rope_head_dim=8",
+           "v_head_dim=8", "mtp_num_layers=1"]
+
+
+@pytest.mark.parametrize("impl, routing", [("ragged", DEEPSEEK + MLA_MTP), ("capacity", [])], ids=["ragged", "capacity"])
 def test_expert_parallel_training_equals_one_device(impl, routing):
     extra = [f"moe_implementation={impl}", *routing] + (["capacity_factor=1.0"] if impl == "capacity" else [])
     one, state_one = train_losses(MOE + extra + ["per_device_batch_size=8", "ici_fsdp_parallelism=1"], 1, 2)

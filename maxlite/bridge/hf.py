@@ -30,7 +30,7 @@ import numpy as np
 from maxlite import cli, config as C
 import importlib
 
-from maxlite.bridge import hf_convert
+from maxlite.bridge import fp8, hf_convert
 from maxlite.bridge import params as P
 from maxlite.models.families import FAMILIES, family
 from maxlite.bridge.safetensors_io import SafetensorsDir, parse_size, write_sharded
@@ -54,6 +54,8 @@ MODEL_KEYS = ("decoder_block", "base_emb_dim", "base_num_decoder_layers", "base_
               "interleave_moe_layer_step", "norm_topk_prob", "load_balance_loss_weight",
               "shared_experts", "routed_score_func", "routed_bias", "routed_scaling_factor", "n_routing_groups",
               "topk_routing_group", "use_qk_norm")
+MODEL_KEYS += ("attention_type", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+               "mtp_num_layers")
 # config.json's dtype → the compute dtype an import records (float16 is not a maxlite compute dtype:
 # float32 computes its values exactly)
 COMPUTE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float32"}
@@ -186,6 +188,9 @@ def import_hf(hf_dir: str, argv: Sequence[str] = (), verbose: bool = False):
         raise C.ConfigError(f"{hf_dir}/config.json: required key {e.args[0]!r} is missing") from None
     except ValueError as e:  # the family's refusals of what maxlite does not model: the user's model
         raise C.ConfigError(str(e)) from None
+    source = fp8.dequantized(SafetensorsDir(hf_dir))
+    if hasattr(arch, "tensor_overrides"):  # what the tensors say beside config.json (DeepSeek's MTP layers)
+        overrides.update(arch.tensor_overrides(hf_cfg, set(source.names())))
     own = _own_tokenizer(hf_dir)
     user = C.user_keys(argv)
     if own and "tokenizer_path" not in user:  # the model's own tokenizer, unless told otherwise
@@ -200,7 +205,6 @@ def import_hf(hf_dir: str, argv: Sequence[str] = (), verbose: bool = False):
                         "pass tokenizer_path= for this model")
         except ValueError as e:  # the tokenizer the user gave does not fit the model
             raise C.ConfigError(str(e)) from None
-    source = SafetensorsDir(hf_dir)
     # the prefix its writer used, where an adapter reads several (else its own table)
     maps = arch.import_maps(cfg, set(source.names())) if hasattr(arch, "import_maps") else arch.tensor_maps(cfg)
     # tensors an adapter leaves out knowingly (GLM's multi-token-prediction layer), said by the adapter

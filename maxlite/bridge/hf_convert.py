@@ -114,7 +114,11 @@ def import_params(cfg, maps: list[TensorMap], source: SafetensorsDir, dtype,
             raise ConfigError(f"{source.path}: {name} has shape {tuple(raw.shape)}, config.json implies {t.hf_shape}")
         names.discard(name)
         for path, value in zip(t.paths, t.from_hf(raw)):
-            if i is None:
+            if i is None and t.expert is not None:  # one expert's slice of a leaf outside the layers (MTP's)
+                if t.expert == 0:
+                    P.put(pure, path, np.empty((cfg.num_experts, *value.shape), dtype))
+                P.get(pure, path)[t.expert] = value
+            elif i is None:
                 P.put(pure, path, np.array(value, dtype=dtype, order="C"))  # own copy, not the mmap
             else:  # straight into the preallocated layer slot (numpy casts on assignment)
                 P.set_layer_leaf(pure, cfg, i, path, value, t.expert)

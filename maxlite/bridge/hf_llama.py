@@ -239,7 +239,7 @@ def pattern_keys(decoder_block: str, stated: list[int]) -> dict:
     import types
 
     shape = types.SimpleNamespace(decoder_block=decoder_block, sliding_window=max(stated), layer_types=(),
-                                  base_num_decoder_layers=len(stated))
+                                  attention_type="global", base_num_decoder_layers=len(stated))
     if list(layer_windows(shape)) == stated:
         return {}
     return {"layer_types": ["sliding_attention" if w else "full_attention" for w in stated]}

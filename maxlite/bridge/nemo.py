@@ -205,6 +205,10 @@ def inexpressible(cfg) -> list[str]:
         out.append("a layer pattern other than every p-th layer global (--window-attn-skip-freq)")
     if fam.moe:
         out.append("a mixture of experts (not mapped yet: --num-experts and its routing keys)")
+    if cfg.attention_type == "mla":
+        out.append("multi-head latent attention (not mapped yet: --multi-latent-attention and its ranks)")
+    if cfg.mtp_num_layers:
+        out.append("multi-token prediction (not mapped yet: --mtp-num-layers)")
     if fam.rope and cfg.rope_scaling_factor > 0 and cfg.rope_scaling_type == "yarn":
         out.append("YaRN RoPE scaling (Megatron's GPT layer takes rope or llama3 scaling)")
     return out

@@ -88,6 +88,23 @@ def _attention_cache(cfg, variant: str, length: int) -> int:
     return 2 * (min(w, length) if w else length) * cfg.base_num_kv_heads * cfg.head_dim
 
 
+def _mla_flops(cfg, B: int, T: int, variant: str) -> dict:
+    """Multi-head latent attention (maxlite/models/mla.py): the query projection (through its latent
+    when q_lora_rank > 0), the key/value latent and its up-projection to every head, the output, and
+    the attention over heads P + R wide for the scores and V wide for the values."""
+    D, N = cfg.base_emb_dim, cfg.base_num_query_heads
+    Q, C, P, R, V = cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+    q = D * Q + Q * N * (P + R) if Q else D * N * (P + R)
+    return {"qkv": 2 * B * T * (q + D * (C + R) + C * N * (P + V)), "out": 2 * B * T * N * V * D,
+            "attention": attention_core_flops(B, T, N, (P + R + V) / 2, _window(cfg, variant))}
+
+
+def _mla_cache(cfg, variant: str, length: int) -> int:
+    """The latent and the shared RoPE key of every kept position: C + R numbers per token."""
+    w = _window(cfg, variant)
+    return (min(w, length) if w else length) * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+
+
 def gated_matrices(cfg) -> int:
     """Weight matrices of the family's MLP (3 gated, 2 for GELU's up/down)."""
     return family(cfg).mlp_matrices
@@ -107,21 +124,33 @@ MIXERS = {m.name: m for m in (
     MixerKind("attention", "maxlite.models.layers:Attention",
               {"global": "full_attention", "local": "sliding_attention"}, _attention_flops, _attention_cache,
               "maxlite.models.gqa_cache"),
+    MixerKind("mla", "maxlite.models.mla:MLA",
+              {"global": "full_attention", "local": "sliding_attention"}, _mla_flops, _mla_cache,
+              "maxlite.models.mla_cache"),
 )}
 FEED_FORWARDS = {f.name: f for f in (
     FeedForwardKind("dense", "maxlite.models.layers:make_mlp", _dense_flops),
     FeedForwardKind("moe", "maxlite.models.moe:MoE", _moe_flops, routed=True),
 )}
-HF_LAYER_TYPES = {hf: (mixer.name, variant) for mixer in MIXERS.values() for variant, hf in mixer.variants.items()}
+# HF layer_types name → (mixer, variant); the first mixer naming it keeps it (MLA's layers carry GQA's
+# names: which attention a layer has is `attention_type`'s, `attention_mixer`)
+HF_LAYER_TYPES = {hf: (mixer.name, variant) for mixer in reversed(MIXERS.values())
+                  for variant, hf in mixer.variants.items()}
+
+
+def attention_mixer(cfg, mixer: str) -> str:
+    """An attention layer's mixer: latent attention where `attention_type: mla` says so."""
+    return "mla" if mixer == "attention" and cfg.attention_type == "mla" else mixer
 
 
 def pattern_mixers(cfg) -> tuple[tuple[str, str], ...]:
     """Each layer's (mixer, variant): the recipe's `layer_types`, else the family's pattern."""
     L = cfg.base_num_decoder_layers
+    mixer = attention_mixer(cfg, "attention")
     if cfg.layer_types:
-        return tuple(HF_LAYER_TYPES[t] for t in cfg.layer_types)
+        return tuple((attention_mixer(cfg, HF_LAYER_TYPES[t][0]), HF_LAYER_TYPES[t][1]) for t in cfg.layer_types)
     pattern = family(cfg).layer_pattern
-    return tuple(("attention", pattern[i % len(pattern)]) for i in range(L))
+    return tuple((mixer, pattern[i % len(pattern)]) for i in range(L))
 
 
 def layer_ffns(cfg) -> tuple[str, ...]:

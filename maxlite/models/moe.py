@@ -209,6 +209,10 @@ def update_routed_bias(cfg, params, load_LE):
         bias[...] = value
         row = value if index is None else value[index]
         spreads.append(jnp.max(row) - jnp.min(row))
+    for k in range(cfg.mtp_num_layers):  # the multi-token-prediction depths' MoE layers, after the model's
+        bias = params["mtp"][k]["block"]["mlp"]["router_bias"]
+        bias[...] = bias[...] + delta_LE[len(spreads)]
+        spreads.append(jnp.max(bias[...]) - jnp.min(bias[...]))
     return jnp.mean(jnp.stack(spreads))
 
 

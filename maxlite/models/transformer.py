@@ -115,6 +115,29 @@ class Unit(nnx.Module):
         return x_BTD, (jax.tree.map(lambda *a: jnp.stack(a), *stats) if stats else None)
 
 
+class MTPLayer(nnx.Module):
+    """One multi-token-prediction depth (DeepSeek-V3): the previous depth's hidden state and the
+    embedding of the token k ahead, each RMS-normed, concatenated [embedding; hidden] and projected
+    back to D, through one decoder layer of the model's last layer's kinds, then its own final norm
+    (the output head is the model's). maxlite/models/mtp.py runs the depths and their losses."""
+
+    def __init__(self, cfg, *, rngs: nnx.Rngs):
+        D, wd = cfg.base_emb_dim, jnp.dtype(cfg.weight_dtype)
+        last = layer_kinds(cfg)[-1]
+        self.enorm = make_norm(cfg, D, rngs)
+        self.hnorm = make_norm(cfg, D, rngs)
+        self.eh_proj = param(rngs, (2 * D, D), (None, "embed"), wd, scale=cfg.init_scale)
+        self.block = Block(cfg, rngs=rngs, structure=(last.mixer, last.ffn))
+        self.norm = make_norm(cfg, D, rngs)
+
+    def __call__(self, h_BTD, emb_BTD, positions_BT, segment_ids_BT):
+        """(hidden state h_BTD, its normed output, its MoE layer's routing statistics or None)."""
+        x_BTD = matmul.project("btc,cd->btd", jnp.concatenate([self.enorm(emb_BTD), self.hnorm(h_BTD)], axis=-1),
+                               self.eh_proj[...])
+        h_BTD, stats = self.block(constrain(x_BTD, BTD), positions_BT, segment_ids_BT)
+        return h_BTD, self.norm(h_BTD), stats
+
+
 class Transformer(nnx.Module):
     """inputs_BT, positions_BT, segment_ids_BT → logits_BTV (float32). `dropout_key` (training
     with lora_dropout > 0 only) gives each layer its own key for the adapters' dropout."""
@@ -146,6 +169,8 @@ class Transformer(nnx.Module):
 
                 setattr(self, stack.name, _stack_maker(cfg, stack.unit)(unit_keys))
         self.final_norm = make_norm(cfg, D, rngs)
+        if cfg.mtp_num_layers:  # training only: decoding never runs them
+            self.mtp = nnx.List([MTPLayer(cfg, rngs=rngs) for _ in range(cfg.mtp_num_layers)])
         if not cfg.logits_via_embedding:
             self.unembedding = param(rngs, (D, V), ("embed", "vocab"), wd, scale=cfg.init_scale)
 
