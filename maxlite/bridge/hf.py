@@ -47,7 +47,8 @@ def model_types() -> dict[str, str]:
 MODEL_KEYS = ("decoder_block", "base_emb_dim", "base_num_decoder_layers", "base_num_query_heads",
               "base_num_kv_heads", "base_mlp_dim", "head_dim", "vocab_size", "max_position_embeddings",
               "rope_max_timescale", "rope_scaling_factor", "rope_scaling_type", "rope_low_freq_factor",
-              "rope_high_freq_factor", "rope_original_max_position", "sliding_window", "layer_types", "local_rope_max_timescale",
+              "rope_high_freq_factor", "rope_original_max_position", "beta_fast", "beta_slow", "mscale",
+              "mscale_all_dim", "rope_truncate", "rope_attention_factor", "partial_rotary_factor", "sliding_window", "layer_types", "local_rope_max_timescale",
               "query_pre_attn_scalar", "normalization_layer_epsilon", "logits_via_embedding", "use_bias",
               "num_experts", "num_experts_per_tok", "base_moe_mlp_dim", "first_num_dense_layers",
               "interleave_moe_layer_step", "norm_topk_prob", "load_balance_loss_weight")
