@@ -155,8 +155,8 @@ def ignore(name: str) -> bool:
 
 def hybrid_config(cfg, architecture: str, model_type: str, dtype: str, bos_id, eos_id) -> dict:
     """The config.json keys Qwen3.5 and Qwen3-Next share."""
-    rope = {"rope_type": "default", "rope_theta": float(cfg.rope_max_timescale),
-            "partial_rotary_factor": cfg.partial_rotary_factor}
+    # stated even when 1: transformers takes a missing factor for 0.25
+    rope = {**hf_llama.rope_dict(cfg), "partial_rotary_factor": cfg.partial_rotary_factor}
     return {**hf_llama.common_config(cfg, architecture, model_type, dtype, bos_id, eos_id),
             "hidden_act": "silu", "attention_bias": False, "rope_parameters": rope, "rope_scaling": None,
             "layer_types": hf_layer_types(cfg), "linear_conv_kernel_dim": cfg.gdn_conv_kernel_dim,
@@ -183,8 +183,8 @@ def hybrid_overrides(hf: dict, decoder_block: str) -> dict:
     problem = check_layer_types(layer_types, L)
     if problem:
         raise ValueError(f"config.json: {problem}")
-    plain = {k: v for k, v in rope.items() if k not in ("partial_rotary_factor", "mrope_section", "mrope_interleaved")}
-    out = {**hf_llama.common_overrides({**hf, "rope_parameters": plain}, decoder_block), "use_bias": False,
+    # a text model's M-RoPE sections rotate its one position alike: plain RoPE
+    out = {**hf_llama.common_overrides(hf, decoder_block), "use_bias": False,
            "partial_rotary_factor": float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25))),
            "gdn_conv_kernel_dim": hf.get("linear_conv_kernel_dim", 4),
            "gdn_key_head_dim": hf.get("linear_key_head_dim", 128),
