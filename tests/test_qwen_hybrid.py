@@ -180,3 +180,42 @@ def test_the_chunked_form_is_the_recurrence_for_any_chunk_size():
         got, S = jax.jit(chunked_delta_rule, static_argnames="chunk")(
             *(x.astype(np.float32) for x in (q, k, v, g, beta)), seg, chunk=chunk)
         assert _relative(np.asarray(got), want) <= 1e-5 and _relative(np.asarray(S), want_S) <= 1e-5
+
+
+def test_context_parallelism_is_refused_in_one_line():
+    cfg = C.load([*HYBRID, "ici_context_parallelism=2"])
+    with pytest.raises(C.ConfigError, match="does not split gated delta-net layers") as e:
+        C.resolve(cfg, 2)
+    assert "\n" not in str(e.value)
+
+
+def test_the_decode_state_is_the_same_size_at_any_context():
+    """Per sequence: the delta-net layers keep a state and a window whatever the length; only the
+    full-attention layer's K/V grows (one layer of four)."""
+    from maxlite.models.kinds import cache_numbers_per_token
+
+    cfg = C.load(HYBRID)
+    K, H = cfg.base_num_kv_heads, cfg.head_dim
+    state = cfg.gdn_num_value_heads * cfg.gdn_key_head_dim * cfg.gdn_value_head_dim
+    window = 3 * (2 * cfg.gdn_num_key_heads * cfg.gdn_key_head_dim + cfg.gdn_num_value_heads * cfg.gdn_value_head_dim)
+    for length in (1024, 32768):
+        assert cache_numbers_per_token(cfg, length) * length == 3 * (state + window) + 2 * length * K * H
+
+
+def test_the_flop_count_is_the_layers_projections_and_a_chunked_rule_linear_in_length():
+    """The delta-net layers' projections count 2 FLOPs per weight per token (their weights read off
+    the model), and their rule grows linearly with the sequence where the attention layer's grows
+    quadratically."""
+    from maxlite.bridge.params import layer_leaf
+    from maxlite.models.kinds import MIXERS
+
+    cfg = C.load(HYBRID)
+    pure = P.random_params(cfg)
+    weights = sum(layer_leaf(pure, cfg, 0, ("attn", name)).size for name in
+                  ("q", "k", "v", "z", "b", "a", "o", "conv_q", "conv_k", "conv_v"))
+    B, T = 2, 256
+    gdn = MIXERS["gated_deltanet"].flops(cfg, B, T, "linear")
+    assert gdn["qkv"] + gdn["out"] == 2 * B * T * weights
+    assert MIXERS["gated_deltanet"].flops(cfg, B, 4 * T, "linear")["attention"] == 4 * gdn["attention"]
+    full = MIXERS["attention"].flops(cfg, B, T, "global")["attention"]
+    assert MIXERS["attention"].flops(cfg, B, 4 * T, "global")["attention"] == 16 * full

@@ -118,10 +118,11 @@ def _gdn_flops(cfg, B: int, T: int, variant: str) -> dict:
 
 
 def _gdn_cache(cfg, variant: str, length: int) -> int:
-    """The state [M, E, U] and the last W−1 convolution inputs: the same whatever the length."""
+    """The state [M, E, U] and the last W−1 convolution inputs: the same whatever the length. In
+    numbers of the compute dtype, as every cache is counted: the float32 state is two bfloat16s."""
     channels = 2 * cfg.gdn_num_key_heads * cfg.gdn_key_head_dim + cfg.gdn_num_value_heads * cfg.gdn_value_head_dim
-    return (cfg.gdn_num_value_heads * cfg.gdn_key_head_dim * cfg.gdn_value_head_dim
-            + (cfg.gdn_conv_kernel_dim - 1) * channels)
+    state = cfg.gdn_num_value_heads * cfg.gdn_key_head_dim * cfg.gdn_value_head_dim
+    return state * (2 if cfg.dtype == "bfloat16" else 1) + (cfg.gdn_conv_kernel_dim - 1) * channels
 
 
 MIXERS = {m.name: m for m in (
