@@ -219,3 +219,23 @@ def test_the_flop_count_is_the_layers_projections_and_a_chunked_rule_linear_in_l
     assert MIXERS["gated_deltanet"].flops(cfg, B, 4 * T, "linear")["attention"] == 4 * gdn["attention"]
     full = MIXERS["attention"].flops(cfg, B, T, "global")["attention"]
     assert MIXERS["attention"].flops(cfg, B, 4 * T, "global")["attention"] == 16 * full
+
+
+@pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_5_moe"])
+def test_a_multimodal_checkpoint_imports_its_text_model(kind, tmp_path):
+    """The published Qwen3.5 checkpoints are Qwen3_5[Moe]ForConditionalGeneration: config.json nests
+    text_config, the decoder's tensors sit under model.language_model. beside a vision tower left
+    behind; text tokens give the full model's logits."""
+    text = CONFIGS["qwen3_5_text" if kind == "qwen3_5" else "qwen3_5_moe"]().to_dict()
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
+                  spatial_merge_size=1, temporal_patch_size=2, num_position_embeddings=16)
+    make = transformers.Qwen3_5Config if kind == "qwen3_5" else transformers.Qwen3_5MoeConfig
+    torch.manual_seed(0)
+    full = transformers.AutoModelForImageTextToText.from_config(make(text_config=text, vision_config=vision)).eval()
+    full.save_pretrained(str(tmp_path / "mm"))
+    cfg, pure = hf.import_hf(str(tmp_path / "mm"))
+    assert cfg.decoder_block == ("qwen3_5" if kind == "qwen3_5" else "qwen3_5_moe")
+    ids = np.random.default_rng(3).integers(0, V, (1, 80))  # text tokens only
+    with torch.no_grad():
+        theirs = full(input_ids=torch.tensor(ids)).logits.float().numpy()
+    assert _relative(jax_logits(cfg, pure, ids), theirs) <= 1e-5

@@ -31,10 +31,14 @@ from maxlite.models.kinds import check_layer_types, hf_layer_types
 FAMILY = Family(
     "qwen3_5", "Qwen3.5 (dense): 3 gated delta-net layers : 1 gated full attention (partial RoPE, q/k norms), "
     "(1 + w) RMSNorm, SwiGLU", norm="rmsnorm", mlp="swiglu", positions="rope", biases="attention",
-    hf_module=__name__, nemo_factory="qwen3_8b", hf_model_types=("qwen3_5_text",), norm_offset=1.0,
+    hf_module=__name__, nemo_factory="qwen3_8b", hf_model_types=("qwen3_5_text", "qwen3_5"), norm_offset=1.0,
     qk_norm=True, layer_pattern=("linear",) * 3 + ("global",), attn_output_gate=True)
 
 GDN = "gated_deltanet"
+# a multimodal checkpoint (Qwen3_5[Moe]ForConditionalGeneration: the published ones) → its text model's
+# model_type; its decoder's tensors sit under model.language_model., beside a vision tower left behind
+MULTIMODAL = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
+PREFIXES = ("model.", "model.language_model.")
 
 
 def check_supported(cfg, name: str = "Qwen3.5") -> None:
@@ -45,9 +49,9 @@ def check_supported(cfg, name: str = "Qwen3.5") -> None:
     hf_llama.check_plain_attention(cfg, name)
 
 
-def _gated_q(D: int, N: int, H: int) -> TensorMap:
+def _gated_q(a: str, D: int, N: int, H: int) -> TensorMap:
     """HF's doubled q_proj [N·2H, D] (per head: H query rows, H gate rows) ↔ q, q_gate [D, N, H]."""
-    return TensorMap("model.layers.{i}.self_attn.q_proj.weight", (("attn", "q"), ("attn", "q_gate")),
+    return TensorMap(a + "q_proj.weight", (("attn", "q"), ("attn", "q_gate")),
                      (N * 2 * H, D), ((D, N, H), (D, N, H)),
                      lambda q, g: np.stack([q, g], axis=2).reshape(D, N * 2 * H).T,
                      lambda t: tuple(np.moveaxis(t.T.reshape(D, N, 2, H), 2, 0)), mixer="attention")
@@ -89,20 +93,21 @@ def _conv(name: str, J: int, M: int, E: int, U: int, W: int) -> TensorMap:
                      mixer=GDN)
 
 
-def hybrid_maps(cfg, fused: bool = False) -> list[TensorMap]:
-    """Every tensor of a Qwen3.5 / Qwen3-Next decoder but the MLP's (`model.layers.{i}.mlp.*`)."""
+def hybrid_maps(cfg, fused: bool = False, prefix: str = "model.") -> list[TensorMap]:
+    """Every tensor of a Qwen3.5 / Qwen3-Next decoder but the MLP's (`model.layers.{i}.mlp.*`), the
+    decoder's under `prefix`."""
     D, N, K, H, V = cfg.base_emb_dim, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim, cfg.vocab_size
     J, M, E, U, W = (cfg.gdn_num_key_heads, cfg.gdn_num_value_heads, cfg.gdn_key_head_dim,
                      cfg.gdn_value_head_dim, cfg.gdn_conv_kernel_dim)
-    layer = "model.layers.{i}."
+    layer = prefix + "layers.{i}."
     a, g = layer + "self_attn.", layer + "linear_attn."
-    maps = [same("model.embed_tokens.weight", ("embedding",), (V, D), layer=False),
-            same("model.norm.weight", ("final_norm", "scale"), (D,), layer=False),
+    maps = [same(prefix + "embed_tokens.weight", ("embedding",), (V, D), layer=False),
+            same(prefix + "norm.weight", ("final_norm", "scale"), (D,), layer=False),
             same(layer + "input_layernorm.weight", ("attn_norm", "scale"), (D,)),
             same(layer + "post_attention_layernorm.weight", ("mlp_norm", "scale"), (D,))]
     if not cfg.logits_via_embedding:
         maps.append(linear("lm_head.weight", ("unembedding",), (D,), (V,), layer=False))
-    attention = [_gated_q(D, N, H),
+    attention = [_gated_q(a, D, N, H),
                  linear(a + "k_proj.weight", ("attn", "k"), (D,), (K, H)),
                  linear(a + "v_proj.weight", ("attn", "v"), (D,), (K, H)),
                  linear(a + "o_proj.weight", ("attn", "o"), (N, H), (D,)),
@@ -133,22 +138,40 @@ def _with(t: TensorMap, mixer: str) -> TensorMap:
     return dataclasses.replace(t, mixer=mixer)
 
 
-def mlp_maps(cfg) -> list[TensorMap]:
-    D, F, m = cfg.base_emb_dim, cfg.base_mlp_dim, "model.layers.{i}.mlp."
+def mlp_maps(cfg, prefix: str = "model.") -> list[TensorMap]:
+    D, F, m = cfg.base_emb_dim, cfg.base_mlp_dim, prefix + "layers.{i}.mlp."
     return [linear(m + "gate_proj.weight", ("mlp", "gate"), (D,), (F,)),
             linear(m + "up_proj.weight", ("mlp", "up"), (D,), (F,)),
             linear(m + "down_proj.weight", ("mlp", "down"), (F,), (D,))]
 
 
-def tensor_maps(cfg) -> list[TensorMap]:
+def tensor_maps(cfg, prefix: str = "model.") -> list[TensorMap]:
     check_supported(cfg)
-    return hybrid_maps(cfg) + mlp_maps(cfg)
+    return hybrid_maps(cfg, prefix=prefix) + mlp_maps(cfg, prefix)
+
+
+def decoder_prefix(names: set[str]) -> str:
+    """Where the checkpoint's writer put the decoder's tensors."""
+    return next((p for p in PREFIXES[::-1] if f"{p}embed_tokens.weight" in names), "model.")
+
+
+def import_maps(cfg, names: set[str]) -> list[TensorMap]:
+    return tensor_maps(cfg, decoder_prefix(names))
 
 
 def ignore(name: str) -> bool:
-    """Multi-token-prediction heads (`mtp.*`) ride along in published checkpoints; maxlite does not
-    train them."""
-    return name.startswith("mtp.") or hf_llama.ignore(name)
+    """Multi-token-prediction heads (`mtp.*`) and a multimodal checkpoint's vision tower ride along in
+    published checkpoints; maxlite trains neither."""
+    return name.startswith(("mtp.", "model.visual.")) or hf_llama.ignore(name)
+
+
+def text_config(hf: dict) -> dict:
+    """The text model's config.json keys (a multimodal config nests them in text_config)."""
+    if hf.get("model_type") not in MULTIMODAL:
+        return hf
+    text = hf.get("text_config") or {}
+    return {**text, "model_type": MULTIMODAL[hf["model_type"]],
+            **{k: hf[k] for k in ("dtype", "torch_dtype", "tie_word_embeddings") if k in hf and k not in text}}
 
 
 # ---- config.json, both ways ----
@@ -199,6 +222,7 @@ def hybrid_overrides(hf: dict, decoder_block: str) -> dict:
 
 
 def config_overrides(hf: dict) -> dict:
+    hf = text_config(hf)
     if hf.get("model_type") != "qwen3_5_text":
         raise ValueError(f"config.json model_type={hf.get('model_type')!r} is not qwen3_5_text")
     return hybrid_overrides(hf, FAMILY.name)

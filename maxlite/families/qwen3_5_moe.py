@@ -12,7 +12,7 @@ from maxlite.models.families import Family
 FAMILY = Family(
     "qwen3_5_moe", "Qwen3.5-MoE: Qwen3.5's hybrid layers with experts in every layer and a gated shared expert",
     norm="rmsnorm", mlp="swiglu", positions="rope", biases="attention", hf_module=__name__,
-    nemo_factory="qwen3_30b_a3b", hf_model_types=("qwen3_5_moe_text",), norm_offset=1.0, qk_norm=True,
+    nemo_factory="qwen3_30b_a3b", hf_model_types=("qwen3_5_moe_text", "qwen3_5_moe"), norm_offset=1.0, qk_norm=True,
     layer_pattern=("linear",) * 3 + ("global",), attn_output_gate=True, moe=True)
 
 
@@ -23,9 +23,13 @@ def check_supported(cfg) -> None:
                          "interleave_moe_layer_step=1")
 
 
-def tensor_maps(cfg) -> list[TensorMap]:
+def tensor_maps(cfg, prefix: str = "model.") -> list[TensorMap]:
     check_supported(cfg)
-    return qwen3_5.hybrid_maps(cfg) + qwen3_next.moe_maps(cfg)
+    return qwen3_5.hybrid_maps(cfg, prefix=prefix) + qwen3_next.moe_maps(cfg, prefix)
+
+
+def import_maps(cfg, names: set[str]) -> list[TensorMap]:
+    return tensor_maps(cfg, qwen3_5.decoder_prefix(names))
 
 
 ignore = qwen3_5.ignore
@@ -39,6 +43,7 @@ def hf_config(cfg, dtype: str = "float32", bos_id: int | None = None, eos_id: in
 
 
 def config_overrides(hf: dict) -> dict:
+    hf = qwen3_5.text_config(hf)
     if hf.get("model_type") != "qwen3_5_moe_text":
         raise ValueError(f"config.json model_type={hf.get('model_type')!r} is not qwen3_5_moe_text")
     # no dense layers: base_mlp_dim (unused) takes the experts' width

@@ -39,11 +39,11 @@ def check_moe(cfg, name: str) -> None:
                          f"routed_score_func=softmax, norm_topk_prob=true")
 
 
-def moe_maps(cfg) -> list[TensorMap]:
+def moe_maps(cfg, prefix: str = "model.") -> list[TensorMap]:
     """The MoE layers' tensors (router, experts, the gated shared expert) and the dense layers' MLP."""
     D, E, F = cfg.base_emb_dim, cfg.num_experts, cfg.base_moe_mlp_dim
-    m = "model.layers.{i}.mlp."
-    dense = [dataclasses.replace(t, mlp="dense") for t in qwen3_5.mlp_maps(cfg)]
+    m = prefix + "layers.{i}.mlp."
+    dense = [dataclasses.replace(t, mlp="dense") for t in qwen3_5.mlp_maps(cfg, prefix)]
     shared = [linear(m + "shared_expert.gate_proj.weight", ("mlp", "shared", "gate"), (D,), (F,)),
               linear(m + "shared_expert.up_proj.weight", ("mlp", "shared", "up"), (D,), (F,)),
               linear(m + "shared_expert.down_proj.weight", ("mlp", "shared", "down"), (F,), (D,)),
