@@ -20,23 +20,14 @@ import argparse
 import pathlib
 import platform
 import sys
-import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks._results import write_result  # noqa: E402
+from benchmarks.bench_decode import _best  # noqa: E402
 
 WIDTH = ["base_emb_dim=512", "base_num_query_heads=8", "base_num_kv_heads=8", "head_dim=64",
          "gdn_num_key_heads=4", "gdn_num_value_heads=8", "gdn_key_head_dim=64", "gdn_value_head_dim=64"]
-
-
-def _best(fn, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def _cpu_flags() -> str:

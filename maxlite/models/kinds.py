@@ -106,15 +106,16 @@ def _moe_flops(cfg, tokens: int) -> float:
 def _gdn_flops(cfg, B: int, T: int, variant: str) -> dict:
     """The gated delta-net layer as it runs (maxlite/models/gated_deltanet.py, chunks of C): the
     projections (q, k, v, z, b, a), the convolution, and per token and value head the chunked rule:
-    kβ·kᵀ and q·kᵀ within the chunk (2·C·E each), the triangular solve (C·(U + E)), the intra-chunk
-    product with the new values (2·C·U) and three products with the state (6·E·U)."""
+    kβ·kᵀ and q·kᵀ within the chunk (2·C·E each), the chunk's triangular inverse (2/3·C² by
+    recursive doubling) applied to [v, k] (2·C·(U + E)), the intra-chunk product with the new
+    values (2·C·U) and three products with the state (6·E·U)."""
     D, J, M = cfg.base_emb_dim, cfg.gdn_num_key_heads, cfg.gdn_num_value_heads
     E, U, W, C = cfg.gdn_key_head_dim, cfg.gdn_value_head_dim, cfg.gdn_conv_kernel_dim, cfg.gdn_chunk_size
     C = min(C, T)
     channels = 2 * J * E + M * U
     return {"qkv": 2 * B * T * D * (channels + M * U + 2 * M) + 2 * B * T * W * channels,
             "out": 2 * B * T * M * U * D,
-            "attention": B * T * M * (4 * C * E + C * (U + E) + 2 * C * U + 6 * E * U)}
+            "attention": B * T * M * (4 * C * E + 2 * C * C / 3 + 2 * C * (U + E) + 2 * C * U + 6 * E * U)}
 
 
 def _gdn_cache(cfg, variant: str, length: int) -> int:
