@@ -239,3 +239,17 @@ def test_a_multimodal_checkpoint_imports_its_text_model(kind, tmp_path):
     with torch.no_grad():
         theirs = full(input_ids=torch.tensor(ids)).logits.float().numpy()
     assert _relative(jax_logits(cfg, pure, ids), theirs) <= 1e-5
+
+
+def test_lora_adapters_of_a_hybrid_fold_into_its_weights():
+    """LoRA on the attention layers' and the MLPs' projections (the delta-net layers have none):
+    what `hf export` writes, the adapters merged, computes what the model with adapters computes."""
+    import dataclasses
+
+    from maxlite.models import lora
+
+    cfg = C.load([*HYBRID, "lora_rank=2", "lora_targets=[q_proj, o_proj, down_proj]"])
+    pure = P.random_params(cfg, seed=3, std=0.1)  # B random, not zero: the adapters count
+    ids = np.random.default_rng(4).integers(0, V, (1, 40))
+    base = dataclasses.replace(cfg, lora_rank=0)
+    assert _relative(jax_logits(base, lora.merged(cfg, pure), ids), jax_logits(cfg, pure, ids)) <= 1e-5

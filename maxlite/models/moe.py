@@ -2,8 +2,8 @@
 
 A float32 router scores every expert for every token and keeps each token's top k; the experts'
 gated MLPs (the family's SwiGLU, `base_moe_mlp_dim` wide) run on the tokens routed to them; their
-outputs come back weighted by the router (plus `shared_experts`, an MLP every token goes through, scaled by sigmoid(x · w) with
-`shared_expert_gate`: Qwen3-Next's).
+outputs come back weighted by the router (plus `shared_experts`, an MLP every token goes through,
+scaled by sigmoid(x · w) with `shared_expert_gate`: Qwen3-Next's).
 `moe_implementation` says how the experts run, resolved once with the config
 (maxlite.models.names.resolve_moe):
 
