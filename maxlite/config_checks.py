@@ -14,7 +14,7 @@ import re
 from maxlite import quant
 from maxlite.models import names
 from maxlite.models.families import FAMILIES
-from maxlite.models.kinds import check_layer_types
+from maxlite.models.kinds import check_layer_types, layer_kinds
 from maxlite.recipe import (FILE_DATASETS, OBJECTIVE_DATASET, Config, parse_max_time, parse_signals, parse_split,
                             topology_chips)
 from maxlite.schema import FIELDS, MESH_AXES, ConfigError, keys_of
@@ -386,6 +386,9 @@ def check_layout(c: Config, num_processes: int) -> None:
 
 def _check_context(c: Config, context: int) -> None:
     """What a sequence split over `context` shards needs (maxlite/models/context.py)."""
+    if any(k.mixer == "gated_deltanet" for k in layer_kinds(c)):  # its state would have to cross the shards
+        raise ConfigError(f"context parallelism (context={context}) does not split gated delta-net layers "
+                          f"({c.decoder_block}): set ici_context_parallelism=1 (and dcn_context_parallelism=1)")
     if c.train_objective != "lm":
         raise ConfigError(f"context parallelism (context={context}) is for train_objective=lm (pre-training, "
                           f"SFT); set ici_context_parallelism=1 for train_objective={c.train_objective}")

@@ -191,6 +191,8 @@ class Keys:
     shared_experts: int = key(0,
         "experts every token also goes through, as one SwiGLU MLP of shared_experts × base_moe_mlp_dim "
         "(DeepSeek's); 0: none")
+    shared_expert_gate: bool = key(False,
+        "the shared experts' output scaled by sigmoid(x · w), w [base_emb_dim] learned (Qwen3-Next, Qwen3.5-MoE)")
     first_num_dense_layers: int = key(0,
         "the first this many layers keep a dense MLP (base_mlp_dim); the MoE layers follow")
     interleave_moe_layer_step: int = key(1,
@@ -237,6 +239,20 @@ class Keys:
         "(tokens sorted by expert, jax.lax.ragged_dot) | blocked (sorted, each expert's rows padded to "
         "blocks, batched matmuls) | megablox (sorted, the Pallas grouped matmul; TPU, interpreted elsewhere) "
         "| capacity (fixed [E, capacity] buffers; needs capacity_factor > 0)")
+
+    gdn_num_key_heads: int = key(16,
+        "gated delta-net layers: query/key heads (each serves gdn_num_value_heads / this value heads)",
+        section="gated delta-net layers (decoder_block qwen3_5, qwen3_5_moe, qwen3_next; docs/qwen.md)",
+        positive=True)
+    gdn_num_value_heads: int = key(32, "gated delta-net layers: value heads (each its own state matrix)",
+        positive=True)
+    gdn_key_head_dim: int = key(128, "gated delta-net layers: query/key head width", positive=True)
+    gdn_value_head_dim: int = key(128, "gated delta-net layers: value head width", positive=True)
+    gdn_conv_kernel_dim: int = key(4, "gated delta-net layers: taps of the causal depthwise convolution",
+        bounds=(2, None))
+    gdn_chunk_size: int = key(64,
+        "gated delta-net layers: tokens per chunk of the chunked parallel form (the state passes between "
+        "chunks in float32); results do not depend on it beyond float32 rounding", positive=True)
 
     attention: str = key("autoselected",
         "autoselected (flash on TPU, cudnn_flash on GPU, blockwise on CPU at T >= 2048, else dot_product) | "

@@ -216,6 +216,7 @@ def shrunk(model_name: str) -> list[str]:
     emb/heads; a mixture of experts with at most 8 experts of width 32 (at most 1 dense layer first);
     latent attention with narrow latents. Default dtypes (bf16 compute)."""
     from maxlite.models.families import family
+    from maxlite.models.kinds import layer_kinds
 
     cfg = C.load(["base.yml", f"model_name={model_name}"])
     kv = min(cfg.base_num_kv_heads, 2)
@@ -224,6 +225,8 @@ def shrunk(model_name: str) -> list[str]:
     head_dim = 64 // heads if proportional else 24  # 24 · heads ≠ 64 for heads in 1, 2, 4
     layers = min(cfg.base_num_decoder_layers, max(2, len(family(cfg).layer_pattern)))
     window = [f"sliding_window={min(cfg.sliding_window, 8)}"] if cfg.sliding_window else []
+    if any(k.mixer == "gated_deltanet" for k in layer_kinds(cfg)):  # narrow delta-net layers
+        window += ["gdn_num_key_heads=2", "gdn_num_value_heads=4", "gdn_key_head_dim=16", "gdn_value_head_dim=16"]
     if cfg.num_experts:  # a MoE preset: a few narrow experts, still more than it routes to
         window += [f"num_experts={min(cfg.num_experts, 8)}", f"num_experts_per_tok={min(cfg.num_experts_per_tok, 4)}",
                    "base_moe_mlp_dim=32", f"first_num_dense_layers={min(cfg.first_num_dense_layers, 1)}"]

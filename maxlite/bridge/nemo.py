@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from maxlite import cli, config as C
 from maxlite.models.families import family, has_qk_norm
-from maxlite.models.kinds import layer_windows
+from maxlite.models.kinds import layer_kinds, layer_windows
 
 # maxlite preset → the NeMo 2.0 recipe factory (`llm.<name>.pretrain_recipe`) it corresponds to.
 NEMO_FACTORIES = {
@@ -211,6 +211,10 @@ def inexpressible(cfg) -> list[str]:
         out.append("multi-token prediction (not mapped yet: --mtp-num-layers)")
     if fam.rope and cfg.rope_scaling_factor > 0 and cfg.rope_scaling_type == "yarn":
         out.append("YaRN RoPE scaling (Megatron's GPT layer takes rope or llama3 scaling)")
+    if any(k.mixer != "attention" for k in layer_kinds(cfg)):
+        out.append("gated delta-net layers (its GPT layer is attention only)")
+    if fam.attn_output_gate:
+        out.append("an attention output gate")
     return out
 
 

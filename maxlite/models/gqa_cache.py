@@ -97,7 +97,7 @@ def step(attn, x_BTD, positions_BT, lengths_B, kv: KV, pos_BS, variant: str, pre
     slots_BT = _slots(positions_BT, lengths_B, pos_BS.shape[1])
     new = KV(*(constrain(_write(c, n, slots_BT), CACHE_AXES[1:]) for c, n in
                ((kv.k_LBSKH, k_new), (kv.v_LBSKH, v_new))))
-    return attn.out(out_BTNH), new
+    return attn.out(attn.gated(out_BTNH, x_BTD)), new
 
 
 def advance(pos_BS, positions_BT, lengths_B):

@@ -120,6 +120,29 @@ def _moe_flops(cfg, tokens: int) -> float:
     return 2 * tokens * cfg.base_emb_dim * (cfg.num_experts + active * cfg.base_moe_mlp_dim * gated_matrices(cfg))
 
 
+def _gdn_flops(cfg, B: int, T: int, variant: str) -> dict:
+    """The gated delta-net layer as it runs (maxlite/models/gated_deltanet.py, chunks of C): the
+    projections (q, k, v, z, b, a), the convolution, and per token and value head the chunked rule:
+    kβ·kᵀ and q·kᵀ within the chunk (2·C·E each), the chunk's triangular inverse (2/3·C² by
+    recursive doubling) applied to [v, k] (2·C·(U + E)), the intra-chunk product with the new
+    values (2·C·U) and three products with the state (6·E·U)."""
+    D, J, M = cfg.base_emb_dim, cfg.gdn_num_key_heads, cfg.gdn_num_value_heads
+    E, U, W, C = cfg.gdn_key_head_dim, cfg.gdn_value_head_dim, cfg.gdn_conv_kernel_dim, cfg.gdn_chunk_size
+    C = min(C, T)
+    channels = 2 * J * E + M * U
+    return {"qkv": 2 * B * T * D * (channels + M * U + 2 * M) + 2 * B * T * W * channels,
+            "out": 2 * B * T * M * U * D,
+            "attention": B * T * M * (4 * C * E + 2 * C * C / 3 + 2 * C * (U + E) + 2 * C * U + 6 * E * U)}
+
+
+def _gdn_cache(cfg, variant: str, length: int) -> int:
+    """The state [M, E, U] and the last W−1 convolution inputs: the same whatever the length. In
+    numbers of the compute dtype, as every cache is counted: the float32 state is two bfloat16s."""
+    channels = 2 * cfg.gdn_num_key_heads * cfg.gdn_key_head_dim + cfg.gdn_num_value_heads * cfg.gdn_value_head_dim
+    state = cfg.gdn_num_value_heads * cfg.gdn_key_head_dim * cfg.gdn_value_head_dim
+    return state * (2 if cfg.dtype == "bfloat16" else 1) + (cfg.gdn_conv_kernel_dim - 1) * channels
+
+
 MIXERS = {m.name: m for m in (
     MixerKind("attention", "maxlite.models.layers:Attention",
               {"global": "full_attention", "local": "sliding_attention"}, _attention_flops, _attention_cache,
@@ -127,15 +150,19 @@ MIXERS = {m.name: m for m in (
     MixerKind("mla", "maxlite.models.mla:MLA",
               {"global": "full_attention", "local": "sliding_attention"}, _mla_flops, _mla_cache,
               "maxlite.models.mla_cache"),
+    MixerKind("gated_deltanet", "maxlite.models.gated_deltanet:GatedDeltaNet", {"linear": "linear_attention"},
+              _gdn_flops, _gdn_cache, "maxlite.models.gdn_cache"),
 )}
 FEED_FORWARDS = {f.name: f for f in (
     FeedForwardKind("dense", "maxlite.models.layers:make_mlp", _dense_flops),
     FeedForwardKind("moe", "maxlite.models.moe:MoE", _moe_flops, routed=True),
 )}
-# HF layer_types name → (mixer, variant); the first mixer naming it keeps it (MLA's layers carry GQA's
-# names: which attention a layer has is `attention_type`'s, `attention_mixer`)
+# HF layer_types name → (mixer, variant), and a pattern's variant → its mixer; the first mixer naming
+# it keeps it (MLA's layers carry GQA's names: which attention a layer has is `attention_type`'s,
+# `attention_mixer`)
 HF_LAYER_TYPES = {hf: (mixer.name, variant) for mixer in reversed(MIXERS.values())
                   for variant, hf in mixer.variants.items()}
+VARIANT_MIXER = {variant: mixer.name for mixer in reversed(MIXERS.values()) for variant in mixer.variants}
 
 
 def attention_mixer(cfg, mixer: str) -> str:
@@ -150,7 +177,8 @@ def pattern_mixers(cfg) -> tuple[tuple[str, str], ...]:
     if cfg.layer_types:
         return tuple((attention_mixer(cfg, HF_LAYER_TYPES[t][0]), HF_LAYER_TYPES[t][1]) for t in cfg.layer_types)
     pattern = family(cfg).layer_pattern
-    return tuple((mixer, pattern[i % len(pattern)]) for i in range(L))
+    return tuple((attention_mixer(cfg, VARIANT_MIXER[pattern[i % len(pattern)]]), pattern[i % len(pattern)])
+                 for i in range(L))
 
 
 def layer_ffns(cfg) -> tuple[str, ...]:

@@ -233,6 +233,8 @@ class Attention(nnx.Module):
         elif qk_norm:  # one scale [H] per projection, shared by its heads
             self.q_norm = make_norm(cfg, H, rngs, ("head_dim",))
             self.k_norm = make_norm(cfg, H, rngs, ("head_dim",))
+        if fam.attn_output_gate:  # Qwen3.5's output gate: HF's q_proj holds it beside each head's query
+            self.q_gate = param(rngs, (D, N, H), ("embed", "heads", "head_dim"), wd, scale=s)
         self.qk_norm, self.qk_norm_heads, self.use_rope = qk_norm, fam.qk_norm and fam.qk_norm_heads, fam.rope
         self.query_scale = cfg.query_pre_attn_scalar ** -0.5 if cfg.query_pre_attn_scalar > 0 else None
         self.cfg = cfg
@@ -263,6 +265,13 @@ class Attention(nnx.Module):
             k_BSKH = apply_rope(k_BSKH, positions_BT, inv_freq, scale)
         return q_BTNH, k_BSKH, v_BSKH
 
+    def gated(self, out_BTNH, x_BTD):
+        """The attention's output times sigmoid(x · q_gate) where the family gates it, else as it is."""
+        if not hasattr(self, "q_gate"):
+            return out_BTNH
+        gate_BTNH = project("btd,dnh->btnh", x_BTD, self.q_gate[...])
+        return (out_BTNH * jax.nn.sigmoid(gate_BTNH.astype(jnp.float32))).astype(out_BTNH.dtype)
+
     def out(self, out_BTNH, dropout_key=None):
         """The output projection (+ bias): [B, T, N, H] → [B, T, D]."""
         out_BTD = _adapted(self, "o", out_BTNH, project("btnh,nhd->btd", out_BTNH, self.o[...]), dropout_key)
@@ -288,7 +297,7 @@ class Attention(nnx.Module):
         k_BSKH = checkpoint_name(k_BSKH, "key_proj")
         v_BSKH = checkpoint_name(v_BSKH, "value_proj")
 
-        out_BTNH = self._attend(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, local)
+        out_BTNH = self.gated(self._attend(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, local), x_BTD)
         out_BTNH = constrain(out_BTNH, ("activation_batch", "activation_length", "activation_heads", None))
         return constrain(checkpoint_name(self.out(out_BTNH, dropout_key), "out_proj"), BTD)
 

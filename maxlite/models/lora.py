@@ -79,14 +79,27 @@ def merged(cfg, pure: dict[str, Any]) -> dict[str, Any]:
     s = scale(cfg)
     out = _copy(pure)
     stacked = cfg.scan_layers  # [L, ...] leaves; else {0: {...}, 1: {...}}
-    for layer in [out["layers"]] if stacked else [out["layers"][i] for i in sorted(out["layers"])]:
+    for layer in _layers(out):
         for _, block, kernel, _ in names(cfg):
+            if f"{kernel}_lora_a" not in layer.get(block, {}):  # a mixer kind without this kernel's adapter
+                continue
             a = np.asarray(layer[block].pop(f"{kernel}_lora_a"), np.float32)
             b = np.asarray(layer[block].pop(f"{kernel}_lora_b"), np.float32)
             update = _stacked_product(a, b) if stacked else _stacked_product(a[None], b[None])[0]
             w = np.asarray(layer[block][kernel])
             layer[block][kernel] = (w.astype(np.float32) + s * update).astype(w.dtype)
     return out
+
+
+def _layers(tree: dict):
+    """Every layer (or stack of layers) of a params tree: the dicts holding an `attn` or `mlp` block,
+    wherever the layer stacks keep them (a hybrid's units: layers/blocks/j)."""
+    if "attn" in tree or "mlp" in tree:
+        yield tree
+        return
+    for value in tree.values():
+        if isinstance(value, dict):
+            yield from _layers(value)
 
 
 def _stacked_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -2,7 +2,8 @@
 
 A float32 router scores every expert for every token and keeps each token's top k; the experts'
 gated MLPs (the family's SwiGLU, `base_moe_mlp_dim` wide) run on the tokens routed to them; their
-outputs come back weighted by the router (plus `shared_experts`, an MLP every token goes through).
+outputs come back weighted by the router (plus `shared_experts`, an MLP every token goes through,
+scaled by sigmoid(x · w) with `shared_expert_gate`: Qwen3-Next's).
 `moe_implementation` says how the experts run, resolved once with the config
 (maxlite.models.names.resolve_moe):
 
@@ -46,6 +47,7 @@ from maxlite.models import moe_parallel
 from maxlite.models.families import family
 from maxlite.models.kinds import layer_mlps, layer_place
 from maxlite.models.layers import ACTIVATIONS, BTD, GatedMLP, constrain, param
+from maxlite.models.matmul import project
 from maxlite.models.moe_kernels import Routing
 from maxlite.models.names import MOE_IMPLEMENTATIONS, resolve_moe
 from maxlite.models.platform import target_platform
@@ -230,12 +232,22 @@ class MoE(nnx.Module):
         self.down = param(rngs, (E, F, D), ("exp", "mlp", "embed_no_exp"), wd, scale=s)
         if cfg.shared_experts:
             self.shared = GatedMLP(cfg, rngs=rngs, mlp_dim=cfg.shared_experts * F)
+        if cfg.shared_experts and cfg.shared_expert_gate:  # Qwen3-Next's: sigmoid(x · w) per token
+            self.shared_gate = param(rngs, (D,), ("embed",), wd, scale=s)
         self.cfg, self.dtype = cfg, jnp.dtype(cfg.dtype)
         self.act = ACTIVATIONS[family(cfg).mlp]
 
     def __call__(self, x_BTD, dropout_key=None):
         """Decoding's MLP: every token to its top k, nothing dropped."""
         return self.routed(x_BTD, None, dropout_key, dropless=True)[0]
+
+    def _shared(self, x_BTD, dropout_key):
+        """The shared experts' MLP, scaled by its gate where the model has one."""
+        h_BTD = self.shared(x_BTD, dropout_key)
+        if not hasattr(self, "shared_gate"):
+            return h_BTD
+        gate_BT1 = jax.nn.sigmoid(project("btd,d->bt", x_BTD, self.shared_gate[...]))[..., None]
+        return (h_BTD * gate_BT1).astype(h_BTD.dtype)
 
     def routed(self, x_BTD, segment_ids_BT=None, dropout_key=None, dropless: bool = False):
         """(the layer's output, its routing statistics); `segment_ids_BT` marks padding (0)."""
@@ -251,6 +263,6 @@ class MoE(nnx.Module):
                                               self.down[...], self.act, -1.0 if dropless else cfg.ragged_buffer_factor)
         y_BTD = checkpoint_name(y_BTD.astype(self.dtype), "mlpwo")
         if cfg.shared_experts:
-            y_BTD = y_BTD + self.shared(x_BTD, dropout_key)
+            y_BTD = y_BTD + self._shared(x_BTD, dropout_key)
         # what capped receive buffers dropped counts with the capacity drops (ragged_buffer_factor)
         return constrain(y_BTD, BTD), {**routing.stats, "dropped": routing.stats["dropped"] + dropped}

@@ -1,0 +1,125 @@
+"""Gated delta-net layers against full attention on CPU → benchmarks/results/gdn_*.json.
+
+    JAX_PLATFORMS=cpu python benchmarks/bench_gdn.py layer [--lengths 4096 16384] [--gdn-only 65536]
+    JAX_PLATFORMS=cpu python benchmarks/bench_gdn.py decode [--contexts 1024 16384] [--new 32]
+
+`layer`: one mixer's forward + backward (gradient of the sum of its output with respect to its input
+and parameters; compile excluded, best of `--repeats`) per token, at each length: a gated delta-net
+layer (chunks of 64) against grouped-query attention of the same width (`attention=blockwise`, CPU's
+choice from 2,048 tokens on). `--gdn-only` lengths time the delta-net alone (attention's T² would
+take minutes there).
+
+`decode`: tokens/s of greedy decoding after a prompt of each context length, the prefill excluded
+(the time of `--new` + 1 new tokens minus that of 1, each best of `--repeats`), for tiny-hybrid (three
+delta-net layers to one attention layer) and tiny (four attention layers; otherwise the same sizes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import platform
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks._results import write_result  # noqa: E402
+from benchmarks.bench_decode import _best  # noqa: E402
+
+WIDTH = ["base_emb_dim=512", "base_num_query_heads=8", "base_num_kv_heads=8", "head_dim=64",
+         "gdn_num_key_heads=4", "gdn_num_value_heads=8", "gdn_key_head_dim=64", "gdn_value_head_dim=64"]
+
+
+def _cpu_flags() -> str:
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("flags"):
+            return " ".join(f for f in line.split(":")[1].split() if f.startswith(("avx", "amx", "fma")))
+    return ""
+
+
+def layer_seconds(mixer: str, length: int, repeats: int) -> float:
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from maxlite import config as C
+    from maxlite.models.kinds import MIXERS
+
+    cfg = C.load(["base.yml", "model_name=tiny-hybrid", *WIDTH, f"max_target_length={length}", "dtype=float32",
+                  "attention=blockwise"])
+    with nnx.use_eager_sharding(False):
+        module = MIXERS[mixer].cls()(cfg, rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(module)
+    x = jax.random.normal(jax.random.key(0), (1, length, cfg.base_emb_dim), jnp.float32)
+    positions, segments = jnp.arange(length)[None], jnp.ones((1, length), jnp.int32)
+
+    @jax.jit
+    def grads(params, x):
+        return jax.grad(lambda p, x: nnx.merge(graphdef, p)(x, positions, segments).sum(), argnums=(0, 1))(params, x)
+    jax.block_until_ready(grads(params, x))  # compiles
+    return _best(lambda: jax.block_until_ready(grads(params, x)), repeats)
+
+
+def run_layer(args) -> dict:
+    rows = []
+    for length in args.lengths + args.gdn_only:
+        row = {"tokens": length}
+        for mixer in ("gated_deltanet", "attention") if length in args.lengths else ("gated_deltanet",):
+            s = layer_seconds(mixer, length, args.repeats)
+            row[f"{mixer}_us_per_token"] = round(1e6 * s / length, 2)
+        if "attention_us_per_token" in row:
+            row["attention_over_gdn"] = round(row["attention_us_per_token"] / row["gated_deltanet_us_per_token"], 2)
+        rows.append(row)
+        print(row, file=sys.stderr, flush=True)
+    return {"what": "one mixer's forward + backward per token, batch 1, float32", "width": WIDTH, "results": rows}
+
+
+def decode_rate(model_name: str, context: int, new: int, repeats: int) -> dict:
+    import numpy as np
+    from flax import nnx
+
+    from maxlite import api, config as C
+    from maxlite.generate import Sampling, generate_ids
+
+    cfg = C.load(["base.yml", f"model_name={model_name}", f"max_target_length={context + new + 1}",
+                  f"max_position_embeddings={context + new + 1}", "dtype=float32"])
+    params = nnx.split(api.create_model(cfg, seed=0), nnx.Param)[1]
+    prompts = np.random.default_rng(0).integers(1, cfg.vocab_size, (1, context)).tolist()
+
+    def seconds(n: int) -> float:
+        generate_ids(cfg, params, prompts, Sampling(max_new_tokens=n))  # compiles
+        return min(generate_ids(cfg, params, prompts, Sampling(max_new_tokens=n)).seconds for _ in range(repeats))
+    one, many = seconds(1), seconds(new + 1)
+    return {"model": model_name, "context": context, "new_tokens": new,
+            "decode_tokens_per_s": round(new / (many - one), 1), "prefill_s": round(one, 2)}
+
+
+def run_decode(args) -> dict:
+    rows = []
+    for model in ("tiny-hybrid", "tiny"):
+        for context in args.contexts:
+            rows.append(decode_rate(model, context, args.new, args.repeats))
+            print(rows[-1], file=sys.stderr, flush=True)
+    return {"what": "greedy decoding tokens/s after the prompt (prefill excluded), batch 1, float32", "results": rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=("layer", "decode"))
+    ap.add_argument("--lengths", nargs="+", type=int, default=[4096, 16384])
+    ap.add_argument("--gdn-only", nargs="*", type=int, default=[])
+    ap.add_argument("--contexts", nargs="+", type=int, default=[1024, 16384])
+    ap.add_argument("--new", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--out", type=pathlib.Path, default=None)
+    args = ap.parse_args()
+    import jax
+    result = run_layer(args) if args.mode == "layer" else run_decode(args)
+    out = args.out or ROOT / "benchmarks" / "results" / f"gdn_{args.mode}_cpu.json"
+    write_result({"command": "JAX_PLATFORMS=cpu python benchmarks/bench_gdn.py " + " ".join(sys.argv[1:]),
+                  "device": str(jax.devices()[0].device_kind), "host": platform.node(), "cpu_flags": _cpu_flags(),
+                  **result}, out)
+
+
+if __name__ == "__main__":
+    main()

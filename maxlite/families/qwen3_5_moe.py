@@ -1,0 +1,52 @@
+"""Qwen3.5-MoE (`model_type: qwen3_5_moe_text`, Qwen3_5MoeForCausalLM): Qwen3.5's hybrid layers
+(maxlite/families/qwen3_5.py: separate delta-net projections) with a mixture of experts in every
+layer and Qwen3-Next's gated shared expert (maxlite/families/qwen3_next.py: the MoE tensors).
+"""
+
+from __future__ import annotations
+
+from maxlite.bridge.hf_convert import TensorMap
+from maxlite.families import qwen3_5, qwen3_next
+from maxlite.models.families import Family
+
+FAMILY = Family(
+    "qwen3_5_moe", "Qwen3.5-MoE: Qwen3.5's hybrid layers with experts in every layer and a gated shared expert",
+    norm="rmsnorm", mlp="swiglu", positions="rope", biases="attention", hf_module=__name__,
+    nemo_factory="qwen3_30b_a3b", hf_model_types=("qwen3_5_moe_text", "qwen3_5_moe"), norm_offset=1.0, qk_norm=True,
+    layer_pattern=("linear",) * 3 + ("global",), attn_output_gate=True, moe=True)
+
+
+def check_supported(cfg) -> None:
+    qwen3_next.check_moe(cfg, "Qwen3.5-MoE")
+    if cfg.first_num_dense_layers or cfg.interleave_moe_layer_step != 1:
+        raise ValueError("Qwen3.5-MoE has experts in every layer: set first_num_dense_layers=0, "
+                         "interleave_moe_layer_step=1")
+
+
+def tensor_maps(cfg, prefix: str = "model.") -> list[TensorMap]:
+    check_supported(cfg)
+    return qwen3_5.hybrid_maps(cfg, prefix=prefix) + qwen3_next.moe_maps(cfg, prefix)
+
+
+def import_maps(cfg, names: set[str]) -> list[TensorMap]:
+    return tensor_maps(cfg, qwen3_5.decoder_prefix(names))
+
+
+ignore = qwen3_5.ignore
+
+
+def hf_config(cfg, dtype: str = "float32", bos_id: int | None = None, eos_id: int | None = None) -> dict:
+    check_supported(cfg)
+    out = qwen3_5.hybrid_config(cfg, "Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", dtype, bos_id, eos_id)
+    del out["intermediate_size"]  # no dense MLP anywhere
+    return {**out, **qwen3_next.moe_config(cfg)}
+
+
+def config_overrides(hf: dict) -> dict:
+    hf = qwen3_5.text_config(hf)
+    if hf.get("model_type") != "qwen3_5_moe_text":
+        raise ValueError(f"config.json model_type={hf.get('model_type')!r} is not qwen3_5_moe_text")
+    # no dense layers: base_mlp_dim (unused) takes the experts' width
+    hf = {"intermediate_size": hf["moe_intermediate_size"], **hf}
+    return {**qwen3_5.hybrid_overrides(hf, FAMILY.name), **qwen3_next.moe_overrides(hf),
+            "first_num_dense_layers": 0, "interleave_moe_layer_step": 1}
