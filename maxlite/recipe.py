@@ -75,6 +75,18 @@ class Config(Keys):
         return (stages - 1) / (self.pipeline_repeats * self.pipeline_microbatches + stages - 1)
 
     @property
+    def pipeline_schedule(self) -> dict[str, Any] | None:
+        """The pipeline as a run reports it (status.json, the summary, the planner); None without one."""
+        stages = self.axis_size("stage")
+        if stages == 1:
+            return None
+        repeats = self.pipeline_repeats
+        return {"schedule": "circular" if repeats > 1 else "gpipe", "stages": stages, "repeats": repeats,
+                "microbatches": self.pipeline_microbatches,
+                "layers_per_stage": self.base_num_decoder_layers // (stages * repeats),
+                "bubble_fraction": self.pipeline_bubble}
+
+    @property
     def micro_batch_size(self) -> int:
         """Global sequences per micro-batch."""
         return round(self.per_device_batch_size * self.num_devices)
