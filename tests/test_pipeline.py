@@ -48,12 +48,19 @@ def _losses(argv: tuple, devices: int) -> np.ndarray:
     return np.array(losses)
 
 
-@pytest.mark.parametrize("pipeline", [("ici_pipeline_parallelism=4", "ici_fsdp_parallelism=2"),
-                                      ("ici_pipeline_parallelism=2", "ici_fsdp_parallelism=4",
-                                       "num_pipeline_repeats=2")], ids=["gpipe-4x2", "circular-2x4"])
-def test_pipelined_training_equals_one_device(short_docs, pipeline):
-    reference = _losses((*ARGV, short_docs, "per_device_batch_size=8"), 1)
-    pipelined = _losses((*ARGV, short_docs, "per_device_batch_size=1", *pipeline), 8)
+MOE = ("model_name=tiny-moe", "num_experts=4", "base_moe_mlp_dim=32", "load_balance_loss_weight=0.1")
+
+
+@pytest.mark.parametrize("model,pipeline", [
+    ((), ("ici_pipeline_parallelism=4", "ici_fsdp_parallelism=2")),
+    ((), ("ici_pipeline_parallelism=2", "ici_fsdp_parallelism=4", "num_pipeline_repeats=2")),
+    # the routing statistics (auxiliary losses) gathered per layer over micro-batches and repeats
+    (MOE, ("ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "ici_expert_parallelism=2",
+           "num_pipeline_repeats=2")),
+], ids=["gpipe-4x2", "circular-2x4", "moe-circular-2x2x2expert"])
+def test_pipelined_training_equals_one_device(short_docs, model, pipeline):
+    reference = _losses((*ARGV, *model, short_docs, "per_device_batch_size=8"), 1)
+    pipelined = _losses((*ARGV, *model, short_docs, "per_device_batch_size=1", *pipeline), 8)
     # f32: summation order only (2e-7 seen). With the gradient between stages cut on purpose (a
     # stop_gradient on the shift from one stage to the next) the losses part from step 2 on.
     np.testing.assert_allclose(pipelined, reference, rtol=1e-5)
