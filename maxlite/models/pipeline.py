@@ -48,7 +48,7 @@ def run(cfg, stack, x_BTD, positions_BT, segment_ids_BT, local: tuple[bool, ...]
     count = jax.tree.leaves(state)[0].shape[0]
     S, n = count // (P * R), len(local) // count
     weights = jax.tree.map(lambda w: _to_stages(w, R, P, S), state)
-    flags = jnp.asarray(local).reshape((R, P, S) if n == 1 else (R, P, S, n))
+    flags = _to_stages(jnp.asarray(local).reshape((count,) if n == 1 else (count, n)), R, P, S)
     static = local[0] if len(set(local)) == 1 else None  # every layer alike: a constant flag
     stage_fn = jax.vmap(_stage_fn(graphdef, static, policy), spmd_axis_name="stage")
 
@@ -64,8 +64,8 @@ def run(cfg, stack, x_BTD, positions_BT, segment_ids_BT, local: tuple[bool, ...]
         micro_P, repeat_P = jnp.mod(work_P, M), jnp.clip(work_P // M, 0, R - 1)
         first = (stages_P == 0)[:, None, None, None]
         buffer_PbTD = constrain(jnp.where(first, pending_MbTD[t % M][None], buffer_PbTD), STAGE_BTD)
-        out_PbTD, stats = stage_fn(_at_repeat(weights, repeat_P), _at_repeat(flags, repeat_P), buffer_PbTD,
-                                   positions_MbT[micro_P], segment_ids_MbT[micro_P])
+        out_PbTD, stats = stage_fn(weights, flags, repeat_P, buffer_PbTD, positions_MbT[micro_P],
+                                   segment_ids_MbT[micro_P])
         last = (t - (P - 1)) % M
         done = valid_P[P - 1]
         pending_MbTD = pending_MbTD.at[last].set(jnp.where(done, out_PbTD[P - 1], pending_MbTD[last]))
@@ -76,8 +76,7 @@ def run(cfg, stack, x_BTD, positions_BT, segment_ids_BT, local: tuple[bool, ...]
         return (constrain(jnp.roll(out_PbTD, 1, axis=0), STAGE_BTD), pending_MbTD, stats_acc), None
 
     buffer_PbTD = constrain(jnp.zeros((P, B // M, T, D), x_BTD.dtype), STAGE_BTD)
-    stats_shape = jax.eval_shape(stage_fn, _at_repeat(weights, jnp.zeros(P, jnp.int32)),
-                                 _at_repeat(flags, jnp.zeros(P, jnp.int32)), buffer_PbTD,
+    stats_shape = jax.eval_shape(stage_fn, weights, flags, jnp.zeros(P, jnp.int32), buffer_PbTD,
                                  positions_MbT[:P], segment_ids_MbT[:P])[1]
     stats_acc = jax.tree.map(lambda s: jnp.zeros((R, *s.shape), jnp.float32), stats_shape)
     (_, pending_MbTD, stats_acc), _ = jax.lax.scan(iteration, (buffer_PbTD, pending_MbTD, stats_acc),
@@ -91,26 +90,25 @@ def run(cfg, stack, x_BTD, positions_BT, segment_ids_BT, local: tuple[bool, ...]
 
 
 def _stage_fn(graphdef, static, policy):
-    """One stage's S units applied in turn (a scan, with the run's remat policy around each unit)."""
-    def stage(state_S, flags_S, x_bTD, positions_bT, segment_ids_bT):
-        def body(x_bTD, unit_and_flag):
-            unit = nnx.merge(graphdef, unit_and_flag[0])
-            flag = unit_and_flag[1] if static is None else static
+    """One stage's S units applied in turn in its repeat r (a scan, with the run's remat policy
+    around each unit). The unit's weights of repeat r are picked inside the rematerialised body, from
+    loop-invariant [S, R, ...] weights: the backward pass keeps no per-iteration copy of them."""
+    def stage(weights_SR, flags_SR, r, x_bTD, positions_bT, segment_ids_bT):
+        def body(x_bTD, unit_and_flags):
+            state_R, flags_R = unit_and_flags
+            unit = nnx.merge(graphdef, jax.tree.map(lambda w: w[r], state_R))
+            flag = flags_R[r] if static is None else static
             return unit(checkpoint_name(x_bTD, "decoder_layer_input"), positions_bT, segment_ids_bT, None, flag)
         if policy is not None:
             body = jax.checkpoint(body, policy=policy, prevent_cse=False)
-        return jax.lax.scan(body, x_bTD, (state_S, flags_S))
+        return jax.lax.scan(body, x_bTD, (weights_SR, flags_SR))
     return stage
 
 
 def _to_stages(w, R: int, P: int, S: int):
-    """A stacked weight [P·R·S, ...] in model order → [R, P, S, ...], its stage dim on `stage`."""
-    return w.reshape(R, P, S, *w.shape[1:])
-
-
-def _at_repeat(tree, repeat_P):
-    """Each stage's units of its repeat: [R, P, S, ...] → [P, S, ...]."""
-    return jax.tree.map(lambda w: jax.vmap(lambda w_s, r: w_s[r], in_axes=(1, 0))(w, repeat_P), tree)
+    """A stacked weight [R·P·S, ...] in model order → [P, S, R, ...]: stage s's units, position j,
+    repeat r (the stage dim on `stage`)."""
+    return jnp.moveaxis(w.reshape(R, P, S, *w.shape[1:]), 0, 2)
 
 
 def _split(x, M: int):
