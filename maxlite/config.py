@@ -24,7 +24,7 @@ from maxlite.models import names
 # The names the rest of maxlite reads as `maxlite.config.X` (one home each: schema, recipe).
 from maxlite.recipe import (CHAT_DATASETS, Config, parse_blend, parse_max_time,  # noqa: F401
                             parse_signals, parse_split, resolve_path)
-from maxlite.schema import BASE_YML, FIELDS, MESH_AXES, ConfigError, keys_of  # noqa: F401
+from maxlite.schema import BASE_YML, FIELDS, MESH_AXES, ConfigError, keys_of, parallelism_key  # noqa: F401
 
 CONFIG_DIR = BASE_YML.parent
 _SPECIAL_KEYS = ("base_config",)  # allowed in YAML files, not part of Config
@@ -216,7 +216,7 @@ def resolve(config: Config, num_devices: int, num_slices: int = 1, num_processes
         raise ConfigError(f"{num_devices} devices cannot form {num_slices} equal slices")
     dcn = _fill(config.parallelism("dcn"), num_slices, "dcn (across slices)")
     ici = _fill(config.parallelism("ici"), num_devices // num_slices, "ici (within a slice)")
-    updates = {f"{p}_{a}_parallelism": v for p, vals in (("ici", ici), ("dcn", dcn))
+    updates = {parallelism_key(p, a): v for p, vals in (("ici", ici), ("dcn", dcn))
                for a, v in zip(MESH_AXES, vals)}
     if platform is not None:
         updates["moe_implementation"] = names.resolve_moe(config.moe_implementation, platform,

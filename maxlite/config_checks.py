@@ -14,7 +14,7 @@ import re
 from maxlite import quant
 from maxlite.models import names
 from maxlite.models.families import FAMILIES
-from maxlite.models.kinds import check_layer_types, layer_kinds
+from maxlite.models.kinds import check_layer_types, layer_kinds, layer_stacks
 from maxlite.recipe import (FILE_DATASETS, OBJECTIVE_DATASET, Config, parse_max_time, parse_signals, parse_split,
                             topology_chips)
 from maxlite.schema import FIELDS, MESH_AXES, ConfigError, keys_of
@@ -338,13 +338,13 @@ def check_layout(c: Config, num_processes: int) -> None:
     """What the resolved mesh (`config.resolve`: every axis filled) needs of the recipe: whole
     sequences per batch shard, a sequence within one process or across whole processes, dimensions
     the tensor, fsdp × context and expert axes divide."""
-    data, fsdp, context, expert, tensor = (c.axis_size(a) for a in MESH_AXES)
+    data, stage, fsdp, context, expert, tensor = (c.axis_size(a) for a in MESH_AXES)
     shards = data * fsdp * expert
     batch_axes = "data×fsdp×expert" if expert > 1 else "data×fsdp"
     # MaxText's meaning: global batch = per_device_batch_size × devices. Each batch shard holds
-    # per_device_batch_size × context × tensor whole sequences, so a fraction of a sequence per
+    # per_device_batch_size × stage × context × tensor whole sequences, so a fraction of a sequence per
     # device (0.25: one sequence over four chips) is whole exactly when the context axis splits it.
-    rows = c.per_device_batch_size * context * tensor
+    rows = c.per_device_batch_size * stage * context * tensor
     if abs(rows - round(rows)) > 1e-9 or round(rows) == 0:
         hint = "; change per_device_batch_size or the mesh"
         if c.per_device_batch_size < 1:
@@ -382,6 +382,34 @@ def check_layout(c: Config, num_processes: int) -> None:
                           f"the experts' token exchange takes whole sequences; use one of the two")
     if context > 1:
         _check_context(c, context)
+    if stage > 1:
+        _check_pipeline(c, stage, round(rows))
+
+
+def _check_pipeline(c: Config, stages: int, rows: int) -> None:
+    """What `stages` pipeline stages need (maxlite/models/pipeline.py): one scanned stack of layers
+    that splits into stages × repeats, at least as many micro-batches as stages, and each batch
+    shard's `rows` splitting into them."""
+    stacks = layer_stacks(c)
+    if not c.scan_layers or len(stacks) != 1:
+        fix = "set scan_layers=true" if not c.scan_layers else "set first_num_dense_layers=0"
+        raise ConfigError(f"pipeline parallelism ({stages} stages) runs one scanned stack of layers: {fix}")
+    units, unit = stacks[0].count, len(stacks[0].unit)
+    repeats, per_stage = c.pipeline_repeats, c.num_layers_per_pipeline_stage
+    if units % (stages * repeats) or (per_stage > 0 and per_stage * stages * repeats != c.base_num_decoder_layers):
+        raise ConfigError(f"base_num_decoder_layers={c.base_num_decoder_layers} does not split into {stages} pipeline "
+                          f"stages × {repeats} repeats" + (f" × {per_stage} layers per stage" if per_stage > 0 else "")
+                          + (f" of whole {unit}-layer blocks" if unit > 1 else "")
+                          + "; change num_pipeline_repeats, num_layers_per_pipeline_stage or the pipeline axis")
+    micro = c.pipeline_microbatches
+    if micro < stages:
+        raise ConfigError(f"num_pipeline_microbatches={micro} is fewer than the {stages} pipeline stages; "
+                          f"use at least {stages}")
+    if rows % micro:
+        raise ConfigError(f"each batch shard's {rows} sequences per micro-batch do not split into "
+                          f"num_pipeline_microbatches={micro}; change per_device_batch_size or the micro-batches")
+    if c.lora_rank and c.lora_dropout > 0:
+        raise ConfigError("lora_dropout > 0 is not supported with pipeline parallelism yet; set lora_dropout=0")
 
 
 def _check_context(c: Config, context: int) -> None:

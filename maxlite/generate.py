@@ -183,6 +183,7 @@ def load(source: str, step: int | None = None, overrides: Sequence[str] = ()):
     cfg = dataclasses.replace(cfg, ici_data_parallelism=1, ici_fsdp_parallelism=-1, ici_tensor_parallelism=1,
                               ici_context_parallelism=context, dcn_context_parallelism=1,
                               dcn_data_parallelism=-1, dcn_fsdp_parallelism=1, dcn_tensor_parallelism=1,
+                              ici_pipeline_parallelism=1, dcn_pipeline_parallelism=1,  # decoding has no stages
                               num_slices=-1, per_device_batch_size=1, gradient_accumulation_steps=1)
     built = build(cfg, jax.local_devices(), num_processes=1)
     leaves = [jax.device_put(x, s) for x, s in zip(jax.tree.leaves(params), jax.tree.leaves(built.shardings.params))]

@@ -25,6 +25,7 @@ LENGTH_AXIS = "context"  # the sequence dimension is split over it (long context
 # are split over expert × fsdp × tensor; `embed_no_exp` is an expert's embed dimension).
 RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("activation_batch", BATCH_AXES),
+    ("activation_stage", "stage"),  # the pipeline's buffer between stages
     ("activation_length", LENGTH_AXIS),
     ("activation_embed", None),
     ("activation_heads", "tensor"),
@@ -41,7 +42,7 @@ RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("head_dim", None),
     ("norm", None),
     ("position", None),
-    ("layers", None),
+    ("layers", "stage"),  # a scanned stack's layer dim: consecutive layers per pipeline stage (maxlite/models/pipeline.py)
 )
 
 
@@ -104,7 +105,7 @@ def num_slices_of(devices) -> int:
 
 
 def make_mesh(cfg, devices=None) -> Mesh:
-    """Mesh over MESH_AXES (data, fsdp, context, expert, tensor): ici axes within a slice, dcn axes
+    """Mesh over MESH_AXES (data, stage, fsdp, context, expert, tensor): ici axes within a slice, dcn axes
     across slices."""
     devices = list(jax.devices() if devices is None else devices)
     ici, dcn = cfg.parallelism("ici"), cfg.parallelism("dcn")

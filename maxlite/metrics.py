@@ -120,7 +120,7 @@ class MetricsLogger:
                 + (f" of {summary['peak_tflops_per_device']:.2f} TFLOP/s peak"
                    if "peak_tflops_per_device" in summary else ""))
             lines.append(f"  final loss: {summary['final_loss']:.4f}")
-        for key in ("goodput",):
+        for key in ("goodput", "pipeline"):
             if key in summary:
                 lines.append(f"  {key}: {summary[key]}")
         lines.append("=" * 60)

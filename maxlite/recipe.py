@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from maxlite.schema import MESH_AXES, ConfigError, Keys
+from maxlite.schema import MESH_AXES, ConfigError, Keys, parallelism_key
 
 OBJECTIVE_DATASET = {"dpo": "preference", "grpo": "prompts"}  # the dataset_type an alignment objective reads
 CHAT_DATASETS = ("sft", "preference", "prompts")  # rendered with the chat template (sft_template)
@@ -30,7 +30,7 @@ class Config(Keys):
     """The recipe: every key of the schema, typed and frozen, and what follows from them."""
 
     def parallelism(self, prefix: str) -> tuple[int, ...]:
-        return tuple(getattr(self, f"{prefix}_{axis}_parallelism") for axis in MESH_AXES)
+        return tuple(getattr(self, parallelism_key(prefix, axis)) for axis in MESH_AXES)
 
     @property
     def mesh_shape(self) -> tuple[int, ...]:
@@ -51,6 +51,40 @@ class Config(Keys):
         with context_parallel_load_balance (chunks i and 2n−1−i on shard i: maxlite/models/context.py)."""
         context = self.axis_size("context")
         return 2 * context if context > 1 and self.context_parallel_load_balance else context
+
+    @property
+    def pipeline_repeats(self) -> int:
+        """R: times the micro-batches go round the stages (num_pipeline_repeats, or what
+        num_layers_per_pipeline_stage implies; 1 without a pipeline)."""
+        stages = self.axis_size("stage")
+        if self.num_pipeline_repeats > 0 or stages == 1:
+            return max(self.num_pipeline_repeats, 1)
+        if self.num_layers_per_pipeline_stage > 0:
+            return self.base_num_decoder_layers // (stages * self.num_layers_per_pipeline_stage)
+        return 1
+
+    @property
+    def pipeline_microbatches(self) -> int:
+        """M: micro-batches per pipeline pass (num_pipeline_microbatches; -1: the stages)."""
+        return self.axis_size("stage") if self.num_pipeline_microbatches == -1 else self.num_pipeline_microbatches
+
+    @property
+    def pipeline_bubble(self) -> float:
+        """The idle fraction of the pipeline's schedule: (P − 1) / (R·M + P − 1)."""
+        stages = self.axis_size("stage")
+        return (stages - 1) / (self.pipeline_repeats * self.pipeline_microbatches + stages - 1)
+
+    @property
+    def pipeline_schedule(self) -> dict[str, Any] | None:
+        """The pipeline as a run reports it (status.json, the summary, the planner); None without one."""
+        stages = self.axis_size("stage")
+        if stages == 1:
+            return None
+        repeats = self.pipeline_repeats
+        return {"schedule": "circular" if repeats > 1 else "gpipe", "stages": stages, "repeats": repeats,
+                "microbatches": self.pipeline_microbatches,
+                "layers_per_stage": self.base_num_decoder_layers // (stages * repeats),
+                "bubble_fraction": self.pipeline_bubble}
 
     @property
     def micro_batch_size(self) -> int:

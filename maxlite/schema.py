@@ -24,7 +24,13 @@ from typing import Any
 import yaml
 
 BASE_YML = pathlib.Path(__file__).parent / "configs" / "base.yml"
-MESH_AXES = ("data", "fsdp", "context", "expert", "tensor")  # order of the device mesh axes
+MESH_AXES = ("data", "stage", "fsdp", "context", "expert", "tensor")  # order of the device mesh axes
+
+
+def parallelism_key(prefix: str, axis: str) -> str:
+    """The recipe key of a mesh axis's size: `{ici|dcn}_{axis}_parallelism`; the `stage` axis's keys
+    keep MaxText's name, `{ici|dcn}_pipeline_parallelism`."""
+    return f"{prefix}_{'pipeline' if axis == 'stage' else axis}_parallelism"
 KINDS = ("path", "paths", "blend")  # values config.py resolves: a path, comma-separated paths, a data blend
 
 
@@ -333,6 +339,9 @@ class Keys:
     ici_data_parallelism: int = key(1,
         "pure data parallelism inside a slice",
         section="mesh (ICI within a slice/host, DCN across slices/hosts); one value may be -1 and is filled")
+    ici_pipeline_parallelism: int = key(1,
+        "pipeline stages inside a slice: consecutive layers per stage, micro-batches flowing through them "
+        "(docs/parallelism.md)")
     ici_fsdp_parallelism: int = key(-1, "fully sharded data parallelism inside a slice")
     ici_context_parallelism: int = key(1,
         "context parallelism inside a slice: each sequence split over this many devices (long context; "
@@ -342,11 +351,22 @@ class Keys:
         "batch is split over it too (data parallelism for the other weights)")
     ici_tensor_parallelism: int = key(1, "tensor (model) parallelism inside a slice")
     dcn_data_parallelism: int = key(-1, "data parallelism across slices")
+    dcn_pipeline_parallelism: int = key(1, "pipeline stages across slices (only activations cross between stages)")
     dcn_fsdp_parallelism: int = key(1, "fsdp across slices")
     dcn_context_parallelism: int = key(1,
         "context parallelism across slices (rarely useful: attention gathers keys over this axis every layer)")
     dcn_expert_parallelism: int = key(1, "expert parallelism across slices")
     dcn_tensor_parallelism: int = key(1, "tensor parallelism across slices (rarely useful)")
+    num_layers_per_pipeline_stage: int = key(-1,
+        "pipeline: consecutive layers a stage runs at once; -1: layers / (stages × num_pipeline_repeats)",
+        bounds=(-1, None))
+    num_pipeline_repeats: int = key(-1,
+        "pipeline: times the micro-batches go round the stages (> 1: the circular schedule, each stage holding "
+        "that many non-adjacent groups of layers: a smaller bubble); -1: layers / (stages × "
+        "num_layers_per_pipeline_stage), or 1 when that is -1 too", bounds=(-1, None))
+    num_pipeline_microbatches: int = key(-1,
+        "pipeline: micro-batches each (accumulation) batch is cut into, at least the stages; -1: the stages",
+        bounds=(-1, None))
     num_slices: int = key(-1, "number of slices (TPU multislice); -1 reads it from the devices")
     context_parallel_load_balance: bool = key(True,
         "with context parallelism: shard i holds sequence chunks i and 2n−1−i (n shards), so causal attention "

@@ -186,7 +186,8 @@ def _setup(cfg: C.Config, res, status_fields: dict[str, Any], on_status, launche
               f"mesh {dict(zip(mesh.axis_names, mesh.devices.shape))} on {jax.device_count()} "
               f"{jax.devices()[0].platform} device(s); global batch {cfg.global_batch_size} × "
               f"{cfg.max_target_length} tokens; attention {cfg.attention}"
-              + (f"; cpu matmul {built.cpu_matmul.describe()}" if built.cpu_matmul else ""), flush=True)
+              + (f"; cpu matmul {built.cpu_matmul.describe()}" if built.cpu_matmul else "")
+              + (f"; pipeline {_pipeline_words(cfg.pipeline_schedule)}" if cfg.pipeline_schedule else ""), flush=True)
     if cfg.dataset_type == "sft":  # the loss mask checked before step 0 (sft_audit.txt)
         from maxlite.data import sft_audit
         from maxlite.data.tokenizer import load_tokenizer
@@ -215,6 +216,8 @@ def _setup(cfg: C.Config, res, status_fields: dict[str, Any], on_status, launche
     run_dir.sticky.update(attention=cfg.attention, resumed_from=start.record())  # what runs, where from
     if built.cpu_matmul:
         run_dir.sticky["cpu_matmul"] = built.cpu_matmul.record()
+    if cfg.pipeline_schedule:
+        run_dir.sticky["pipeline"] = cfg.pipeline_schedule
     if lease is not None:
         run_dir.sticky["lease"] = {"host": lease.me.host, "pid": lease.me.pid, "launcher": lease.me.launcher,
                                    **({"took_over": lease.took_over} if lease.took_over else {})}
@@ -307,6 +310,11 @@ def _read(run: _Run, res, pending, on_metrics):
     return verdict
 
 
+def _pipeline_words(p: dict) -> str:
+    return (f"{p['schedule']}, {p['stages']} stages × {p['repeats']} repeat(s) of {p['layers_per_stage']} layer(s), "
+            f"{p['microbatches']} micro-batches, bubble {100 * p['bubble_fraction']:.1f}%")
+
+
 def _finish(run: _Run, res, state, reason: str | None, started: float) -> dict[str, Any]:
     """Summary (MFU against the measured peak), goodput, the outcome (maxlite.outcome), status.json."""
     import jax
@@ -340,6 +348,8 @@ def _finish(run: _Run, res, state, reason: str | None, started: float) -> dict[s
     summary.update({("goodput_" + k if k in ("wall_seconds", "attempt") else k): v for k, v in fields.items()})
     summary.update(end.fields())
     summary["checkpoint_saves_failed"] = len(failures)
+    if run.cfg.pipeline_schedule:  # MFU counts the model's FLOPs only: the bubble's idle time lowers it
+        summary["pipeline"] = run.cfg.pipeline_schedule
     logger.print_summary(summary)
     print_primary(primary, _badput_line(summary, end.state, int(state.step)))
     if lost:

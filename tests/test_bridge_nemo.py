@@ -109,6 +109,19 @@ def test_parallelism_batch_and_schedule():
     assert a["--recompute-granularity"] == "full"
 
 
+def test_pipeline_stages_and_the_circular_schedules_virtual_stages():
+    m = mapping("model_name=tiny", "base_num_decoder_layers=8", "ici_pipeline_parallelism=4", "num_pipeline_repeats=2",
+                "num_pipeline_microbatches=8", "per_device_batch_size=2", nodes=1, gpus=8)
+    a, n = m.megatron_dict(), dict(m.nemo)
+    # 8 GPUs: pipeline 4 → Megatron data parallel 2, each rank's 2 × 4 = 8 sequences in 8 micro-batches;
+    # 8 layers = 4 stages × 2 virtual stages of 1 layer
+    assert a["--pipeline-model-parallel-size"] == 4 and n["recipe.trainer.strategy.pipeline_model_parallel_size"] == 4
+    assert a["--micro-batch-size"] == 1 and a["--global-batch-size"] == 16
+    assert a["--global-batch-size"] // (a["--micro-batch-size"] * 8 // 4) == 8  # micro-batches per batch
+    assert a["--num-layers-per-virtual-pipeline-stage"] == 1
+    assert n["recipe.trainer.strategy.virtual_pipeline_model_parallel_size"] == 2
+
+
 def test_data_prefix_blend_and_split():
     m = mapping("model_name=tiny", "dataset_type=indexed", "data_prefix=[1,/d/web,3,/d/code]",
                 "data_split=98,2,0")

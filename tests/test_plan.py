@@ -414,3 +414,32 @@ def test_sweep_splits_long_sequences_over_the_context_axis_too():
     long = meshes(["base.yml", "model_name=tiny", "max_target_length=32768", "per_device_batch_size=0.5"])
     assert {(1, 2, 1), (1, 4, 1), (1, 4, 2), (1, 1, 2)} <= long and (1, 1, 1) not in long
     assert all(c * t % 2 == 0 for _, c, t in long)
+
+
+def test_pipeline_across_slices_moves_activations_not_weights():
+    """The estimate's DCN bytes, three ways over two v6e-256 slices (no compile): data parallel
+    all-reduces the gradients, fsdp gathers the other slice's weights, the pipeline sends one
+    micro-batch's hidden states per iteration; its bubble lengthens the step."""
+    from types import SimpleNamespace
+
+    from maxlite.plan.estimate import estimate
+
+    topo = T.parse("v6e:16x16", 2)
+    base = ["base.yml", "model_name=llama3.1-405b", "max_target_length=8192", "per_device_batch_size=1"]
+    ways = {"data": [], "fsdp": ["dcn_fsdp_parallelism=2", "dcn_data_parallelism=1"],
+            "pipeline": ["dcn_pipeline_parallelism=2", "dcn_data_parallelism=1"]}
+    out = {}
+    for name, extra in ways.items():
+        cfg = C.resolve(C.load([*base, *extra]), 512, 2)
+        shards = cfg.axis_size("fsdp") * cfg.axis_size("stage")  # what splits the weights
+        plan = SimpleNamespace(num_devices=512, flops_formula=1e18, hbm_bytes=0.0, collectives={},
+                               dcn=dict(zip(C.MESH_AXES, cfg.parallelism("dcn"))), param_bytes=4 * 405e9 / shards)
+        out[name] = estimate(plan, cfg, topo.chip, 2)
+    dcn = {name: e["dcn_bytes_per_device"] for name, e in out.items()}
+    assert dcn["pipeline"] == out["pipeline"]["pipeline_p2p_bytes_per_device"] > 0
+    assert dcn["pipeline"] < dcn["data"] < dcn["fsdp"]
+    pipeline = out["pipeline"]
+    assert pipeline["bubble_fraction"] == pytest.approx((2 - 1) / (2 + 2 - 1))  # P = M = 2, R = 1
+    assert pipeline["step_seconds"] == pytest.approx(pipeline["compute_seconds"] / (1 - pipeline["bubble_fraction"])
+                                                     + pipeline["dcn_seconds"])
+    assert out["data"]["bubble_fraction"] == 0

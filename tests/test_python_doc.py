@@ -28,5 +28,5 @@ def test_python_doc_examples_run_as_written(tmp_path):
     # what the page's comments say the examples print
     for claim in re.findall(r"print\(.*\)\s+# (.+)$", text, flags=re.M):
         assert claim.strip() in r.stdout, (claim, r.stdout[-3000:])
-    assert re.search(r"\{'data': 1, 'fsdp': 4, .*'tensor': 1\} 0", r.stdout)  # all 4 devices on the fsdp axis
+    assert re.search(r"\{'data': 1, 'stage': 1, 'fsdp': 4, .*'tensor': 1\} 0", r.stdout)  # all 4 devices on the fsdp axis
     assert os.path.exists(tmp_path / "hf_demo" / "config.json")

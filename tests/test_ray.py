@@ -185,7 +185,7 @@ def test_job_submit_trains_on_two_workers(uninterrupted):
     assert done.returncode == 0, out[-4000:]  # `ray job submit` exits 0 when the job succeeded
     # text is the contract for the next three: what the job's console shows (the run's layout, one
     # line per step from rank 0 only, the driver's last line)
-    assert re.search(r"2 process\(es\), mesh \{'data': 1, 'fsdp': 4, .*'tensor': 1\} on 4 cpu device\(s\)", out)
+    assert re.search(r"2 process\(es\), mesh \{'data': 1, 'stage': 1, 'fsdp': 4, .*'tensor': 1\} on 4 cpu device\(s\)", out)
     steps = [int(s) for s in re.findall(r"completed step: (\d+),", out)]
     assert steps == list(range(1, STEPS + 1))  # printed once each, by rank 0 only
     assert re.search(r"maxlite: Ray run finished: 8 steps, final loss \d", out)

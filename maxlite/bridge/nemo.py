@@ -320,23 +320,28 @@ def _model(cfg, tp: int, notes: list[str]) -> tuple[list[tuple[str, Any]], list[
 
 
 def _parallel(cfg, nodes: int, gpus: int, notes: list[str]):
-    fsdp, context, tensor = (cfg.axis_size(a) for a in ("fsdp", "context", "tensor"))  # MoE recipes are refused (_model)
-    # one Megatron DP rank = one tensor × context-parallel group
-    mbs = cfg.per_device_batch_size * tensor * context
+    fsdp, context, tensor, stages = (cfg.axis_size(a) for a in ("fsdp", "context", "tensor", "stage"))  # MoE recipes are refused (_model)
+    # one Megatron DP rank = one tensor × context × pipeline group; its micro-batch is one of our
+    # pipeline's (num_pipeline_microbatches of them per batch shard)
+    mbs = cfg.per_device_batch_size * tensor * context * stages / (cfg.pipeline_microbatches if stages > 1 else 1)
     if abs(mbs - round(mbs)) > 1e-9:
         notes.append(f"per_device_batch_size={cfg.per_device_batch_size} × tensor {tensor} × context {context} "
                      f"is not a whole micro-batch per Megatron data-parallel rank; rounded up")
     mbs = max(1, math.ceil(mbs - 1e-9))
-    mega = [("--tensor-model-parallel-size", tensor), ("--pipeline-model-parallel-size", 1),
+    mega = [("--tensor-model-parallel-size", tensor), ("--pipeline-model-parallel-size", stages),
             ("--context-parallel-size", context),
             ("--global-batch-size", cfg.global_batch_size), ("--micro-batch-size", mbs),
             ("--seed", cfg.seed), ("--log-interval", cfg.log_period)]
     nemo = [("recipe.trainer.num_nodes", nodes), ("recipe.trainer.devices", gpus),
             ("recipe.trainer.strategy.tensor_model_parallel_size", tensor),
-            ("recipe.trainer.strategy.pipeline_model_parallel_size", 1),
+            ("recipe.trainer.strategy.pipeline_model_parallel_size", stages),
             ("recipe.trainer.strategy.context_parallel_size", context),
             ("recipe.data.global_batch_size", cfg.global_batch_size),
             ("recipe.data.micro_batch_size", mbs), ("recipe.trainer.log_every_n_steps", cfg.log_period)]
+    if cfg.pipeline_repeats > 1:  # the circular schedule: Megatron's interleaved (virtual) stages
+        mega.append(("--num-layers-per-virtual-pipeline-stage",
+                     cfg.base_num_decoder_layers // (stages * cfg.pipeline_repeats)))
+        nemo.append(("recipe.trainer.strategy.virtual_pipeline_model_parallel_size", cfg.pipeline_repeats))
     if fsdp > 1:
         mega.append(("--use-distributed-optimizer", None))
         nemo.append(("recipe.optim.config.use_distributed_optimizer", True))

@@ -22,7 +22,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 import math
 
-from maxlite.models import matmul
+from maxlite.models import matmul, pipeline
 from maxlite.models.families import family
 from maxlite.models.kinds import FEED_FORWARDS, MIXERS, layer_kinds, layer_place, layer_stacks, layer_windows
 from maxlite.models.layers import BTD, constrain, make_norm, param
@@ -201,6 +201,9 @@ class Transformer(nnx.Module):
                 x_BTD, s = fn(x_BTD, layer, positions_BT, segment_ids_BT, None if keys_L is None else keys_L[i])
                 stats += [] if s is None else [jax.tree.map(lambda a: a[None], s)]
             return x_BTD, _concat(stats)
+        if pipeline.num_stages(cfg) > 1:  # the one stack, split into pipeline stages
+            return pipeline.run(cfg, self.layers, x_BTD, positions_BT, segment_ids_BT, local,
+                                None if cfg.remat_policy == "none" else REMAT_POLICIES[cfg.remat_policy])
         for stack in layer_stacks(cfg):
             n = len(stack.unit)
             span = slice(stack.first, stack.first + stack.count * n)

@@ -6,8 +6,13 @@
                                                       the compiled program, loops × trip count;
                                                       XLA's own count sees a loop body once)
   ici      = bytes each device sends in collectives / one ring's bandwidth (both neighbours)
-  dcn      = gradient all-reduce across slices / the chip's share of the data-centre network
-  step     = max(compute, memory) + ici + dcn         (no overlap credited: XLA overlaps some)
+  dcn      = bytes across slices / the chip's share of the data-centre network: the gradient
+             all-reduce (data over DCN), the weights gathered forward and backward and the gradients
+             reduce-scattered (fsdp over DCN), one micro-batch's activations and their gradients
+             per pipeline iteration (stages over DCN)
+  step     = max(compute, memory) / (1 − bubble) + ici + dcn   (no overlap credited: XLA overlaps some;
+             the bubble: a pipeline's stages all compute in every iteration, the idle ones' work
+             discarded, (P − 1) / (R·M + P − 1) of it)
 
 Custom calls (the splash attention kernel) count as one top-level op: they read their operands
 (Q, K, V, segment ids) and write their results (O, log-sum-exp) once; no T×T scores reach HBM.
@@ -64,6 +69,21 @@ def hardware_flops(cfg, flops_formula: float) -> float:
     return flops_formula + recompute + kernel
 
 
+def pipeline_bytes(cfg) -> float:
+    """Bytes each device sends to the next stage per step: in each of the R·M + P − 1 iterations of
+    each accumulation batch, its share of one micro-batch's hidden states [b, T, D] forward and
+    their gradient backward; 0 without a pipeline."""
+    stages = cfg.axis_size("stage")
+    if stages == 1:
+        return 0.0
+    context, tensor = cfg.axis_size("context"), cfg.axis_size("tensor")
+    rows = cfg.per_device_batch_size * stages * context * tensor / cfg.pipeline_microbatches  # per batch shard
+    iterations = cfg.pipeline_repeats * cfg.pipeline_microbatches + stages - 1
+    size = 2 if cfg.dtype == "bfloat16" else 4
+    return (2 * iterations * rows * cfg.max_target_length / context * cfg.base_emb_dim * size
+            * cfg.gradient_accumulation_steps)
+
+
 def estimate(plan, cfg, chip: Chip, num_slices: int) -> dict:
     from maxlite import quant
 
@@ -76,12 +96,17 @@ def estimate(plan, cfg, chip: Chip, num_slices: int) -> dict:
     memory_s = hbm_bytes / (chip.hbm_gbps * 1e9)
     moved = sum(c["moved"] for c in plan.collectives.values())
     ici_s = moved / (chip.ring_gbps * 1e9)
-    dcn_bytes = 0.0
+    dcn_bytes, p2p = 0.0, pipeline_bytes(cfg)
     if num_slices > 1 and plan.dcn.get("data", 1) > 1:
         s = plan.dcn["data"]
         dcn_bytes = 2 * (s - 1) / s * plan.param_bytes  # gradients, same shards as the params
+    if num_slices > 1 and plan.dcn.get("fsdp", 1) > 1:
+        dcn_bytes += 3 * (plan.dcn["fsdp"] - 1) * plan.param_bytes  # the other slices' shards, twice; gradients
+    if num_slices > 1 and plan.dcn.get("stage", 1) > 1:
+        dcn_bytes += p2p
     dcn_s = dcn_bytes / (chip.dcn_gbps * 1e9)
-    step_s = max(compute_s, memory_s) + ici_s + dcn_s
+    bubble = cfg.pipeline_bubble
+    step_s = max(compute_s, memory_s) / (1 - bubble) + ici_s + dcn_s
     tokens = cfg.global_batch_size * cfg.max_target_length
     return {
         "is_estimate": True,
@@ -98,6 +123,8 @@ def estimate(plan, cfg, chip: Chip, num_slices: int) -> dict:
         "hbm_bytes_per_device": hbm_bytes,
         "collective_bytes_per_device": moved,
         "dcn_bytes_per_device": dcn_bytes,
+        "pipeline_p2p_bytes_per_device": p2p,
+        "bubble_fraction": bubble,
         "mfu": model_flops / step_s / (chip.peak_tflops * 1e12) if step_s else 0.0,  # of the bf16 peak
         "tflops_per_device": model_flops / step_s / 1e12 if step_s else 0.0,
         "tokens_per_second_per_device": tokens / n / step_s if step_s else 0.0,

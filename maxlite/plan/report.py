@@ -91,9 +91,11 @@ def text(plan: Plan, chip: Chip, shardings: bool = False) -> str:
     e = plan.estimate
     if e:
         lines.append(f"  ESTIMATE (roofline from {chip.name}'s published peak and bandwidths; a real step is slower)")
+        bubble = f" / (1 − bubble {e['bubble_fraction']:.1%})" if e.get("bubble_fraction") else ""
+        dcn = f" ({_si(e['dcn_bytes_per_device'], 'B')} per device)" if e.get("dcn_bytes_per_device") else ""
         lines.append(f"                     step ≈ {_s(e['step_seconds'])} = max(compute "
-                     f"{_s(e['compute_seconds'])}, HBM {_s(e['memory_seconds'])}) + ICI "
-                     f"{_s(e['ici_seconds'])} + DCN {_s(e['dcn_seconds'])}; {e['bound']}-bound")
+                     f"{_s(e['compute_seconds'])}, HBM {_s(e['memory_seconds'])}){bubble} + ICI "
+                     f"{_s(e['ici_seconds'])} + DCN {_s(e['dcn_seconds'])}{dcn}; {e['bound']}-bound")
         if e.get("quantized_flops_per_device"):
             lines.append(f"                     of compute: {_si(e['quantized_flops_per_device'], 'FLOP')} per device "
                          f"in {r['quantization']} projections at {e['quantized_peak_tflops']:,.0f} TFLOP/s, "

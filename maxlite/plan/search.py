@@ -74,8 +74,8 @@ def _try(change, args, topology, overrides, progress) -> dict:
 
 
 def _mesh_overrides(ici: dict, dcn: dict, **changes) -> list[str]:
-    values = {f"ici_{a}_parallelism": v for a, v in ici.items()}
-    values |= {f"dcn_{a}_parallelism": v for a, v in dcn.items()}
+    values = {C.parallelism_key("ici", a): v for a, v in ici.items()}
+    values |= {C.parallelism_key("dcn", a): v for a, v in dcn.items()}
     values |= changes
     return [f"{k}={v}" for k, v in values.items()]
 

@@ -1,0 +1,109 @@
+"""Pipeline parallelism (maxlite/models/pipeline.py) on 8 CPU devices: 10 steps of packed text at
+pipeline 4 × fsdp 2 (GPipe) and pipeline 2 × fsdp 4 (circular, 2 repeats) give one device's losses; a
+checkpoint saved with 4 stages resumes with 1 and 2 to the same next-step loss; the schedule and its
+bubble in status.json; bad layouts refused before anything is written."""
+
+import functools
+import json
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from maxlite import config as C, mesh as mesh_lib
+from maxlite.data import make_iterator
+from helpers import build
+
+STEPS = 10
+ARGV = ["base.yml", "model_name=tiny", "base_emb_dim=32", "base_mlp_dim=64", "base_num_query_heads=2",
+        "base_num_kv_heads=2", "head_dim=16", "base_num_decoder_layers=4", "dataset_type=text",
+        "max_target_length=32", "dtype=float32", "learning_rate=3e-3", f"steps={STEPS}",
+        "enable_tensorboard=false", "write_report=false"]
+
+
+@pytest.fixture(scope="module")
+def short_docs(tmp_path_factory) -> str:
+    """Documents shorter than a row, so that rows pack several (the bundled corpus's do not)."""
+    words = "in the beginning god created the heaven and the earth and the earth was without form".split()
+    path = tmp_path_factory.mktemp("docs") / "docs.jsonl"
+    rng = np.random.default_rng(0)
+    with open(path, "w") as f:
+        for i in range(600):
+            f.write(json.dumps({"text": " ".join(rng.choice(words, rng.integers(3, 20)))}) + "\n")
+    return f"dataset_path={path}"
+
+
+@functools.cache  # the one-device reference, computed once for both splits
+def _losses(argv: tuple, devices: int) -> np.ndarray:
+    cfg, mesh, state, step, sharding = build(list(argv), devices)
+    data = make_iterator(cfg, "train", 0, 1)  # packed rows: several documents per row
+    losses = []
+    with jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.RULES):
+        for _ in range(STEPS):
+            batch = next(data)
+            state, metrics = step(state, {k: jax.device_put(v, sharding) for k, v in batch.items()})
+            losses.append(float(metrics["loss"]))
+    assert (batch["segment_ids"].max(axis=1) > 1).any()  # the rows really are packed
+    return np.array(losses)
+
+
+MOE = ("model_name=tiny-moe", "num_experts=4", "base_moe_mlp_dim=32", "load_balance_loss_weight=0.1")
+
+
+@pytest.mark.parametrize("model,pipeline", [
+    ((), ("ici_pipeline_parallelism=4", "ici_fsdp_parallelism=2")),
+    ((), ("ici_pipeline_parallelism=2", "ici_fsdp_parallelism=4", "num_pipeline_repeats=2")),
+    # the routing statistics (auxiliary losses) gathered per layer over micro-batches and repeats
+    (MOE, ("ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "ici_expert_parallelism=2",
+           "num_pipeline_repeats=2")),
+], ids=["gpipe-4x2", "circular-2x4", "moe-circular-2x2x2expert"])
+def test_pipelined_training_equals_one_device(short_docs, model, pipeline):
+    reference = _losses((*ARGV, *model, short_docs, "per_device_batch_size=8"), 1)
+    pipelined = _losses((*ARGV, *model, short_docs, "per_device_batch_size=1", *pipeline), 8)
+    # f32: summation order only (2e-7 seen). With the gradient between stages cut on purpose (a
+    # stop_gradient on the shift from one stage to the next) the losses part from step 2 on.
+    np.testing.assert_allclose(pipelined, reference, rtol=1e-5)
+
+
+def _run(tmp_path, name: str, steps: int, *extra) -> dict:
+    from maxlite.train import train
+
+    train(C.load([*ARGV, "per_device_batch_size=1", f"base_output_directory={tmp_path}", f"run_name={name}",
+                  f"steps={steps}", f"learning_rate_schedule_steps={STEPS}", "checkpoint_period=2",
+                  "ici_fsdp_parallelism=-1", *extra]))
+    with open(f"{tmp_path}/{name}/metrics.jsonl") as f:
+        losses = {r["step"]: r["loss"] for r in map(json.loads, f) if "loss" in r}
+    with open(f"{tmp_path}/{name}/status.json") as f:
+        return {"losses": losses, "status": json.load(f)}
+
+
+def test_checkpoint_saved_with_four_stages_resumes_with_one_and_two(tmp_path):
+    saved = _run(tmp_path, "src", 3, "ici_pipeline_parallelism=4")  # saves steps 2 and 3
+    pipeline = saved["status"]["pipeline"]
+    P, R, M = pipeline["stages"], pipeline["repeats"], pipeline["microbatches"]
+    assert (P, R, pipeline["schedule"]) == (4, 1, "gpipe")
+    assert pipeline["bubble_fraction"] == pytest.approx((P - 1) / (R * M + P - 1))
+    assert saved["status"]["summary"]["pipeline"] == pipeline
+    for stages in (1, 2):  # the full state of step 2 (weights, optimizer, data position) with other stages
+        run = _run(tmp_path, f"p{stages}", 3, f"ici_pipeline_parallelism={stages}",
+                   f"load_full_state_path={tmp_path}/src/checkpoints/2")
+        assert run["status"]["resumed_from"]["step"] == 2
+        assert ("pipeline" in run["status"]) == (stages > 1)
+        # the layers are stored in model order: the same weights whatever the stages
+        np.testing.assert_allclose(run["losses"][3], saved["losses"][3], rtol=1e-5)
+
+
+@pytest.mark.parametrize("extra,message", [
+    (("ici_pipeline_parallelism=4", "num_pipeline_repeats=2"), "does not split into 4 pipeline stages × 2 repeats"),
+    (("ici_pipeline_parallelism=4", "num_pipeline_microbatches=2"), "fewer than the 4 pipeline stages"),
+    (("ici_pipeline_parallelism=2", "num_pipeline_microbatches=4"), "do not split into num_pipeline_microbatches=4"),
+    (("ici_pipeline_parallelism=2", "scan_layers=false"), "set scan_layers=true"),
+])
+def test_bad_pipeline_layouts_are_refused_before_anything_is_written(tmp_path, extra, message):
+    from maxlite.train import train
+
+    cfg = C.load([*ARGV, "per_device_batch_size=1", f"base_output_directory={tmp_path}", "run_name=bad", *extra])
+    with pytest.raises(C.ConfigError, match=message):
+        train(cfg)
+    assert not (tmp_path / "bad").exists()
