@@ -215,7 +215,8 @@ def hybrid_overrides(hf: dict, decoder_block: str) -> dict:
            "gdn_num_key_heads": hf.get("linear_num_key_heads", 16),
            "gdn_num_value_heads": hf.get("linear_num_value_heads", 32)}
     shape = types.SimpleNamespace(decoder_block=decoder_block, layer_types=(), base_num_decoder_layers=L,
-                                  sliding_window=0, first_num_dense_layers=0, interleave_moe_layer_step=1)
+                                  sliding_window=0, first_num_dense_layers=0, interleave_moe_layer_step=1,
+                                  attention_type="global")
     if hf_layer_types(shape) != list(layer_types):  # a checkpoint's own pattern is its pattern
         out["layer_types"] = list(layer_types)
     return out
