@@ -186,6 +186,8 @@ class Attention(nnx.Module):
             self.k_norm = make_norm(cfg, H, rngs, ("head_dim",))
         self.qk_norm, self.qk_norm_heads, self.use_rope = fam.qk_norm, fam.qk_norm and fam.qk_norm_heads, fam.rope
         self.query_scale = cfg.query_pre_attn_scalar ** -0.5 if cfg.query_pre_attn_scalar > 0 else None
+        if cfg.attention_sink:  # a learned logit per query head in every softmax's denominator (gpt-oss)
+            self.sinks = param(rngs, (N,), ("heads",), wd, init="zeros")
         self.cfg = cfg
         self.num_kv, self.dtype = K, jnp.dtype(cfg.dtype)
 
@@ -217,6 +219,10 @@ class Attention(nnx.Module):
         out_BTD = _adapted(self, "o", out_BTNH, project("btnh,nhd->btd", out_BTNH, self.o[...]), dropout_key)
         return self._bias("o_bias", out_BTD)
 
+    def sinks_N(self):
+        """The attention sinks (float32 [N]), or None."""
+        return self.sinks[...].astype(jnp.float32) if self.cfg.attention_sink else None
+
     def _attend(self, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, local):
         """The attention implementation with this layer's window: static for a Python bool; a
         scanned stack of local and global layers (Gemma 3) branches on its traced flag."""
@@ -224,7 +230,7 @@ class Attention(nnx.Module):
 
         def run(window):
             return attention.attend(self.cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window=window,
-                                    scale=self.query_scale)
+                                    scale=self.query_scale, sinks_N=self.sinks_N())
         if isinstance(local, bool) or not W:
             return run(W if local else 0)
         return jax.lax.cond(local, lambda: run(W), lambda: run(0))
