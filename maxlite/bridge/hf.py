@@ -50,7 +50,8 @@ MODEL_KEYS = ("decoder_block", "base_emb_dim", "base_num_decoder_layers", "base_
               "rope_high_freq_factor", "rope_original_max_position", "sliding_window", "layer_types", "local_rope_max_timescale",
               "query_pre_attn_scalar", "normalization_layer_epsilon", "logits_via_embedding", "use_bias",
               "num_experts", "num_experts_per_tok", "base_moe_mlp_dim", "first_num_dense_layers",
-              "interleave_moe_layer_step", "norm_topk_prob", "load_balance_loss_weight")
+              "interleave_moe_layer_step", "norm_topk_prob", "load_balance_loss_weight", "attention_sink",
+              "router_logit_bias", "mlp_bias", "mlp_activations_limit")
 # config.json's dtype → the compute dtype an import records (float16 is not a maxlite compute dtype:
 # float32 computes its values exactly)
 COMPUTE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float32"}
@@ -198,6 +199,8 @@ def import_hf(hf_dir: str, argv: Sequence[str] = (), verbose: bool = False):
         except ValueError as e:  # the tokenizer the user gave does not fit the model
             raise C.ConfigError(str(e)) from None
     source = SafetensorsDir(hf_dir)
+    if hasattr(arch, "tensor_source"):  # a family's stored form read as the maps name it (gpt-oss: MXFP4)
+        source = arch.tensor_source(source)
     # the prefix its writer used, where an adapter reads several (else its own table)
     maps = arch.import_maps(cfg, set(source.names())) if hasattr(arch, "import_maps") else arch.tensor_maps(cfg)
     pure = hf_convert.import_params(cfg, maps, source, np.dtype(cfg.weight_dtype), arch.ignore,

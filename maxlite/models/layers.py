@@ -20,7 +20,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from maxlite.models import attention, lora
 from maxlite.models.matmul import project
-from maxlite.models.families import family
+from maxlite.models.families import SWIGLU_ALPHA, family
 
 Axes = tuple[str | None, ...]
 
@@ -251,6 +251,23 @@ class Attention(nnx.Module):
 ACTIVATIONS = {"swiglu": jax.nn.silu, "geglu": functools.partial(jax.nn.gelu, approximate=True)}
 
 
+def clamped_swiglu(gate, up, limit: float):
+    """gpt-oss's gated hidden: (up + 1)·g·σ(α·g), the gate clamped above at `limit` and up on both
+    sides (no clamp at limit 0)."""
+    if limit > 0:
+        gate, up = jnp.minimum(gate, limit), jnp.clip(up, -limit, limit)
+    return (up + 1) * gate * jax.nn.sigmoid(SWIGLU_ALPHA * gate)
+
+
+def glu(cfg):
+    """The family's gated hidden, glu(gate, up): act(gate)·up, or gpt-oss's clamped SwiGLU."""
+    mlp = family(cfg).mlp
+    if mlp == "clamped_swiglu":
+        return functools.partial(clamped_swiglu, limit=cfg.mlp_activations_limit)
+    act = ACTIVATIONS[mlp]
+    return lambda gate, up: act(gate) * up
+
+
 class GatedMLP(nnx.Module):
     """down(act(gate(x)) · up(x)): SwiGLU (SiLU) or GeGLU (tanh GELU), by the family's `mlp`;
     `mlp_dim` wide (default base_mlp_dim; a MoE layer's shared experts: their own)."""
@@ -264,7 +281,7 @@ class GatedMLP(nnx.Module):
         _adapters(self, cfg, rngs, {"gate": ((D, F), ("embed", "mlp")), "up": ((D, F), ("embed", "mlp")),
                                     "down": ((F, D), ("mlp", "embed"))})
         self.dtype = jnp.dtype(cfg.dtype)
-        self.act = ACTIVATIONS[family(cfg).mlp]
+        self.glu = glu(cfg)
 
     def _proj(self, kernel: str, spec: str, x, dropout_key):
         return _adapted(self, kernel, x, project(spec, x, getattr(self, kernel)[...]),
@@ -272,9 +289,8 @@ class GatedMLP(nnx.Module):
 
     def __call__(self, x_BTD, dropout_key=None):
         gate_BTF = checkpoint_name(self._proj("gate", "btd,df->btf", x_BTD, dropout_key), "mlpwi_0")
-        gate_BTF = self.act(gate_BTF)
         up_BTF = checkpoint_name(self._proj("up", "btd,df->btf", x_BTD, dropout_key), "mlpwi_1")
-        h_BTF = constrain(gate_BTF * up_BTF, ("activation_batch", "activation_length", "activation_mlp"))
+        h_BTF = constrain(self.glu(gate_BTF, up_BTF), ("activation_batch", "activation_length", "activation_mlp"))
         return constrain(checkpoint_name(self._proj("down", "btf,fd->btd", h_BTF, dropout_key), "mlpwo"), BTD)
 
 

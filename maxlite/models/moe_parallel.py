@@ -38,15 +38,18 @@ from maxlite.models import grouped, moe_kernels
 from maxlite.models.platform import target_platform
 
 
-def experts(impl: str, x_BTD, routing: moe_kernels.Routing, slots: int, gate_EDF, up_EDF, down_EFD, act):
-    """The routed experts' weighted output [B, T, D] (float32) by `impl`."""
+def experts(impl: str, x_BTD, routing: moe_kernels.Routing, slots: int, gate_EDF, up_EDF, down_EFD, glu,
+            in_bias: tuple = ()):
+    """The routed experts' weighted output [B, T, D] (float32) by `impl`; `glu(gate, up)` the
+    family's gated hidden, `in_bias` () or the experts' (gate_bias_EF, up_bias_EF), split like the
+    weights' columns."""
     if impl == "dense":
-        return moe_kernels.dense(x_BTD, routing, gate_EDF, up_EDF, down_EFD, act)
+        return moe_kernels.dense(x_BTD, routing, gate_EDF, up_EDF, down_EFD, glu, *in_bias)
     mesh = jax.sharding.get_abstract_mesh()
-    local = functools.partial(_local, impl, slots, act)
+    local = functools.partial(_local, impl, slots, glu)
     arrays = (routing.experts_BTk, routing.weights_BTk, routing.kept_BTk, routing.slots_BTk)
     if mesh.empty:
-        return local(None, None, x_BTD, *arrays, gate_EDF, up_EDF, down_EFD)
+        return local(None, None, x_BTD, *arrays, gate_EDF, up_EDF, down_EFD, *in_bias)
     batch = nn.logical_to_mesh_axes(("activation_batch", None, None))
     w_in = nn.logical_to_mesh_axes(("exp", None, "mlp"))
     w_out = nn.logical_to_mesh_axes(("exp", "mlp", None))
@@ -55,16 +58,17 @@ def experts(impl: str, x_BTD, routing: moe_kernels.Routing, slots: int, gate_EDF
     exp_axis = exp_axis if exp_axis and mesh.shape[exp_axis] > 1 else None
     mlp_axis = mlp_axis if mlp_axis and mesh.shape[_one(mlp_axis)] > 1 else None
     body = functools.partial(local, exp_axis, mlp_axis)
-    return jax.shard_map(body, mesh=mesh, in_specs=(batch,) * 5 + (w_in, w_in, w_out), out_specs=batch,
-                         check_vma=False)(x_BTD, *arrays, gate_EDF, up_EDF, down_EFD)
+    bias_spec = nn.logical_to_mesh_axes(("exp", "mlp"))
+    return jax.shard_map(body, mesh=mesh, in_specs=(batch,) * 5 + (w_in, w_in, w_out) + (bias_spec,) * len(in_bias),
+                         out_specs=batch, check_vma=False)(x_BTD, *arrays, gate_EDF, up_EDF, down_EFD, *in_bias)
 
 
 def _one(axes):
     return axes if isinstance(axes, str) else axes[0]
 
 
-def _local(impl, slots, act, exp_axis, mlp_axis, x_BTD, experts_BTk, weights_BTk, kept_BTk, slots_BTk,
-           gate_EDF, up_EDF, down_EFD):
+def _local(impl, slots, glu, exp_axis, mlp_axis, x_BTD, experts_BTk, weights_BTk, kept_BTk, slots_BTk,
+           gate_EDF, up_EDF, down_EFD, *in_bias):
     """One device's part: its tokens, its experts (all of them without an expert axis)."""
     ep = 1 if exp_axis is None else jax.lax.axis_size(exp_axis)
     E = gate_EDF.shape[0] * ep
@@ -77,7 +81,7 @@ def _local(impl, slots, act, exp_axis, mlp_axis, x_BTD, experts_BTk, weights_BTk
         buf_BECD = moe_kernels.capacity_buffers(x_BTD, routing, E, slots)
         if ep > 1:
             buf_BECD = jax.lax.all_to_all(buf_BECD, exp_axis, 1, 0, tiled=True)  # [ep·B, El, C, D]
-        y_BECD = partial_sum(moe_kernels.capacity_ffn(buf_BECD, gate_EDF, up_EDF, down_EFD, act))
+        y_BECD = partial_sum(moe_kernels.capacity_ffn(buf_BECD, gate_EDF, up_EDF, down_EFD, glu, *in_bias))
         if ep > 1:
             y_BECD = jax.lax.all_to_all(y_BECD, exp_axis, 0, 1, tiled=True)  # back: [B, E, C, D]
         return moe_kernels.capacity_combine(y_BECD, routing)
@@ -86,11 +90,11 @@ def _local(impl, slots, act, exp_axis, mlp_axis, x_BTD, experts_BTk, weights_BTk
     order_M, sizes_E = moe_kernels.sort_by_expert(experts_BTk, E)
     x_MD = jnp.take(x_BTD.reshape(B * T, D), order_M // k, axis=0)
     if ep == 1:
-        y_MD = partial_sum(grouped.ffn(impl, x_MD, sizes_E, gate_EDF, up_EDF, down_EFD, act))
+        y_MD = partial_sum(grouped.ffn(impl, x_MD, sizes_E, gate_EDF, up_EDF, down_EFD, glu, *in_bias))
     else:
         exchange = Exchange(sizes_E, ep, exp_axis, ragged=target_platform() in ("tpu", "gpu"))
         x_RD, sizes_El, regroup_R = exchange.send(x_MD)
-        y_RD = grouped.ffn(impl, x_RD, sizes_El, gate_EDF, up_EDF, down_EFD, act)
+        y_RD = grouped.ffn(impl, x_RD, sizes_El, gate_EDF, up_EDF, down_EFD, glu, *in_bias)
         y_MD = exchange.back(partial_sum(jnp.take(y_RD, jnp.argsort(regroup_R), axis=0)))
     y_XkD = moe_kernels.unsort(y_MD, order_M, k)
     return moe_kernels.combine(y_XkD, weights_BTk.reshape(B * T, k)).reshape(B, T, D)

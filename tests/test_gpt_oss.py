@@ -1,0 +1,235 @@
+"""gpt-oss (maxlite/families/gpt_oss.py): a random GptOssForCausalLM built by transformers, with its
+own tokenizer and a harmony-format chat template, imports and gives float32 logits within 1e-5
+relative of transformers, decodes greedily to transformers' tokens past the sliding window, and
+exports so that transformers loads it with the same logits; its experts (router bias, expert biases,
+clamped SwiGLU) equal a per-token loop in every MoE implementation, values and gradients; MXFP4
+experts import to the values transformers dequantizes; SFT with the template and LoRA exported for
+peft compute what maxlite computes."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from maxlite import api, checkpoints, config as C
+from maxlite.bridge import hf, mxfp4
+from maxlite.bridge import params as P
+from maxlite.generate import Sampling, generate_ids
+from tests.helpers import jax_logits
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+WINDOW, T = 8, 40
+SPECIALS = ["<|start|>", "<|message|>", "<|end|>", "<|return|>", "<|channel|>"]
+# the harmony format's shape (ours, not the published template): roles between <|start|> and
+# <|message|>, answers on the final channel, a turn ends with <|end|>
+HARMONY = (
+    "{%- for m in messages %}"
+    "{%- if m['role'] == 'assistant' %}{{- '<|start|>assistant<|channel|>final<|message|>' + m['content'] + '<|end|>' }}"
+    "{%- else %}{{- '<|start|>' + m['role'] + '<|message|>' + m['content'] + '<|end|>' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start|>assistant' }}{%- endif %}")
+CHAT = [{"role": "user", "content": "In the beginning"}, {"role": "assistant", "content": "God created"}]
+
+
+def _tokenizer(directory):
+    """A byte-level BPE of its own with harmony's special tokens (built here: no download)."""
+    import tokenizers
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    texts = ["In the beginning God created the heaven and the earth.", "And God said, Let there be light."] * 20
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|return|>", pad_token="<|end|>")
+    fast.chat_template = HARMONY
+    fast.save_pretrained(str(directory))
+    return fast
+
+
+def hf_config(**kw):
+    """4 experts (top 2) of width 32, a clamp low enough to bite, a window of 8; layer 0 local."""
+    return transformers.GptOssConfig(
+        vocab_size=320, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
+        max_position_embeddings=256, initializer_range=0.3, swiglu_limit=1.5, **kw)
+
+
+def save_hf(path, **kw):
+    """A random model whose every bias, sink and norm is perturbed (HF starts some at 0 or 1, where a
+    dropped or swapped one would not show)."""
+    torch.manual_seed(0)
+    model = transformers.GptOssForCausalLM(hf_config(**kw)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1 or name.endswith("_bias"):
+                p.add_(0.2 * torch.randn_like(p))
+    model.save_pretrained(str(path))
+    _tokenizer(path)
+    return model
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor(ids)).logits.float().numpy()
+
+
+def _relative(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gpt_oss") / "hf"
+    model = save_hf(path, rope_parameters={"rope_type": "default", "rope_theta": 150000.0})  # TODO yarn
+    cfg, pure = hf.import_hf(str(path), ["max_target_length=64"])
+    return path, model, cfg, pure
+
+
+def test_import_logits_greedy_decoding_and_export_equal_transformers(imported, tmp_path):
+    path, model, cfg, pure = imported
+    assert (cfg.decoder_block, cfg.sliding_window, cfg.dtype) == ("gpt_oss", WINDOW, "float32")
+    assert cfg.attention_sink and cfg.router_logit_bias and cfg.mlp_bias and cfg.mlp_activations_limit == 1.5
+    ids = np.random.default_rng(1).integers(0, 320, (2, T))  # 40 tokens: 5 windows
+    theirs = _logits(model, ids)
+    assert _relative(jax_logits(cfg, pure, ids), theirs) <= 1e-5
+
+    # greedy: 32 tokens from prompts of different lengths, the sliding layer's cache wrapping
+    prompts = [list(range(100, 112)), [7, 8, 9]]
+    ours = generate_ids(cfg, P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure))), prompts,
+                        Sampling(max_new_tokens=32)).tokens
+    for prompt, got in zip(prompts, ours):
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=32, min_new_tokens=32,
+                                 eos_token_id=None, pad_token_id=0)
+        assert got == out[0, len(prompt):].tolist()
+        assert len(set(got)) > 4, got  # a varied path, not one token repeated
+
+    hf.export_hf(cfg, pure, str(tmp_path / "back"))
+    back = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "back"), dtype=torch.float32)
+    assert type(back) is type(model) and back.config.layer_types == model.config.layer_types
+    assert back.config.rope_parameters == model.config.rope_parameters
+    assert _relative(_logits(back, ids), theirs) <= 1e-5
+    # the tokenizer and its harmony template come back as they were
+    mine, again = (transformers.AutoTokenizer.from_pretrained(str(d)) for d in (path, tmp_path / "back"))
+    assert again.apply_chat_template(CHAT, tokenize=False) == mine.apply_chat_template(CHAT, tokenize=False) == (
+        "<|start|>user<|message|>In the beginning<|end|><|start|>assistant<|channel|>final<|message|>God created<|end|>")
+
+
+# ---- the experts: every implementation against a per-token loop --------------------------------
+
+def _moe_cfg(**overrides):
+    argv = ["base.yml", "model_name=tiny-gpt-oss", "dtype=float32", "base_emb_dim=16", "base_moe_mlp_dim=8",
+            "num_experts=8", "num_experts_per_tok=2", "max_target_length=8", "mlp_activations_limit=0.5"]
+    return C.load(argv + [f"{k}={v}" for k, v in overrides.items()])
+
+
+def _loop_reference(cfg, p, x_BTD, kept):
+    """Token by token as transformers' GptOssMLP: router logits + bias, the top k logits, their
+    softmax, each chosen expert's interleaved-free gate/up (+ biases), clamped SwiGLU, down + bias."""
+    limit, k = cfg.mlp_activations_limit, cfg.num_experts_per_tok
+
+    def one_token(x, keep):
+        logits = x @ p["router"] + p["router_logit_bias"]
+        top, order = jax.lax.top_k(logits, k)
+        w = jax.nn.softmax(top)
+        y = jnp.zeros_like(x)
+        for j in range(k):
+            e = order[j]
+            gate = jnp.minimum(x @ p["gate"][e] + p["gate_bias"][e], limit)
+            up = jnp.clip(x @ p["up"][e] + p["up_bias"][e], -limit, limit)
+            h = (up + 1) * gate * jax.nn.sigmoid(1.702 * gate)
+            y = y + keep[j] * w[j] * (h @ p["down"][e] + p["down_bias"][e])
+        return y
+
+    return jax.vmap(jax.vmap(one_token))(x_BTD, kept)
+
+
+NAMES = ("router", "router_logit_bias", "gate", "up", "down", "gate_bias", "up_bias", "down_bias")
+
+
+@pytest.mark.parametrize("impl,capacity", [("dense", -1), ("ragged", -1), ("blocked", -1), ("megablox", -1),
+                                           ("capacity", 0.5)])
+def test_experts_equal_a_per_token_loop_in_every_implementation(impl, capacity):
+    from flax import nnx
+    from maxlite.models import moe
+
+    cfg = _moe_cfg(moe_implementation=impl, capacity_factor=capacity)
+    with nnx.use_eager_sharding(False):
+        layer = moe.MoE(cfg, rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(0)
+    params = {n: jnp.asarray(getattr(layer, n)[...] * (8 if n in ("router", "gate", "up") else 1)
+                             + rng.normal(0, 0.3, getattr(layer, n)[...].shape).astype(np.float32)) for n in NAMES}
+    x = jnp.asarray(rng.normal(0, 1, (2, 6, 16)).astype(np.float32))
+    graphdef, state = nnx.split(layer)
+
+    def ours(p, x):
+        state_ = jax.tree.map(lambda a: a, state)
+        nnx.replace_by_pure_dict(state_, {**nnx.to_pure_dict(state_), **p})
+        return nnx.merge(graphdef, state_).routed(x)[0]
+
+    slots = moe.capacity(cfg, 6)
+    routing = moe.route(cfg, x, params["router"], None, jnp.ones((2, 6), bool), slots, params["router_logit_bias"])
+    kept = routing.kept_BTk.astype(jnp.float32)
+    assert (slots == 0) == bool(kept.all())  # capacity drops some, the dropless ones none
+    cot = jnp.asarray(rng.normal(0, 1, x.shape).astype(np.float32))
+    grads = lambda fn: jax.value_and_grad(lambda p, x: jnp.sum(fn(p, x) * cot), argnums=(0, 1))(params, x)  # noqa: E731
+    (value, (g_p, g_x)) = grads(jax.jit(ours))
+    (ref, (r_p, r_x)) = grads(jax.jit(lambda p, x: _loop_reference(cfg, p, x, kept)))
+    np.testing.assert_allclose(value, ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(g_x, r_x, rtol=1e-4, atol=1e-5)
+    for n in NAMES:
+        np.testing.assert_allclose(g_p[n], r_p[n], rtol=1e-4, atol=1e-5, err_msg=n)
+    # the clamp bit: some gate above the limit, some up beyond it
+    pre = jnp.einsum("btd,edf->btef", x, params["gate"]) + params["gate_bias"][None, None]
+    assert float(pre.max()) > cfg.mlp_activations_limit
+
+
+# ---- MXFP4 ---------------------------------------------------------------------------------------
+
+def test_mxfp4_experts_import_to_what_transformers_dequantizes(imported, tmp_path):
+    """The experts' matrices stored as MXFP4 blocks and scales (the published checkpoints' form)
+    import to transformers' own dequantization of them; every other tensor as stored."""
+    from safetensors.numpy import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    path, _, cfg, _ = imported
+    rng = np.random.default_rng(0)
+    tensors = load_file(str(path / "model.safetensors"))
+    expected = {}
+    for name in [n for n in tensors if n.endswith(("gate_up_proj", "down_proj"))]:
+        E, n_in, n_out = tensors.pop(name).shape
+        blocks = rng.integers(0, 256, (E, n_out, n_in // 32, 16), dtype=np.uint8)
+        scales = rng.integers(120, 130, (E, n_out, n_in // 32), dtype=np.uint8)
+        tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
+        expected[name] = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales),
+                                                    dtype=torch.float32).numpy()
+        np.testing.assert_array_equal(mxfp4.dequantize(blocks, scales), expected[name])
+    (tmp_path / "q").mkdir()
+    save_file(tensors, str(tmp_path / "q" / "model.safetensors"))
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}
+    (tmp_path / "q" / "config.json").write_text(json.dumps(config))
+    qcfg, pure = hf.import_hf(str(tmp_path / "q"))
+    gate_up = expected["model.layers.1.mlp.experts.gate_up_proj"]
+    layer = lambda leaf: P.layer_leaf(pure, qcfg, 1, ("mlp", leaf))  # noqa: E731
+    np.testing.assert_array_equal(layer("gate"), gate_up[..., ::2])
+    np.testing.assert_array_equal(layer("up"), gate_up[..., 1::2])
+    np.testing.assert_array_equal(layer("down"), expected["model.layers.1.mlp.experts.down_proj"])
+
+
+@pytest.mark.parametrize("model_name, published", [("gpt-oss-20b", "3.61"), ("gpt-oss-120b", "5.13")])
+def test_active_parameters_match_the_model_card(model_name, published):
+    """OpenAI's card counts active parameters without the input embedding table (a lookup)."""
+    from maxlite.models.flops import active_param_count, param_count
+    from maxlite.state import abstract_params
+
+    cfg = C.load(["base.yml", f"model_name={model_name}"])
+    active = active_param_count(cfg, param_count(abstract_params(cfg)[1])) - cfg.vocab_size * cfg.base_emb_dim
+    assert f"{active / 1e9:.2f}" == published
