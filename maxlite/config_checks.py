@@ -88,6 +88,10 @@ def validate(c: Config) -> None:
     layer_types = check_layer_types(c.layer_types, c.base_num_decoder_layers)
     if layer_types:
         raise ConfigError(layer_types)
+    rotary = int(c.head_dim * c.partial_rotary_factor)
+    if rotary < 2 or rotary % 2:
+        raise ConfigError(f"partial_rotary_factor={c.partial_rotary_factor} rotates {rotary} of head_dim={c.head_dim} "
+                          f"dimensions: RoPE needs an even number, at least 2")
     if c.local_rope_max_timescale and not c.sliding_window:
         raise ConfigError(f"local_rope_max_timescale={c.local_rope_max_timescale} is the RoPE base of "
                           f"sliding-window layers: set sliding_window too, or leave it 0")
