@@ -24,7 +24,8 @@ from tests.helpers import jax_logits
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 WINDOW, T = 8, 40
-SPECIALS = ["<|start|>", "<|message|>", "<|end|>", "<|return|>", "<|channel|>"]
+# as gpt-oss's tokenizer: <|endoftext|> separates documents, <|return|> ends an answer
+SPECIALS = ["<|endoftext|>", "<|start|>", "<|message|>", "<|end|>", "<|return|>", "<|channel|>"]
 # the harmony format's shape (ours, not the published template): roles between <|start|> and
 # <|message|>, answers on the final channel, a turn ends with <|end|>
 HARMONY = (
@@ -250,3 +251,53 @@ def test_active_parameters_match_the_model_card(model_name, published):
     cfg = C.load(["base.yml", f"model_name={model_name}"])
     active = active_param_count(cfg, param_count(abstract_params(cfg)[1])) - cfg.vocab_size * cfg.base_emb_dim
     assert f"{active / 1e9:.2f}" == published
+
+
+def test_sft_with_its_harmony_template_and_lora_exported_for_peft(imported, tmp_path):
+    """LoRA on the attention projections, SFT on conversations rendered with the checkpoint's own
+    (harmony) template; `generate --chat` renders a prompt as transformers does; the PEFT adapter on
+    transformers' model decodes what maxlite decodes."""
+    peft = pytest.importorskip("peft")
+    from maxlite.data.chat import ChatTemplate
+    from maxlite.data.tokenizer import load_tokenizer
+    from maxlite.train import train
+
+    path, _, cfg, pure = imported
+    checkpoints.save_params(str(tmp_path / "base"), cfg, P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure))))
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
+                            + "\n" for q, a in [("In the beginning", "God created"), ("And God said", "Let there be light")] * 8))
+    run, _ = hf.import_hf(str(path), [
+        "dataset_type=sft", f"dataset_path={data}", "lora_rank=4", "lora_alpha=8",
+        "lora_targets=[q_proj, k_proj, v_proj, o_proj]", "learning_rate=0.02", "warmup_steps_fraction=0",
+        "max_target_length=32", "per_device_batch_size=2", "steps=4", "eval_interval=0", "checkpoint_period=0",
+        f"load_parameters_path={tmp_path}/base", "run_name=sft", f"base_output_directory={tmp_path}",
+        "enable_tensorboard=false", "write_report=false", "dtype=float32", "sample_prompts=[]"])
+    train(run)
+    lcfg, params = checkpoints.load_params(f"{tmp_path}/sft/checkpoints")
+    tok = load_tokenizer(lcfg.tokenizer_path, lcfg.bos_id, lcfg.eos_id)
+    template = ChatTemplate.for_config(lcfg, tok)
+    fast = transformers.AutoTokenizer.from_pretrained(str(path))
+    question = [{"role": "user", "content": "In the beginning"}]
+    assert template.render(question, True) == fast.apply_chat_template(question, add_generation_prompt=True,
+                                                                       tokenize=False)
+    ids, mask = template.encode(CHAT)
+    # the answer, and only it, supervised: its channel, its text, the end of its turn
+    assert fast.decode(ids[mask].tolist()) == "<|channel|>final<|message|>God created<|end|>"
+
+    prompt = fast.apply_chat_template(question, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    ours = generate_ids(lcfg, params, [prompt], Sampling(max_new_tokens=8)).tokens[0]
+    base_logits = np.asarray(api.forward(api.model_from_params(cfg, P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure)))),
+                                         np.array([prompt])))
+    tuned_logits = np.asarray(api.forward(api.model_from_params(lcfg, params), np.array([prompt])))
+    assert np.abs(tuned_logits - base_logits).max() > 1e-3  # the adapters trained
+
+    from maxlite.bridge.peft import export_peft
+    export_peft(lcfg, params, str(tmp_path / "adapter"), base_model=str(path))
+    base = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    tuned = peft.PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval()
+    with torch.no_grad():
+        np.testing.assert_allclose(tuned(torch.tensor([prompt])).logits.numpy(), tuned_logits, atol=2e-4)
+        out = tuned.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=8, min_new_tokens=8,
+                             eos_token_id=None, pad_token_id=0)
+    assert ours == out[0, len(prompt):].tolist()

@@ -64,6 +64,10 @@ FAMILY_SHAPES = {  # tiny, with each family's traits; the bundled tokenizer's 40
                "local_rope_max_timescale=10000", "rope_scaling_type=linear", "rope_scaling_factor=8",
                "query_pre_attn_scalar=24", "logits_via_embedding=true", "attention=blockwise",
                "attention_block_size=8"],
+    # the tiny twin's layer (sinks, biases, YaRN, the clamped experts) run blockwise with a window of one block
+    "gpt_oss": ["model_name=tiny-gpt-oss", "head_dim=16", "base_num_decoder_layers=2", "sliding_window=8",
+                "num_experts=4", "num_experts_per_tok=2", "base_moe_mlp_dim=32", "attention=blockwise",
+                "attention_block_size=8"],
     "qwen3_moe": ["decoder_block=qwen3_moe", "head_dim=16", "base_num_decoder_layers=3", "first_num_dense_layers=1",
                   "num_experts=4", "num_experts_per_tok=2", "base_moe_mlp_dim=32", "load_balance_loss_weight=0.01"],
 }
