@@ -207,6 +207,10 @@ def inexpressible(cfg) -> list[str]:
         out.append("a mixture of experts (not mapped yet: --num-experts and its routing keys)")
     if fam.rope and cfg.rope_scaling_factor > 0 and cfg.rope_scaling_type == "yarn":
         out.append("YaRN RoPE scaling (Megatron's GPT layer takes rope or llama3 scaling)")
+    if fam.mlp == "clamped_swiglu":
+        out.append("gpt-oss's clamped SwiGLU")
+    if cfg.attention_sink:
+        out.append("attention sinks")
     return out
 
 
