@@ -10,6 +10,7 @@ from flax import nnx
 
 from maxlite import config as C, mesh as mesh_lib
 from maxlite.models import attention, context, names
+from tests.helpers import plain_attention
 
 TOL = dict(rtol=2e-4, atol=2e-5)
 
@@ -25,18 +26,8 @@ def _inputs(B=2, T=64, N=4, K=2, H=16, seed=0):
 
 
 def _reference(q, k, v, sinks, seg, window=0):
-    """Hugging Face's eager gpt-oss attention: kv heads repeated, the sink concatenated as a last
-    column of the masked scores, softmax, the column dropped."""
-    B, T, N, H = q.shape
-    G = N // k.shape[2]
-    k, v = jnp.repeat(k, G, axis=2), jnp.repeat(v, G, axis=2)
-    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
-    near = (j <= i) & ((i - j < window) if window else True)
-    mask = near[None] & (np.asarray(seg)[:, :, None] == np.asarray(seg)[:, None, :])
-    scores = jnp.where(mask[:, None], jnp.einsum("btnh,bsnh->bnts", q, k) * H ** -0.5, -jnp.inf)
-    column = jnp.broadcast_to(sinks[None, :, None, None], (B, N, T, 1))
-    probs = jax.nn.softmax(jnp.concatenate([scores, column], axis=-1), axis=-1)[..., :-1]
-    return jnp.einsum("bnts,bsnh->btnh", probs, v)
+    """Hugging Face's eager gpt-oss attention: the sink a last column of the masked scores."""
+    return plain_attention(q, k, v, seg, window, sinks=sinks)
 
 
 def _value_and_grads(fn, q, k, v, sinks, dout):
