@@ -189,6 +189,8 @@ def test_mxfp4_experts_import_to_what_transformers_dequantizes(imported, tmp_pat
         expected[name] = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales),
                                                     dtype=torch.float32).numpy()
         np.testing.assert_array_equal(mxfp4.dequantize(blocks, scales), expected[name])
+        # values that came from MXFP4 quantize back to themselves (the export below is exact on them)
+        np.testing.assert_array_equal(mxfp4.dequantize(*mxfp4.quantize(expected[name])), expected[name])
     (tmp_path / "q").mkdir()
     save_file(tensors, str(tmp_path / "q" / "model.safetensors"))
     config = json.loads((path / "config.json").read_text())
@@ -261,3 +263,28 @@ def test_sft_with_its_harmony_template_and_lora_exported_for_peft(imported, tmp_
         out = tuned.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=8, min_new_tokens=8,
                              eos_token_id=None, pad_token_id=0)
     assert ours == out[0, len(prompt):].tolist()
+
+
+def test_an_mxfp4_export_loads_in_transformers_with_our_logits(imported, tmp_path):
+    """`--dtype mxfp4`: the experts' matrices as blocks and scales (the rest bfloat16), which
+    transformers loads (dequantizing) to the logits maxlite computes from the same files."""
+    from tests.helpers import jax_logits
+
+    _, _, cfg, pure = imported
+    hf.export_hf(cfg, pure, str(tmp_path / "q"), dtype="mxfp4", tokenizer="none")
+    config = json.loads((tmp_path / "q" / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "mxfp4"
+    qcfg, qpure = hf.import_hf(str(tmp_path / "q"), ["dtype=float32"])
+    gate = P.layer_leaf(pure, cfg, 0, ("mlp", "gate"))
+    lossy = mxfp4.dequantize(*mxfp4.quantize(gate.astype(np.float32)))
+    np.testing.assert_array_equal(P.layer_leaf(qpure, qcfg, 0, ("mlp", "gate")), lossy)
+    assert 0 < np.abs(lossy - gate).max() <= 0.25 * np.abs(gate).max()  # 4 bits: lossy, within a step
+    back = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "q"), dtype=torch.float32).eval()
+    ids = np.random.default_rng(2).integers(0, 320, (2, 24))
+    with torch.no_grad():
+        theirs = back(torch.tensor(ids)).logits.float().numpy()
+    ours = jax_logits(qcfg, qpure, ids)
+    assert np.linalg.norm(ours - theirs) / np.linalg.norm(theirs) <= 1e-5
+    llama = C.load(["base.yml", "model_name=tiny"])
+    with pytest.raises(ValueError, match="has no MXFP4 form"):
+        hf.export_hf(llama, P.random_params(llama), str(tmp_path / "no"), dtype="mxfp4")

@@ -1,10 +1,13 @@
-"""MXFP4 expert weights (the published gpt-oss checkpoints) dequantized on import.
+"""MXFP4 expert weights (the published gpt-oss checkpoints): dequantized on import, written on
+`hf export --dtype mxfp4`.
 
 A checkpoint stores a matrix W [E, in, out] as `NAME_blocks` [E, out, in/32, 16] (uint8: two 4-bit
 E2M1 values per byte, the low nibble first) and `NAME_scales` [E, out, in/32] (uint8: a shared
 power-of-two exponent per 32 values, biased by 127). W = value · 2^(scale − 127), transposed to
 [E, in, out]: what transformers' `convert_moe_packed_tensors` gives (every value is exact in
-bfloat16 and float32 alike).
+bfloat16 and float32 alike). Quantizing takes each block's shared exponent as the OCP MX rule does,
+floor(log2(max |w|)) − 2 (6 = 1.5·2², the largest value, then fits), and each value to the nearest
+of the 16 (saturating at ±6): lossy for trained weights, exact for values that came from MXFP4.
 """
 
 from __future__ import annotations
@@ -27,6 +30,46 @@ def dequantize(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     values[..., 1::2] = FP4_VALUES[blocks >> 4]
     values = np.ldexp(values, np.asarray(scales, np.int32)[..., None] - 127)
     return np.ascontiguousarray(values.reshape(E, out, G * 2 * B).transpose(0, 2, 1))
+
+
+def quantize(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float [E, in, out] (in a multiple of 32) → (blocks [E, out, in/32, 16], scales [E, out, in/32])."""
+    E, n_in, n_out = w.shape
+    x = np.asarray(w, np.float32).transpose(0, 2, 1).reshape(E, n_out, n_in // 32, 32)
+    amax = np.abs(x).max(axis=-1)
+    exponent = np.where(amax > 0, np.floor(np.log2(np.where(amax > 0, amax, 1))) - 2, -127)
+    exponent = np.clip(exponent, -127, 127).astype(np.int32)
+    scaled = np.clip(np.ldexp(x, -exponent[..., None]), -6.0, 6.0)
+    codes = np.abs(scaled[..., None] - FP4_VALUES).argmin(axis=-1).astype(np.uint8)  # the nearest value
+    blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return blocks.astype(np.uint8), (exponent + 127).astype(np.uint8)
+
+
+def quantized_entries(entries: list, names: tuple[str, ...], dtype) -> list:
+    """Float32 entries: each named `X` ending in one of `names` as `X_blocks` and `X_scales` (uint8),
+    quantized once when the first of the two is written and freed after the second; the others
+    cast to `dtype`."""
+    from maxlite.bridge.safetensors_io import Entry
+
+    out = []
+    for e in entries:
+        if not e.name.endswith(names):
+            out.append(Entry(e.name, e.shape, np.dtype(dtype), lambda e=e: e.produce().astype(dtype)))
+            continue
+        E, n_in, n_out = e.shape
+        cache: dict = {}
+
+        def part(i, e=e, cache=cache):
+            if not cache:
+                cache.update(both=quantize(e.produce()), left=2)
+            value, cache["left"] = cache["both"][i], cache["left"] - 1
+            if not cache["left"]:
+                cache.clear()
+            return value
+
+        out += [Entry(e.name + "_blocks", (E, n_out, n_in // 32, 16), np.dtype(np.uint8), lambda part=part: part(0)),
+                Entry(e.name + "_scales", (E, n_out, n_in // 32), np.dtype(np.uint8), lambda part=part: part(1))]
+    return out
 
 
 class _Dequantizing:

@@ -18,7 +18,8 @@ Tensors are Llama's for attention and norms, plus (checkpoint layout as transfor
 
 The published checkpoints store the experts' two matrices as MXFP4 (`*_blocks` and `*_scales`,
 [E, out, in/32, 16] and [E, out, in/32]); an import dequantizes them to
-what transformers' own dequantization gives (maxlite.bridge.mxfp4); an export writes float32 or bfloat16.
+what transformers' own dequantization gives (maxlite.bridge.mxfp4); an export writes float32, bfloat16
+or (`--dtype mxfp4`) the experts' matrices as MXFP4 again, the rest in bfloat16.
 """
 
 from __future__ import annotations
@@ -99,6 +100,9 @@ def tensor_source(source):
 
 
 ignore = hf_llama.ignore
+MXFP4_TENSORS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")  # what `--dtype mxfp4` quantizes
+MXFP4_CONFIG = {"quant_method": "mxfp4", "modules_to_not_convert": [
+    "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
 
 
 def hf_config(cfg, dtype: str = "float32", bos_id: int | None = None, eos_id: int | None = None) -> dict:
