@@ -288,3 +288,34 @@ def test_an_mxfp4_export_loads_in_transformers_with_our_logits(imported, tmp_pat
     llama = C.load(["base.yml", "model_name=tiny"])
     with pytest.raises(ValueError, match="has no MXFP4 form"):
         hf.export_hf(llama, P.random_params(llama), str(tmp_path / "no"), dtype="mxfp4")
+
+
+# openai/gpt-oss-20b's config.json as published (transformers 4.x keys: rope_scaling, rope_theta)
+PUBLISHED_20B = {
+    "architectures": ["GptOssForCausalLM"], "attention_bias": True, "attention_dropout": 0.0, "eos_token_id": 200002,
+    "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880, "initial_context_length": 4096,
+    "initializer_range": 0.02, "intermediate_size": 2880, "layer_types": ["sliding_attention", "full_attention"] * 12,
+    "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64, "num_experts_per_tok": 4,
+    "num_hidden_layers": 24, "num_key_value_heads": 8, "num_local_experts": 32, "output_router_logits": False,
+    "pad_token_id": 199999, "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]},
+    "rms_norm_eps": 1e-05, "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                                            "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                                            "truncate": False},
+    "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 201088}
+
+
+def test_the_published_config_imports_as_the_preset_and_the_preset_exports_it():
+    from maxlite.bridge.hf import MODEL_KEYS
+    from maxlite.families import gpt_oss
+
+    imported = C.load(["base.yml"], **gpt_oss.config_overrides(PUBLISHED_20B))
+    preset = C.load(["base.yml", "model_name=gpt-oss-20b"])
+    assert {k: getattr(imported, k) for k in MODEL_KEYS} == {k: getattr(preset, k) for k in MODEL_KEYS}
+    exported = gpt_oss.hf_config(preset, "bfloat16")
+    for key in ("hidden_size", "intermediate_size", "num_local_experts", "num_experts_per_tok", "sliding_window",
+                "layer_types", "swiglu_limit", "attention_bias", "head_dim", "num_key_value_heads", "vocab_size"):
+        assert exported[key] == PUBLISHED_20B[key], key
+    assert {k: v for k, v in exported["rope_parameters"].items() if k not in ("type", "rope_theta")} == \
+        PUBLISHED_20B["rope_scaling"]
