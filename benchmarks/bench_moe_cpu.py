@@ -112,6 +112,7 @@ def layer_fns() -> dict:
     x, valid = normal(B, T, D, dtype=dt, scale=1.0), jnp.ones((B, T), bool)
     router, gate, up, down = normal(D, E), normal(E, D, F), normal(E, D, F), normal(E, F, D)
     act = jax.nn.silu
+    glu = lambda g, u: act(g) * u  # noqa: E731 (the experts' gated hidden, as moe.py passes it)
 
     def routing(x, router):
         r = moe.route(cfg, x, router, None, valid, 0)
@@ -143,14 +144,14 @@ def layer_fns() -> dict:
 
     def moe_layer(x, router, gate, up, down):
         r, aux = routing(x, router)
-        return moe_parallel.experts("blocked", x, r, 0, gate, up, down, act), aux  # no mesh: this device's tokens
+        return moe_parallel.experts("blocked", x, r, 0, gate, up, down, glu), aux  # no mesh: this device's tokens
 
     pieces = {
         "dense_mlp_2F": (dense_mlp, (x, normal(D, 2 * F), normal(D, 2 * F), normal(2 * F, D))),
         "moe_layer_blocked": (moe_layer, (x, router, gate, up, down)),
         "routing_and_aux_loss": (route_only, (x, router)),
         "routing_sort_and_unsort": (sort_only, (x, router)),
-        "blocked_expert_mlp": (lambda x, g, u, d: grouped.ffn("blocked", x, sizes, g, u, d, act), (x_MD, gate, up, down)),
+        "blocked_expert_mlp": (lambda x, g, u, d: grouped.ffn("blocked", x, sizes, g, u, d, glu), (x_MD, gate, up, down)),
         f"batched_matmuls_only_{n}x{b}_rows": (bmm, (x_nbD, *w_n)),
     }
     fns = {}

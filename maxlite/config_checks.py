@@ -132,10 +132,14 @@ def _check_value(key: str, value, choices: tuple, bounds: tuple | None, positive
 def _validate_moe(c: Config) -> None:
     """The mixture-of-experts keys (maxlite/models/moe.py) against the family."""
     moe = FAMILIES[c.decoder_block].moe
+    if c.mlp_activations_limit and FAMILIES[c.decoder_block].mlp != "clamped_swiglu":
+        raise ConfigError(f"mlp_activations_limit={c.mlp_activations_limit} clamps gpt-oss's SwiGLU; "
+                          f"decoder_block={c.decoder_block} has none: leave it 0")
     if not moe:
-        if c.num_experts:
+        if c.num_experts or c.mlp_bias or c.router_logit_bias:
             names_ = ", ".join(f.name for f in FAMILIES.values() if f.moe)
-            raise ConfigError(f"num_experts={c.num_experts}: decoder_block={c.decoder_block} has a dense MLP; "
+            raise ConfigError(f"num_experts={c.num_experts}, mlp_bias={c.mlp_bias}, router_logit_bias="
+                              f"{c.router_logit_bias}: decoder_block={c.decoder_block} has a dense MLP; "
                               f"mixtures of experts are the families {names_}")
         return
     if c.num_experts < 1 or c.base_moe_mlp_dim < 1:

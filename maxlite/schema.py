@@ -179,6 +179,9 @@ class Keys:
     use_bias: bool = key(False,
         "the family's biases: q/k/v/o (llama2, qwen3, gemma3), q/k/v (qwen2: true), every linear and norm "
         "(gpt3: true)")
+    attention_sink: bool = key(False,
+        "a learned logit per query head joins every attention softmax's denominator and takes no value "
+        "(gpt-oss's attention sinks)")
     init_scale: float = key(0.02, "stddev of normal initialisation", positive=True)
     dtype: str = key("bfloat16", "activation / compute dtype: float32 | bfloat16", choices=("float32", "bfloat16"))
     weight_dtype: str = key("float32", "parameter and optimizer-state dtype", choices=("float32", "bfloat16"))
@@ -226,6 +229,12 @@ class Keys:
     routed_seq_aux_loss_weight: float = key(0.0,
         "weight of DeepSeek-V3's sequence-wise balance loss (E/k · Σ_e f_e · P_e per sequence, P from the "
         "scores normalised over experts; DeepSeek-V3 0.0001); reported as moe_seq_lb_loss", bounds=(0, None))
+    router_logit_bias: bool = key(False,
+        "a learned per-expert bias added to the router's logits, before the top k and the weights (gpt-oss)")
+    mlp_bias: bool = key(False, "the routed experts' gate, up and down projections have biases (gpt-oss)")
+    mlp_activations_limit: float = key(0.0,
+        "gpt-oss's clamped SwiGLU: the experts' gate clamped above and up on both sides at this limit (7.0); "
+        "0: unclamped", bounds=(0, None))
     capacity_factor: float = key(-1.0,
         "-1: dropless; > 0: an expert takes at most ceil(this × T × k / E) of a sequence's tokens (first "
         "choices first, then in order), the rest are dropped (that expert adds 0)")

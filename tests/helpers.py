@@ -268,3 +268,24 @@ def greedy_paths(cfg, pure, model, prompt: list[int], n: int = 12) -> tuple[list
         theirs = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=n,
                                 eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
     return ours, theirs
+
+
+def plain_attention(q, k, v, seg, window=0, scale=None, sinks=None):
+    """Attention written out plainly (kv heads repeated, an explicit [B, T, S] mask): key j visible
+    to query i iff j <= i, same document, and i - j < window when window > 0; with `sinks` [N]
+    (gpt-oss, as transformers' eager attention) each head's sink is one more column of the scores,
+    dropped after the softmax."""
+    import jax.numpy as jnp
+
+    B, T, N, H = q.shape
+    G = N // k.shape[2]
+    k, v = jnp.repeat(k, G, axis=2), jnp.repeat(v, G, axis=2)
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    near = (j <= i) & ((i - j < window) if window else True)
+    mask = near[None] & (np.asarray(seg)[:, :, None] == np.asarray(seg)[:, None, :])
+    scores = jnp.einsum("btnh,bsnh->bnts", q, k) * (H ** -0.5 if scale is None else scale)
+    scores = jnp.where(mask[:, None], scores, -jnp.inf)
+    if sinks is not None:
+        column = jnp.broadcast_to(sinks[None, :, None, None], (B, N, T, 1))
+        return jnp.einsum("bnts,bsnh->btnh", jax.nn.softmax(jnp.concatenate([scores, column], -1), -1)[..., :-1], v)
+    return jnp.einsum("bnts,bsnh->btnh", jax.nn.softmax(scores, axis=-1), v)

@@ -9,6 +9,7 @@ import pytest
 
 from maxlite import config as C
 from maxlite.models import attention, names
+from tests.helpers import plain_attention
 
 # f32 inputs: the implementations differ only in summation order and the online softmax
 TOL = dict(rtol=2e-4, atol=2e-5)
@@ -43,15 +44,7 @@ def _check_equal(fn, inputs):
 def _masked_reference(q, k, v, seg, window=0, scale=None):
     """Attention written out plainly (kv heads repeated, an explicit [B, T, S] mask): the rule is
     key j visible to query i iff j <= i, same document, and i - j < window when window > 0."""
-    B, T, N, H = q.shape
-    G = N // k.shape[2]
-    k, v = jnp.repeat(k, G, axis=2), jnp.repeat(v, G, axis=2)
-    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
-    near = (j <= i) & ((i - j < window) if window else True)
-    mask = near[None] & (np.asarray(seg)[:, :, None] == np.asarray(seg)[:, None, :])
-    scores = jnp.einsum("btnh,bsnh->bnts", q, k) * (H ** -0.5 if scale is None else scale)
-    probs = jax.nn.softmax(jnp.where(mask[:, None], scores, -jnp.inf), axis=-1)
-    return jnp.einsum("bnts,bsnh->btnh", probs, v)
+    return plain_attention(q, k, v, seg, window, scale)
 
 
 def _check_against_reference(fn, inputs, window, scale=None):

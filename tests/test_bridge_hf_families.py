@@ -1,5 +1,5 @@
-"""Qwen2, Qwen3, Gemma 3 (text; also with a layer pattern of its own), Mistral with a sliding window
-and OLMo 3, each built small and random by
+"""Qwen2, Qwen3, Gemma 3 (text; also with a layer pattern of its own), Mistral with a sliding window,
+OLMo 3 and gpt-oss, each built small and random by
 transformers: import → float32 logits equal transformers' over a batch longer than the window
 (relative error ≤ 1e-5), greedy decoding of 32 tokens identical to `generate`, export → transformers
 loads it and its logits equal ours, the tokenizer and chat template come back unchanged, and the
@@ -52,13 +52,19 @@ def _config(family):
                 "full_attention": {"rope_type": "yarn", "factor": 8.0, "rope_theta": 1e4, "truncate": False,
                                    "attention_factor": 1.2, "original_max_position_embeddings": 16},
                 "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+    if family == "gpt_oss":  # sinks, biases everywhere, local/global in turn, YaRN, clamped experts
+        return transformers.GptOssConfig(
+            **SMALL, num_hidden_layers=2, head_dim=16, sliding_window=WINDOW, num_local_experts=4,
+            num_experts_per_tok=2, swiglu_limit=1.5,
+            rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                             "truncate": False, "original_max_position_embeddings": 64, "rope_theta": 150000.0})
     return transformers.MistralConfig(**SMALL, num_hidden_layers=2, head_dim=16, sliding_window=WINDOW,
                                       rope_theta=1e6, tie_word_embeddings=False)
 
 
-FAMILIES = ["qwen2", "qwen3", "gemma3", "gemma3-own-pattern", "mistral", "olmo3"]
+FAMILIES = ["qwen2", "qwen3", "gemma3", "gemma3-own-pattern", "mistral", "olmo3", "gpt_oss"]
 DECODER_BLOCK = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3", "gemma3-own-pattern": "gemma3",
-                 "mistral": "llama2", "olmo3": "olmo3"}
+                 "mistral": "llama2", "olmo3": "olmo3", "gpt_oss": "gpt_oss"}
 
 
 def _hf_model(family, path, dtype=torch.float32):
@@ -68,7 +74,7 @@ def _hf_model(family, path, dtype=torch.float32):
     model = transformers.AutoModelForCausalLM.from_config(_config(family)).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.ndim == 1:
+            if p.ndim == 1 or name.endswith("_bias"):  # gpt-oss's experts' biases are [E, ...]
                 p.add_(0.2 * torch.randn_like(p))
         if family.startswith("gemma3"):  # √d-scaled tied embeddings: a random Gemma repeats itself unless shrunk
             model.get_input_embeddings().weight.mul_(0.05)
@@ -94,7 +100,7 @@ def test_import_logits_greedy_export_and_tokenizer_round_trip(family, tmp_path):
     model = _hf_model(family, tmp_path / "hf")
     cfg, pure = hf.import_hf(str(tmp_path / "hf"), ["max_target_length=64"])
     assert cfg.decoder_block == DECODER_BLOCK[family] and cfg.dtype == "float32"  # as config.json states
-    if family in ("gemma3", "gemma3-own-pattern", "mistral", "olmo3"):
+    if family in ("gemma3", "gemma3-own-pattern", "mistral", "olmo3", "gpt_oss"):
         assert cfg.sliding_window == WINDOW
     if family == "gemma3-own-pattern":  # imported as the checkpoint states it, not refused
         assert list(cfg.layer_types) == model.config.layer_types

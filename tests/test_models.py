@@ -15,7 +15,7 @@ from maxlite.state import abstract_params
     ("llama2-7b", "6.74"), ("llama3-8b", "8.03"), ("llama3.1-8b", "8.03"), ("llama3.1-70b", "70.6"),
     ("llama3.1-405b", "405.9"), ("mistral-7b", "7.24"), ("llama3.2-1b", "1.24"),
     ("llama3.2-3b", "3.21"), ("gpt3-126m", "0.125"), ("mixtral-8x7b", "46.7"), ("mixtral-8x22b", "141"),
-    ("qwen3-30b-a3b", "30.5"), ("qwen3-235b-a22b", "235"),
+    ("qwen3-30b-a3b", "30.5"), ("qwen3-235b-a22b", "235"), ("gpt-oss-20b", "20.91"), ("gpt-oss-120b", "116.83"),
 ])
 def test_preset_parameter_counts_match_published(model_name, published):
     """The count, in billions, rounds to the published figure at its published precision."""

@@ -68,6 +68,10 @@ FAMILY_SHAPES = {  # tiny, with each family's traits; the bundled tokenizer's 40
     "qwen3_5": ["decoder_block=qwen3_5", "head_dim=16", "base_num_decoder_layers=4", "partial_rotary_factor=0.25",
                 "gdn_num_key_heads=2", "gdn_num_value_heads=4", "gdn_key_head_dim=16", "gdn_value_head_dim=16",
                 "gdn_chunk_size=8"],
+    # the tiny twin's layer (sinks, biases, YaRN, the clamped experts) run blockwise with a window of one block
+    "gpt_oss": ["model_name=tiny-gpt-oss", "head_dim=16", "base_num_decoder_layers=2", "sliding_window=8",
+                "num_experts=4", "num_experts_per_tok=2", "base_moe_mlp_dim=32", "attention=blockwise",
+                "attention_block_size=8"],
     "qwen3_moe": ["decoder_block=qwen3_moe", "head_dim=16", "base_num_decoder_layers=3", "first_num_dense_layers=1",
                   "num_experts=4", "num_experts_per_tok=2", "base_moe_mlp_dim=32", "load_balance_loss_weight=0.01"],
 }

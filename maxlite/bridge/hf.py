@@ -3,7 +3,7 @@ imports as which family is the registry's `Family.hf_model_types`): llama2 ↔ L
 sliding window), qwen2/qwen3 ↔ Qwen2/Qwen3, gemma3 ↔ Gemma3ForCausalLM, gpt3 ↔ GPT-2,
 mixtral/qwen3_moe ↔ Mixtral/Qwen3-MoE (hf_moe), and the families of maxlite/families/.
 
-    python -m maxlite.bridge.hf export CKPT OUT_DIR [--step N] [--dtype float32|bfloat16]
+    python -m maxlite.bridge.hf export CKPT OUT_DIR [--step N] [--dtype float32|bfloat16|mxfp4]
                                         [--max-shard-size 5GB] [--tokenizer auto|none|PATH]
     python -m maxlite.bridge.hf import HF_DIR CKPT [RECIPE.yml] [key=value ...]
 
@@ -55,11 +55,12 @@ MODEL_KEYS = ("decoder_block", "base_emb_dim", "base_num_decoder_layers", "base_
               "shared_experts", "routed_score_func", "routed_bias", "routed_scaling_factor", "n_routing_groups",
               "topk_routing_group", "use_qk_norm")
 MODEL_KEYS += ("attention_type", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-               "mtp_num_layers")
+               "mtp_num_layers", "attention_sink", "router_logit_bias", "mlp_bias", "mlp_activations_limit")
 # config.json's dtype → the compute dtype an import records (float16 is not a maxlite compute dtype:
 # float32 computes its values exactly)
 COMPUTE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float32"}
-EXPORT_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+EXPORT_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16),
+                 "mxfp4": np.dtype(np.float32)}  # mxfp4: the adapter's MXFP4 tensors from float32, bfloat16 the rest
 
 
 def _progress(total: int, every: int = 50):
@@ -104,7 +105,10 @@ def export_hf(cfg, params, out_dir: str, dtype: str = "float32", max_shard_size:
     arch = adapter(family(cfg).hf_module)
     maps = arch.tensor_maps(cfg)  # refuses what the architecture cannot hold, before writing
     if dtype not in EXPORT_DTYPES:
-        raise ValueError(f"--dtype {dtype}: choose float32 or bfloat16")
+        raise ValueError(f"--dtype {dtype}: choose float32, bfloat16 or mxfp4")
+    if dtype == "mxfp4" and not hasattr(arch, "MXFP4_TENSORS"):
+        raise ValueError(f"--dtype mxfp4: {cfg.decoder_block} has no MXFP4 form (gpt_oss's experts have); choose "
+                         f"float32 or bfloat16")
     from maxlite.models import lora
     pure = lora.merged(cfg, P.to_pure(params))  # a LoRA run's adapters folded into the weights
     tok = _tokenizer(cfg, tokenizer)
@@ -116,9 +120,15 @@ def export_hf(cfg, params, out_dir: str, dtype: str = "float32", max_shard_size:
         raise ValueError(f"{out_dir} already holds {stale[0]}: export into a new or empty directory")
     out.mkdir(parents=True, exist_ok=True)
     entries = hf_convert.export_entries(cfg, maps, pure, EXPORT_DTYPES[dtype])
+    if dtype == "mxfp4":  # the family's own quantized form (gpt-oss: its experts' blocks and scales)
+        from maxlite.bridge import mxfp4
+        entries = mxfp4.quantized_entries(entries, arch.MXFP4_TENSORS, EXPORT_DTYPES["bfloat16"])
     names = write_sharded(out, entries, parse_size(max_shard_size), {"maxlite_model": cfg.model_name},
                           _progress(len(entries)) if verbose else None)
-    (out / "config.json").write_text(json.dumps(arch.hf_config(cfg, dtype, bos, eos), indent=2) + "\n")
+    config = arch.hf_config(cfg, "bfloat16" if dtype == "mxfp4" else dtype, bos, eos)
+    if dtype == "mxfp4":
+        config["quantization_config"] = arch.MXFP4_CONFIG
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     generation = {k: v for k, v in (("bos_token_id", bos), ("eos_token_id", eos)) if v is not None}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     if tok is not None and tok.path.endswith(".json") and not tok.path.endswith("vocab.json"):
@@ -205,6 +215,8 @@ def import_hf(hf_dir: str, argv: Sequence[str] = (), verbose: bool = False):
                         "pass tokenizer_path= for this model")
         except ValueError as e:  # the tokenizer the user gave does not fit the model
             raise C.ConfigError(str(e)) from None
+    if hasattr(arch, "tensor_source"):  # a family's stored form read as the maps name it (gpt-oss: MXFP4)
+        source = arch.tensor_source(source)
     # the prefix its writer used, where an adapter reads several (else its own table)
     maps = arch.import_maps(cfg, set(source.names())) if hasattr(arch, "import_maps") else arch.tensor_maps(cfg)
     # tensors an adapter leaves out knowingly (GLM's multi-token-prediction layer), said by the adapter

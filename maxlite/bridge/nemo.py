@@ -215,6 +215,10 @@ def inexpressible(cfg) -> list[str]:
         out.append("gated delta-net layers (its GPT layer is attention only)")
     if fam.attn_output_gate:
         out.append("an attention output gate")
+    if fam.mlp == "clamped_swiglu":
+        out.append("gpt-oss's clamped SwiGLU")
+    if cfg.attention_sink:
+        out.append("attention sinks")
     return out
 
 

@@ -17,7 +17,11 @@ a token attends to earlier tokens of its own segment (packed documents stay apar
 tokens only, itself included (key index j with i − W < j ≤ i, Hugging Face's rule): blockwise then
 visits only the key blocks the window reaches, splash skips the blocks its LocalMask empties and
 cuDNN gets its sliding-window length, so the work is O(T·W), not O(T²). Scores are scaled by
-`scale` (default 1/√H; Gemma 3's query_pre_attn_scalar^-½).
+`scale` (default 1/√H; Gemma 3's query_pre_attn_scalar^-½). With attention sinks (`sinks_N`, gpt-oss:
+a learned logit per query head) each softmax's denominator gets exp(sink) too, a key that takes no
+value: dot_product as an extra score column, blockwise in its final normalisation (and its gradient
+−Σ p_sink·(dO·O)), splash as the kernel's own `sinks`; cuDNN takes none through JAX, so
+resolve_attention runs blockwise instead.
 With context parallelism (the sequence split over devices: maxlite/models/context.py) every
 implementation runs per shard inside a shard_map: the shard's queries against the whole sequence's
 keys and values, all-gathered (K heads, not N) and put back into sequence order, under the same
@@ -51,25 +55,27 @@ except ImportError:  # pragma: no cover - a JAX without it: cudnn_flash keeps th
 _NEG = -1e30  # masked score; finite so that a fully masked key block gives exp(0)·0, not NaN
 
 
-def attend(cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window: int = 0, scale: float | None = None):
+def attend(cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window: int = 0, scale: float | None = None,
+           sinks_N=None):
     """Dispatch on cfg.attention (resolved with the config; a config that never was — a model built
     by hand — is resolved here by the same rule); `window` (static) is the layer's sliding window,
-    0 for a global layer. Returns out_BTNH in q's dtype."""
+    0 for a global layer; `sinks_N` the layer's attention sinks (None: none). Returns out_BTNH in
+    q's dtype."""
     T, n = q_BTNH.shape[1], context.shards()
     is_balanced = context.balanced(cfg)
-    impl = cfg.attention
-    if impl == "autoselected":
-        impl = resolve_attention(impl, target_platform(), T, cfg.attention_block_size, cfg.sa_block_q,
-                                 n * (2 if is_balanced else 1))
+    impl = resolve_attention(cfg.attention, target_platform(), T, cfg.attention_block_size, cfg.sa_block_q,
+                             n * (2 if is_balanced else 1), sinks_N is not None)
     if n > 1:
-        return _across_shards(cfg, impl, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window, scale, is_balanced)
+        return _across_shards(cfg, impl, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window, scale, is_balanced,
+                              sinks_N)
     args = (q_BTNH, k_BSKH, v_BSKH, segment_ids_BT)
     if impl == "dot_product":
-        return dot_product(*args, window=window, scale=scale)
+        return dot_product(*args, window=window, scale=scale, sinks_N=sinks_N)
     if impl == "blockwise":
-        return blockwise(*args, min(cfg.attention_block_size, k_BSKH.shape[1]), window=window, scale=scale)
+        return blockwise(*args, min(cfg.attention_block_size, k_BSKH.shape[1]), window=window, scale=scale,
+                         sinks_N=sinks_N)
     if impl == "flash":
-        return flash(*args, splash_block_sizes(cfg, T), window=window, scale=scale)
+        return flash(*args, splash_block_sizes(cfg, T), window=window, scale=scale, sinks_N=sinks_N)
     assert impl == "cudnn_flash" and impl in ATTENTION, impl
     return cudnn_flash(*args, cfg.max_segments_per_seq, window=window, scale=scale)
 
@@ -87,12 +93,24 @@ def visible(q_idx, k_idx, window: int):
 # ---- dot_product ----------------------------------------------------------------------------
 
 
-def dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window: int = 0, scale: float | None = None):
+def dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window: int = 0, scale: float | None = None,
+                sinks_N=None):
     pos_T = jnp.arange(q_BTNH.shape[1])
-    return _dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, segment_ids_BT, pos_T, pos_T, window, scale)
+    return _dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, segment_ids_BT, pos_T, pos_T, window, scale,
+                        sinks_N)
 
 
-def _dot_product(q_BTNH, k_BSKH, v_BSKH, qseg_BT, kseg_BS, qpos_T, kpos_S, window, scale):
+def softmax_with_sinks(logits_BKGTS, sinks_N):
+    """softmax over the last axis; with sinks, each row's denominator also holds exp(sink) of its
+    query head (N = K·G), a column whose probability is dropped."""
+    if sinks_N is None:
+        return jax.nn.softmax(logits_BKGTS, axis=-1)
+    B, K, G, T, _ = logits_BKGTS.shape
+    sink_BKGT1 = jnp.broadcast_to(sinks_N.astype(jnp.float32).reshape(1, K, G, 1, 1), (B, K, G, T, 1))
+    return jax.nn.softmax(jnp.concatenate([logits_BKGTS, sink_BKGT1], axis=-1), axis=-1)[..., :-1]
+
+
+def _dot_product(q_BTNH, k_BSKH, v_BSKH, qseg_BT, kseg_BS, qpos_T, kpos_S, window, scale, sinks_N=None):
     """Queries at sequence positions qpos_T against keys at kpos_S (a context shard's queries
     against the whole sequence)."""
     B, T, N, H = q_BTNH.shape
@@ -105,7 +123,7 @@ def _dot_product(q_BTNH, k_BSKH, v_BSKH, qseg_BT, kseg_BS, qpos_T, kpos_S, windo
     # [B, K, G, T, S] mask (a select would); every row keeps its own diagonal, so none is all _NEG
     bias_B11TS = jnp.where(mask_BTS, 0.0, _NEG)[:, None, None]
     scaled_BKGTS = scores_BKGTS / math.sqrt(H) if scale is None else scores_BKGTS * scale
-    probs_BKGTS = jax.nn.softmax(scaled_BKGTS + bias_B11TS, axis=-1).astype(q_BTNH.dtype)
+    probs_BKGTS = softmax_with_sinks(scaled_BKGTS + bias_B11TS, sinks_N).astype(q_BTNH.dtype)
     out_BTKGH = project("bkgts,bskh->btkgh", probs_BKGTS, v_BSKH)
     return out_BTKGH.reshape(B, T, N, H)
 
@@ -164,7 +182,7 @@ def _loop(body, init, steps, max_steps: int, dynamic: bool):
     return jax.lax.scan(lambda carry, d: (body(d, carry), None), init, jnp.arange(max_steps))[0]
 
 
-def _blockwise_fwd(q_BnCKGH, k_BmSKH, v_BmSKH, qseg_BnC, kseg_BmS, first, steps, window, scale,
+def _blockwise_fwd(q_BnCKGH, k_BmSKH, v_BmSKH, sinks_KG, qseg_BnC, kseg_BmS, first, steps, window, scale,
                    max_steps, dynamic):
     B, n, C, K, G, H = q_BnCKGH.shape
 
@@ -182,24 +200,29 @@ def _blockwise_fwd(q_BnCKGH, k_BmSKH, v_BmSKH, qseg_BnC, kseg_BmS, first, steps,
     init = (jnp.full((B, n, K, G, C), _NEG, jnp.float32), jnp.zeros((B, n, K, G, C), jnp.float32),
             jnp.zeros((B, n, K, G, C, H), jnp.float32))
     m, l, acc = _loop(body, init, steps, max_steps, dynamic)
+    # the sink joins the denominator (no sinks: _NEG, which adds exp(_NEG − m) = 0 and changes nothing)
+    sink = sinks_KG[None, None, :, :, None]
+    m_sink = jnp.maximum(m, sink)
+    correction = jnp.exp(m - m_sink)
+    m, l, acc = m_sink, l * correction + jnp.exp(sink - m_sink), acc * correction[..., None]
     out_BnCKGH = jnp.transpose(acc / l[..., None], (0, 1, 4, 2, 3, 5)).astype(q_BnCKGH.dtype)
     return out_BnCKGH, m + jnp.log(l)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10))
-def _blockwise(q_BnCKGH, k_BmSKH, v_BmSKH, qseg_BnC, kseg_BmS, first, steps, window, scale, max_steps,
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9, 10, 11))
+def _blockwise(q_BnCKGH, k_BmSKH, v_BmSKH, sinks_KG, qseg_BnC, kseg_BmS, first, steps, window, scale, max_steps,
                dynamic):
-    return _blockwise_fwd(q_BnCKGH, k_BmSKH, v_BmSKH, qseg_BnC, kseg_BmS, first, steps, window, scale,
+    return _blockwise_fwd(q_BnCKGH, k_BmSKH, v_BmSKH, sinks_KG, qseg_BnC, kseg_BmS, first, steps, window, scale,
                           max_steps, dynamic)[0]
 
 
-def _blockwise_vjp_fwd(q, k, v, qseg, kseg, first, steps, window, scale, max_steps, dynamic):
-    out, lse = _blockwise_fwd(q, k, v, qseg, kseg, first, steps, window, scale, max_steps, dynamic)
-    return out, (q, k, v, qseg, kseg, first, steps, out, lse)
+def _blockwise_vjp_fwd(q, k, v, sinks, qseg, kseg, first, steps, window, scale, max_steps, dynamic):
+    out, lse = _blockwise_fwd(q, k, v, sinks, qseg, kseg, first, steps, window, scale, max_steps, dynamic)
+    return out, (q, k, v, sinks, qseg, kseg, first, steps, out, lse)
 
 
 def _blockwise_vjp_bwd(window, scale, max_steps, dynamic, res, dout_BnCKGH):
-    q_BnCKGH, k_BmSKH, v_BmSKH, qseg_BnC, kseg_BmS, first, steps, out_BnCKGH, lse_BnKGC = res
+    q_BnCKGH, k_BmSKH, v_BmSKH, sinks_KG, qseg_BnC, kseg_BmS, first, steps, out_BnCKGH, lse_BnKGC = res
     n = q_BnCKGH.shape[1]
     dout = dout_BnCKGH.astype(jnp.float32)
     delta_BnKGC = jnp.einsum("bnckgh,bnckgh->bnkgc", dout, out_BnCKGH.astype(jnp.float32))
@@ -221,35 +244,39 @@ def _blockwise_vjp_bwd(window, scale, max_steps, dynamic, res, dout_BnCKGH):
     zeros = lambda x: jnp.zeros(x.shape, jnp.float32)  # noqa: E731
     dq, dk, dv = _loop(body, (zeros(q_BnCKGH), zeros(k_BmSKH), zeros(v_BmSKH)), steps, max_steps, dynamic)
     ints = [np.zeros(x.shape, jax.dtypes.float0) for x in (qseg_BnC, kseg_BmS, first, steps)]
-    return (dq.astype(q_BnCKGH.dtype), dk.astype(k_BmSKH.dtype), dv.astype(v_BmSKH.dtype), *ints)
+    # d/d sink of Σ_j p_j v_j with p_j = exp(s_j − lse): −p_sink · (dO · O) per query row
+    dsinks_KG = -jnp.sum(jnp.exp(sinks_KG[None, None, :, :, None] - lse_BnKGC) * delta_BnKGC, axis=(0, 1, 4))
+    return (dq.astype(q_BnCKGH.dtype), dk.astype(k_BmSKH.dtype), dv.astype(v_BmSKH.dtype), dsinks_KG, *ints)
 
 
 _blockwise.defvjp(_blockwise_vjp_fwd, _blockwise_vjp_bwd)
 
 
 def blockwise(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, block: int, window: int = 0,
-              scale: float | None = None):
+              scale: float | None = None, sinks_N=None):
     T = q_BTNH.shape[1]
     if T % block:
         raise ValueError(f"blockwise attention: block {block} must divide the sequence length {T}")
     offsets = num_offsets(T, block, window)
     return _blockwise_chunk(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, segment_ids_BT, np.int32(0),
-                            np.int32(offsets), block, window, scale, offsets, False)
+                            np.int32(offsets), block, window, scale, offsets, False, sinks_N)
 
 
 def _blockwise_chunk(q_BTNH, k_BSKH, v_BSKH, qseg_BT, kseg_BS, first_block, steps, block, window, scale,
-                     max_steps, dynamic):
+                     max_steps, dynamic, sinks_N=None):
     """Queries that start at sequence block `first_block` against the whole sequence's keys."""
     B, T, N, H = q_BTNH.shape
     K = k_BSKH.shape[2]
     q_BnCKGH = _blocks(q_BTNH.reshape(B, T, K, N // K, H), block)
-    out = _blockwise(q_BnCKGH, _blocks(k_BSKH, block), _blocks(v_BSKH, block), _blocks(qseg_BT, block),
+    sinks_KG = (jnp.full((K, N // K), _NEG, jnp.float32) if sinks_N is None
+                else sinks_N.astype(jnp.float32).reshape(K, N // K))
+    out = _blockwise(q_BnCKGH, _blocks(k_BSKH, block), _blocks(v_BSKH, block), sinks_KG, _blocks(qseg_BT, block),
                      _blocks(kseg_BS, block), jnp.asarray(first_block, jnp.int32), jnp.asarray(steps, jnp.int32),
                      window, _scale(H, scale), max_steps, dynamic)
     return out.reshape(B, T, N, H)
 
 
-def _blockwise_shard(q_BTNH, k_BSKH, v_BSKH, qseg_BT, kseg_BS, chunks, block, window, scale):
+def _blockwise_shard(q_BTNH, k_BSKH, v_BSKH, qseg_BT, kseg_BS, chunks, block, window, scale, sinks_N=None):
     """A context shard's query chunks, each against the keys up to its own (its own step count)."""
     S = k_BSKH.shape[1]
     offsets = num_offsets(S, block, window)
@@ -259,7 +286,7 @@ def _blockwise_shard(q_BTNH, k_BSKH, v_BSKH, qseg_BT, kseg_BS, chunks, block, wi
         steps = jnp.minimum(first + c.length // block, offsets)
         rows = slice(c.start, c.start + c.length)
         outs.append(_blockwise_chunk(q_BTNH[:, rows], k_BSKH, v_BSKH, qseg_BT[:, rows], kseg_BS, first,
-                                     steps, block, window, scale, offsets, True))
+                                     steps, block, window, scale, offsets, True, sinks_N))
     return jnp.concatenate(outs, axis=1)
 
 
@@ -298,11 +325,12 @@ def _splash_kernel(T: int, N: int, window: int, block_sizes, interpret: bool, he
                               head_shards=head_shards, q_seq_shards=q_shards, interpret=interpret)
 
 
-def _splash_local(q_BNTH, k_BKSH, v_BKSH, seg_BT, block_sizes, interpret, window):
+def _splash_local(q_BNTH, k_BKSH, v_BKSH, seg_BT, sinks_N=None, *, block_sizes, interpret, window):
     N, T = q_BNTH.shape[1], q_BNTH.shape[2]
     kernel = _splash_kernel(T, N, window, block_sizes, interpret)
     sk = _splash_module()
-    return jax.vmap(kernel)(q_BNTH, k_BKSH, v_BKSH, sk.SegmentIds(q=seg_BT, kv=seg_BT))
+    return jax.vmap(lambda q, k, v, seg: kernel(q, k, v, seg, sinks_N))(
+        q_BNTH, k_BKSH, v_BKSH, sk.SegmentIds(q=seg_BT, kv=seg_BT))
 
 
 def _splash_module():
@@ -325,26 +353,32 @@ def _scaled(q_BTNH, scale):
     return q_BTNH * jnp.asarray(scale, q_BTNH.dtype)
 
 
+def _sinks_f32(sinks_N):
+    return () if sinks_N is None else (sinks_N.astype(jnp.float32),)
+
+
 def flash(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, block_sizes, window: int = 0,
-          scale: float | None = None):
+          scale: float | None = None, sinks_N=None):
     interpret = target_platform() != "tpu"  # the Pallas interpreter: CPU tests
     q_BNTH = jnp.swapaxes(_scaled(q_BTNH, scale), 1, 2)
     k_BKSH, v_BKSH = jnp.swapaxes(k_BSKH, 1, 2), jnp.swapaxes(v_BSKH, 1, 2)
     local = functools.partial(_splash_local, block_sizes=block_sizes, interpret=interpret, window=window)
     mesh = jax.sharding.get_abstract_mesh()
+    sinks = _sinks_f32(sinks_N)
     if mesh.empty:
-        out_BNTH = local(q_BNTH, k_BKSH, v_BKSH, segment_ids_BT)
+        out_BNTH = local(q_BNTH, k_BKSH, v_BKSH, segment_ids_BT, *sinks)
     else:  # a Pallas call is opaque to GSPMD: run it per shard (batch and heads), as MaxText does
         q_spec = _mesh_spec("activation_batch", "activation_heads", "activation_length", None)
         kv_spec = _mesh_spec("activation_batch", "activation_kv_heads", "activation_length", None)
         seg_spec = _mesh_spec("activation_batch", "activation_length")
-        out_BNTH = jax.shard_map(local, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, seg_spec),
+        sinks_spec = (_mesh_spec("activation_heads"),) * len(sinks)
+        out_BNTH = jax.shard_map(local, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, seg_spec, *sinks_spec),
                                  out_specs=q_spec, check_vma=False)(
-            q_BNTH, k_BKSH, v_BKSH, segment_ids_BT)
+            q_BNTH, k_BKSH, v_BKSH, segment_ids_BT, *sinks)
     return jnp.swapaxes(out_BNTH, 1, 2)
 
 
-def _flash_across(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, block_sizes, window, scale, is_balanced):
+def _flash_across(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, block_sizes, window, scale, is_balanced, sinks_N=None):
     """Splash over context shards: one kernel for the whole [T, T] mask, its mask info split over
     the heads' and the sequence's mesh axes (each shard gets its query rows'), as MaxText does."""
     from jax.sharding import NamedSharding, PartitionSpec as P
@@ -358,14 +392,17 @@ def _flash_across(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, block_sizes, window, s
     kernel_spec = kernel.manual_sharding_spec(NamedSharding(mesh, P(heads, context.length_axes())))
     sk = _splash_module()
 
-    def local(q, k, v, qseg, kseg, chunks, kernel):
+    def local(q, k, v, qseg, kseg, chunks, extra):
+        kernel, sinks = extra
         q_BNTH, k_BKSH, v_BKSH = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))
-        out_BNTH = jax.vmap(lambda *a: kernel(*a[:3], sk.SegmentIds(q=a[3], kv=a[4])))(
+        out_BNTH = jax.vmap(lambda *a: kernel(*a[:3], sk.SegmentIds(q=a[3], kv=a[4]), *sinks))(
             q_BNTH, k_BKSH, v_BKSH, qseg, kseg)
         return jnp.swapaxes(out_BNTH, 1, 2)
 
+    sinks = _sinks_f32(sinks_N)
+    sinks_spec = (_mesh_spec("activation_heads"),) * len(sinks)
     return context.across_shards(local, _scaled(q_BTNH, scale), k_BSKH, v_BSKH, segment_ids_BT, is_balanced,
-                                 kernel, kernel_spec)
+                                 (kernel, sinks), (kernel_spec, sinks_spec))
 
 
 # ---- cudnn_flash ----------------------------------------------------------------------------
@@ -444,26 +481,30 @@ def _cudnn_shard(q_BTNH, k_BSKH, v_BSKH, qseg_BT, kseg_BS, qpos_T, window, scale
 # ---- context parallelism: every implementation per shard ------------------------------------
 
 
-def _across_shards(cfg, impl, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window, scale, is_balanced):
-    """`impl` with the sequence split over the context axes (maxlite/models/context.py)."""
+def _across_shards(cfg, impl, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window, scale, is_balanced, sinks_N=None):
+    """`impl` with the sequence split over the context axes (maxlite/models/context.py); the sinks
+    travel split like the heads."""
     T = q_BTNH.shape[1]
     chunk = T // context.shards() // (2 if is_balanced else 1)
     H = q_BTNH.shape[-1]
     if impl == "flash":
         return _flash_across(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, splash_block_sizes(cfg, chunk), window,
-                             scale, is_balanced)
+                             scale, is_balanced, sinks_N)
     if impl == "dot_product":
-        def local(q, k, v, qseg, kseg, chunks):
+        def local(q, k, v, qseg, kseg, chunks, sinks=None):
             return _dot_product(q, k, v, qseg, kseg, context.query_positions(chunks), jnp.arange(k.shape[1]),
-                                window, scale)
+                                window, scale, sinks)
     elif impl == "blockwise":
         block = min(cfg.attention_block_size, chunk)
 
-        def local(q, k, v, qseg, kseg, chunks):
-            return _blockwise_shard(q, k, v, qseg, kseg, chunks, block, window, scale)
+        def local(q, k, v, qseg, kseg, chunks, sinks=None):
+            return _blockwise_shard(q, k, v, qseg, kseg, chunks, block, window, scale, sinks)
     else:
-        assert impl == "cudnn_flash", impl
+        assert impl == "cudnn_flash" and sinks_N is None, impl
 
         def local(q, k, v, qseg, kseg, chunks):
             return _cudnn_shard(q, k, v, qseg, kseg, context.query_positions(chunks), window, _scale(H, scale))
-    return context.across_shards(local, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, is_balanced)
+    if sinks_N is None:
+        return context.across_shards(local, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, is_balanced)
+    return context.across_shards(local, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, is_balanced,
+                                 sinks_N.astype(jnp.float32), _mesh_spec("activation_heads"))

@@ -45,10 +45,8 @@ def _tile(cfg, impl: str) -> int:
 
 
 def _implementation(cfg, length: int, shards: int) -> str:
-    impl = cfg.attention
-    if impl == "autoselected":
-        impl = resolve_attention(impl, target_platform(), length, cfg.attention_block_size, cfg.sa_block_q, shards)
-    return impl
+    return resolve_attention(cfg.attention, target_platform(), length, cfg.attention_block_size, cfg.sa_block_q,
+                             shards, cfg.attention_sink)
 
 
 def prompt_length(cfg, length: int, shards: int = 1) -> int:

@@ -14,13 +14,17 @@ import collections.abc
 import dataclasses
 
 
+SWIGLU_ALPHA = 1.702  # the sigmoid gain of the "clamped_swiglu" MLP (gpt-oss's)
+
+
 @dataclasses.dataclass(frozen=True)
 class Family:
     name: str               # the `decoder_block` value
     summary: str
     norm: str               # "rmsnorm" | "layernorm" (pre-norm, before attention and MLP)
     mlp: str                # "swiglu" (silu(gate)·up, down) | "geglu" (tanh-GELU(gate)·up, down) |
-                            # "gelu" (up, down, with biases)
+                            # "gelu" (up, down, with biases) | "clamped_swiglu" (gpt-oss's:
+                            # (up + 1)·gate·σ(1.702·gate), clamped at mlp_activations_limit)
     positions: str          # "rope" (rotary, in attention) | "learned" (absolute, added to the embedding)
     biases: str             # what use_bias=true adds: "attention" (q/k/v/o) | "qkv" (q/k/v, no o) |
                             # "all" (every linear and norm)
@@ -56,7 +60,7 @@ class Family:
     @property
     def gated(self) -> bool:
         """A gated MLP (gate, up, down)."""
-        return self.mlp in ("swiglu", "geglu")
+        return self.mlp in ("swiglu", "geglu", "clamped_swiglu")
 
     @property
     def rope(self) -> bool:

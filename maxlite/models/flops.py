@@ -61,4 +61,6 @@ def active_param_count(cfg, total: int) -> int:
     the k routed and the shared experts counted), as MoE models publish "active" parameters."""
     idle = cfg.num_experts - cfg.num_experts_per_tok
     per_expert = family(cfg).mlp_matrices * cfg.base_emb_dim * cfg.base_moe_mlp_dim
+    if cfg.mlp_bias:  # gpt-oss: each expert's gate, up and down biases
+        per_expert += 2 * cfg.base_moe_mlp_dim + cfg.base_emb_dim
     return total - layer_mlps(cfg).count("moe") * idle * per_expert

@@ -63,7 +63,7 @@ def _write(cache_BS, new_BT, slots_BT):
     return cache_BS.at[rows_B1, slots_BT].set(new_BT.astype(cache_BS.dtype), mode="drop")
 
 
-def _attend(q_BTNH, k_BSKH, v_BSKH, kpos_BS, qpos_BT, w: int, scale: float):
+def _attend(q_BTNH, k_BSKH, v_BSKH, kpos_BS, qpos_BT, w: int, scale: float, sinks_N=None):
     B, T, N, H = q_BTNH.shape
     K = k_BSKH.shape[2]
     q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
@@ -73,7 +73,7 @@ def _attend(q_BTNH, k_BSKH, v_BSKH, kpos_BS, qpos_BT, w: int, scale: float):
     if w:
         visible_BTS &= qpos - kpos < w
     scores_BKGTS = jnp.where(visible_BTS[:, None, None], scores_BKGTS, jnp.finfo(jnp.float32).min)
-    probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(v_BSKH.dtype)
+    probs_BKGTS = attention.softmax_with_sinks(scores_BKGTS, sinks_N).astype(v_BSKH.dtype)
     return jnp.einsum("bkgts,bskh->btkgh", probs_BKGTS, v_BSKH).reshape(B, T, N, H)
 
 
@@ -88,12 +88,12 @@ def step(attn, x_BTD, positions_BT, lengths_B, kv: KV, pos_BS, variant: str, pre
         # right-padded rows: padding sits after every real token, so no real query sees it
         segment_ids_BT = jnp.ones(positions_BT.shape, jnp.int32)
         out_BTNH = attention.attend(prefill_cfg, q_BTNH, k_new, v_new, segment_ids_BT, window=w,
-                                    scale=attn.query_scale)
+                                    scale=attn.query_scale, sinks_N=attn.sinks_N())
     else:
         keys, values = (jnp.concatenate([c, new.astype(c.dtype)], axis=1)
                         for c, new in ((kv.k_LBSKH, k_new), (kv.v_LBSKH, v_new)))
         kpos_BS = jnp.concatenate([pos_BS, positions_BT], axis=1)
-        out_BTNH = _attend(q_BTNH, keys, values, kpos_BS, positions_BT, w, scale)
+        out_BTNH = _attend(q_BTNH, keys, values, kpos_BS, positions_BT, w, scale, attn.sinks_N())
     slots_BT = _slots(positions_BT, lengths_B, pos_BS.shape[1])
     new = KV(*(constrain(_write(c, n, slots_BT), CACHE_AXES[1:]) for c, n in
                ((kv.k_LBSKH, k_new), (kv.v_LBSKH, v_new))))

@@ -1,6 +1,6 @@
 """The experts' MLP over rows sorted by expert: one gated MLP per group of consecutive rows.
 
-    y[rows of group g] = down_g(act(x · gate_g) · (x · up_g))
+    y[rows of group g] = down_g(glu(x · gate_g + gate_bias_g, x · up_g + up_bias_g))
 
 `group_sizes_G` says how many rows each expert has, in order; rows past their sum (padding) come
 out zero. Three spellings of the same products, the `moe_implementation` that sorts tokens:
@@ -31,16 +31,25 @@ GROUPED = ("ragged", "blocked", "megablox")
 MEGABLOX_TILE = 128  # the kernel's m, k and n tiles (capped at each dimension)
 
 
-def ffn(impl: str, x_MD, group_sizes_G, gate_GDF, up_GDF, down_GFD, act):
-    """The gated MLP of each row's group; rows past sum(group_sizes_G) give zeros."""
+def _row_bias(h_MF, bias_GF, group_M):
+    """h + each row's group's bias (None: h)."""
+    return h_MF if bias_GF is None else h_MF + jnp.take(bias_GF, group_M, axis=0).astype(h_MF.dtype)
+
+
+def ffn(impl: str, x_MD, group_sizes_G, gate_GDF, up_GDF, down_GFD, glu, gate_bias_GF=None, up_bias_GF=None):
+    """The gated MLP of each row's group (with gpt-oss's gate and up biases when given); rows past
+    sum(group_sizes_G) give zeros."""
     if impl == "blocked":
-        return _blocked(x_MD, group_sizes_G, gate_GDF, up_GDF, down_GFD, act)
+        return _blocked(x_MD, group_sizes_G, gate_GDF, up_GDF, down_GFD, glu, gate_bias_GF, up_bias_GF)
     assert impl in GROUPED, impl
     dot = _ragged_dot if impl == "ragged" else _megablox
-    real_M1 = (jnp.arange(x_MD.shape[0]) < jnp.sum(group_sizes_G))[:, None]
+    M, G = x_MD.shape[0], group_sizes_G.shape[0]
+    real_M1 = (jnp.arange(M) < jnp.sum(group_sizes_G))[:, None]
+    group_M = jnp.clip(jnp.searchsorted(jnp.cumsum(group_sizes_G), jnp.arange(M), side="right"), 0, G - 1)
     # the kernels leave padding rows unwritten, forward and backward: select them away both ways
     x_MD = jnp.where(real_M1, x_MD, 0)
-    h_MF = act(dot(x_MD, gate_GDF, group_sizes_G)) * dot(x_MD, up_GDF, group_sizes_G)
+    h_MF = glu(_row_bias(dot(x_MD, gate_GDF, group_sizes_G), gate_bias_GF, group_M),
+               _row_bias(dot(x_MD, up_GDF, group_sizes_G), up_bias_GF, group_M))
     return jnp.where(real_M1, dot(h_MF, down_GFD, group_sizes_G), 0)
 
 
@@ -69,7 +78,7 @@ def block_rows(M: int, G: int) -> int:
     return max(8, min(256, 1 << max(0, int(math.log2(max(1, M // (4 * G)))))))
 
 
-def _blocked(x_MD, group_sizes_G, gate_GDF, up_GDF, down_GFD, act):
+def _blocked(x_MD, group_sizes_G, gate_GDF, up_GDF, down_GFD, glu, gate_bias_GF=None, up_bias_GF=None):
     M, D = x_MD.shape
     G = group_sizes_G.shape[0]
     b = block_rows(M, G)
@@ -85,7 +94,8 @@ def _blocked(x_MD, group_sizes_G, gate_GDF, up_GDF, down_GFD, act):
     # each block's group (blocks past the last group's are zero rows: any group will do)
     group_n = jnp.clip(jnp.searchsorted(jnp.cumsum(padded_G), jnp.arange(n) * b, side="right"), 0, G - 1)
     gate_nDF, up_nDF, down_nFD = (jnp.take(w, group_n, axis=0) for w in (gate_GDF, up_GDF, down_GFD))
-    h_nbF = act(project("nbd,ndf->nbf", x_nbD, gate_nDF)) * project("nbd,ndf->nbf", x_nbD, up_nDF)
+    h_nbF = glu(_row_bias(project("nbd,ndf->nbf", x_nbD, gate_nDF), gate_bias_GF, group_n[:, None]),
+                _row_bias(project("nbd,ndf->nbf", x_nbD, up_nDF), up_bias_GF, group_n[:, None]))
     y_nbD = project("nbf,nfd->nbd", h_nbF, down_nFD)
     y_MD = jnp.take(y_nbD.reshape(n * b, D), jnp.minimum(slot_M, n * b - 1), axis=0)
     return jnp.where(real_M[:, None], y_MD, 0)

@@ -20,7 +20,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from maxlite.models import attention, lora
 from maxlite.models.matmul import project
-from maxlite.models.families import family, has_qk_norm
+from maxlite.models.families import SWIGLU_ALPHA, family, has_qk_norm
 
 Axes = tuple[str | None, ...]
 
@@ -237,6 +237,8 @@ class Attention(nnx.Module):
             self.q_gate = param(rngs, (D, N, H), ("embed", "heads", "head_dim"), wd, scale=s)
         self.qk_norm, self.qk_norm_heads, self.use_rope = qk_norm, fam.qk_norm and fam.qk_norm_heads, fam.rope
         self.query_scale = cfg.query_pre_attn_scalar ** -0.5 if cfg.query_pre_attn_scalar > 0 else None
+        if cfg.attention_sink:  # a learned logit per query head in every softmax's denominator (gpt-oss)
+            self.sinks = param(rngs, (N,), ("heads",), wd, init="zeros")
         self.cfg = cfg
         self.num_kv, self.dtype = K, jnp.dtype(cfg.dtype)
 
@@ -277,6 +279,10 @@ class Attention(nnx.Module):
         out_BTD = _adapted(self, "o", out_BTNH, project("btnh,nhd->btd", out_BTNH, self.o[...]), dropout_key)
         return self._bias("o_bias", out_BTD)
 
+    def sinks_N(self):
+        """The attention sinks (float32 [N]), or None."""
+        return self.sinks[...].astype(jnp.float32) if self.cfg.attention_sink else None
+
     def _attend(self, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, local):
         """The attention implementation with this layer's window: static for a Python bool; a
         scanned stack of local and global layers (Gemma 3) branches on its traced flag."""
@@ -284,7 +290,7 @@ class Attention(nnx.Module):
 
         def run(window):
             return attention.attend(self.cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window=window,
-                                    scale=self.query_scale)
+                                    scale=self.query_scale, sinks_N=self.sinks_N())
         if isinstance(local, bool) or not W:
             return run(W if local else 0)
         return jax.lax.cond(local, lambda: run(W), lambda: run(0))
@@ -305,6 +311,23 @@ class Attention(nnx.Module):
 ACTIVATIONS = {"swiglu": jax.nn.silu, "geglu": functools.partial(jax.nn.gelu, approximate=True)}
 
 
+def clamped_swiglu(gate, up, limit: float):
+    """gpt-oss's gated hidden: (up + 1)·g·σ(α·g), the gate clamped above at `limit` and up on both
+    sides (no clamp at limit 0)."""
+    if limit > 0:
+        gate, up = jnp.minimum(gate, limit), jnp.clip(up, -limit, limit)
+    return (up + 1) * gate * jax.nn.sigmoid(SWIGLU_ALPHA * gate)
+
+
+def glu(cfg):
+    """The family's gated hidden, glu(gate, up): act(gate)·up, or gpt-oss's clamped SwiGLU."""
+    mlp = family(cfg).mlp
+    if mlp == "clamped_swiglu":
+        return functools.partial(clamped_swiglu, limit=cfg.mlp_activations_limit)
+    act = ACTIVATIONS[mlp]
+    return lambda gate, up: act(gate) * up
+
+
 class GatedMLP(nnx.Module):
     """down(act(gate(x)) · up(x)): SwiGLU (SiLU) or GeGLU (tanh GELU), by the family's `mlp`;
     `mlp_dim` wide (default base_mlp_dim; a MoE layer's shared experts: their own)."""
@@ -318,7 +341,7 @@ class GatedMLP(nnx.Module):
         _adapters(self, cfg, rngs, {"gate": ((D, F), ("embed", "mlp")), "up": ((D, F), ("embed", "mlp")),
                                     "down": ((F, D), ("mlp", "embed"))})
         self.dtype = jnp.dtype(cfg.dtype)
-        self.act = ACTIVATIONS[family(cfg).mlp]
+        self.glu = glu(cfg)
 
     def _proj(self, kernel: str, spec: str, x, dropout_key):
         return _adapted(self, kernel, x, project(spec, x, getattr(self, kernel)[...]),
@@ -326,9 +349,8 @@ class GatedMLP(nnx.Module):
 
     def __call__(self, x_BTD, dropout_key=None):
         gate_BTF = checkpoint_name(self._proj("gate", "btd,df->btf", x_BTD, dropout_key), "mlpwi_0")
-        gate_BTF = self.act(gate_BTF)
         up_BTF = checkpoint_name(self._proj("up", "btd,df->btf", x_BTD, dropout_key), "mlpwi_1")
-        h_BTF = constrain(gate_BTF * up_BTF, ("activation_batch", "activation_length", "activation_mlp"))
+        h_BTF = constrain(self.glu(gate_BTF, up_BTF), ("activation_batch", "activation_length", "activation_mlp"))
         return constrain(checkpoint_name(self._proj("down", "btf,fd->btd", h_BTF, dropout_key), "mlpwo"), BTD)
 
 

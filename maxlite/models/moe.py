@@ -14,7 +14,8 @@ scaled by sigmoid(x · w) with `shared_expert_gate`: Qwen3-Next's).
   capacity  per sequence, a fixed [E, C] buffer of token slots per expert, batched matmuls: fixed
             shapes (what moves between devices most cheaply), tokens past C dropped
 
-Routing (`route`): router logits x·W_r in float32; scores softmax (or sigmoid) of them; the top k
+Routing (`route`): router logits x·W_r in float32 (+ a learned bias with router_logit_bias: gpt-oss);
+scores softmax (or sigmoid) of them; the top k
 by score (+ `routed_bias` when set, for the choice only; ties go to the lower expert index, as
 jax.lax.top_k breaks them); weights the chosen scores, divided by their sum with norm_topk_prob.
 With capacity_factor > 0 an expert takes at most C = ceil(capacity_factor · T · k / E) of a
@@ -44,9 +45,8 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from maxlite.models import moe_parallel
-from maxlite.models.families import family
 from maxlite.models.kinds import layer_mlps, layer_place
-from maxlite.models.layers import ACTIVATIONS, BTD, GatedMLP, constrain, param
+from maxlite.models.layers import BTD, GatedMLP, constrain, glu, param
 from maxlite.models.matmul import project
 from maxlite.models.moe_kernels import Routing
 from maxlite.models.names import MOE_IMPLEMENTATIONS, resolve_moe
@@ -62,10 +62,12 @@ def capacity(cfg, T: int) -> int:
     return max(1, math.ceil(cfg.capacity_factor * T * cfg.num_experts_per_tok / cfg.num_experts))
 
 
-def route(cfg, x_BTD, router_DE, bias_E, valid_BT, slots: int) -> Routing:
+def route(cfg, x_BTD, router_DE, bias_E, valid_BT, slots: int, logit_bias_E=None) -> Routing:
     """Each token's top-k experts and weights; with `slots` > 0, the capacity drop decision."""
     E, k = cfg.num_experts, cfg.num_experts_per_tok
     logits_BTE = jnp.einsum("btd,de->bte", x_BTD.astype(jnp.float32), router_DE.astype(jnp.float32))
+    if logit_bias_E is not None:
+        logits_BTE = logits_BTE + logit_bias_E.astype(jnp.float32)
     probs_BTE = jax.nn.softmax(logits_BTE, axis=-1)
     scores_BTE = probs_BTE if cfg.routed_score_func == "softmax" else jax.nn.sigmoid(logits_BTE)
     choice_BTE = scores_BTE if bias_E is None else scores_BTE + bias_E.astype(jnp.float32)
@@ -227,15 +229,21 @@ class MoE(nnx.Module):
         self.router = param(rngs, (D, E), ("embed", None), wd, scale=s)
         if cfg.routed_bias:  # float32 whatever the weights: updates of 0.001 vanish in bfloat16
             self.router_bias = param(rngs, (E,), (None,), jnp.float32, init="zeros")
+        if cfg.router_logit_bias:
+            self.router_logit_bias = param(rngs, (E,), (None,), wd, init="zeros")
         self.gate = param(rngs, (E, D, F), ("exp", "embed_no_exp", "mlp"), wd, scale=s)
         self.up = param(rngs, (E, D, F), ("exp", "embed_no_exp", "mlp"), wd, scale=s)
         self.down = param(rngs, (E, F, D), ("exp", "mlp", "embed_no_exp"), wd, scale=s)
+        if cfg.mlp_bias:  # gpt-oss's experts: a bias after each projection
+            self.gate_bias = param(rngs, (E, F), ("exp", "mlp"), wd, init="zeros")
+            self.up_bias = param(rngs, (E, F), ("exp", "mlp"), wd, init="zeros")
+            self.down_bias = param(rngs, (E, D), ("exp", "embed_no_exp"), wd, init="zeros")
         if cfg.shared_experts:
             self.shared = GatedMLP(cfg, rngs=rngs, mlp_dim=cfg.shared_experts * F)
         if cfg.shared_experts and cfg.shared_expert_gate:  # Qwen3-Next's: sigmoid(x · w) per token
             self.shared_gate = param(rngs, (D,), ("embed",), wd, scale=s)
         self.cfg, self.dtype = cfg, jnp.dtype(cfg.dtype)
-        self.act = ACTIVATIONS[family(cfg).mlp]
+        self.glu = glu(cfg)
 
     def __call__(self, x_BTD, dropout_key=None):
         """Decoding's MLP: every token to its top k, nothing dropped."""
@@ -258,9 +266,15 @@ class MoE(nnx.Module):
         slots = capacity(cfg, T) if not dropless else (T if impl == "capacity" else 0)
         valid_BT = jnp.ones((B, T), bool) if segment_ids_BT is None else segment_ids_BT != 0
         bias = self.router_bias[...] if cfg.routed_bias else None
-        routing = route(cfg, x_BTD, self.router[...], bias, valid_BT, slots)
+        routing = route(cfg, x_BTD, self.router[...], bias, valid_BT, slots,
+                        self.router_logit_bias[...] if cfg.router_logit_bias else None)
+        in_bias = (self.gate_bias[...], self.up_bias[...]) if cfg.mlp_bias else ()
         y_BTD, dropped = moe_parallel.experts(impl, x_BTD, routing, slots, self.gate[...], self.up[...],
-                                              self.down[...], self.act, -1.0 if dropless else cfg.ragged_buffer_factor)
+                                              self.down[...], self.glu, -1.0 if dropless else cfg.ragged_buffer_factor,
+                                              in_bias)
+        if cfg.mlp_bias:  # Σ_j w_j (y_j + b_j): the down bias of each chosen expert, weighted (0 if dropped)
+            bias_BTkD = jnp.take(self.down_bias[...].astype(jnp.float32), routing.experts_BTk, axis=0)
+            y_BTD = y_BTD + jnp.einsum("btk,btkd->btd", routing.weights_BTk, bias_BTkD)
         y_BTD = checkpoint_name(y_BTD.astype(self.dtype), "mlpwo")
         if cfg.shared_experts:
             y_BTD = y_BTD + self._shared(x_BTD, dropout_key)

@@ -2,6 +2,10 @@
 maxlite/models/moe_parallel.py runs these per shard and exchanges tokens between expert shards):
 `dense`, the sort by expert the grouped implementations share, and the capacity buffers.
 
+Every implementation computes an expert's hidden as glu(x·gate + gate_bias, x·up + up_bias): `glu`
+is the family's (silu(g)·u for SwiGLU; gpt-oss's clamped form), the biases (gpt-oss's mlp_bias)
+optional; the down projection's bias is added by moe.py after the combine.
+
 Shape legend as in moe.py.
 """
 
@@ -28,12 +32,20 @@ def combine(y_XkD, weights_Xk):
     return jnp.einsum("xkd,xk->xd", y_XkD.astype(jnp.float32), weights_Xk)
 
 
-def dense(x_BTD, routing: Routing, gate_EDF, up_EDF, down_EFD, act):
+def with_bias(h_E_F, bias_EF):
+    """h [E, ..., F] + each expert's bias [E, F] (None: h)."""
+    if bias_EF is None:
+        return h_E_F
+    return h_E_F + bias_EF.astype(h_E_F.dtype).reshape(bias_EF.shape[0], *(1,) * (h_E_F.ndim - 2), -1)
+
+
+def dense(x_BTD, routing: Routing, gate_EDF, up_EDF, down_EFD, glu, gate_bias_EF=None, up_bias_EF=None):
     """Every expert on every token; the routing's weights (0 for the rest) combine them."""
     E = gate_EDF.shape[0]
     combine_BTE = jnp.sum(jax.nn.one_hot(routing.experts_BTk, E, dtype=jnp.float32)
                           * routing.weights_BTk[..., None], axis=2)
-    h_EBTF = act(project("btd,edf->ebtf", x_BTD, gate_EDF)) * project("btd,edf->ebtf", x_BTD, up_EDF)
+    h_EBTF = glu(with_bias(project("btd,edf->ebtf", x_BTD, gate_EDF), gate_bias_EF),
+                 with_bias(project("btd,edf->ebtf", x_BTD, up_EDF), up_bias_EF))
     y_EBTD = project("ebtf,efd->ebtd", h_EBTF, down_EFD)
     return jnp.einsum("ebtd,bte->btd", y_EBTD.astype(jnp.float32), combine_BTE)
 
@@ -64,11 +76,12 @@ def _flat_slots(routing: Routing, C: int, E: int):
     return jnp.where(routing.kept_BTk, routing.experts_BTk * C + routing.slots_BTk, E * C)
 
 
-def capacity_ffn(buf_GECD, gate_EDF, up_EDF, down_EFD, act):
+def capacity_ffn(buf_GECD, gate_EDF, up_EDF, down_EFD, glu, gate_bias_EF=None, up_bias_EF=None):
     """The experts on their buffers [G, E, C, D] (G groups of sequences), batched over experts."""
     G, E, C, D = buf_GECD.shape
     x_EMD = jnp.swapaxes(buf_GECD, 0, 1).reshape(E, G * C, D)
-    h_EMF = act(project("emd,edf->emf", x_EMD, gate_EDF)) * project("emd,edf->emf", x_EMD, up_EDF)
+    h_EMF = glu(with_bias(project("emd,edf->emf", x_EMD, gate_EDF), gate_bias_EF),
+                with_bias(project("emd,edf->emf", x_EMD, up_EDF), up_bias_EF))
     y_EMD = project("emf,efd->emd", h_EMF, down_EFD)
     return jnp.swapaxes(y_EMD.reshape(E, G, C, D), 0, 1)
 

@@ -49,18 +49,20 @@ def buffer_rows(M: int, ep: int, factor: float) -> int:
     return min(ep * M, 8 * math.ceil(factor * M / 8))
 
 
-def experts(impl: str, x_BTD, routing: moe_kernels.Routing, slots: int, gate_EDF, up_EDF, down_EFD, act,
-            buffer_factor: float = -1.0):
+def experts(impl: str, x_BTD, routing: moe_kernels.Routing, slots: int, gate_EDF, up_EDF, down_EFD, glu,
+            buffer_factor: float = -1.0, in_bias: tuple = ()):
     """(the routed experts' weighted output [B, T, D] (float32) by `impl`, the assignments the
-    expert exchange dropped, all devices: 0 unless `buffer_factor` caps the receive buffers)."""
+    expert exchange dropped, all devices: 0 unless `buffer_factor` caps the receive buffers).
+    `glu(gate, up)` is the family's gated hidden, `in_bias` () or the experts' (gate_bias_EF,
+    up_bias_EF), split like the weights' columns."""
     none = jnp.zeros((), jnp.float32)
     if impl == "dense":
-        return moe_kernels.dense(x_BTD, routing, gate_EDF, up_EDF, down_EFD, act), none
+        return moe_kernels.dense(x_BTD, routing, gate_EDF, up_EDF, down_EFD, glu, *in_bias), none
     mesh = jax.sharding.get_abstract_mesh()
-    local = functools.partial(_local, impl, slots, act, buffer_factor)
+    local = functools.partial(_local, impl, slots, glu, buffer_factor)
     arrays = (routing.experts_BTk, routing.weights_BTk, routing.kept_BTk, routing.slots_BTk)
     if mesh.empty:
-        return local(None, None, (), x_BTD, *arrays, gate_EDF, up_EDF, down_EFD)
+        return local(None, None, (), x_BTD, *arrays, gate_EDF, up_EDF, down_EFD, *in_bias)
     batch = nn.logical_to_mesh_axes(("activation_batch", None, None))
     w_in = nn.logical_to_mesh_axes(("exp", None, "mlp"))
     w_out = nn.logical_to_mesh_axes(("exp", "mlp", None))
@@ -70,16 +72,17 @@ def experts(impl: str, x_BTD, routing: moe_kernels.Routing, slots: int, gate_EDF
     mlp_axis = mlp_axis if mlp_axis and mesh.shape[_one(mlp_axis)] > 1 else None
     token_axes = () if batch[0] is None else (batch[0],) if isinstance(batch[0], str) else tuple(batch[0])
     body = functools.partial(local, exp_axis, mlp_axis, token_axes)
-    return jax.shard_map(body, mesh=mesh, in_specs=(batch,) * 5 + (w_in, w_in, w_out), out_specs=(batch, P()),
-                         check_vma=False)(x_BTD, *arrays, gate_EDF, up_EDF, down_EFD)
+    bias_spec = nn.logical_to_mesh_axes(("exp", "mlp"))
+    return jax.shard_map(body, mesh=mesh, in_specs=(batch,) * 5 + (w_in, w_in, w_out) + (bias_spec,) * len(in_bias),
+                         out_specs=(batch, P()), check_vma=False)(x_BTD, *arrays, gate_EDF, up_EDF, down_EFD, *in_bias)
 
 
 def _one(axes):
     return axes if isinstance(axes, str) else axes[0]
 
 
-def _local(impl, slots, act, buffer_factor, exp_axis, mlp_axis, token_axes, x_BTD, experts_BTk, weights_BTk,
-           kept_BTk, slots_BTk, gate_EDF, up_EDF, down_EFD):
+def _local(impl, slots, glu, buffer_factor, exp_axis, mlp_axis, token_axes, x_BTD, experts_BTk, weights_BTk,
+           kept_BTk, slots_BTk, gate_EDF, up_EDF, down_EFD, *in_bias):
     """One device's part: its tokens, its experts (all of them without an expert axis); and the
     assignments dropped by capped receive buffers, summed over the devices that split the tokens."""
     ep = 1 if exp_axis is None else jax.lax.axis_size(exp_axis)
@@ -94,7 +97,7 @@ def _local(impl, slots, act, buffer_factor, exp_axis, mlp_axis, token_axes, x_BT
         buf_BECD = moe_kernels.capacity_buffers(x_BTD, routing, E, slots)
         if ep > 1:
             buf_BECD = jax.lax.all_to_all(buf_BECD, exp_axis, 1, 0, tiled=True)  # [ep·B, El, C, D]
-        y_BECD = partial_sum(moe_kernels.capacity_ffn(buf_BECD, gate_EDF, up_EDF, down_EFD, act))
+        y_BECD = partial_sum(moe_kernels.capacity_ffn(buf_BECD, gate_EDF, up_EDF, down_EFD, glu, *in_bias))
         if ep > 1:
             y_BECD = jax.lax.all_to_all(y_BECD, exp_axis, 0, 1, tiled=True)  # back: [B, E, C, D]
         return moe_kernels.capacity_combine(y_BECD, routing), dropped
@@ -103,12 +106,12 @@ def _local(impl, slots, act, buffer_factor, exp_axis, mlp_axis, token_axes, x_BT
     order_M, sizes_E = moe_kernels.sort_by_expert(experts_BTk, E)
     x_MD = jnp.take(x_BTD.reshape(B * T, D), order_M // k, axis=0)
     if ep == 1:
-        y_MD = partial_sum(grouped.ffn(impl, x_MD, sizes_E, gate_EDF, up_EDF, down_EFD, act))
+        y_MD = partial_sum(grouped.ffn(impl, x_MD, sizes_E, gate_EDF, up_EDF, down_EFD, glu, *in_bias))
     else:
         exchange = Exchange(sizes_E, ep, exp_axis, target_platform() in ("tpu", "gpu"),
                             buffer_rows(B * T * k, ep, buffer_factor))
         x_RD, sizes_El = exchange.send(x_MD)
-        y_MD = exchange.back(partial_sum(grouped.ffn(impl, x_RD, sizes_El, gate_EDF, up_EDF, down_EFD, act)))
+        y_MD = exchange.back(partial_sum(grouped.ffn(impl, x_RD, sizes_El, gate_EDF, up_EDF, down_EFD, glu, *in_bias)))
         dropped = exchange.dropped.astype(jnp.float32)
         dropped = jax.lax.psum(dropped, token_axes) if token_axes else dropped
     y_XkD = moe_kernels.unsort(y_MD, order_M, k)

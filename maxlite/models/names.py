@@ -18,15 +18,19 @@ BLOCKWISE_MIN_LENGTH = 2048  # on CPU, dot_product's T×T scores cost more than 
 
 
 def resolve_attention(name: str, platform: str, seq_len: int, block_size: int, splash_block_q: int,
-                      pieces: int = 1) -> str:
+                      pieces: int = 1, sinks: bool = False) -> str:
     """The implementation `name` stands for on `platform` (cpu | gpu | tpu) at sequence length
     `seq_len`: `autoselected` is flash on TPU, cudnn_flash on GPU, blockwise on CPU from
     BLOCKWISE_MIN_LENGTH on, else dot_product — and dot_product where the chosen kernel's blocks
     (attention_block_size, sa_block_q) do not tile the sequence, or each of its `pieces` chunks
-    (context parallelism: maxlite.models.context). A named one is itself."""
-    if name != "autoselected":
+    (context parallelism: maxlite.models.context). A named one is itself, except cudnn_flash with
+    attention sinks (`sinks`): JAX's cuDNN call takes none, so blockwise runs (dot_product where its
+    blocks do not tile)."""
+    if sinks and (name == "cudnn_flash" or name == "autoselected" and platform == "gpu"):
+        chosen, block = "blockwise", block_size
+    elif name != "autoselected":
         return name
-    if platform == "tpu":
+    elif platform == "tpu":
         chosen, block = "flash", splash_block_q
     elif platform == "gpu":
         return "cudnn_flash"
