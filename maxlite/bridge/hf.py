@@ -50,7 +50,10 @@ MODEL_KEYS = ("decoder_block", "base_emb_dim", "base_num_decoder_layers", "base_
               "rope_high_freq_factor", "rope_original_max_position", "sliding_window", "layer_types", "local_rope_max_timescale",
               "query_pre_attn_scalar", "normalization_layer_epsilon", "logits_via_embedding", "use_bias",
               "num_experts", "num_experts_per_tok", "base_moe_mlp_dim", "first_num_dense_layers",
-              "interleave_moe_layer_step", "norm_topk_prob", "load_balance_loss_weight")
+              "interleave_moe_layer_step", "norm_topk_prob", "load_balance_loss_weight",
+              "global_head_dim", "global_num_kv_heads", "attention_k_eq_v", "global_rope_fraction",
+              "num_kv_shared_layers", "use_double_wide_mlp", "per_layer_embed_dim", "per_layer_vocab_size",
+              "final_logit_softcapping")
 # config.json's dtype → the compute dtype an import records (float16 is not a maxlite compute dtype:
 # float32 computes its values exactly)
 COMPUTE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float32"}

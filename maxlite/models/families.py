@@ -43,6 +43,10 @@ class Family:
     # the MLP is a mixture of experts (maxlite/models/moe.py): `num_experts` routed experts of the
     # family's gated MLP, top `num_experts_per_tok` per token, in the layers `kinds.layer_mlps` names
     moe: bool = False
+    # "module:function(cfg, kinds) → kinds": the family rewrites the pattern's layer kinds (Gemma 4's
+    # wide global layers and key/value-sharing layers are mixer kinds of their own)
+    layer_kinds: str = ""
+    layer_scalar: bool = False  # each layer's output multiplied by a stored scalar (Gemma 4's layer_scalar)
 
     @property
     def mlp_matrices(self) -> int:

@@ -103,16 +103,49 @@ def _moe_flops(cfg, tokens: int) -> float:
     return 2 * tokens * cfg.base_emb_dim * (cfg.num_experts + active * cfg.base_moe_mlp_dim * gated_matrices(cfg))
 
 
+def attention_shape(cfg, wide: bool) -> tuple[int, int]:
+    """(K kv heads, H head dim) of a layer: a wide one (Gemma 4's global layers) has its own."""
+    if wide:
+        return cfg.global_num_kv_heads or cfg.base_num_kv_heads, cfg.global_head_dim or cfg.head_dim
+    return cfg.base_num_kv_heads, cfg.head_dim
+
+
+def _shaped_attention(wide: bool, shared: bool) -> tuple[Callable, Callable]:
+    """FLOPs and decode-cache numbers of an attention layer of its own shape (`wide`) that may take its
+    keys and values from an earlier layer (`shared`: no projections, no cache of its own)."""
+    def flops(cfg, B: int, T: int, variant: str) -> dict:
+        D, N = cfg.base_emb_dim, cfg.base_num_query_heads
+        K, H = attention_shape(cfg, wide)
+        kv = 0 if shared else (1 if wide and cfg.attention_k_eq_v else 2) * K
+        return {"qkv": 2 * B * T * D * (N + kv) * H, "out": 2 * B * T * N * H * D,
+                "attention": attention_core_flops(B, T, N, H, _window(cfg, variant))}
+
+    def cache(cfg, variant: str, length: int) -> int:
+        K, H = attention_shape(cfg, wide)
+        w = _window(cfg, variant)
+        return 0 if shared else 2 * (min(w, length) if w else length) * K * H
+    return flops, cache
+
+
 MIXERS = {m.name: m for m in (
     MixerKind("attention", "maxlite.models.layers:Attention",
               {"global": "full_attention", "local": "sliding_attention"}, _attention_flops, _attention_cache,
               "maxlite.models.gqa_cache"),
+    # Gemma 4 (maxlite/models/gemma4.py): local and (wide) global layers, each also as a layer that
+    # reuses the keys and values of the last earlier layer of its kind
+    *(MixerKind(f"gemma4_{v}{'_shared' if shared else ''}", f"maxlite.models.gemma4:{v}_attention{'_shared' if shared else ''}",
+                {v: hf}, *_shaped_attention(v == "global", shared), "maxlite.models.gemma4_cache")
+      for v, hf in (("local", "sliding_attention"), ("global", "full_attention")) for shared in (False, True)),
 )}
 FEED_FORWARDS = {f.name: f for f in (
     FeedForwardKind("dense", "maxlite.models.layers:make_mlp", _dense_flops),
     FeedForwardKind("moe", "maxlite.models.moe:MoE", _moe_flops, routed=True),
+    FeedForwardKind("dense_wide", "maxlite.models.gemma4:wide_mlp", lambda cfg, tokens: 2 * _dense_flops(cfg, tokens)),
 )}
-HF_LAYER_TYPES = {hf: (mixer.name, variant) for mixer in MIXERS.values() for variant, hf in mixer.variants.items()}
+HF_LAYER_TYPES: dict[str, tuple[str, str]] = {}  # the first mixer naming an HF layer type reads it (attention)
+for _mixer in MIXERS.values():
+    for _variant, _hf in _mixer.variants.items():
+        HF_LAYER_TYPES.setdefault(_hf, (_mixer.name, _variant))
 
 
 def pattern_mixers(cfg) -> tuple[tuple[str, str], ...]:
@@ -136,7 +169,13 @@ def layer_ffns(cfg) -> tuple[str, ...]:
 
 
 def layer_kinds(cfg) -> tuple[LayerKind, ...]:
-    return tuple(LayerKind(m, v, f) for (m, v), f in zip(pattern_mixers(cfg), layer_ffns(cfg)))
+    """Each layer's kinds: the pattern's, then the family's own rewrite (`Family.layer_kinds`) if any."""
+    kinds = tuple(LayerKind(m, v, f) for (m, v), f in zip(pattern_mixers(cfg), layer_ffns(cfg)))
+    hook = family(cfg).layer_kinds
+    if hook:
+        path, name = hook.split(":")
+        kinds = getattr(importlib.import_module(path), name)(cfg, kinds)
+    return kinds
 
 
 def cache_groups(cfg) -> dict[tuple[str, str], list[int]]:
@@ -176,8 +215,8 @@ def layer_windows(cfg) -> tuple[int, ...]:
 
 
 def layer_mlps(cfg) -> tuple[str, ...]:
-    """Each layer's feed-forward kind ("dense" | "moe")."""
-    return layer_ffns(cfg)
+    """Each layer's feed-forward kind ("dense" | "moe" | a family's own)."""
+    return tuple(k.ffn for k in layer_kinds(cfg))
 
 
 @dataclasses.dataclass(frozen=True)
