@@ -220,7 +220,10 @@ def config_overrides(hf: dict) -> dict:
            "per_layer_embed_dim": hf.get("hidden_size_per_layer_input") or 0,
            "per_layer_vocab_size": (hf.get("vocab_size_per_layer_input") or 0) if hf.get("hidden_size_per_layer_input") else 0,
            "final_logit_softcapping": float(hf.get("final_logit_softcapping") or 0.0),
-           **hf_llama.pattern_keys(FAMILY.name, windows)}
+           # the variant is the layer's shape here, not only its window: always recorded
+           "layer_types": list(hf["layer_types"])}
+    if not out["sliding_window"]:  # no sliding-window layer: no local RoPE
+        out["local_rope_max_timescale"] = 0
     if out["per_layer_vocab_size"] == out["vocab_size"]:
         out["per_layer_vocab_size"] = 0
     return out

@@ -134,7 +134,8 @@ MIXERS = {m.name: m for m in (
     # Gemma 4 (maxlite/models/gemma4.py): local and (wide) global layers, each also as a layer that
     # reuses the keys and values of the last earlier layer of its kind
     *(MixerKind(f"gemma4_{v}{'_shared' if shared else ''}", f"maxlite.models.gemma4:{v}_attention{'_shared' if shared else ''}",
-                {v: hf}, *_shaped_attention(v == "global", shared), "maxlite.models.gemma4_cache")
+                {v: hf}, *_shaped_attention(v == "global", shared),
+                f"maxlite.models.gemma4_{'shared_' if shared else ''}cache")
       for v, hf in (("local", "sliding_attention"), ("global", "full_attention")) for shared in (False, True)),
 )}
 FEED_FORWARDS = {f.name: f for f in (
