@@ -14,7 +14,7 @@ import re
 from maxlite import quant
 from maxlite.models import names
 from maxlite.models.families import FAMILIES
-from maxlite.models.kinds import check_layer_types
+from maxlite.models.kinds import check_kv_sharing, check_layer_types
 from maxlite.recipe import (FILE_DATASETS, OBJECTIVE_DATASET, Config, parse_max_time, parse_signals, parse_split,
                             topology_chips)
 from maxlite.schema import FIELDS, MESH_AXES, ConfigError, keys_of
@@ -88,6 +88,14 @@ def validate(c: Config) -> None:
     layer_types = check_layer_types(c.layer_types, c.base_num_decoder_layers)
     if layer_types:
         raise ConfigError(layer_types)
+    gemma4_keys = [k for k, off in (("global_head_dim", 0), ("global_num_kv_heads", 0), ("attention_k_eq_v", False),
+                                    ("global_rope_fraction", 1.0), ("num_kv_shared_layers", 0),
+                                    ("use_double_wide_mlp", False)) if getattr(c, k) != off]
+    if gemma4_keys and not FAMILIES[c.decoder_block].layer_kinds:
+        raise ConfigError(f"{gemma4_keys[0]} shapes Gemma 4's layers (decoder_block=gemma4), not {c.decoder_block}'s")
+    sharing = check_kv_sharing(c)
+    if sharing:
+        raise ConfigError(sharing)
     if c.local_rope_max_timescale and not c.sliding_window:
         raise ConfigError(f"local_rope_max_timescale={c.local_rope_max_timescale} is the RoPE base of "
                           f"sliding-window layers: set sliding_window too, or leave it 0")

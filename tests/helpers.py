@@ -226,6 +226,18 @@ def shrunk(model_name: str) -> list[str]:
     if cfg.num_experts:  # a MoE preset: a few narrow experts, still more than it routes to
         window += [f"num_experts={min(cfg.num_experts, 8)}", f"num_experts_per_tok={min(cfg.num_experts_per_tok, 4)}",
                    "base_moe_mlp_dim=32"]
+    pattern = len(family(cfg).layer_pattern)
+    if cfg.global_head_dim:  # Gemma 4: wider global layers with fewer kv heads, per-layer embeddings
+        window += [f"global_head_dim={2 * head_dim}"]
+    if cfg.global_num_kv_heads:
+        window += [f"global_num_kv_heads={max(1, kv // 2)}"]
+    if cfg.per_layer_embed_dim:
+        window += ["per_layer_embed_dim=8"]
+    if cfg.layer_types or cfg.num_kv_shared_layers:  # a small model keeps its pattern; a large one: two
+        layers = cfg.base_num_decoder_layers     # periods of the family's, the second sharing keys/values
+        if layers > 2 * pattern:
+            layers = 2 * pattern
+            window += ["layer_types=[]"] + ([f"num_kv_shared_layers={pattern}"] if cfg.num_kv_shared_layers else [])
     return ["base.yml", f"model_name={model_name}", "base_emb_dim=64", "base_mlp_dim=128",
             f"base_num_query_heads={heads}", f"base_num_kv_heads={kv}", f"head_dim={head_dim}",
             f"base_num_decoder_layers={layers}", "vocab_size=512", *window,

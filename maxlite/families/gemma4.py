@@ -25,7 +25,7 @@ FAMILY = Family(
     "gemma4", "Gemma 4 (text): Gemma 3's sandwich with plain-scale norms, v norm, wide proportional-RoPE global "
     "layers, per-layer embeddings, shared keys/values, soft-capped logits",
     norm="rmsnorm", mlp="geglu", positions="rope", biases="attention", hf_module=__name__,
-    nemo_factory="gemma3_1b", hf_model_types=("gemma4_text", "gemma4"), llama_names=True, qk_norm=True,
+    nemo_factory="gemma3_1b", hf_model_types=("gemma4_text", "gemma4", "gemma4_vision", "gemma4_audio"), llama_names=True, qk_norm=True,
     post_norms=True, embed_scale=True, layer_pattern=("local",) * 5 + ("global",),
     layer_kinds=f"{__name__}:layer_kinds", layer_scalar=True)
 

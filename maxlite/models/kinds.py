@@ -210,6 +210,23 @@ def check_layer_types(types, num_layers: int) -> str | None:
     return None
 
 
+def check_kv_sharing(cfg) -> str | None:
+    """Why the last num_kv_shared_layers layers cannot share keys and values here, or None: each needs
+    an earlier layer of its kind (variant) that computes its own."""
+    n = cfg.num_kv_shared_layers
+    if not n:
+        return None
+    if n >= cfg.base_num_decoder_layers:
+        return f"num_kv_shared_layers={n}: at least one layer must compute keys and values"
+    variants = [v for _, v in pattern_mixers(cfg)]
+    first = len(variants) - n
+    missing = sorted(set(variants[first:]) - set(variants[:first]))
+    if missing:
+        return (f"num_kv_shared_layers={n}: no layer before the sharing ones is {missing[0]} (a shared layer reuses "
+                f"the last earlier layer of its kind)")
+    return None
+
+
 def layer_windows(cfg) -> tuple[int, ...]:
     """Each layer's sliding window (0: global layers and mixers without one)."""
     return tuple(_window(cfg, variant) for _, variant in pattern_mixers(cfg))
