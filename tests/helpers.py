@@ -233,11 +233,11 @@ def shrunk(model_name: str) -> list[str]:
         window += [f"global_num_kv_heads={max(1, kv // 2)}"]
     if cfg.per_layer_embed_dim:
         window += ["per_layer_embed_dim=8"]
-    if cfg.layer_types or cfg.num_kv_shared_layers:  # a small model keeps its pattern; a large one: two
-        layers = cfg.base_num_decoder_layers     # periods of the family's, the second sharing keys/values
-        if layers > 2 * pattern:
-            layers = 2 * pattern
-            window += ["layer_types=[]"] + ([f"num_kv_shared_layers={pattern}"] if cfg.num_kv_shared_layers else [])
+    if cfg.layer_types or cfg.num_kv_shared_layers:  # a small model keeps its pattern; a large one: a
+        layers = cfg.base_num_decoder_layers     # period of the family's and 2 layers sharing keys/values
+        if layers > pattern + 2:
+            layers = pattern + 2 if cfg.num_kv_shared_layers else pattern
+            window += ["layer_types=[]"] + (["num_kv_shared_layers=2"] if cfg.num_kv_shared_layers else [])
     return ["base.yml", f"model_name={model_name}", "base_emb_dim=64", "base_mlp_dim=128",
             f"base_num_query_heads={heads}", f"base_num_kv_heads={kv}", f"head_dim={head_dim}",
             f"base_num_decoder_layers={layers}", "vocab_size=512", *window,

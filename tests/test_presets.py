@@ -61,7 +61,8 @@ def _at(tree, path):
 @pytest.mark.parametrize("name", preset_names())
 def test_parameter_count_equals_the_hugging_face_model_of_the_same_config(name):
     """The preset exported as config.json, the model transformers builds from it (on the meta
-    device: no memory) has exactly our parameter count (tied heads counted once)."""
+    device: no memory) has exactly our parameter count (tied heads counted once; the stored buffers
+    too: Gemma 4's layer_scalar is a buffer there, a parameter here)."""
     import torch
     import transformers
 
@@ -75,4 +76,6 @@ def test_parameter_count_equals_the_hugging_face_model_of_the_same_config(name):
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
     assert type(model).__name__ == config.architectures[0]
-    assert sum(p.numel() for p in model.parameters()) == param_count(abstract_params(cfg)[1])
+    stored = set(model.state_dict())
+    buffers = sum(b.numel() for n, b in model.named_buffers() if n in stored)
+    assert sum(p.numel() for p in model.parameters()) + buffers == param_count(abstract_params(cfg)[1])
