@@ -108,6 +108,25 @@ def tensor_maps(cfg, prefix: str = "model.") -> list[TensorMap]:
     return maps
 
 
+def lora_shapes(cfg) -> dict[str, dict[str, tuple]]:
+    """Mixer kind → (in, out) shapes of the kernels its layers have (PEFT export, maxlite/bridge/peft.py);
+    a sharing layer's MLP is double-wide when asked."""
+    D, N, F = cfg.base_emb_dim, cfg.base_num_query_heads, cfg.base_mlp_dim
+    out = {}
+    for variant in ("local", "global"):
+        K, H = attention_shape(cfg, variant == "global")
+        for shared in (False, True):
+            width = 2 * F if shared and cfg.use_double_wide_mlp else F
+            kernels = {"q": ((D,), (N, H)), "o": ((N, H), (D,)), "gate": ((D,), (width,)), "up": ((D,), (width,)),
+                       "down": ((width,), (D,))}
+            if not shared:
+                kernels["k"] = ((D,), (K, H))
+                if not (variant == "global" and cfg.attention_k_eq_v):
+                    kernels["v"] = ((D,), (K, H))
+            out[f"gemma4_{variant}{'_shared' if shared else ''}"] = kernels
+    return out
+
+
 def _of(t: TensorMap, **only) -> TensorMap:
     import dataclasses
     return dataclasses.replace(t, **only)
