@@ -24,7 +24,8 @@ from tests.helpers import jax_logits
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 V, T, WINDOW = 4096, 40, 6  # the bundled tokenizer's vocabulary; sequences well past the window
-TEMPLATE = "{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+TEMPLATE = ("{% for m in messages %}<|turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"  # Gemma 4's
+            "{{ m['content'] }}<turn|>\n{% endfor %}{% if add_generation_prompt %}<|turn>model\n{% endif %}")  # turns
 TYPES = ["sliding_attention", "sliding_attention", "full_attention"] * 2
 
 
@@ -107,10 +108,38 @@ def test_import_logits_greedy_decoding_export_and_tokenizer(hf_model, tmp_path):
     assert back.config.kv_sharing_modes == model.config.kv_sharing_modes
     assert _relative(_logits(back, ids), theirs) <= 1e-5
     assert (tmp_path / "back" / "tokenizer.json").read_bytes() == (path / "tokenizer.json").read_bytes()
-    chat = [{"role": "user", "content": "In the beginning"}, {"role": "model", "content": "God created"}]
+    chat = [{"role": "user", "content": "In the beginning"}, {"role": "assistant", "content": "God created"}]
     again = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "back"))
     assert again.apply_chat_template(chat, tokenize=False) == \
-        "<start_of_turn>user\nIn the beginning<end_of_turn>\n<start_of_turn>model\nGod created<end_of_turn>\n"
+        "<|turn>user\nIn the beginning<turn|>\n<|turn>model\nGod created<turn|>\n"
+
+
+def test_sft_with_its_own_chat_template_and_lora_on_an_imported_gemma4(hf_model, tmp_path):
+    """The imported model fine-tunes on the bundled chat set with its own template (answers only),
+    adapters on every projection it has, the base frozen; the exported PEFT adapter loads."""
+    from maxlite import checkpoints
+    from maxlite.bridge.peft import export_peft
+    from maxlite.train import train
+
+    _, path = hf_model
+    base, pure = hf.import_hf(str(path))
+    checkpoints.save_params(str(tmp_path / "base"), base, P.to_state(base, P.to_jax_inplace(pure)))
+    run, _ = hf.import_hf(str(path), [
+        "dataset_type=sft", "sft_template=auto", "lora_rank=4", "lora_alpha=8", "steps=3", "learning_rate=0.01",
+        "max_target_length=64", "per_device_batch_size=2", "checkpoint_period=0", "eval_interval=0",
+        "enable_tensorboard=false", "write_report=false", f"load_parameters_path={tmp_path}/base", "run_name=sft",
+        f"base_output_directory={tmp_path}", "lora_targets=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]"])
+    train(run)
+    audit = (tmp_path / "sft" / "sft_audit.txt").read_text()
+    assert "<|turn>model" in audit, audit[:500]
+    losses = [json.loads(line)["loss"] for line in open(tmp_path / "sft" / "metrics.jsonl") if '"loss"' in line]
+    assert len(losses) == 3 and all(np.isfinite(losses))
+    cfg, params = checkpoints.load_params(f"{tmp_path}/sft/checkpoints")
+    tuned = P.to_pure(params)
+    assert "k_lora_a" in tuned["layers"]["blocks"][0]["attn"] and "k_lora_a" not in tuned["layers"]["blocks"][5]["attn"]
+    assert "gate_lora_a" in tuned["layers"]["blocks"][5]["mlp"]  # the MLPs adapted too
+    out = export_peft(cfg, params, str(tmp_path / "adapter"), base_model=str(path))
+    assert (out / "adapter_model.safetensors").is_file()
 
 
 def test_the_text_model_of_a_multimodal_checkpoint_imports(tmp_path):
