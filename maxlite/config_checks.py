@@ -93,6 +93,8 @@ def validate(c: Config) -> None:
                                     ("use_double_wide_mlp", False)) if getattr(c, k) != off]
     if gemma4_keys and not FAMILIES[c.decoder_block].layer_kinds:
         raise ConfigError(f"{gemma4_keys[0]} shapes Gemma 4's layers (decoder_block=gemma4), not {c.decoder_block}'s")
+    if c.use_double_wide_mlp and c.num_experts:
+        raise ConfigError("use_double_wide_mlp widens dense MLPs, not a mixture of experts' (gemma4_moe)")
     sharing = check_kv_sharing(c)
     if sharing:
         raise ConfigError(sharing)

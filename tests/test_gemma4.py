@@ -38,10 +38,10 @@ def _text_config(**changes):
         "final_logit_softcapping": 30.0, "layer_types": TYPES, "initializer_range": 0.3, **changes})
 
 
-def _perturbed(model):
+def _perturbed(model, seed: int = 0):
     """Norm scales and layer scalars away from 1 (where a swapped or dropped one would not show); the
     √d-scaled tied embeddings shrunk (a random Gemma repeats itself otherwise)."""
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.ndim == 1:
@@ -53,17 +53,30 @@ def _perturbed(model):
     return model
 
 
-@pytest.fixture(scope="module")
-def hf_model(tmp_path_factory):
+def _saved(tmp_path_factory, config, seed: int = 0):
     path = tmp_path_factory.mktemp("gemma4") / "hf"
-    torch.manual_seed(0)
-    model = _perturbed(transformers.AutoModelForCausalLM.from_config(_text_config()).eval())
+    torch.manual_seed(seed)
+    model = _perturbed(transformers.AutoModelForCausalLM.from_config(config).eval(), seed)
     model.save_pretrained(str(path))
     tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(BUNDLED_DIR / "tokenizer.json"),
                                                eos_token="<|endoftext|>")
     tok.chat_template = TEMPLATE
     tok.save_pretrained(str(path))
     return model, path
+
+
+@pytest.fixture(scope="module")
+def hf_model(tmp_path_factory):
+    return _saved(tmp_path_factory, _text_config())
+
+
+@pytest.fixture(scope="module")
+def hf_moe(tmp_path_factory):
+    """The MoE variant: a dense MLP beside 4 experts (top 2) in every layer. Seed 0 puts a router
+    near-tie (2nd and 3rd expert 9e-8 apart) on a greedy path, where float32 rounding picks either:
+    seed 1 has none."""
+    return _saved(tmp_path_factory, _text_config(enable_moe_block=True, num_experts=4, top_k_experts=2,
+                                                 moe_intermediate_size=32, use_double_wide_mlp=False), seed=1)
 
 
 def _logits(model, ids):
@@ -75,21 +88,12 @@ def _relative(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-def test_import_logits_greedy_decoding_export_and_tokenizer(hf_model, tmp_path):
-    model, path = hf_model
+def _import_equal_decode_and_export(model, path, tmp_path):
+    """(cfg, pure) of the import, after: logits equal, greedy decoding identical, export equal."""
     cfg, pure = hf.import_hf(str(path), ["max_target_length=64"])
-    assert (cfg.decoder_block, cfg.dtype, cfg.sliding_window) == ("gemma4", "float32", WINDOW)
-    assert (cfg.global_head_dim, cfg.global_num_kv_heads, cfg.num_kv_shared_layers) == (32, 1, 2)
-    assert "v" not in pure["layers"]["blocks"][2]["attn"]  # keys are the values in global layers
-    assert "k" not in pure["layers"]["blocks"][5]["attn"]  # a sharing layer has no projections
     ids = np.random.default_rng(1).integers(0, V, (2, T))
     theirs = _logits(model, ids)
     assert _relative(jax_logits(cfg, pure, ids), theirs) <= 1e-5
-
-    # the sharing layers keep no decode cache: the model's cache is its 3 local and 1 global layers' own
-    K, H, Kg, Hg = 2, 16, 1, 32
-    assert cache_numbers_per_token(cfg, 64) == (3 * 2 * K * H * WINDOW + 2 * Kg * Hg * 64) / 64
-
     # greedy: 32 tokens, batched prompts of different lengths, the windows wrapping in the cache
     prompts = [list(range(100, 112)), [7, 8, 9]]
     ours = generate_ids(cfg, P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure))), prompts,
@@ -100,13 +104,35 @@ def test_import_logits_greedy_decoding_export_and_tokenizer(hf_model, tmp_path):
                                  eos_token_id=None, pad_token_id=0)
         assert got == out[0, len(prompt):].tolist()
         assert len(set(got)) > 4, got  # a varied path, not one token repeated
-
     # export: transformers loads it as the same architecture and computes our logits
     hf.export_hf(cfg, pure, str(tmp_path / "back"))
     back = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "back"), dtype=torch.float32)
     assert type(back) is type(model) and back.config.layer_types == TYPES
     assert back.config.kv_sharing_modes == model.config.kv_sharing_modes
     assert _relative(_logits(back, ids), theirs) <= 1e-5
+    return cfg, pure
+
+
+def test_moe_variant_imports_decodes_and_exports(hf_moe, tmp_path):
+    cfg, pure = _import_equal_decode_and_export(*hf_moe, tmp_path)
+    assert (cfg.decoder_block, cfg.num_experts, cfg.num_experts_per_tok, cfg.base_moe_mlp_dim) == \
+        ("gemma4_moe", 4, 2, 32)
+    assert hf.read_hf_config(str(tmp_path / "back"))["enable_moe_block"] is True
+
+
+def test_import_logits_greedy_decoding_export_and_tokenizer(hf_model, tmp_path):
+    model, path = hf_model
+    cfg, pure = _import_equal_decode_and_export(model, path, tmp_path)
+    assert (cfg.decoder_block, cfg.dtype, cfg.sliding_window) == ("gemma4", "float32", WINDOW)
+    assert (cfg.global_head_dim, cfg.global_num_kv_heads, cfg.num_kv_shared_layers) == (32, 1, 2)
+    assert "v" not in pure["layers"]["blocks"][2]["attn"]  # keys are the values in global layers
+    assert "k" not in pure["layers"]["blocks"][5]["attn"]  # a sharing layer has no projections
+
+    # the sharing layers keep no decode cache: the model's cache is its 3 local and 1 global layers' own
+    K, H, Kg, Hg = 2, 16, 1, 32
+    assert cache_numbers_per_token(cfg, 64) == (3 * 2 * K * H * WINDOW + 2 * Kg * Hg * 64) / 64
+
+    # the tokenizer and chat template come back with the export
     assert (tmp_path / "back" / "tokenizer.json").read_bytes() == (path / "tokenizer.json").read_bytes()
     chat = [{"role": "user", "content": "In the beginning"}, {"role": "assistant", "content": "God created"}]
     again = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "back"))
@@ -177,7 +203,9 @@ def test_gemma4_text_defaults_are_transformers_own():
     (dict(model_type="gemma4", vision_config={"hidden_size": 32}, audio_config={"hidden_size": 32}),
      "gemma4 without a text_config (vision_config, audio_config only)"),
     (dict(model_type="gemma4_vision"), "a Gemma 4 tower (gemma4_vision, gemma4_audio) is not a causal LM"),
-    (dict(model_type="gemma4_text", enable_moe_block=True), "enable_moe_block"),
+    (dict(model_type="gemma4_text", enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=8,
+          use_double_wide_mlp=True, num_hidden_layers=3, layer_types=["full_attention"] * 3, num_kv_shared_layers=1),
+     "use_double_wide_mlp with enable_moe_block"),
     (dict(model_type="gemma4_text", num_hidden_layers=2, layer_types=["full_attention"] * 2, num_kv_shared_layers=2),
      "has no earlier layer of its kind"),
 ])

@@ -53,12 +53,13 @@ def layer_kinds(cfg, kinds: tuple[LayerKind, ...]) -> tuple[LayerKind, ...]:
     for i, k in enumerate(kinds):
         shared = i >= first_shared
         ffn = "dense_wide" if shared and cfg.use_double_wide_mlp and k.ffn == "dense" else k.ffn
+        ffn = "gemma4_moe" if ffn == "moe" else ffn  # the dense MLP beside the experts
         out.append(LayerKind(f"gemma4_{k.variant}{'_shared' if shared else ''}", k.variant, ffn))
     return tuple(out)
 
 
 def check_supported(cfg) -> None:
-    if cfg.decoder_block != FAMILY.name:
+    if cfg.decoder_block not in (FAMILY.name, "gemma4_moe"):
         raise ValueError(f"decoder_block={cfg.decoder_block} is not gemma4")
     if cfg.use_bias:
         raise ValueError("use_bias=true: Gemma4ForCausalLM has no attention biases")
@@ -86,7 +87,7 @@ def tensor_maps(cfg, prefix: str = "model.") -> list[TensorMap]:
                  same(layer + "post_per_layer_input_norm.weight", ("per_layer", "norm", "scale"), (D,))]
     maps += [same(layer + name, (leaf, "scale"), (D,)) for name, leaf in (
         ("input_layernorm.weight", "attn_norm"), ("post_attention_layernorm.weight", "attn_post_norm"),
-        ("pre_feedforward_layernorm.weight", "mlp_norm"), ("post_feedforward_layernorm.weight", "mlp_post_norm"))]
+        ("post_feedforward_layernorm.weight", "mlp_post_norm"))]
     maps.append(same(layer + "layer_scalar", ("layer_scalar",), (1,)))
     for variant in ("local", "global"):
         K, H = attention_shape(cfg, variant == "global")
@@ -101,11 +102,40 @@ def tensor_maps(cfg, prefix: str = "model.") -> list[TensorMap]:
                 if not (variant == "global" and cfg.attention_k_eq_v):
                     own.append(linear(a + "v_proj.weight", ("attn", "v"), (D,), (K, H)))
             maps += [_of(t, mixer=mixer) for t in own]
+    if cfg.num_experts:
+        return maps + _moe_maps(cfg, layer)
+    maps.append(same(layer + "pre_feedforward_layernorm.weight", ("mlp_norm", "scale"), (D,)))
     for ffn, width in (("dense", F), ("dense_wide", 2 * F)):
         maps += [_of(linear(m + "gate_proj.weight", ("mlp", "gate"), (D,), (width,)), mlp=ffn),
                  _of(linear(m + "up_proj.weight", ("mlp", "up"), (D,), (width,)), mlp=ffn),
                  _of(linear(m + "down_proj.weight", ("mlp", "down"), (width,), (D,)), mlp=ffn)]
     return maps
+
+
+def _moe_maps(cfg, layer: str) -> list[TensorMap]:
+    """The MoE layer (maxlite.models.gemma4.MoEBlock): the dense MLP and its norms, the router, the
+    experts stacked [E, ...] (gate and up fused in one HF tensor, gate first)."""
+    import numpy as np
+
+    D, F, E, I = cfg.base_emb_dim, cfg.base_mlp_dim, cfg.num_experts, cfg.base_moe_mlp_dim
+    m = layer + "mlp."
+    maps = [linear(m + "gate_proj.weight", ("mlp", "dense", "gate"), (D,), (F,)),
+            linear(m + "up_proj.weight", ("mlp", "dense", "up"), (D,), (F,)),
+            linear(m + "down_proj.weight", ("mlp", "dense", "down"), (F,), (D,)),
+            linear(layer + "router.proj.weight", ("mlp", "experts", "router"), (D,), (E,)),
+            same(layer + "router.scale", ("mlp", "router_scale"), (D,)),
+            same(layer + "router.per_expert_scale", ("mlp", "expert_scale"), (E,)),
+            TensorMap(layer + "experts.gate_up_proj", (("mlp", "experts", "gate"), ("mlp", "experts", "up")),
+                      (E, 2 * I, D), ((E, D, I), (E, D, I)),
+                      lambda g, u: np.concatenate([g.transpose(0, 2, 1), u.transpose(0, 2, 1)], axis=1),
+                      lambda t: (t[:, :I].transpose(0, 2, 1), t[:, I:].transpose(0, 2, 1))),
+            TensorMap(layer + "experts.down_proj", (("mlp", "experts", "down"),), (E, D, I), ((E, I, D),),
+                      lambda d: d.transpose(0, 2, 1), lambda t: (t.transpose(0, 2, 1),))]
+    maps += [same(layer + name, ("mlp", leaf, "scale"), (D,)) for name, leaf in (
+        ("pre_feedforward_layernorm.weight", "dense_norm"), ("post_feedforward_layernorm_1.weight", "dense_post_norm"),
+        ("pre_feedforward_layernorm_2.weight", "experts_norm"),
+        ("post_feedforward_layernorm_2.weight", "experts_post_norm"))]
+    return [_of(t, mlp="gemma4_moe") for t in maps]
 
 
 def lora_shapes(cfg) -> dict[str, dict[str, tuple]]:
@@ -166,7 +196,9 @@ def hf_config(cfg, dtype: str = "float32", bos_id: int | None = None, eos_id: in
         "vocab_size_per_layer_input": cfg.per_layer_vocab_size or cfg.vocab_size,
         "hidden_size_per_layer_input": cfg.per_layer_embed_dim, "attention_k_eq_v": cfg.attention_k_eq_v,
         "num_kv_shared_layers": cfg.num_kv_shared_layers, "use_double_wide_mlp": cfg.use_double_wide_mlp,
-        "enable_moe_block": False, "global_head_dim": H, "num_global_key_value_heads": K,
+        "enable_moe_block": bool(cfg.num_experts), "global_head_dim": H,
+        **({"num_experts": cfg.num_experts, "top_k_experts": cfg.num_experts_per_tok,
+            "moe_intermediate_size": cfg.base_moe_mlp_dim} if cfg.num_experts else {}), "num_global_key_value_heads": K,
         "per_layer_config": {str(i): {"head_dim": H, "num_key_value_heads": K}
                              for i, t in enumerate(types) if t == "full_attention"},
         **config_tail(dtype, bos_id, eos_id)})
@@ -209,8 +241,7 @@ def _global_shape(hf: dict) -> tuple[int, int]:
 def config_overrides(hf: dict) -> dict:
     hf = text_config(hf)
     hf_llama.check_mlp(hf, ACTIVATION)
-    for key, why in (("enable_moe_block", "the mixture-of-experts block"),
-                     ("use_bidirectional_attention", "bidirectional attention"), ("attention_bias", "biases")):
+    for key, why in (("use_bidirectional_attention", "bidirectional attention"), ("attention_bias", "biases")):
         if hf.get(key) and not (key == "use_bidirectional_attention" and hf[key] == "vision"):
             raise ValueError(f"config.json: {key}={hf[key]} ({why}) is not modelled by maxlite's gemma4 yet")
     L = hf["num_hidden_layers"]
@@ -241,6 +272,13 @@ def config_overrides(hf: dict) -> dict:
            "final_logit_softcapping": float(hf.get("final_logit_softcapping") or 0.0),
            # the variant is the layer's shape here, not only its window: always recorded
            "layer_types": list(hf["layer_types"])}
+    if hf.get("enable_moe_block") and hf.get("use_double_wide_mlp") and shared:
+        raise ValueError("config.json: use_double_wide_mlp with enable_moe_block (double-wide dense MLPs beside "
+                         "experts) is not modelled by maxlite's gemma4")
+    if hf.get("enable_moe_block"):  # every layer: the dense MLP beside the experts
+        out.update(decoder_block="gemma4_moe", num_experts=hf["num_experts"], num_experts_per_tok=hf["top_k_experts"],
+                   base_moe_mlp_dim=hf["moe_intermediate_size"], norm_topk_prob=True, first_num_dense_layers=0,
+                   interleave_moe_layer_step=1)
     if not out["sliding_window"]:  # no sliding-window layer: no local RoPE
         out["local_rope_max_timescale"] = 0
     if out["per_layer_vocab_size"] == out["vocab_size"]:

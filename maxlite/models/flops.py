@@ -56,4 +56,4 @@ def active_param_count(cfg, total: int) -> int:
     the k routed and the shared experts counted), as MoE models publish "active" parameters."""
     idle = cfg.num_experts - cfg.num_experts_per_tok
     per_expert = family(cfg).mlp_matrices * cfg.base_emb_dim * cfg.base_moe_mlp_dim
-    return total - layer_mlps(cfg).count("moe") * idle * per_expert
+    return total - sum(FEED_FORWARDS[f].routed for f in layer_mlps(cfg)) * idle * per_expert

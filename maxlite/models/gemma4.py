@@ -159,3 +159,51 @@ class PerLayerBranch(nnx.Module):
     def __call__(self, x_BTD, e_BTP):
         h_BTP = jax.nn.gelu(project("btd,dp->btp", x_BTD, self.gate[...]), approximate=True) * e_BTP
         return x_BTD + self.norm(project("btp,pd->btd", h_BTP, self.proj[...]))
+
+
+class MoEBlock(nnx.Module):
+    """Gemma 4's MoE feed-forward (`enable_moe_block`, the `gemma4_moe` kind): a dense GeGLU MLP and
+    routed experts side by side, each between its own norms, their outputs added. It reads the
+    un-normed residual: the dense MLP's pre-norm is its own, and so is the experts'. The router
+    scores a scale-free RMS norm of the residual times a learned scale and D^-0.5 (softmax, top k,
+    renormalised), then multiplies each chosen weight by its expert's learned scale. The experts and
+    the routing implementation are maxlite/models/moe.py's."""
+
+    def __init__(self, cfg, *, rngs: nnx.Rngs):
+        from maxlite.models.moe import MoE
+
+        D, wd = cfg.base_emb_dim, jnp.dtype(cfg.weight_dtype)
+        self.dense_norm = make_norm(cfg, D, rngs)
+        self.dense = GatedMLP(cfg, rngs=rngs)
+        self.dense_post_norm = make_norm(cfg, D, rngs)
+        self.experts_norm = make_norm(cfg, D, rngs)
+        self.experts = MoE(cfg, rngs=rngs)
+        self.experts_post_norm = make_norm(cfg, D, rngs)
+        self.router_scale = param(rngs, (D,), ("norm",), wd, init="ones")
+        self.expert_scale = param(rngs, (cfg.num_experts,), (None,), wd, init="ones")
+        self.cfg = cfg
+
+    def __call__(self, x_BTD, dropout_key=None):
+        """Decoding's feed-forward: dropless."""
+        return self.routed(x_BTD, None, dropout_key, dropless=True)[0]
+
+    def routed(self, x_BTD, segment_ids_BT=None, dropout_key=None, dropless: bool = False):
+        from maxlite.models import moe, moe_parallel
+        from maxlite.models.names import resolve_moe
+        from maxlite.models.platform import target_platform
+
+        cfg, experts = self.cfg, self.experts
+        B, T, D = x_BTD.shape
+        dense_BTD = self.dense_post_norm(self.dense(self.dense_norm(x_BTD), dropout_key))
+        impl = resolve_moe(cfg.moe_implementation, target_platform(), cfg.capacity_factor)
+        slots = moe.capacity(cfg, T) if not dropless else (T if impl == "capacity" else 0)
+        valid_BT = jnp.ones((B, T), bool) if segment_ids_BT is None else segment_ids_BT != 0
+        scores_in = unscaled_rms(x_BTD, cfg.normalization_layer_epsilon) * \
+            (self.router_scale[...].astype(jnp.float32) * D ** -0.5).astype(x_BTD.dtype)
+        routing = moe.route(cfg, scores_in, experts.router[...], None, valid_BT, slots)
+        scale_BTk = jnp.take(self.expert_scale[...].astype(jnp.float32), routing.experts_BTk)
+        routing = routing._replace(weights_BTk=routing.weights_BTk * scale_BTk)
+        y_BTD = moe_parallel.experts(impl, self.experts_norm(x_BTD), routing, slots, experts.gate[...],
+                                     experts.up[...], experts.down[...], experts.act)
+        y_BTD = self.experts_post_norm(y_BTD.astype(x_BTD.dtype))
+        return constrain(dense_BTD + y_BTD, BTD), routing.stats

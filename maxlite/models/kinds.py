@@ -59,6 +59,7 @@ class FeedForwardKind:
     module: str                         # "package.module:function(cfg, rngs) → module"
     flops: Callable                     # (cfg, tokens) → forward FLOPs
     routed: bool = False                # returns routing statistics (the auxiliary losses' input)
+    raw_input: bool = False             # reads the un-normed residual (it norms its own branches)
 
     def make(self, cfg, rngs):
         path, name = self.module.split(":")
@@ -142,6 +143,8 @@ FEED_FORWARDS = {f.name: f for f in (
     FeedForwardKind("dense", "maxlite.models.layers:make_mlp", _dense_flops),
     FeedForwardKind("moe", "maxlite.models.moe:MoE", _moe_flops, routed=True),
     FeedForwardKind("dense_wide", "maxlite.models.gemma4:wide_mlp", lambda cfg, tokens: 2 * _dense_flops(cfg, tokens)),
+    FeedForwardKind("gemma4_moe", "maxlite.models.gemma4:MoEBlock",
+                    lambda cfg, tokens: _dense_flops(cfg, tokens) + _moe_flops(cfg, tokens), routed=True, raw_input=True),
 )}
 HF_LAYER_TYPES: dict[str, tuple[str, str]] = {}  # the first mixer naming an HF layer type reads it (attention)
 for _mixer in MIXERS.values():

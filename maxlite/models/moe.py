@@ -44,7 +44,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from maxlite.models import moe_parallel
 from maxlite.models.families import family
-from maxlite.models.kinds import layer_mlps
+from maxlite.models.kinds import FEED_FORWARDS, layer_mlps
 from maxlite.models.layers import ACTIVATIONS, BTD, GatedMLP, constrain, param
 from maxlite.models.moe_kernels import Routing
 from maxlite.models.names import MOE_IMPLEMENTATIONS, resolve_moe
@@ -130,7 +130,7 @@ def step_metrics(cfg, losses: dict) -> dict:
     taken by its busiest and idlest expert (1/num_experts each when balanced), moe_dropped/i."""
     out = {"moe_lb_loss": losses["moe_lb_loss"], "moe_z_loss": losses["moe_z_loss"],
            "moe_dropped": jnp.mean(losses["moe_dropped"])}
-    moe_layers = [i for i, kind in enumerate(layer_mlps(cfg)) if kind == "moe"]
+    moe_layers = [i for i, kind in enumerate(layer_mlps(cfg)) if FEED_FORWARDS[kind].routed]
     for j, i in enumerate(moe_layers):
         out[f"moe_load_max/{i}"] = jnp.max(losses["moe_expert_load"][j])
         out[f"moe_load_min/{i}"] = jnp.min(losses["moe_expert_load"][j])

@@ -58,7 +58,7 @@ class Block(nnx.Module):
         self.attn = mixer.cls()(cfg, rngs=rngs)
         if fam.post_norms:
             self.attn_post_norm = make_norm(cfg, D, rngs)
-        if fam.pre_norms:
+        if fam.pre_norms and not ffn.raw_input:
             self.mlp_norm = make_norm(cfg, D, rngs)
         self.mlp = ffn.make(cfg, rngs)
         if fam.post_norms:
@@ -68,6 +68,7 @@ class Block(nnx.Module):
         if fam.layer_scalar:
             self.layer_scalar = param(rngs, (1,), ("norm",), jnp.dtype(cfg.weight_dtype), init="ones")
         self.pre_norms, self.post_norms, self.routed = fam.pre_norms, fam.post_norms, ffn.routed
+        self.ffn_pre_norm = fam.pre_norms and not ffn.raw_input
 
     def mixer_input(self, x_BTD):
         """What the mixer reads: the pre-normed residual (decoding calls it too)."""
@@ -81,7 +82,7 @@ class Block(nnx.Module):
         return x_BTD + (self.mlp_post_norm(h_BTD) if self.post_norms else h_BTD)
 
     def _ffn_input(self, x_BTD):
-        return self.mlp_norm(x_BTD) if self.pre_norms else x_BTD
+        return self.mlp_norm(x_BTD) if self.ffn_pre_norm else x_BTD
 
     def add_mlp(self, x_BTD, dropout_key=None):
         """The feed-forward branch as decoding runs it (a MoE layer dropless)."""
