@@ -6,7 +6,8 @@ Per layer and per token-batch (B sequences of T tokens; D, N, K, H, F, V, L as i
   out proj   = 2·B·T·N·H·D
   attention  = 4·B·T²·N·H / 2     (QKᵀ and PV; halved because the causal mask skips half; a
                                    sliding-window layer only over its window: 4·B·N·H·(T·W − W²/2))
-and once per model: unembedding = 2·B·T·D·V (the input embedding is a lookup, not a matmul).
+and once per model: unembedding = 2·B·T·D·V (the input embedding is a lookup, not a matmul);
+per-layer embeddings (Gemma 4, P = per_layer_embed_dim): 2·B·T·D·L·P + L·2·(2·B·T·D·P).
 A mixture-of-experts layer counts its active parameters, as MaxText does: the router 2·B·T·D·E and
 the k routed experts plus the shared ones, each 2·B·T·D·F_moe·m (F_moe = base_moe_mlp_dim); what a
 `dense` implementation computes beyond that, and capacity padding, is overhead, not useful work.
@@ -32,6 +33,9 @@ def forward_flops_by_part(cfg, batch_size: int | None = None) -> dict[str, float
         for part, flops in MIXERS[kind.mixer].flops(cfg, B, T, kind.variant).items():
             parts[part] = parts.get(part, 0.0) + flops
         parts["mlp"] += FEED_FORWARDS[kind.ffn].flops(cfg, B * T)
+    if cfg.per_layer_embed_dim:  # per-layer embeddings: the projection of the embedding, each layer's gate and proj
+        L, P = cfg.base_num_decoder_layers, cfg.per_layer_embed_dim
+        parts["per_layer"] = 2 * B * T * D * L * P + L * 2 * (2 * B * T * D * P)
     return {**parts, "unembed": 2 * B * T * D * V}
 
 
