@@ -255,3 +255,22 @@ def jax_logits(cfg, pure, ids):
     B, T = ids.shape
     forward = nnx.jit(lambda m, *args: m(*args))
     return np.asarray(forward(model, ids, np.broadcast_to(np.arange(T), (B, T)), np.ones((B, T), np.int32)))
+
+
+def assert_greedy_like_transformers(cfg, pure, model, new_tokens: int = 32):
+    """maxlite's greedy decoding (batched prompts of different lengths, 12 and 3 tokens, with the KV
+    cache) gives the tokens transformers' `generate` gives, on a varied path (not one token repeated)."""
+    import torch
+
+    from maxlite.bridge import params as P
+    from maxlite.generate import Sampling, generate_ids
+
+    prompts = [list(range(100, 112)), [7, 8, 9]]
+    ours = generate_ids(cfg, P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure))), prompts,
+                        Sampling(max_new_tokens=new_tokens)).tokens
+    for prompt, got in zip(prompts, ours):
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=new_tokens,
+                                 min_new_tokens=new_tokens, eos_token_id=None, pad_token_id=0)
+        assert got == out[0, len(prompt):].tolist()
+        assert len(set(got)) > 4, got
