@@ -24,6 +24,10 @@
 #   quant       quantized training (needs qwix==0.1.8 in the interpreter): the projection test on the
 #               GPU, then llama3.2-3b bf16 against fp8, fp8_gpu, fp8_full and int8 (tokens/s ratios
 #               and final losses side by side in one JSON)
+#   optimizers  Muon against AdamW (benchmarks/bench_optimizers.py: a learning-rate sweep of each on
+#               the bundled corpus, needs grain): llama-100m at 8 × 512 for 150 steps (three rates each),
+#               llama3.2-1b at 4 × 1024 for 150 steps at each one's best llama-100m rate: steps to
+#               AdamW's loss, step time, memory
 #   families    the cuDNN test with sliding windows; qwen3-4b and gemma3-4b (5 local : 1 global,
 #               cuDNN's sliding window) at 2 × 2048 with bf16 weights, remat full (not yet run)
 # Each stage has its own time limit and the next runs whatever happened; logs and JSONs go to
@@ -32,7 +36,7 @@
 set -uo pipefail
 out=${1:-benchmarks/results}
 shift || true
-stages=${*:-test compare sweep flags 3b attention remat policies policies3b scanflags packed quant families}
+stages=${*:-test compare sweep flags 3b attention remat policies policies3b scanflags packed quant families optimizers}
 py=${PYTHON:-python3}
 mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -136,6 +140,16 @@ if wanted families; then
         stage "train_$m" 300 $bench --steps 20 model_name=$m $common attention=cudnn_flash \
             per_device_batch_size=2 remat_policy=full weight_dtype=bfloat16 --out "$out/train_${m}_gpu.json"
     done
+fi
+if wanted optimizers; then
+    opt="env JAX_PLATFORMS=cuda $py benchmarks/bench_optimizers.py --steps 150"  # the script defaults to CPU
+    stage optimizers_100m 230 $opt --model llama-100m --batch 8 --length 512 \
+        --sweep "adamw=3e-4,1e-3,3e-3 muon=3e-3,1e-2,3e-2" --out "$out/optimizers_llama-100m_gpu.json"
+    # llama3.2-1b at the best rate of each optimizer in the llama-100m sweep (no sweep of its own)
+    best=$("$py" -c "import json,sys; b=json.load(open(sys.argv[1]))['best']
+print(' '.join(f'{o}={r[\"learning_rate\"]}' for o, r in b.items()))" "$out/optimizers_llama-100m_gpu.json")
+    stage optimizers_1b 100 $opt --model llama3.2-1b --batch 4 --length 1024 --sweep "${best:-adamw=1e-3 muon=1e-2}" \
+        --out "$out/optimizers_llama3.2-1b_gpu.json"
 fi
 
 "$py" - "$out" <<'EOF'

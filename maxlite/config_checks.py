@@ -93,11 +93,19 @@ def validate(c: Config) -> None:
                                     ("use_double_wide_mlp", False)) if getattr(c, k) != off]
     if gemma4_keys and not FAMILIES[c.decoder_block].layer_kinds:
         raise ConfigError(f"{gemma4_keys[0]} shapes Gemma 4's layers (decoder_block=gemma4), not {c.decoder_block}'s")
+    if FAMILIES[c.decoder_block].layer_kinds and (c.partial_rotary_factor != 1.0 or c.rope_scaling_factor > 0):
+        raise ConfigError(f"decoder_block={c.decoder_block} has its own RoPE (default on sliding-window layers, "
+                          f"proportional by global_rope_fraction on global ones): leave partial_rotary_factor and "
+                          f"rope_scaling_factor unset")
     if c.use_double_wide_mlp and c.num_experts:
         raise ConfigError("use_double_wide_mlp widens dense MLPs, not a mixture of experts' (gemma4_moe)")
     sharing = check_kv_sharing(c)
     if sharing:
         raise ConfigError(sharing)
+    rotary = int(c.head_dim * c.partial_rotary_factor)
+    if rotary < 2 or rotary % 2:
+        raise ConfigError(f"partial_rotary_factor={c.partial_rotary_factor} rotates {rotary} of head_dim={c.head_dim} "
+                          f"dimensions: RoPE needs an even number, at least 2")
     if c.local_rope_max_timescale and not c.sliding_window:
         raise ConfigError(f"local_rope_max_timescale={c.local_rope_max_timescale} is the RoPE base of "
                           f"sliding-window layers: set sliding_window too, or leave it 0")

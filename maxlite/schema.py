@@ -114,10 +114,26 @@ class Keys:
         "RoPE scaling factor of the global layers (rope_scaling_type); 0 disables scaling")
     rope_scaling_type: str = key("llama3",
         "how rope_scaling_factor scales: llama3 (Llama 3.1's piecewise rule, the factors below) | linear "
-        "(positions ÷ factor; Gemma 3)", choices=("llama3", "linear"))
+        "(positions ÷ factor; Gemma 3) | yarn (YaRN: DeepSeek-V3, gpt-oss, Kimi K2; the keys below)",
+        choices=("llama3", "linear", "yarn"))
     rope_low_freq_factor: float = key(1.0, "Llama 3.1 RoPE scaling low-frequency factor")
     rope_high_freq_factor: float = key(4.0, "Llama 3.1 RoPE scaling high-frequency factor")
-    rope_original_max_position: int = key(8192, "Llama 3.1 RoPE scaling original context length")
+    rope_original_max_position: int = key(8192,
+        "the pre-trained context length the scaling extends (llama3 and yarn)", positive=True)
+    beta_fast: float = key(32.0, "YaRN: rotations below which a frequency is interpolated fully", positive=True)
+    beta_slow: float = key(1.0, "YaRN: rotations above which a frequency is kept (extrapolated)", positive=True)
+    mscale: float = key(0.0,
+        "YaRN: with mscale_all_dim, the attention factor is m(mscale)/m(mscale_all_dim), m(s) = 0.1·s·ln(factor) + 1 "
+        "(DeepSeek); 0: m(1)", bounds=(0, None))
+    mscale_all_dim: float = key(0.0, "YaRN: the divisor's scale of the attention factor (see mscale); 0: unset",
+        bounds=(0, None))
+    rope_truncate: bool = key(True, "YaRN: round the interpolation ramp's bounds to whole dimensions (gpt-oss: false)")
+    rope_attention_factor: float = key(0.0,
+        "YaRN: the factor the rotated q and k are multiplied by, when a checkpoint states it; 0: from mscale",
+        bounds=(0, None))
+    partial_rotary_factor: float = key(1.0,
+        "the fraction of each head's dimensions RoPE rotates (the first ones; GLM-4.5 0.5, Qwen3-Next 0.25); the "
+        "rest pass unrotated", bounds=(0, 1))
     sliding_window: int = key(0,
         'tokens a sliding-window ("local") layer attends to, itself included (Mistral, Gemma 3); which layers '
         "are local is the family's pattern; 0: every layer global", bounds=(0, None))

@@ -163,9 +163,11 @@ def test_dpo_and_grpo_on_a_moe_model_add_its_auxiliary_losses():
                                        err_msg=f"{name} {key}")
 
 
-def test_reference_is_the_start_and_moves_only_in_warm_up():
+@pytest.mark.parametrize("opt_type", ["adamw", "muon"])
+def test_reference_is_the_start_and_moves_only_in_warm_up(opt_type):
     argv = [*TINY, "train_objective=dpo", "dataset_type=preference", "max_target_length=64",
-            "per_device_batch_size=4", "alignment_sft_steps=1", "learning_rate=1e-2", "warmup_steps_fraction=0"]
+            "per_device_batch_size=4", "alignment_sft_steps=1", "learning_rate=1e-2", "warmup_steps_fraction=0",
+            f"opt_type={opt_type}"]
     built = build(C.load(argv), jax.devices()[:1], num_processes=1)
     state = built.init_state()
     start = P.to_pure(state.params)
@@ -183,7 +185,13 @@ def test_reference_is_the_start_and_moves_only_in_warm_up():
     assert float(m["loss"]) == pytest.approx(np.log(2), rel=1e-6)
     assert not np.array_equal(after_warm["embedding"], start["embedding"])
     np.testing.assert_array_equal(P.to_pure(state.opt_state.ref)["embedding"], after_warm["embedding"])
-    assert not np.array_equal(P.to_pure(state.params)["embedding"], after_warm["embedding"])
+    np.testing.assert_array_equal(P.to_pure(state.opt_state.ref)["layers"]["mlp"]["up"], after_warm["layers"]["mlp"]["up"])
+    now = P.to_pure(state.params)
+    for path in (("embedding",), ("layers", "mlp", "up")):  # AdamW's part and (with muon) Muon's both move
+        before, after = after_warm, now
+        for key in path:
+            before, after = before[key], after[key]
+        assert not np.array_equal(after, before), path
 
 
 def _metrics(run_dir):

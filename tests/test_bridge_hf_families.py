@@ -29,9 +29,10 @@ TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% end
 def _config(family):
     if family == "qwen2":  # q/k/v biases, tied
         return transformers.Qwen2Config(**SMALL, num_hidden_layers=2, rope_theta=1e6, tie_word_embeddings=True)
-    if family == "qwen3":  # q/k norms, head_dim (32) ≠ hidden/heads (16), untied
-        return transformers.Qwen3Config(**SMALL, num_hidden_layers=2, head_dim=32, rope_theta=1e6,
-                                        tie_word_embeddings=False)
+    if family == "qwen3":  # q/k norms, head_dim (32) ≠ hidden/heads (16), untied, YaRN past 16 tokens
+        return transformers.Qwen3Config(**SMALL, num_hidden_layers=2, head_dim=32, tie_word_embeddings=False,
+                                        rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6,
+                                                         "original_max_position_embeddings": 16})
     if family == "gemma3":  # 5 local : 1 global (+ 1 local), two RoPEs (global scaled), query scalar
         return transformers.Gemma3TextConfig(
             **SMALL, num_hidden_layers=7, head_dim=32, sliding_window=WINDOW, query_pre_attn_scalar=24,
@@ -42,9 +43,14 @@ def _config(family):
             **SMALL, num_hidden_layers=5, head_dim=32, sliding_window=WINDOW, query_pre_attn_scalar=24,
             layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention",
                          "full_attention"])
-    if family == "olmo3":  # post-norms only, q/k norms over all heads, 3 local : 1 global (+ 1 local)
-        return transformers.Olmo3Config(**SMALL, num_hidden_layers=5, sliding_window=WINDOW, rope_theta=1e4,
-                                        tie_word_embeddings=False, pad_token_id=0, eos_token_id=1)
+    if family == "olmo3":  # post-norms only, q/k norms over all heads, 3 local : 1 global (+ 1 local);
+        # as the published checkpoints: YaRN (no truncation) on the global layers only, one base theta
+        return transformers.Olmo3Config(
+            **SMALL, num_hidden_layers=5, sliding_window=WINDOW, tie_word_embeddings=False, pad_token_id=0,
+            eos_token_id=1, rope_parameters={
+                "full_attention": {"rope_type": "yarn", "factor": 8.0, "rope_theta": 1e4, "truncate": False,
+                                   "attention_factor": 1.2, "original_max_position_embeddings": 16},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
     return transformers.MistralConfig(**SMALL, num_hidden_layers=2, head_dim=16, sliding_window=WINDOW,
                                       rope_theta=1e6, tie_word_embeddings=False)
 
@@ -156,10 +162,11 @@ def test_a_multimodal_gemma3_checkpoint_imports_its_text_model(tmp_path):
     (dict(model_type="gemma3_text", layer_types=["full_attention", "chunked_attention"]),
      "'chunked_attention' is no layer kind maxlite has"),
     (dict(model_type="olmo3", rope_parameters={
-        "full_attention": {"rope_type": "yarn", "factor": 8.0, "rope_theta": 5e5},
-        "sliding_attention": {"rope_type": "default", "rope_theta": 5e5}}), "rope type 'yarn' is not supported"),
-    (dict(model_type="qwen3", rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}),
-     "rope type 'yarn' is not supported"),
+        "full_attention": {"rope_type": "default", "rope_theta": 5e5},
+        "sliding_attention": {"rope_type": "yarn", "factor": 8.0, "rope_theta": 5e5}}),
+     "sliding-window layers with yarn RoPE scaling are not modelled"),
+    (dict(model_type="qwen3", rope_parameters={"rope_type": "longrope", "factor": 4.0, "rope_theta": 1e6}),
+     "rope type 'longrope' is not supported"),
 ])
 def test_what_maxlite_does_not_model_is_refused_in_one_line(config, message, tmp_path, capsys):
     base = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=V)

@@ -112,12 +112,19 @@ def rope_dict(cfg, local: bool = False) -> dict:
     rope: dict = {"rope_type": "default"}
     if cfg.rope_scaling_factor > 0 and cfg.rope_scaling_type == "linear":
         rope = {"rope_type": "linear", "type": "linear", "factor": cfg.rope_scaling_factor}
+    elif cfg.rope_scaling_factor > 0 and cfg.rope_scaling_type == "yarn":
+        rope = {"rope_type": "yarn", "type": "yarn", "factor": cfg.rope_scaling_factor,
+                "original_max_position_embeddings": cfg.rope_original_max_position,
+                "beta_fast": cfg.beta_fast, "beta_slow": cfg.beta_slow, "truncate": cfg.rope_truncate,
+                **{k: v for k, v in (("mscale", cfg.mscale), ("mscale_all_dim", cfg.mscale_all_dim),
+                                     ("attention_factor", cfg.rope_attention_factor)) if v}}
     elif cfg.rope_scaling_factor > 0:
         rope = {"rope_type": "llama3", "type": "llama3", "factor": cfg.rope_scaling_factor,
                 "low_freq_factor": cfg.rope_low_freq_factor,
                 "high_freq_factor": cfg.rope_high_freq_factor,
                 "original_max_position_embeddings": cfg.rope_original_max_position}
-    return {**rope, "rope_theta": float(cfg.rope_max_timescale)}
+    partial = {"partial_rotary_factor": cfg.partial_rotary_factor} if cfg.partial_rotary_factor != 1 else {}
+    return {**rope, "rope_theta": float(cfg.rope_max_timescale), **partial}
 
 
 def max_positions(cfg) -> int:
@@ -129,13 +136,24 @@ def max_positions(cfg) -> int:
     return max_pos
 
 
-def rope_keys(rope: dict, theta) -> dict:
-    """HF rope parameters (5.x `rope_parameters` or 4.x `rope_scaling`) → maxlite's global RoPE keys."""
+def rope_keys(rope: dict, theta, hf: dict | None = None) -> dict:
+    """HF rope parameters (5.x `rope_parameters` or 4.x `rope_scaling`) → maxlite's global RoPE keys;
+    `hf` (config.json) supplies what may sit beside them: partial_rotary_factor, the context length."""
+    hf = hf or {}
     theta = rope.get("rope_theta", theta)
     kind = rope.get("rope_type", rope.get("type", "default"))
     out = {"rope_max_timescale": int(theta) if float(theta).is_integer() else theta,
-           "rope_scaling_factor": 0.0, "rope_scaling_type": "llama3"}
-    if kind == "llama3":
+           "rope_scaling_factor": 0.0, "rope_scaling_type": "llama3",
+           "partial_rotary_factor": float(rope.get("partial_rotary_factor") or hf.get("partial_rotary_factor") or 1.0)}
+    if kind == "yarn":
+        original = int(rope.get("original_max_position_embeddings") or hf["max_position_embeddings"])
+        factor = rope.get("factor") or hf["max_position_embeddings"] / original  # HF's rule when unstated
+        out.update(rope_scaling_type="yarn", rope_scaling_factor=float(factor), rope_original_max_position=original,
+                   beta_fast=float(rope.get("beta_fast") or 32), beta_slow=float(rope.get("beta_slow") or 1),
+                   mscale=float(rope.get("mscale") or 0), mscale_all_dim=float(rope.get("mscale_all_dim") or 0),
+                   rope_truncate=bool(rope.get("truncate", True)),
+                   rope_attention_factor=float(rope.get("attention_factor") or 0))
+    elif kind == "llama3":
         out.update(rope_scaling_factor=float(rope["factor"]),
                    rope_low_freq_factor=float(rope["low_freq_factor"]),
                    rope_high_freq_factor=float(rope["high_freq_factor"]),
@@ -143,7 +161,7 @@ def rope_keys(rope: dict, theta) -> dict:
     elif kind == "linear":
         out.update(rope_scaling_factor=float(rope["factor"]), rope_scaling_type="linear")
     elif kind != "default":
-        raise ValueError(f"config.json rope type {kind!r} is not supported (default, linear and llama3 are)")
+        raise ValueError(f"config.json rope type {kind!r} is not supported (default, linear, llama3 and yarn are)")
     return out
 
 
@@ -166,6 +184,7 @@ def common_config(cfg, architecture: str, model_type: str, dtype: str, bos_id, e
         "rope_theta": float(cfg.rope_max_timescale),
         "rope_scaling": {k: v for k, v in rope.items() if k != "rope_theta"} if cfg.rope_scaling_factor > 0 else None,
         "rope_parameters": rope,
+        **({"partial_rotary_factor": cfg.partial_rotary_factor} if cfg.partial_rotary_factor != 1 else {}),
         "tie_word_embeddings": bool(cfg.logits_via_embedding),
         "attention_dropout": 0.0,
         "initializer_range": cfg.init_scale,
@@ -190,7 +209,7 @@ def common_overrides(hf: dict, decoder_block: str) -> dict:
         "normalization_layer_epsilon": float(hf.get("rms_norm_eps", 1e-6)),
         "logits_via_embedding": bool(hf.get("tie_word_embeddings", False)),
         "sliding_window": 0,
-        **rope_keys(rope, hf.get("rope_theta", 10000.0)),
+        **rope_keys(rope, hf.get("rope_theta", 10000.0), hf),
     }
 
 

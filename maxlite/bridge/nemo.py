@@ -205,6 +205,8 @@ def inexpressible(cfg) -> list[str]:
         out.append("a layer pattern other than every p-th layer global (--window-attn-skip-freq)")
     if fam.moe:
         out.append("a mixture of experts (not mapped yet: --num-experts and its routing keys)")
+    if fam.rope and cfg.rope_scaling_factor > 0 and cfg.rope_scaling_type == "yarn":
+        out.append("YaRN RoPE scaling (Megatron's GPT layer takes rope or llama3 scaling)")
     return out
 
 
@@ -253,9 +255,9 @@ def _model(cfg, tp: int, notes: list[str]) -> tuple[list[tuple[str, Any]], list[
         nemo += [(m + "position_embedding_type", "learned_absolute"), (m + "max_position_embeddings", max_pos)]
     else:
         mega += [("--position-embedding-type", "rope"), ("--rotary-base", int(cfg.rope_max_timescale)),
-                 ("--rotary-percent", 1.0)]
+                 ("--rotary-percent", cfg.partial_rotary_factor)]
         nemo += [(m + "position_embedding_type", "rope"), (m + "rotary_base", int(cfg.rope_max_timescale)),
-                 (m + "rotary_percent", 1.0)]
+                 (m + "rotary_percent", cfg.partial_rotary_factor)]
         if cfg.rope_scaling_factor > 0 and cfg.rope_scaling_type == "linear":  # positions ÷ factor
             mega.append(("--rotary-seq-len-interpolation-factor", int(cfg.rope_scaling_factor)))
             nemo.append((m + "seq_len_interpolation_factor", int(cfg.rope_scaling_factor)))

@@ -56,11 +56,14 @@ class LayerNorm(nn.Module):
         return x.to(x_BTD.dtype)
 
 
-def apply_rope(x_BTNH, positions_BT, inv_freq):
+def apply_rope(x_BTNH, positions_BT, inv_freq, scale=1.0):
+    """maxlite.models.layers.apply_rope: the first 2·len(inv_freq) dims rotated (× YaRN's scale)."""
     angles_BTh = positions_BT[..., None].float() * inv_freq
-    sin, cos = torch.sin(angles_BTh)[:, :, None, :], torch.cos(angles_BTh)[:, :, None, :]
-    x1, x2 = x_BTNH.float().chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x_BTNH.dtype)
+    sin, cos = torch.sin(angles_BTh)[:, :, None, :] * scale, torch.cos(angles_BTh)[:, :, None, :] * scale
+    x = x_BTNH.float()
+    rotary = 2 * inv_freq.shape[-1]
+    x1, x2 = x[..., :rotary].chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., rotary:]], dim=-1).to(x_BTNH.dtype)
 
 
 class Attention(nn.Module):
@@ -76,11 +79,12 @@ class Attention(nn.Module):
             self.v_bias, self.o_bias = nn.Parameter(torch.zeros(K, H)), nn.Parameter(torch.zeros(D))
         self.use_rope = family(cfg).rope
         if self.use_rope:
-            from maxlite.models.layers import rope_frequencies  # one definition for both twins
+            from maxlite.models.layers import rope_attention_factor, rope_frequencies  # one definition for both twins
 
             # A float32 constant, not a buffer: it stays float32 under .to(bfloat16) (as in JAX)
             # and needs no care when the module is built on the meta device.
             self.inv_freq = rope_frequencies(cfg).astype(np.float32)
+            self.rope_scale = rope_attention_factor(cfg)
         self.group = N // K
 
     def forward(self, x_BTD, positions_BT, mask_B1TS):
@@ -91,8 +95,8 @@ class Attention(nn.Module):
             q_BTNH, k_BSKH, v_BSKH = q_BTNH + self.q_bias, k_BSKH + self.k_bias, v_BSKH + self.v_bias
         if self.use_rope:
             inv_freq = torch.from_numpy(self.inv_freq).to(x_BTD.device)
-            q_BTNH = apply_rope(q_BTNH, positions_BT, inv_freq)
-            k_BSKH = apply_rope(k_BSKH, positions_BT, inv_freq)
+            q_BTNH = apply_rope(q_BTNH, positions_BT, inv_freq, self.rope_scale)
+            k_BSKH = apply_rope(k_BSKH, positions_BT, inv_freq, self.rope_scale)
         # Query head n uses kv head n // G (maxlite splits N into [K, G]): repeat each kv head G times.
         k_BSNH = k_BSKH.repeat_interleave(self.group, dim=2)
         v_BSNH = v_BSKH.repeat_interleave(self.group, dim=2)

@@ -6,10 +6,9 @@ SwiGLU MLP; three sliding-window layers to one global (`layer_types`, 4,096 toke
 are Llama's without `input_layernorm`, with `post_attention_layernorm` after attention and
 `post_feedforward_layernorm` after the MLP (maxlite.bridge.hf_llama.decoder_maps, by trait).
 
-Each kind of layer may have its own RoPE base (`rope_parameters.full_attention` / `.sliding_attention`:
-maxlite's `rope_max_timescale` and `local_rope_max_timescale`). Published checkpoints extend the
-context to 65,536 tokens with YaRN on the global layers; YaRN is not modelled yet, so their import is
-refused in one line (the pre-trained 8,192-token RoPE is modelled).
+Each kind of layer may have its own RoPE (`rope_parameters.full_attention` / `.sliding_attention`:
+maxlite's `rope_max_timescale` with its scaling, and `local_rope_max_timescale`, unscaled). Published
+checkpoints extend the context to 65,536 tokens with YaRN on the global layers only.
 """
 
 from __future__ import annotations
@@ -71,6 +70,7 @@ def config_overrides(hf: dict) -> dict:
     out = {**hf_llama.common_overrides({**hf, "rope_parameters": global_rope}, FAMILY.name), "use_bias": False,
            "sliding_window": max(windows), **hf_llama.pattern_keys(FAMILY.name, windows)}
     local_theta = local_rope.get("rope_theta", out["rope_max_timescale"])
-    if max(windows) and float(local_theta) != float(out["rope_max_timescale"]):  # its own base, as Gemma 3's
+    # its own base, as Gemma 3's; or the global base unscaled when the global layers' RoPE is scaled (YaRN)
+    if max(windows) and (float(local_theta) != float(out["rope_max_timescale"]) or out["rope_scaling_factor"] > 0):
         out["local_rope_max_timescale"] = int(local_theta) if float(local_theta).is_integer() else local_theta
     return out

@@ -91,11 +91,16 @@ def over_heads(norm, x_BTNH: jax.Array) -> jax.Array:
     return norm(x_BTNH.reshape(B, T, N * H)).reshape(B, T, N, H)
 
 
-def rope_frequencies(cfg, local: bool = False) -> np.ndarray:
-    """Inverse frequencies [H/2] (a trace-time constant) of global layers, with the configured
-    scaling (llama3's rule or linear), or of sliding-window layers: their own unscaled base when
-    local_rope_max_timescale is set, else the global layers' RoPE."""
-    h = cfg.head_dim
+def rotary_dims(cfg) -> int:
+    """How many of each head's dimensions RoPE rotates: the first partial_rotary_factor of them."""
+    return int(cfg.head_dim * cfg.partial_rotary_factor)
+
+
+def rope_frequencies(cfg, local: bool = False, dims: int | None = None) -> np.ndarray:
+    """Inverse frequencies [dims/2] (a trace-time constant; dims: rotary_dims) of global layers, with
+    the configured scaling (llama3's rule, linear or YaRN), or of sliding-window layers: their own
+    unscaled base when local_rope_max_timescale is set, else the global layers' RoPE."""
+    h = dims or rotary_dims(cfg)
     own = local and cfg.local_rope_max_timescale > 0
     base = cfg.local_rope_max_timescale if own else cfg.rope_max_timescale
     inv_freq = 1.0 / (base ** (np.arange(0, h, 2, dtype=np.float64) / h))
@@ -103,6 +108,8 @@ def rope_frequencies(cfg, local: bool = False) -> np.ndarray:
         return inv_freq
     if cfg.rope_scaling_type == "linear":  # positions ÷ factor
         return inv_freq / cfg.rope_scaling_factor
+    if cfg.rope_scaling_type == "yarn":
+        return _yarn_frequencies(cfg, inv_freq, base, h)
     # Same piecewise rule as Meta's reference and HF's `rope_type: llama3`.
     factor, lo, hi = cfg.rope_scaling_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
     old_len = cfg.rope_original_max_position
@@ -114,13 +121,54 @@ def rope_frequencies(cfg, local: bool = False) -> np.ndarray:
     return np.where(is_medium, smoothed, scaled).astype(np.float32)
 
 
-def apply_rope(x_BTNH: jax.Array, positions_BT: jax.Array, inv_freq: jax.Array) -> jax.Array:
-    """Rotary embedding in the split-halves layout (the same layout as Hugging Face Llama)."""
+def _yarn_frequencies(cfg, inv_freq: np.ndarray, base: float, h: int) -> np.ndarray:
+    """YaRN (Peng et al. 2023) as HF's `rope_type: yarn`: frequencies that turn fewer than beta_slow
+    times over the pre-trained context are divided by the factor, those that turn more than beta_fast
+    times are kept, a linear ramp between (in float32, as HF computes it)."""
+    def dim_of(rotations):  # the dimension whose frequency turns `rotations` times over the context
+        return h * math.log(cfg.rope_original_max_position / (rotations * 2 * math.pi)) / (2 * math.log(base))
+    low, high = dim_of(cfg.beta_fast), dim_of(cfg.beta_slow)
+    if cfg.rope_truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, h - 1)
+    high = high + 0.001 if low == high else high  # HF's guard against a zero-width ramp
+    ramp = np.clip((np.arange(h // 2, dtype=np.float32) - low) / (high - low), 0, 1).astype(np.float32)
+    inv_freq = inv_freq.astype(np.float32)
+    kept = 1 - ramp
+    return (inv_freq / np.float32(cfg.rope_scaling_factor)) * (1 - kept) + inv_freq * kept
+
+
+def rope_attention_factor(cfg, local: bool = False) -> float:
+    """What YaRN multiplies the rotated q and k by (1 for every other RoPE): the checkpoint's own
+    rope_attention_factor, else m(mscale)/m(mscale_all_dim) when both are set, else m(1), with
+    m(s) = 0.1·s·ln(factor) + 1 (HF's _compute_yarn_parameters)."""
+    if cfg.rope_scaling_type != "yarn" or cfg.rope_scaling_factor <= 0 or (local and cfg.local_rope_max_timescale > 0):
+        return 1.0
+    if cfg.rope_attention_factor > 0:
+        return cfg.rope_attention_factor
+    if cfg.mscale and cfg.mscale_all_dim:
+        return yarn_mscale(cfg.rope_scaling_factor, cfg.mscale) / yarn_mscale(cfg.rope_scaling_factor, cfg.mscale_all_dim)
+    return yarn_mscale(cfg.rope_scaling_factor)
+
+
+def yarn_mscale(factor: float, scale: float = 1.0) -> float:
+    """YaRN's magnitude correction m(s) = 0.1·s·ln(factor) + 1 (1 without extension)."""
+    return 1.0 if factor <= 1 else 0.1 * scale * math.log(factor) + 1.0
+
+
+def apply_rope(x_BTNH: jax.Array, positions_BT: jax.Array, inv_freq: jax.Array, scale=1.0) -> jax.Array:
+    """Rotary embedding in the split-halves layout (the same layout as Hugging Face Llama) on the
+    first 2·len(inv_freq) dimensions of each head (partial rotary: the rest pass unchanged), the
+    rotated part multiplied by `scale` (YaRN's attention factor)."""
     angles_BTh = positions_BT[..., None].astype(jnp.float32) * inv_freq
     sin, cos = jnp.sin(angles_BTh)[:, :, None, :], jnp.cos(angles_BTh)[:, :, None, :]
+    if not (isinstance(scale, (int, float)) and scale == 1.0):
+        sin, cos = sin * scale, cos * scale
     x = x_BTNH.astype(jnp.float32)
-    x1, x2 = jnp.split(x, 2, axis=-1)
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    rotary = 2 * inv_freq.shape[-1]
+    x_rot, x_pass = x[..., :rotary], x[..., rotary:]
+    x1, x2 = jnp.split(x_rot, 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin, x_pass], axis=-1)
     return out.astype(x_BTNH.dtype)
 
 
@@ -208,8 +256,10 @@ class Attention(nnx.Module):
         if self.use_rope:
             inv_freq = pick(local, jnp.asarray(rope_frequencies(self.cfg, local=True), jnp.float32),
                             jnp.asarray(rope_frequencies(self.cfg), jnp.float32))
-            q_BTNH = apply_rope(q_BTNH, positions_BT, inv_freq)
-            k_BSKH = apply_rope(k_BSKH, positions_BT, inv_freq)
+            factors = rope_attention_factor(self.cfg, local=True), rope_attention_factor(self.cfg)
+            scale = factors[0] if factors[0] == factors[1] else pick(local, *factors)
+            q_BTNH = apply_rope(q_BTNH, positions_BT, inv_freq, scale)
+            k_BSKH = apply_rope(k_BSKH, positions_BT, inv_freq, scale)
         return q_BTNH, k_BSKH, v_BSKH
 
     def out(self, out_BTNH, dropout_key=None):
