@@ -14,7 +14,7 @@ import re
 from maxlite import quant
 from maxlite.models import names
 from maxlite.models.families import FAMILIES
-from maxlite.models.kinds import check_layer_types, layer_kinds, layer_stacks
+from maxlite.models.kinds import check_kv_sharing, check_layer_types, layer_kinds, layer_stacks
 from maxlite.recipe import (FILE_DATASETS, OBJECTIVE_DATASET, Config, parse_max_time, parse_signals, parse_split,
                             topology_chips)
 from maxlite.schema import FIELDS, MESH_AXES, ConfigError, keys_of
@@ -89,6 +89,20 @@ def validate(c: Config) -> None:
     layer_types = check_layer_types(c.layer_types, c.base_num_decoder_layers)
     if layer_types:
         raise ConfigError(layer_types)
+    gemma4_keys = [k for k, off in (("global_head_dim", 0), ("global_num_kv_heads", 0), ("attention_k_eq_v", False),
+                                    ("global_rope_fraction", 1.0), ("num_kv_shared_layers", 0),
+                                    ("use_double_wide_mlp", False)) if getattr(c, k) != off]
+    if gemma4_keys and not FAMILIES[c.decoder_block].layer_kinds:
+        raise ConfigError(f"{gemma4_keys[0]} shapes Gemma 4's layers (decoder_block=gemma4), not {c.decoder_block}'s")
+    if FAMILIES[c.decoder_block].layer_kinds and (c.partial_rotary_factor != 1.0 or c.rope_scaling_factor > 0):
+        raise ConfigError(f"decoder_block={c.decoder_block} has its own RoPE (default on sliding-window layers, "
+                          f"proportional by global_rope_fraction on global ones): leave partial_rotary_factor and "
+                          f"rope_scaling_factor unset")
+    if c.use_double_wide_mlp and c.num_experts:
+        raise ConfigError("use_double_wide_mlp widens dense MLPs, not a mixture of experts' (gemma4_moe)")
+    sharing = check_kv_sharing(c)
+    if sharing:
+        raise ConfigError(sharing)
     rotary = int(c.head_dim * c.partial_rotary_factor)
     if rotary < 2 or rotary % 2:
         raise ConfigError(f"partial_rotary_factor={c.partial_rotary_factor} rotates {rotary} of head_dim={c.head_dim} "
@@ -414,6 +428,9 @@ def _check_pipeline(c: Config, stages: int, rows: int) -> None:
                           f"num_pipeline_microbatches={micro}; change per_device_batch_size or the micro-batches")
     if c.lora_rank and c.lora_dropout > 0:
         raise ConfigError("lora_dropout > 0 is not supported with pipeline parallelism yet; set lora_dropout=0")
+    if c.per_layer_embed_dim or c.num_kv_shared_layers:  # inputs beside the hidden state the stages do not pass
+        raise ConfigError("pipeline parallelism does not carry Gemma 4's per-layer embeddings or shared keys/values "
+                          "between stages yet: set ici_pipeline_parallelism=1 and dcn_pipeline_parallelism=1")
 
 
 def _check_context(c: Config, context: int) -> None:

@@ -152,6 +152,27 @@ class Keys:
         bounds=(0, None))
     query_pre_attn_scalar: float = key(0.0, "attention scores scaled by this^-0.5 (Gemma 3); 0: head_dim",
         bounds=(0, None))
+    global_head_dim: int = key(0,
+        "per-head width of the global (full-attention) layers when it differs from head_dim (Gemma 4: 512); "
+        "0: head_dim", bounds=(0, None))
+    global_num_kv_heads: int = key(0,
+        "key/value heads of the global layers when they differ (Gemma 4 31B: 4); 0: base_num_kv_heads",
+        bounds=(0, None))
+    attention_k_eq_v: bool = key(False,
+        "global layers compute no value projection: their values are the key projection, normed (Gemma 4)")
+    global_rope_fraction: float = key(1.0,
+        "fraction of each global head's RoPE frequencies that rotate, the rest at frequency 0 (Gemma 4's "
+        "proportional RoPE: 0.25)", bounds=(0, 1))
+    num_kv_shared_layers: int = key(0,
+        "the last this many layers compute no keys and values: each reuses those of the last earlier layer "
+        "of its kind (Gemma 4), in training and decoding (no cache of their own)", bounds=(0, None))
+    use_double_wide_mlp: bool = key(False, "the key/value-sharing layers' MLPs are 2 × base_mlp_dim wide (Gemma 4 E2B)")
+    per_layer_embed_dim: int = key(0,
+        "per-layer embeddings (Gemma 4 E2B/E4B): a second table gives each layer a vector of this width per "
+        "token, projected and added inside the layer; 0: none", bounds=(0, None))
+    per_layer_vocab_size: int = key(0, "rows of the per-layer embedding table; 0: vocab_size", bounds=(0, None))
+    final_logit_softcapping: float = key(0.0,
+        "logits → c·tanh(logits / c) (Gemma 4: 30); 0: none", bounds=(0, None))
     normalization_layer_epsilon: float = key(1e-05, "epsilon of RMSNorm / LayerNorm", positive=True)
     attention_type: str = key("global",
         "the token mixer: global (grouped-query attention; sliding windows by the family's pattern or "

@@ -35,7 +35,8 @@ def loss_sums(params, graphdef, batch: Batch, z_loss_weight: float = 0.0, dropou
     if n > 1:  # never holds [B, T, V] logits
         spec, head = model.head()
         loss_sum, xent_sum = loss_lib.chunked_loss_sums(x_BTD, head, batch["targets"], weights_BT,
-                                                        float(z_loss_weight), n, spec)
+                                                        float(z_loss_weight), n, spec,
+                                                        float(model.cfg.final_logit_softcapping))
     else:
         logits_BTV = model.logits(x_BTD)
         log_z_BT = jax.nn.logsumexp(logits_BTV, axis=-1)

@@ -235,6 +235,18 @@ def shrunk(model_name: str) -> list[str]:
     if cfg.attention_type == "mla":  # narrow latents, values narrower than queries and keys (as published)
         window += [f"q_lora_rank={min(cfg.q_lora_rank, 32)}", "kv_lora_rank=16", "qk_nope_head_dim=16",
                    "qk_rope_head_dim=8", "v_head_dim=16"]
+    pattern = len(family(cfg).layer_pattern)
+    if cfg.global_head_dim:  # Gemma 4: wider global layers with fewer kv heads, per-layer embeddings
+        window += [f"global_head_dim={2 * head_dim}"]
+    if cfg.global_num_kv_heads:
+        window += [f"global_num_kv_heads={max(1, kv // 2)}"]
+    if cfg.per_layer_embed_dim:
+        window += ["per_layer_embed_dim=8"]
+    if cfg.layer_types or cfg.num_kv_shared_layers:  # a small model keeps its pattern; a large one: a
+        layers = cfg.base_num_decoder_layers     # period of the family's and 2 layers sharing keys/values
+        if layers > pattern + 2:
+            layers = pattern + 2 if cfg.num_kv_shared_layers else pattern
+            window += ["layer_types=[]"] + (["num_kv_shared_layers=2"] if cfg.num_kv_shared_layers else [])
     return ["base.yml", f"model_name={model_name}", "base_emb_dim=64", "base_mlp_dim=128",
             f"base_num_query_heads={heads}", f"base_num_kv_heads={kv}", f"head_dim={head_dim}",
             f"base_num_decoder_layers={layers}", "vocab_size=512", *window,
@@ -289,3 +301,22 @@ def plain_attention(q, k, v, seg, window=0, scale=None, sinks=None):
         column = jnp.broadcast_to(sinks[None, :, None, None], (B, N, T, 1))
         return jnp.einsum("bnts,bsnh->btnh", jax.nn.softmax(jnp.concatenate([scores, column], -1), -1)[..., :-1], v)
     return jnp.einsum("bnts,bsnh->btnh", jax.nn.softmax(scores, axis=-1), v)
+
+
+def assert_greedy_like_transformers(cfg, pure, model, new_tokens: int = 32):
+    """maxlite's greedy decoding (batched prompts of different lengths, 12 and 3 tokens, with the KV
+    cache) gives the tokens transformers' `generate` gives, on a varied path (not one token repeated)."""
+    import torch
+
+    from maxlite.bridge import params as P
+    from maxlite.generate import Sampling, generate_ids
+
+    prompts = [list(range(100, 112)), [7, 8, 9]]
+    ours = generate_ids(cfg, P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure))), prompts,
+                        Sampling(max_new_tokens=new_tokens)).tokens
+    for prompt, got in zip(prompts, ours):
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=new_tokens,
+                                 min_new_tokens=new_tokens, eos_token_id=None, pad_token_id=0)
+        assert got == out[0, len(prompt):].tolist()
+        assert len(set(got)) > 4, got

@@ -83,6 +83,11 @@ HF_CONFIGS = {  # the families PEFT export covers; Gemma 3's window (4) is short
     "qwen3": lambda: transformers.Qwen3Config(**HF_SMALL, num_hidden_layers=2, head_dim=32, tie_word_embeddings=False),
     "gemma3": lambda: transformers.Gemma3TextConfig(**HF_SMALL, num_hidden_layers=6, head_dim=16, sliding_window=4,
                                                     query_pre_attn_scalar=16),
+    # global layers with keys as values, the last two layers without k/v (v_proj adapted where it exists)
+    "gemma4": lambda: transformers.Gemma4TextConfig(
+        **HF_SMALL, num_hidden_layers=4, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+        attention_k_eq_v=True, sliding_window=4, vocab_size_per_layer_input=256, hidden_size_per_layer_input=8,
+        num_kv_shared_layers=2, layer_types=["sliding_attention", "full_attention"] * 2),
 }
 
 

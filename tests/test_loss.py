@@ -10,8 +10,10 @@ from maxlite.models import loss as loss_lib
 from maxlite.state import abstract_params
 
 
-def _reference(x_BTD, head_DV, targets_BT, weights_BT, z):
+def _reference(x_BTD, head_DV, targets_BT, weights_BT, z, cap=0.0):
     logits_BTV = (x_BTD @ head_DV).astype(jnp.float32)
+    if cap:  # Gemma 4's soft cap, differentiated by JAX here
+        logits_BTV = cap * jnp.tanh(logits_BTV / cap)
     log_z_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
     target_BT = jnp.take_along_axis(logits_BTV, targets_BT[..., None], axis=-1)[..., 0]
     xent = jnp.sum((log_z_BT - target_BT) * weights_BT)
@@ -27,9 +29,11 @@ def _inputs(B=2, T=64, D=32, V=50):
     return x, head, targets, weights
 
 
-@pytest.mark.parametrize("n,z,spec", [(4, 0.0, "dv"), (8, 1e-2, "dv"), (4, 1e-2, "vd")])
-def test_chunked_loss_and_gradients_equal_unchunked(n, z, spec):
-    """spec "vd": a tied head, the embedding table [V, D] as stored (its gradient in that layout)."""
+@pytest.mark.parametrize("n,z,spec,cap", [(4, 0.0, "dv", 0.0), (8, 1e-2, "dv", 0.0), (4, 1e-2, "vd", 0.0),
+                                         (4, 1e-2, "vd", 2.0)])
+def test_chunked_loss_and_gradients_equal_unchunked(n, z, spec, cap):
+    """spec "vd": a tied head, the embedding table [V, D] as stored (its gradient in that layout);
+    `cap`: logits soft-capped (c·tanh(z/c)), small enough to bend them."""
     x, head, targets, weights = _inputs()
     if spec == "vd":
         head = head.T
@@ -40,8 +44,8 @@ def test_chunked_loss_and_gradients_equal_unchunked(n, z, spec):
             return loss + 0.5 * xent
         return jax.value_and_grad(f, argnums=(0, 1))(x, head)
 
-    ref_value, ref_grads = combined(lambda x, h: _reference(x, h if spec == "dv" else h.T, targets, weights, z))
-    value, grads = combined(lambda x, h: loss_lib.chunked_loss_sums(x, h, targets, weights, z, n, spec))
+    ref_value, ref_grads = combined(lambda x, h: _reference(x, h if spec == "dv" else h.T, targets, weights, z, cap))
+    value, grads = combined(lambda x, h: loss_lib.chunked_loss_sums(x, h, targets, weights, z, n, spec, cap))
     np.testing.assert_allclose(value, ref_value, rtol=1e-5)
     for g, ref in zip(grads, ref_grads):
         np.testing.assert_allclose(g, ref, rtol=1e-4, atol=1e-6)

@@ -16,6 +16,7 @@ from maxlite.state import abstract_params
     ("llama3.1-405b", "405.9"), ("mistral-7b", "7.24"), ("llama3.2-1b", "1.24"),
     ("llama3.2-3b", "3.21"), ("gpt3-126m", "0.125"), ("mixtral-8x7b", "46.7"), ("mixtral-8x22b", "141"),
     ("qwen3-30b-a3b", "30.5"), ("qwen3-235b-a22b", "235"), ("gpt-oss-20b", "20.91"), ("gpt-oss-120b", "116.83"),
+    ("gemma4-31b", "30.7"), ("gemma4-26b-a4b", "25.2"),
 ])
 def test_preset_parameter_counts_match_published(model_name, published):
     """The count, in billions, rounds to the published figure at its published precision."""
@@ -26,7 +27,7 @@ def test_preset_parameter_counts_match_published(model_name, published):
 
 
 @pytest.mark.parametrize("model_name, published", [
-    ("mixtral-8x7b", "12.9"), ("mixtral-8x22b", "39"), ("qwen3-235b-a22b", "22")])
+    ("mixtral-8x7b", "12.9"), ("mixtral-8x22b", "39"), ("qwen3-235b-a22b", "22"), ("gemma4-26b-a4b", "3.8")])
 def test_moe_active_parameter_counts_match_published(model_name, published):
     """Active parameters (the unchosen experts left out), in billions, as the model cards state.
     (Qwen3-30B-A3B's card says 3.3B; the count, 3.35B, equals what transformers' model holds.)"""
@@ -164,6 +165,42 @@ def test_flops_formula_agrees_with_xla_cost_analysis(mixer):
     L += cfg.mtp_num_layers  # a multi-token-prediction depth attends as a layer does
     expected = train_flops_per_step(cfg, batch_size=B) + 3 * L * attention_flops(B, T, N, H)
     assert xla_flops == pytest.approx(expected, rel=0.03), (xla_flops, expected)
+
+
+def _xla_train_flops(cfg, B: int, T: int) -> float:
+    """XLA's count of one unscanned forward+backward of the loss."""
+    from maxlite import step as step_lib
+
+    graphdef, params = abstract_params(cfg)
+    ids = jax.ShapeDtypeStruct((B, T), np.int32)
+    batch = {"inputs": ids, "targets": ids, "positions": ids, "segment_ids": ids,
+             "weights": jax.ShapeDtypeStruct((B, T), np.float32)}
+    grad = jax.jit(jax.grad(lambda p, b: step_lib.loss_sums(p, graphdef, b)[0]))
+    return grad.lower(params, batch).compile().cost_analysis()["flops"]
+
+
+def test_gemma4_flops_formula_agrees_with_xla_cost_analysis():
+    """The same check on the Gemma 4 twin at tiny's widths: layers of two shapes (wide global ones
+    whose keys are the values), sharing layers without k/v projections, per-layer embeddings, a
+    double-wide MLP. XLA computes every layer's full T×T scores (sliding-window ones too) where the
+    formula counts the causal half or the window band. The per-layer embeddings' part alone: the
+    difference they make to XLA's count."""
+    from maxlite.models.flops import forward_flops_by_part
+    from maxlite.models.kinds import attention_shape, pattern_mixers
+
+    B, T = 2, 128
+    argv = ["base.yml", "model_name=gemma4-tiny", "base_emb_dim=256", "base_mlp_dim=768", "head_dim=64",
+            "global_head_dim=128", "per_layer_embed_dim=64", "per_device_batch_size=2", "max_target_length=128",
+            "scan_layers=false", "remat_policy=none", "attention=dot_product", "num_vocab_tiling=1", "dtype=float32"]
+    cfg = C.resolve(C.load(argv), 1)
+    xla_flops = _xla_train_flops(cfg, B, T)
+    N = cfg.base_num_query_heads
+    full = sum(2 * attention_flops(B, T, N, attention_shape(cfg, v == "global")[1]) for _, v in pattern_mixers(cfg))
+    expected = train_flops_per_step(cfg, batch_size=B) + 3 * (full - forward_flops_by_part(cfg, B)["attention"])
+    assert xla_flops == pytest.approx(expected, rel=0.03), (xla_flops, expected)
+    without = _xla_train_flops(C.resolve(C.load(argv + ["per_layer_embed_dim=0"]), 1), B, T)
+    # the matmuls; XLA adds their norms and GELU (elementwise, ~6% here)
+    assert xla_flops - without == pytest.approx(3 * forward_flops_by_part(cfg, B)["per_layer"], rel=0.1)
 
 
 def test_attention_flops_are_the_causal_half_of_what_dot_product_computes():

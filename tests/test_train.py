@@ -72,6 +72,7 @@ FAMILY_SHAPES = {  # tiny, with each family's traits; the bundled tokenizer's 40
     "gpt_oss": ["model_name=tiny-gpt-oss", "head_dim=16", "base_num_decoder_layers=2", "sliding_window=8",
                 "num_experts=4", "num_experts_per_tok=2", "base_moe_mlp_dim=32", "attention=blockwise",
                 "attention_block_size=8"],
+    "gemma4": ["model_name=gemma4-tiny", "sliding_window=8"],  # per-layer embeddings, shared keys/values, wide globals
     "qwen3_moe": ["decoder_block=qwen3_moe", "head_dim=16", "base_num_decoder_layers=3", "first_num_dense_layers=1",
                   "num_experts=4", "num_experts_per_tok=2", "base_moe_mlp_dim=32", "load_balance_loss_weight=0.01"],
 }

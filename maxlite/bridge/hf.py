@@ -53,7 +53,10 @@ MODEL_KEYS = ("decoder_block", "base_emb_dim", "base_num_decoder_layers", "base_
               "num_experts", "num_experts_per_tok", "base_moe_mlp_dim", "first_num_dense_layers",
               "interleave_moe_layer_step", "norm_topk_prob", "load_balance_loss_weight",
               "shared_experts", "routed_score_func", "routed_bias", "routed_scaling_factor", "n_routing_groups",
-              "topk_routing_group", "use_qk_norm")
+              "topk_routing_group", "use_qk_norm",
+              "global_head_dim", "global_num_kv_heads", "attention_k_eq_v", "global_rope_fraction",
+              "num_kv_shared_layers", "use_double_wide_mlp", "per_layer_embed_dim", "per_layer_vocab_size",
+              "final_logit_softcapping")
 MODEL_KEYS += ("attention_type", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                "mtp_num_layers", "attention_sink", "router_logit_bias", "mlp_bias", "mlp_activations_limit")
 # config.json's dtype → the compute dtype an import records (float16 is not a maxlite compute dtype:

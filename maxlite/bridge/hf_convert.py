@@ -16,7 +16,7 @@ import numpy as np
 from maxlite.bridge import params as P
 from maxlite.schema import ConfigError
 from maxlite.bridge.safetensors_io import Entry, SafetensorsDir
-from maxlite.models.kinds import layer_kinds, layer_mlps
+from maxlite.models.kinds import layer_kinds
 
 Array = np.ndarray
 
@@ -33,7 +33,7 @@ class TensorMap:
     layer: bool = True
     mlp: str | None = None     # only in layers whose MLP is this ("dense" | "moe"; families.layer_mlps)
     expert: int | None = None  # the HF tensor is this expert's slice of the (stacked [E, ...]) leaves
-    mixer: str | None = None   # only in layers whose token mixer is this kind (kinds.layer_kinds)
+    mixer: str | None = None   # only in layers whose mixer is this (a family whose layers differ in shape)
 
 
 def of_expert(t: TensorMap, j: int) -> TensorMap:
@@ -68,14 +68,19 @@ def config_tail(dtype: str, bos_id: int | None, eos_id: int | None) -> dict:
 def expand(cfg, maps: list[TensorMap]) -> Iterator[tuple[str, TensorMap, int | None]]:
     """(HF name, map, layer index or None): globals first, then layer by layer (each layer the
     maps of its MLP kind)."""
-    num_layers, kinds, mixers = cfg.base_num_decoder_layers, layer_mlps(cfg), [k.mixer for k in layer_kinds(cfg)]
+    num_layers, kinds = cfg.base_num_decoder_layers, layer_kinds(cfg)
     for t in maps:
         if not t.layer:
             yield t.hf, t, None
     for i in range(num_layers):
         for t in maps:
-            if t.layer and (t.mlp is None or t.mlp == kinds[i]) and t.mixer in (None, mixers[i]):
+            if t.layer and _in_layer(t, kinds[i]):
                 yield t.hf.format(i=i), t, i
+
+
+def _in_layer(t: TensorMap, kind) -> bool:
+    """A layer map of this layer's kinds."""
+    return t.mlp in (None, kind.ffn) and t.mixer in (None, kind.mixer)
 
 
 def export_entries(cfg, maps: list[TensorMap], pure: P.Tree, dtype) -> list[Entry]:
@@ -98,12 +103,11 @@ def import_params(cfg, maps: list[TensorMap], source: SafetensorsDir, dtype,
     """HF tensors → maxlite nested numpy dict, filling preallocated arrays one tensor at a time. A
     checkpoint whose tensors do not match its config.json is the user's input: one line, exit 2."""
     names = set(source.names())
-    kinds, mixers = layer_mlps(cfg), [k.mixer for k in layer_kinds(cfg)]
+    kinds = layer_kinds(cfg)
 
     def shapes_of(i: int) -> dict:
         return {p: (cfg.num_experts, *s) if t.expert is not None else s for t in maps
-                if t.layer and t.mlp in (None, kinds[i]) and t.mixer in (None, mixers[i])
-                for p, s in zip(t.paths, t.ml_shapes)}
+                if t.layer and _in_layer(t, kinds[i]) for p, s in zip(t.paths, t.ml_shapes)}
 
     pure: P.Tree = P.empty_layers(cfg, shapes_of, dtype)
     for name, t, i in expand(cfg, maps):

@@ -11,6 +11,8 @@ in both. `hf export` of the same checkpoint writes the adapters merged into the 
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import json
 import pathlib
 
@@ -27,16 +29,24 @@ ADAPTER_FILE = "adapter_model.safetensors"
 
 
 def tensor_maps(cfg) -> list[hf_convert.TensorMap]:
+    """The adapters' tensors; a family whose layers differ in shape (its adapter's `lora_shapes`:
+    mixer kind → the kernels its layers have) gets maps per mixer kind."""
     D, N, K, H, F, r = (cfg.base_emb_dim, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim,
                         cfg.base_mlp_dim, cfg.lora_rank)
     shapes = {"q": ((D,), (N, H)), "k": ((D,), (K, H)), "v": ((D,), (K, H)), "o": ((N, H), (D,)),
               "gate": ((D,), (F,)), "up": ((D,), (F,)), "down": ((F,), (D,))}
+    arch = importlib.import_module(family(cfg).hf_module)
+    per_mixer = arch.lora_shapes(cfg) if hasattr(arch, "lora_shapes") else {None: shapes}
     maps = []
-    for target, block, kernel, _ in lora.names(cfg):
-        name = f"base_model.model.model.layers.{{i}}.{lora.HF_BLOCK[block]}.{target}"
-        in_shape, out_shape = shapes[kernel]
-        maps += [hf_convert.linear(f"{name}.lora_A.weight", (block, f"{kernel}_lora_a"), in_shape, (r,)),
-                 hf_convert.linear(f"{name}.lora_B.weight", (block, f"{kernel}_lora_b"), (r,), out_shape)]
+    for mixer, kernels in per_mixer.items():
+        for target, block, kernel, _ in lora.names(cfg):
+            if kernel not in kernels:  # a layer without this projection (Gemma 4's shared k/v)
+                continue
+            name = f"base_model.model.model.layers.{{i}}.{lora.HF_BLOCK[block]}.{target}"
+            in_shape, out_shape = kernels[kernel]
+            maps += [dataclasses.replace(t, mixer=mixer) for t in (
+                hf_convert.linear(f"{name}.lora_A.weight", (block, f"{kernel}_lora_a"), in_shape, (r,)),
+                hf_convert.linear(f"{name}.lora_B.weight", (block, f"{kernel}_lora_b"), (r,), out_shape))]
     return maps
 
 

@@ -67,12 +67,17 @@ def prefill_config(cfg, length: int, shards: int = 1):
     return dataclasses.replace(cfg, attention=impl, context_parallel_load_balance=False)
 
 
-def _block(layer, key, x_BTD, positions_BT, lengths_B, layer_cache, shared, prefill_cfg=None):
-    """One layer over T new tokens: its mixer through its own cache (`key` its (mixer, variant)),
-    then the feed-forward. Returns (x_BTD, the layer's new cache)."""
-    mixed_BTD, layer_cache = MIXERS[key[0]].cache().step(layer.attn, layer.mixer_input(x_BTD), positions_BT,
-                                                          lengths_B, layer_cache, shared, key[1], prefill_cfg)
-    return layer.add_mlp(layer.add_attention(x_BTD, mixed_BTD)), layer_cache
+def _block(layer, key, x_BTD, positions_BT, lengths_B, layer_cache, shared, prefill_cfg=None, context=None,
+           per_layer_BTP=None):
+    """One layer over T new tokens: its mixer through its own cache (`key` its (mixer, variant); a
+    cache module with CONTEXT also reads and writes `context`, what earlier layers of this forward
+    left: key/value sharing), then the feed-forward (and the per-layer embedding branch). Returns
+    (x_BTD, the layer's new cache)."""
+    cache = MIXERS[key[0]].cache()
+    extra = {"context": context} if getattr(cache, "CONTEXT", False) else {}
+    mixed_BTD, layer_cache = cache.step(layer.attn, layer.mixer_input(x_BTD), positions_BT, lengths_B, layer_cache,
+                                        shared, key[1], prefill_cfg, **extra)
+    return layer.finish(layer.add_mlp(layer.add_attention(x_BTD, mixed_BTD)), per_layer_BTP), layer_cache
 
 
 def forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache, prefill_cfg=None) -> tuple[jax.Array, Cache]:
@@ -87,25 +92,28 @@ def forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache, prefill_cfg
 def _forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache, prefill_cfg) -> tuple[jax.Array, Cache]:
     cfg = model.cfg
     x_BTD = model.embed(tokens_BT, positions_BT)
+    inputs_BTLP = model.per_layer_inputs(tokens_BT, x_BTD)  # per-layer embeddings, or None
+    inputs_L = None if inputs_BTLP is None else jnp.moveaxis(inputs_BTLP, 2, 0)
     groups, stacks = cache_groups(cfg), layer_stacks(cfg)
     if cfg.scan_layers and len(groups) == 1 and len(stacks) == 1 and len(stacks[0].unit) == 1:
         # every layer alike and in one stack: scan them as training does
         (key, (per_layer, shared)), = cache.stacks.items()
 
-        def body(x, layer, layer_cache):
-            return _block(layer, key, x, positions_BT, lengths_B, layer_cache, shared, prefill_cfg)
-        scan = nnx.scan(body, in_axes=(nnx.Carry, 0, 0), out_axes=(nnx.Carry, 0),
+        def body(x, layer, layer_cache, inputs):
+            return _block(layer, key, x, positions_BT, lengths_B, layer_cache, shared, prefill_cfg, {}, inputs)
+        scan = nnx.scan(body, in_axes=(nnx.Carry, 0, 0, None if inputs_L is None else 0), out_axes=(nnx.Carry, 0),
                         transform_metadata={nnx.PARTITION_NAME: "layers"})
-        x_BTD, per_layer = scan(x_BTD, model.layers, per_layer)
+        x_BTD, per_layer = scan(x_BTD, model.layers, per_layer, inputs_L)
         new = {key: per_layer}
     else:
-        kinds, written = layer_kinds(cfg), {key: [] for key in groups}
-        for layer, kind in zip(model.blocks(), kinds):
+        kinds, written, context = layer_kinds(cfg), {key: [] for key in groups}, {}
+        for i, (layer, kind) in enumerate(zip(model.blocks(), kinds)):
             key = (kind.mixer, kind.variant)
             per_layer, shared = cache.stacks[key]
             j = len(written[key])
             x_BTD, layer_cache = _block(layer, key, x_BTD, positions_BT, lengths_B,
-                                        jax.tree.map(lambda a, j=j: a[j], per_layer), shared, prefill_cfg)
+                                        jax.tree.map(lambda a, j=j: a[j], per_layer), shared, prefill_cfg, context,
+                                        None if inputs_L is None else inputs_L[i])
             written[key].append(layer_cache)
         new = {key: jax.tree.map(lambda *a: jnp.stack(a), *caches) for key, caches in written.items()}
     stacks = {key: (new[key], MIXERS[key[0]].cache().advance(shared, positions_BT, lengths_B))

@@ -51,6 +51,10 @@ class Family:
     # full-attention layers gate their output by sigmoid of a second query projection (q_gate), per
     # head and dimension, before the output projection (Qwen3.5, Qwen3-Next)
     attn_output_gate: bool = False
+    # "module:function(cfg, kinds) → kinds": the family rewrites the pattern's layer kinds (Gemma 4's
+    # wide global layers and key/value-sharing layers are mixer kinds of their own)
+    layer_kinds: str = ""
+    layer_scalar: bool = False  # each layer's output multiplied by a stored scalar (Gemma 4's layer_scalar)
 
     @property
     def mlp_matrices(self) -> int:

@@ -7,7 +7,8 @@ Per layer and per token-batch (B sequences of T tokens; D, N, K, H, F, V, L as i
   attention  = 4·B·T²·N·H / 2     (QKᵀ and PV; halved because the causal mask skips half; a
                                    sliding-window layer only over its window: 4·B·N·H·(T·W − W²/2))
 and once per model: unembedding = 2·B·T·D·V (the input embedding is a lookup, not a matmul); each
-multi-token-prediction depth: its [2D, D] projection, one layer of the last layer's kinds, the head.
+multi-token-prediction depth: its [2D, D] projection, one layer of the last layer's kinds, the head;
+per-layer embeddings (Gemma 4, P = per_layer_embed_dim): 2·B·T·D·L·P + L·2·(2·B·T·D·P).
 A mixture-of-experts layer counts its active parameters, as MaxText does: the router 2·B·T·D·E and
 the k routed experts plus the shared ones, each 2·B·T·D·F_moe·m (F_moe = base_moe_mlp_dim); what a
 `dense` implementation computes beyond that, and capacity padding, is overhead, not useful work.
@@ -37,6 +38,9 @@ def forward_flops_by_part(cfg, batch_size: int | None = None) -> dict[str, float
         last = layer_kinds(cfg)[-1]
         layer = sum(MIXERS[last.mixer].flops(cfg, B, T, last.variant).values()) + FEED_FORWARDS[last.ffn].flops(cfg, B * T)
         parts["mtp"] = cfg.mtp_num_layers * (2 * B * T * 2 * D * D + layer + 2 * B * T * D * V)
+    if cfg.per_layer_embed_dim:  # per-layer embeddings: the projection of the embedding, each layer's gate and proj
+        L, P = cfg.base_num_decoder_layers, cfg.per_layer_embed_dim
+        parts["per_layer"] = 2 * B * T * D * L * P + L * 2 * (2 * B * T * D * P)
     return {**parts, "unembed": 2 * B * T * D * V}
 
 
@@ -63,4 +67,4 @@ def active_param_count(cfg, total: int) -> int:
     per_expert = family(cfg).mlp_matrices * cfg.base_emb_dim * cfg.base_moe_mlp_dim
     if cfg.mlp_bias:  # gpt-oss: each expert's gate, up and down biases
         per_expert += 2 * cfg.base_moe_mlp_dim + cfg.base_emb_dim
-    return total - layer_mlps(cfg).count("moe") * idle * per_expert
+    return total - sum(FEED_FORWARDS[f].routed for f in layer_mlps(cfg)) * idle * per_expert

@@ -59,6 +59,7 @@ class FeedForwardKind:
     module: str                         # "package.module:function(cfg, rngs) → module"
     flops: Callable                     # (cfg, tokens) → forward FLOPs
     routed: bool = False                # returns routing statistics (the auxiliary losses' input)
+    raw_input: bool = False             # reads the un-normed residual (it norms its own branches)
 
     def make(self, cfg, rngs):
         path, name = self.module.split(":")
@@ -143,6 +144,30 @@ def _gdn_cache(cfg, variant: str, length: int) -> int:
     return state * (2 if cfg.dtype == "bfloat16" else 1) + (cfg.gdn_conv_kernel_dim - 1) * channels
 
 
+def attention_shape(cfg, wide: bool) -> tuple[int, int]:
+    """(K kv heads, H head dim) of a layer: a wide one (Gemma 4's global layers) has its own."""
+    if wide:
+        return cfg.global_num_kv_heads or cfg.base_num_kv_heads, cfg.global_head_dim or cfg.head_dim
+    return cfg.base_num_kv_heads, cfg.head_dim
+
+
+def _shaped_attention(wide: bool, shared: bool) -> tuple[Callable, Callable]:
+    """FLOPs and decode-cache numbers of an attention layer of its own shape (`wide`) that may take its
+    keys and values from an earlier layer (`shared`: no projections, no cache of its own)."""
+    def flops(cfg, B: int, T: int, variant: str) -> dict:
+        D, N = cfg.base_emb_dim, cfg.base_num_query_heads
+        K, H = attention_shape(cfg, wide)
+        kv = 0 if shared else (1 if wide and cfg.attention_k_eq_v else 2) * K
+        return {"qkv": 2 * B * T * D * (N + kv) * H, "out": 2 * B * T * N * H * D,
+                "attention": attention_core_flops(B, T, N, H, _window(cfg, variant))}
+
+    def cache(cfg, variant: str, length: int) -> int:
+        K, H = attention_shape(cfg, wide)
+        w = _window(cfg, variant)
+        return 0 if shared else 2 * (min(w, length) if w else length) * K * H
+    return flops, cache
+
+
 MIXERS = {m.name: m for m in (
     MixerKind("attention", "maxlite.models.layers:Attention",
               {"global": "full_attention", "local": "sliding_attention"}, _attention_flops, _attention_cache,
@@ -152,10 +177,19 @@ MIXERS = {m.name: m for m in (
               "maxlite.models.mla_cache"),
     MixerKind("gated_deltanet", "maxlite.models.gated_deltanet:GatedDeltaNet", {"linear": "linear_attention"},
               _gdn_flops, _gdn_cache, "maxlite.models.gdn_cache"),
+    # Gemma 4 (maxlite/models/gemma4.py): local and (wide) global layers, each also as a layer that
+    # reuses the keys and values of the last earlier layer of its kind
+    *(MixerKind(f"gemma4_{v}{'_shared' if shared else ''}", f"maxlite.models.gemma4:{v}_attention{'_shared' if shared else ''}",
+                {v: hf}, *_shaped_attention(v == "global", shared),
+                f"maxlite.models.gemma4_{'shared_' if shared else ''}cache")
+      for v, hf in (("local", "sliding_attention"), ("global", "full_attention")) for shared in (False, True)),
 )}
 FEED_FORWARDS = {f.name: f for f in (
     FeedForwardKind("dense", "maxlite.models.layers:make_mlp", _dense_flops),
     FeedForwardKind("moe", "maxlite.models.moe:MoE", _moe_flops, routed=True),
+    FeedForwardKind("dense_wide", "maxlite.models.gemma4:wide_mlp", lambda cfg, tokens: 2 * _dense_flops(cfg, tokens)),
+    FeedForwardKind("gemma4_moe", "maxlite.models.gemma4:MoEBlock",
+                    lambda cfg, tokens: _dense_flops(cfg, tokens) + _moe_flops(cfg, tokens), routed=True, raw_input=True),
 )}
 # HF layer_types name → (mixer, variant), and a pattern's variant → its mixer; the first mixer naming
 # it keeps it (MLA's layers carry GQA's names: which attention a layer has is `attention_type`'s,
@@ -193,7 +227,13 @@ def layer_ffns(cfg) -> tuple[str, ...]:
 
 
 def layer_kinds(cfg) -> tuple[LayerKind, ...]:
-    return tuple(LayerKind(m, v, f) for (m, v), f in zip(pattern_mixers(cfg), layer_ffns(cfg)))
+    """Each layer's kinds: the pattern's, then the family's own rewrite (`Family.layer_kinds`) if any."""
+    kinds = tuple(LayerKind(m, v, f) for (m, v), f in zip(pattern_mixers(cfg), layer_ffns(cfg)))
+    hook = family(cfg).layer_kinds
+    if hook:
+        path, name = hook.split(":")
+        kinds = getattr(importlib.import_module(path), name)(cfg, kinds)
+    return kinds
 
 
 def cache_groups(cfg) -> dict[tuple[str, str], list[int]]:
@@ -227,14 +267,31 @@ def check_layer_types(types, num_layers: int) -> str | None:
     return None
 
 
+def check_kv_sharing(cfg) -> str | None:
+    """Why the last num_kv_shared_layers layers cannot share keys and values here, or None: each needs
+    an earlier layer of its kind (variant) that computes its own."""
+    n = cfg.num_kv_shared_layers
+    if not n:
+        return None
+    if n >= cfg.base_num_decoder_layers:
+        return f"num_kv_shared_layers={n}: at least one layer must compute keys and values"
+    variants = [v for _, v in pattern_mixers(cfg)]
+    first = len(variants) - n
+    missing = sorted(set(variants[first:]) - set(variants[:first]))
+    if missing:
+        return (f"num_kv_shared_layers={n}: no layer before the sharing ones is {missing[0]} (a shared layer reuses "
+                f"the last earlier layer of its kind)")
+    return None
+
+
 def layer_windows(cfg) -> tuple[int, ...]:
     """Each layer's sliding window (0: global layers and mixers without one)."""
     return tuple(_window(cfg, variant) for _, variant in pattern_mixers(cfg))
 
 
 def layer_mlps(cfg) -> tuple[str, ...]:
-    """Each layer's feed-forward kind ("dense" | "moe")."""
-    return layer_ffns(cfg)
+    """Each layer's feed-forward kind ("dense" | "moe" | a family's own)."""
+    return tuple(k.ffn for k in layer_kinds(cfg))
 
 
 @dataclasses.dataclass(frozen=True)

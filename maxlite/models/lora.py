@@ -73,33 +73,26 @@ def names(cfg) -> list[tuple[str, str, str, int]]:
 
 def merged(cfg, pure: dict[str, Any]) -> dict[str, Any]:
     """A nested numpy params tree with each adapter folded into its kernel (float32 math) and the
-    adapters dropped: what the HF export writes, and what the model computes."""
+    adapters dropped: what the HF export writes, and what the model computes. Wherever a block
+    holds adapters: a stacked one ([L, ...] or [units, ...] leaves) or one layer's."""
     if cfg.lora_rank == 0:
         return pure
     s = scale(cfg)
     out = _copy(pure)
-    stacked = cfg.scan_layers  # [L, ...] leaves; else {0: {...}, 1: {...}}
-    for layer in _layers(out):
-        for _, block, kernel, _ in names(cfg):
-            if f"{kernel}_lora_a" not in layer.get(block, {}):  # a mixer kind without this kernel's adapter
-                continue
-            a = np.asarray(layer[block].pop(f"{kernel}_lora_a"), np.float32)
-            b = np.asarray(layer[block].pop(f"{kernel}_lora_b"), np.float32)
+
+    def fold(node: dict) -> None:
+        for child in node.values():
+            if isinstance(child, dict):
+                fold(child)
+        for kernel in sorted(k[:-len("_lora_a")] for k in list(node) if str(k).endswith("_lora_a")):
+            a = np.asarray(node.pop(f"{kernel}_lora_a"), np.float32)
+            b = np.asarray(node.pop(f"{kernel}_lora_b"), np.float32)
+            w = np.asarray(node[kernel])
+            stacked = a.ndim + b.ndim - 2 > w.ndim  # both carry the stack's leading axis
             update = _stacked_product(a, b) if stacked else _stacked_product(a[None], b[None])[0]
-            w = np.asarray(layer[block][kernel])
-            layer[block][kernel] = (w.astype(np.float32) + s * update).astype(w.dtype)
+            node[kernel] = (w.astype(np.float32) + s * update).astype(w.dtype)
+    fold(out)  # every stack (dense_layers, layers, a hybrid's units) and unrolled layer
     return out
-
-
-def _layers(tree: dict):
-    """Every layer (or stack of layers) of a params tree: the dicts holding an `attn` or `mlp` block,
-    wherever the layer stacks keep them (a hybrid's units: layers/blocks/j)."""
-    if "attn" in tree or "mlp" in tree:
-        yield tree
-        return
-    for value in tree.values():
-        if isinstance(value, dict):
-            yield from _layers(value)
 
 
 def _stacked_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:

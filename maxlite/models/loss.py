@@ -54,16 +54,19 @@ def _unchunk(x_nBC):
     return jnp.moveaxis(x_nBC, 0, 2).reshape(B, C * n, *x_nBC.shape[3:])
 
 
-def _logits(x_BCD, head, spec: str):
+def _logits(x_BCD, head, spec: str, softcap: float = 0.0):
+    """The chunk's logits, soft-capped to c·tanh(z/c) when `softcap` c > 0 (Gemma 4)."""
     logits_BCV = project(f"bcd,{spec}->bcv", x_BCD, head).astype(jnp.float32)
+    if softcap:
+        logits_BCV = softcap * jnp.tanh(logits_BCV / softcap)
     return constrain(logits_BCV, ("activation_batch", "activation_length", "activation_vocab"))
 
 
-def _forward(x_BTD, head, targets_BT, weights_BT, z_loss_weight, n, spec):
+def _forward(x_BTD, head, targets_BT, weights_BT, z_loss_weight, n, spec, softcap):
     def body(carry, xs):
         loss_sum, xent_sum = carry
         x_BCD, targets_BC, weights_BC = xs
-        logits_BCV = _logits(x_BCD, head, spec)
+        logits_BCV = _logits(x_BCD, head, spec, softcap)
         log_z_BC = jax.nn.logsumexp(logits_BCV, axis=-1)
         target_BC = jnp.take_along_axis(logits_BCV, targets_BC[..., None], axis=-1)[..., 0]
         xent = jnp.sum((log_z_BC - target_BC) * weights_BC)
@@ -76,20 +79,21 @@ def _forward(x_BTD, head, targets_BT, weights_BT, z_loss_weight, n, spec):
     return (loss_sum, xent_sum), log_z_nBC
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
 def chunked_loss_sums(x_BTD, head, targets_BT, weights_BT, z_loss_weight: float, n: int,
-                      spec: str = "dv"):
+                      spec: str = "dv", softcap: float = 0.0):
     """(Σ w·(xent + z_loss_weight·log_z²), Σ w·xent) over all tokens, in n sequence chunks; `head`
-    is [D, V] (spec "dv") or [V, D] ("vd"), in any dtype (cast to x's for the products)."""
-    return _forward(x_BTD, head, targets_BT, weights_BT, z_loss_weight, n, spec)[0]
+    is [D, V] (spec "dv") or [V, D] ("vd"), in any dtype (cast to x's for the products); logits
+    soft-capped when `softcap` > 0."""
+    return _forward(x_BTD, head, targets_BT, weights_BT, z_loss_weight, n, spec, softcap)[0]
 
 
-def _fwd(x_BTD, head, targets_BT, weights_BT, z_loss_weight, n, spec):
-    sums, log_z_nBC = _forward(x_BTD, head, targets_BT, weights_BT, z_loss_weight, n, spec)
+def _fwd(x_BTD, head, targets_BT, weights_BT, z_loss_weight, n, spec, softcap):
+    sums, log_z_nBC = _forward(x_BTD, head, targets_BT, weights_BT, z_loss_weight, n, spec, softcap)
     return sums, (x_BTD, head, targets_BT, weights_BT, log_z_nBC)
 
 
-def _bwd(z_loss_weight, n, spec, res, cotangents):
+def _bwd(z_loss_weight, n, spec, softcap, res, cotangents):
     x_BTD, head, targets_BT, weights_BT, log_z_nBC = res
     g_loss, g_xent = cotangents
     V = head.shape[spec.index("v")]
@@ -97,13 +101,15 @@ def _bwd(z_loss_weight, n, spec, res, cotangents):
 
     def body(dhead, xs):
         x_BCD, targets_BC, weights_BC, log_z_BC = xs
-        logits_BCV = _logits(x_BCD, head, spec)
+        logits_BCV = _logits(x_BCD, head, spec, softcap)
         probs_BCV = jnp.exp(logits_BCV - log_z_BC[..., None])
         # d/dlogits of w·xent is w·(softmax − onehot); of w·log_z² it is 2·w·log_z·softmax
         scale_BC = weights_BC * (g_loss + g_xent + 2 * z_loss_weight * g_loss * log_z_BC)
         onehot_BCV = jax.nn.one_hot(targets_BC, V, dtype=jnp.float32)
         dlogits_BCV = (probs_BCV * scale_BC[..., None]
                        - onehot_BCV * (weights_BC * (g_loss + g_xent))[..., None])
+        if softcap:  # through c·tanh(z/c): d/dz = 1 − tanh²
+            dlogits_BCV = dlogits_BCV * (1 - jnp.square(logits_BCV / softcap))
         dlogits_BCV = dlogits_BCV.astype(head_c.dtype)
         dx_BCD = jnp.einsum(f"bcv,{spec}->bcd", dlogits_BCV, head_c,
                             preferred_element_type=jnp.float32).astype(x_BCD.dtype)

@@ -22,7 +22,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 import math
 
-from maxlite.models import matmul, pipeline
+from maxlite.models import gemma4, matmul, pipeline
 from maxlite.models.families import family
 from maxlite.models.kinds import FEED_FORWARDS, MIXERS, layer_kinds, layer_place, layer_stacks, layer_windows
 from maxlite.models.layers import BTD, constrain, make_norm, param
@@ -58,12 +58,17 @@ class Block(nnx.Module):
         self.attn = mixer.cls()(cfg, rngs=rngs)
         if fam.post_norms:
             self.attn_post_norm = make_norm(cfg, D, rngs)
-        if fam.pre_norms:
+        if fam.pre_norms and not ffn.raw_input:
             self.mlp_norm = make_norm(cfg, D, rngs)
         self.mlp = ffn.make(cfg, rngs)
         if fam.post_norms:
             self.mlp_post_norm = make_norm(cfg, D, rngs)
+        if cfg.per_layer_embed_dim:
+            self.per_layer = gemma4.PerLayerBranch(cfg, rngs=rngs)
+        if fam.layer_scalar:
+            self.layer_scalar = param(rngs, (1,), ("norm",), jnp.dtype(cfg.weight_dtype), init="ones")
         self.pre_norms, self.post_norms, self.routed = fam.pre_norms, fam.post_norms, ffn.routed
+        self.ffn_pre_norm = fam.pre_norms and not ffn.raw_input
 
     def mixer_input(self, x_BTD):
         """What the mixer reads: the pre-normed residual (decoding calls it too)."""
@@ -77,21 +82,40 @@ class Block(nnx.Module):
         return x_BTD + (self.mlp_post_norm(h_BTD) if self.post_norms else h_BTD)
 
     def _ffn_input(self, x_BTD):
-        return self.mlp_norm(x_BTD) if self.pre_norms else x_BTD
+        return self.mlp_norm(x_BTD) if self.ffn_pre_norm else x_BTD
 
     def add_mlp(self, x_BTD, dropout_key=None):
         """The feed-forward branch as decoding runs it (a MoE layer dropless)."""
         return self._add(x_BTD, self.mlp(self._ffn_input(x_BTD), dropout_key))
 
-    def __call__(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None, local=False):
-        """(x_BTD, the MoE layer's routing statistics or None)."""
+    def finish(self, x_BTD, per_layer_BTP=None):
+        """After the feed-forward: the per-layer embedding branch and the layer's scalar (Gemma 4)."""
+        if per_layer_BTP is not None:
+            x_BTD = self.per_layer(x_BTD, per_layer_BTP)
+        if hasattr(self, "layer_scalar"):
+            x_BTD = x_BTD * self.layer_scalar[...].astype(x_BTD.dtype)
+        return x_BTD
+
+    def __call__(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None, local=False, per_layer_BTP=None):
+        """(x_BTD, the MoE layer's routing statistics or None). In a model whose last layers share keys
+        and values, x_BTD comes and goes as (x_BTD, kv): the keys and values they reuse."""
+        kv = None
+        if isinstance(x_BTD, tuple):
+            x_BTD, kv = x_BTD
         key_attn, key_mlp = (None, None) if dropout_key is None else jax.random.split(dropout_key)
-        x_BTD = self.add_attention(x_BTD, self.attn(self.mixer_input(x_BTD), positions_BT, segment_ids_BT,
-                                                    key_attn, local))
+        mixed = self.attn(self.mixer_input(x_BTD), positions_BT, segment_ids_BT, key_attn, local,
+                          **({} if kv is None else {"kv": kv}))
+        if kv is not None:
+            mixed, kv = mixed
+        x_BTD = self.add_attention(x_BTD, mixed)
+        stats = None
         if not self.routed:
-            return constrain(self.add_mlp(x_BTD, key_mlp), BTD), None
-        h_BTD, stats = self.mlp.routed(self._ffn_input(x_BTD), segment_ids_BT, key_mlp)
-        return constrain(self._add(x_BTD, h_BTD), BTD), stats
+            x_BTD = self.add_mlp(x_BTD, key_mlp)
+        else:
+            h_BTD, stats = self.mlp.routed(self._ffn_input(x_BTD), segment_ids_BT, key_mlp)
+            x_BTD = self._add(x_BTD, h_BTD)
+        x_BTD = constrain(self.finish(x_BTD, per_layer_BTP), BTD)
+        return (x_BTD if kv is None else (x_BTD, kv)), stats
 
 
 class Unit(nnx.Module):
@@ -102,14 +126,15 @@ class Unit(nnx.Module):
         self.blocks = nnx.List([Block(cfg, rngs=nnx.Rngs(params=key), structure=s)
                                 for s, key in zip(structures, keys)])
 
-    def __call__(self, x_BTD, positions_BT, segment_ids_BT, dropout_keys=None, local=False):
-        """(x_BTD, the MoE layers' statistics stacked [m, ...] or None); `dropout_keys` and
-        `local` (a bool, or one flag per layer) are the unit's layers'."""
+    def __call__(self, x_BTD, positions_BT, segment_ids_BT, dropout_keys=None, local=False, per_layer=None):
+        """(x_BTD, the MoE layers' statistics stacked [m, ...] or None); `dropout_keys`, `local` (a
+        bool, or one flag per layer) and `per_layer` ([m, B, T, P] or None) are the unit's layers'."""
         stats = []
         for j, block in enumerate(self.blocks):
             key = None if dropout_keys is None else dropout_keys[j]
             x_BTD, s = block(x_BTD, positions_BT, segment_ids_BT, key,
-                             local if isinstance(local, bool) else local[j])
+                             local if isinstance(local, bool) else local[j],
+                             None if per_layer is None else per_layer[j])
             if s is not None:
                 stats.append(s)
         return x_BTD, (jax.tree.map(lambda *a: jnp.stack(a), *stats) if stats else None)
@@ -168,26 +193,35 @@ class Transformer(nnx.Module):
                 unit_keys = keys[stack.first:stack.first + stack.count * n].reshape(stack.count, n)
 
                 setattr(self, stack.name, _stack_maker(cfg, stack.unit)(unit_keys))
+        if cfg.per_layer_embed_dim:
+            self.per_layer = gemma4.PerLayerInputs(cfg, rngs=rngs)
         self.final_norm = make_norm(cfg, D, rngs)
         if cfg.mtp_num_layers:  # training only: decoding never runs them
             self.mtp = nnx.List([MTPLayer(cfg, rngs=rngs) for _ in range(cfg.mtp_num_layers)])
         if not cfg.logits_via_embedding:
             self.unembedding = param(rngs, (D, V), ("embed", "vocab"), wd, scale=cfg.init_scale)
 
-    def _run_layers(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None):
+    def _run_layers(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None, per_layer_BTLP=None):
         """(x_BTD, the MoE layers' routing statistics stacked in layer order [L_moe, ...] or None).
         Each layer's `local` flag: a Python bool for unrolled layers and for a stack whose layers
-        are alike, else an array scanned with the layers."""
+        are alike, else an array scanned with the layers; its per-layer input (per-layer embeddings)
+        is scanned with it. With key/value-sharing layers the hidden states travel with the keys and
+        values they reuse (gemma4.shared_kv_start)."""
         cfg = self.cfg
         keys_L = None if dropout_key is None else jax.random.split(dropout_key, cfg.base_num_decoder_layers)
+        ple_L = None if per_layer_BTLP is None else jnp.moveaxis(per_layer_BTLP, 2, 0)
         local = tuple(w > 0 for w in layer_windows(cfg))
+        if cfg.num_kv_shared_layers:
+            x_BTD = (x_BTD, gemma4.shared_kv_start(cfg, x_BTD))
 
-        def block_fn(x, layer, positions, segment_ids, key, local):
-            return layer(checkpoint_name(x, "decoder_layer_input"), positions, segment_ids, key, local)
+        def block_fn(x, layer, positions, segment_ids, key, ple, local):
+            x = (checkpoint_name(x[0], "decoder_layer_input"), x[1]) if isinstance(x, tuple) else \
+                checkpoint_name(x, "decoder_layer_input")
+            return layer(x, positions, segment_ids, key, local, ple)
 
         def static(flag: bool):  # the flag bound as a constant (NNX transforms take positions only)
-            return lambda x, layer, positions, segment_ids, key: block_fn(x, layer, positions, segment_ids,
-                                                                          key, flag)
+            return lambda x, layer, positions, segment_ids, key, ple: block_fn(x, layer, positions, segment_ids,
+                                                                               key, ple, flag)
 
         def remat(fn):
             if cfg.remat_policy == "none":
@@ -198,10 +232,11 @@ class Transformer(nnx.Module):
         if not cfg.scan_layers:  # a static flag per layer
             for i, layer in enumerate(self.layers):
                 fn = remat(static(local[i]))
-                x_BTD, s = fn(x_BTD, layer, positions_BT, segment_ids_BT, None if keys_L is None else keys_L[i])
+                x_BTD, s = fn(x_BTD, layer, positions_BT, segment_ids_BT, None if keys_L is None else keys_L[i],
+                              None if ple_L is None else ple_L[i])
                 stats += [] if s is None else [jax.tree.map(lambda a: a[None], s)]
-            return x_BTD, _concat(stats)
-        if pipeline.num_stages(cfg) > 1:  # the one stack, split into pipeline stages
+            return _hidden(x_BTD), _concat(stats)
+        if pipeline.num_stages(cfg) > 1:  # the one stack, split into pipeline stages (no per-layer inputs)
             return pipeline.run(cfg, self.layers, x_BTD, positions_BT, segment_ids_BT, local,
                                 None if cfg.remat_policy == "none" else REMAT_POLICIES[cfg.remat_policy])
         for stack in layer_stacks(cfg):
@@ -209,20 +244,22 @@ class Transformer(nnx.Module):
             span = slice(stack.first, stack.first + stack.count * n)
             keys = None if keys_L is None else keys_L[span].reshape((stack.count, n)[:1 if n == 1 else 2])
             key_axis = None if keys is None else 0
+            ple = None if ple_L is None else ple_L[span].reshape(stack.count, *((n,) if n > 1 else ()), *ple_L.shape[1:])
+            ple_axis = None if ple is None else 0
             flags = local[span]
             if len(set(flags)) == 1:  # every layer alike: the flag is static
-                scan_fn = nnx.scan(remat(static(flags[0])), in_axes=(nnx.Carry, 0, None, None, key_axis),
+                scan_fn = nnx.scan(remat(static(flags[0])), in_axes=(nnx.Carry, 0, None, None, key_axis, ple_axis),
                                    out_axes=(nnx.Carry, 0), transform_metadata={nnx.PARTITION_NAME: "layers"})
-                x_BTD, s = scan_fn(x_BTD, getattr(self, stack.name), positions_BT, segment_ids_BT, keys)
+                x_BTD, s = scan_fn(x_BTD, getattr(self, stack.name), positions_BT, segment_ids_BT, keys, ple)
             else:
                 flags_arr = jnp.asarray(flags).reshape((stack.count, n)[:1 if n == 1 else 2])
-                scan_fn = nnx.scan(remat(block_fn), in_axes=(nnx.Carry, 0, None, None, key_axis, 0),
+                scan_fn = nnx.scan(remat(block_fn), in_axes=(nnx.Carry, 0, None, None, key_axis, ple_axis, 0),
                                    out_axes=(nnx.Carry, 0), transform_metadata={nnx.PARTITION_NAME: "layers"})
-                x_BTD, s = scan_fn(x_BTD, getattr(self, stack.name), positions_BT, segment_ids_BT, keys,
+                x_BTD, s = scan_fn(x_BTD, getattr(self, stack.name), positions_BT, segment_ids_BT, keys, ple,
                                    flags_arr)
             if s is not None:  # [count, ...], or [count, m, ...] for units of several layers
                 stats.append(s if n == 1 else jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), s))
-        return x_BTD, _concat(stats)
+        return _hidden(x_BTD), _concat(stats)
 
     def blocks(self) -> list:
         """The layers one by one, in order (scanned stacks sliced per layer): what decoding walks."""
@@ -248,12 +285,17 @@ class Transformer(nnx.Module):
             x_BTD = x_BTD + jnp.take(self.positions[...], positions_BT, axis=0).astype(dt)
         return constrain(x_BTD, BTD)
 
+    def per_layer_inputs(self, inputs_BT, x_BTD):
+        """Each token's per-layer embeddings [B, T, L, P] (from the ids and their embeddings), or None."""
+        return self.per_layer(inputs_BT, x_BTD) if self.cfg.per_layer_embed_dim else None
+
     def forward(self, inputs_BT, positions_BT, segment_ids_BT, dropout_key=None):
         """(the final-normed hidden states x_BTD, the MoE layers' routing statistics stacked
         [L_moe, ...] or None: maxlite.models.moe.aux_losses turns them into losses and metrics)."""
         x_BTD = self.embed(inputs_BT, positions_BT)
         with matmul.quantization(self.cfg.quantization):  # the model's own mode, while its layers trace
-            x_BTD, stats = self._run_layers(x_BTD, positions_BT, segment_ids_BT, dropout_key)
+            x_BTD, stats = self._run_layers(x_BTD, positions_BT, segment_ids_BT, dropout_key,
+                                            self.per_layer_inputs(inputs_BT, x_BTD))
         return self.final_norm(x_BTD), stats
 
     def hidden(self, inputs_BT, positions_BT, segment_ids_BT, dropout_key=None):
@@ -275,6 +317,9 @@ class Transformer(nnx.Module):
         itself and on CPU returns its gradient in its own dtype."""
         spec, w = self.head()
         logits_BTV = matmul.project(f"btd,{spec}->btv", x_BTD, w).astype(jnp.float32)
+        if self.cfg.final_logit_softcapping:
+            cap = self.cfg.final_logit_softcapping
+            logits_BTV = cap * jnp.tanh(logits_BTV / cap)
         return constrain(logits_BTV, ("activation_batch", "activation_length", "activation_vocab"))
 
     def __call__(self, inputs_BT, positions_BT, segment_ids_BT, dropout_key=None):
@@ -289,6 +334,11 @@ def _stack_maker(cfg, unit: tuple[str, ...]):
             return Block(cfg, rngs=nnx.Rngs(params=keys[0]), structure=unit[0])
         return Unit(cfg, unit, keys)
     return make
+
+
+def _hidden(x):
+    """The hidden states (without the keys and values the sharing layers reused)."""
+    return x[0] if isinstance(x, tuple) else x
 
 
 def _concat(stats: list):
