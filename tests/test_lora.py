@@ -57,11 +57,12 @@ def test_only_adapters_train_shard_like_their_base_and_resume(tmp_path):
     specs = {name: _spec(s.spec) for name, s in _flat(nnx.to_pure_dict(built.shardings.params))}
     base = specs["layers/attn/q"]  # [layers, embed, heads, head_dim]
     embed = ("fsdp", "context")  # the model dim over fsdp × context (context 1 here)
-    assert base == PartitionSpec(None, embed, "tensor")
-    assert specs["layers/attn/q_lora_a"] == PartitionSpec(None, embed)
-    assert specs["layers/attn/q_lora_b"] == PartitionSpec(None, None, "tensor")
-    assert specs["layers/mlp/down_lora_a"] == PartitionSpec(None, "tensor")  # in: mlp
-    assert specs["layers/mlp/down_lora_b"] == PartitionSpec(None, None, embed)  # out: embed
+    layers = "stage"  # the layer stack over the pipeline axis (1 stage here)
+    assert base == PartitionSpec(layers, embed, "tensor")
+    assert specs["layers/attn/q_lora_a"] == PartitionSpec(layers, embed)
+    assert specs["layers/attn/q_lora_b"] == PartitionSpec(layers, None, "tensor")
+    assert specs["layers/mlp/down_lora_a"] == PartitionSpec(layers, "tensor")  # in: mlp
+    assert specs["layers/mlp/down_lora_b"] == PartitionSpec(layers, None, embed)  # out: embed
 
     start = P.to_pure(built.init_state().params)
     train(C.load([*argv, "steps=4", "run_name=a"]))
