@@ -103,6 +103,7 @@ def test_capped_receive_buffers_drop_each_senders_last_rows_and_count_them():
 
     from maxlite import config as C, mesh as mesh_lib
     from maxlite.models import moe, moe_kernels, moe_parallel
+    from maxlite.models.layers import glu
 
     E, k, T, D, F = 8, 2, 8, 16, 8
     cfg = C.load([*MOE, f"num_experts={E}", f"num_experts_per_tok={k}", f"base_emb_dim={D}"])
@@ -111,17 +112,17 @@ def test_capped_receive_buffers_drop_each_senders_last_rows_and_count_them():
     router = jnp.asarray(rng.normal(0, 1, (D, E)) + np.array([2.0, 1.5, 0, 0, 0, 0, 0, 0]), jnp.float32)
     gate, up, down = (jnp.asarray(rng.normal(0, 0.3, s), jnp.float32) for s in ((E, D, F), (E, D, F), (E, F, D)))
     routing = moe.route(cfg, x, router, None, jnp.ones((8, T), bool), 0)
-    mesh = Mesh(np.asarray(jax.devices()[:8]).reshape(1, 2, 1, 4, 1), mesh_lib.MESH_AXES,
-                axis_types=(AxisType.Auto,) * 5)
+    mesh = Mesh(np.asarray(jax.devices()[:8]).reshape(1, 1, 2, 1, 4, 1), mesh_lib.MESH_AXES,
+                axis_types=(AxisType.Auto,) * len(mesh_lib.MESH_AXES))
     with jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.RULES):
-        run = jax.jit(lambda f: moe_parallel.experts("ragged", x, routing, 0, gate, up, down, jax.nn.silu, f),
+        run = jax.jit(lambda f: moe_parallel.experts("ragged", x, routing, 0, gate, up, down, glu(cfg), f),
                       static_argnums=0)
         capped, dropped = run(1.0)
         whole, none = run(4.0)
     kept = _kept_by_capped_buffers(np.asarray(routing.experts_BTk), 4, E // 4, T * k)
     assert 0 < (~kept).sum() < kept.size // 4  # the case the test is about: some, not most, dropped
     assert float(dropped) == (~kept).sum() and float(none) == 0
-    want = moe_kernels.dense(x, routing._replace(weights_BTk=routing.weights_BTk * kept), gate, up, down, jax.nn.silu)
+    want = moe_kernels.dense(x, routing._replace(weights_BTk=routing.weights_BTk * kept), gate, up, down, glu(cfg))
     np.testing.assert_allclose(np.asarray(capped), np.asarray(want), rtol=1e-5, atol=1e-5)
-    full = moe_kernels.dense(x, routing, gate, up, down, jax.nn.silu)
+    full = moe_kernels.dense(x, routing, gate, up, down, glu(cfg))
     np.testing.assert_allclose(np.asarray(whole), np.asarray(full), rtol=1e-5, atol=1e-5)

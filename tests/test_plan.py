@@ -234,8 +234,8 @@ def test_tiny_fits_v6e_4x4_with_expected_shardings(tiny_plan):
     assert p.mesh == _axes(fsdp=8, tensor=2)
     s = p.param_shardings
     embed = "('fsdp', 'context')"  # the model dim over fsdp × context (context 1 here)
-    assert s["layers/attn/q"] == f"[4, 256, 4, 64] (None, {embed}, 'tensor', None)"
-    assert s["layers/mlp/down"] == f"[4, 768, 256] (None, 'tensor', {embed})"
+    assert s["layers/attn/q"] == f"[4, 256, 4, 64] ('stage', {embed}, 'tensor', None)"  # layers on the pipeline axis (1)
+    assert s["layers/mlp/down"] == f"[4, 768, 256] ('stage', 'tensor', {embed})"
     assert s["embedding"] == f"[4096, 256] ('tensor', {embed})"
     assert 0 < p.peak_bytes < T.CHIPS["v6e"].hbm_bytes
     assert p.collectives["all-gather"]["count"] > p.collectives["all-gather"]["static"]  # per layer

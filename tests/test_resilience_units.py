@@ -230,7 +230,7 @@ def test_snapshot_round_trip_survives_donation(tmp_path):
         assert snaps.take(1, state, expected_data)
         state, _ = step_fn(state, put())  # donates the snapshotted state
         snaps.wait()
-        assert k.steps(snaps.own_kind, 0) == [1] and snaps.own_kind == "own-p1m1x4x1x1x2"  # 1 process; data, fsdp, context, expert, tensor
+        assert k.steps(snaps.own_kind, 0) == [1] and snaps.own_kind == "own-p1m1x1x4x1x1x2"  # 1 process; data, stage, fsdp, context, expert, tensor
         got_state, got_data, got_step, detail = snaps.restore(Vote(8), abstract)
     assert got_step == 1 and got_data == expected_data and detail == "own shards"
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(got_state), expected)

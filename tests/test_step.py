@@ -36,12 +36,12 @@ def test_parameter_and_optimizer_shardings():
     p = state.params
     spec = lambda x: tuple(x.sharding.spec) + (None,) * (x.ndim - len(x.sharding.spec))
     embed = ("fsdp", "context")  # the model dim over fsdp × context (context is 1 here)
-    assert spec(p["layers"]["attn"]["q"][...]) == (None, embed, "tensor", None)  # [L, D, N, H]
-    assert spec(p["layers"]["attn"]["o"][...]) == (None, "tensor", None, embed)  # [L, N, H, D]
-    assert spec(p["layers"]["mlp"]["down"][...]) == (None, "tensor", embed)  # [L, F, D]
+    assert spec(p["layers"]["attn"]["q"][...]) == ("stage", embed, "tensor", None)  # [L, D, N, H]; L on the pipeline axis (1)
+    assert spec(p["layers"]["attn"]["o"][...]) == ("stage", "tensor", None, embed)  # [L, N, H, D]
+    assert spec(p["layers"]["mlp"]["down"][...]) == ("stage", "tensor", embed)  # [L, F, D]
     assert spec(p["embedding"][...]) == ("tensor", embed)  # [V, D]
     assert spec(p["unembedding"][...]) == (embed, "tensor")  # [D, V]
-    assert spec(p["layers"]["attn_norm"]["scale"][...]) == (None, None)
+    assert spec(p["layers"]["attn_norm"]["scale"][...]) == ("stage", None)
     # Nothing whole on one device: the biggest matrix is split 8 ways.
     emb = p["embedding"][...]
     assert emb.addressable_shards[0].data.size == emb.size // 8
