@@ -48,18 +48,25 @@ def check_plain_attention(cfg, name: str, qk_norm: bool = False) -> None:
                          f"local_rope_max_timescale=0 and query_pre_attn_scalar=0 to export as {name}")
 
 
+def head_maps(cfg, prefix: str = "model.") -> list[TensorMap]:
+    """The token embedding, the final norm and (untied) the output head, in HF's naming."""
+    D, V = cfg.base_emb_dim, cfg.vocab_size
+    maps = [same(prefix + "embed_tokens.weight", ("embedding",), (V, D), layer=False),
+            same(prefix + "norm.weight", ("final_norm", "scale"), (D,), layer=False)]
+    if not cfg.logits_via_embedding:
+        maps.append(linear("lm_head.weight", ("unembedding",), (D,), (V,), layer=False))
+    return maps
+
+
 def decoder_maps(cfg, prefix: str = "model.") -> list[TensorMap]:
     """Every tensor of a Llama-style decoder in HF's naming (layer maps carry `{i}`), by trait;
     `prefix` is the decoder's (a multimodal checkpoint nests it)."""
     fam = family(cfg)
     D, N, K, H = cfg.base_emb_dim, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
-    F, V = cfg.base_mlp_dim, cfg.vocab_size
+    F = cfg.base_mlp_dim
     layer = prefix + "layers.{i}."
     a, m = layer + "self_attn.", layer + "mlp."
-    maps = [same(prefix + "embed_tokens.weight", ("embedding",), (V, D), layer=False),
-            same(prefix + "norm.weight", ("final_norm", "scale"), (D,), layer=False)]
-    if not cfg.logits_via_embedding:
-        maps.append(linear("lm_head.weight", ("unembedding",), (D,), (V,), layer=False))
+    maps = head_maps(cfg, prefix)
     if fam.pre_norms:
         maps.append(same(layer + "input_layernorm.weight", ("attn_norm", "scale"), (D,)))
     maps += [

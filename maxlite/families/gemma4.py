@@ -71,10 +71,7 @@ def tensor_maps(cfg, prefix: str = "model.") -> list[TensorMap]:
     D, N, F, V = cfg.base_emb_dim, cfg.base_num_query_heads, cfg.base_mlp_dim, cfg.vocab_size
     layer = prefix + "layers.{i}."
     a, m = layer + "self_attn.", layer + "mlp."
-    maps = [same(prefix + "embed_tokens.weight", ("embedding",), (V, D), layer=False),
-            same(prefix + "norm.weight", ("final_norm", "scale"), (D,), layer=False)]
-    if not cfg.logits_via_embedding:
-        maps.append(linear("lm_head.weight", ("unembedding",), (D,), (V,), layer=False))
+    maps = hf_llama.head_maps(cfg, prefix)
     if cfg.per_layer_embed_dim:
         L, P = cfg.base_num_decoder_layers, cfg.per_layer_embed_dim
         maps += [same(prefix + "embed_tokens_per_layer.weight", ("per_layer", "embedding"),
