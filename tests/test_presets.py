@@ -63,7 +63,7 @@ def test_parameter_count_equals_the_hugging_face_model_of_the_same_config(name):
     """The preset exported as config.json, the model transformers builds from it (on the meta
     device: no memory) has exactly our parameter count (tied heads counted once; the buffers stored with
     the weights counted as the parameters they are here: DeepSeekMoE's routing bias, Gemma 4's
-    layer_scalar).
+    layer_scalar)."""
     import torch
     import transformers
 
