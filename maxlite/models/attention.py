@@ -321,8 +321,10 @@ def _splash_kernel(T: int, N: int, window: int, block_sizes, interpret: bool, he
         head = OrderedMask(context.balanced_order(T, balanced_over), window)
     else:  # a window: keys i − (W − 1) … i; the kernel skips the blocks this mask leaves empty
         head = sm.LocalMask((T, T), (window - 1, 0), offset=0) if window else sm.CausalMask((T, T))
-    return sk.make_splash_mha(sm.MultiHeadMask([head] * N), block_sizes=block_sizes,
-                              head_shards=head_shards, q_seq_shards=q_shards, interpret=interpret)
+    # concrete mask arrays even when first made inside a trace: the cached kernel outlives it
+    with jax.ensure_compile_time_eval():
+        return sk.make_splash_mha(sm.MultiHeadMask([head] * N), block_sizes=block_sizes,
+                                  head_shards=head_shards, q_seq_shards=q_shards, interpret=interpret)
 
 
 def _splash_local(q_BNTH, k_BKSH, v_BKSH, seg_BT, sinks_N=None, *, block_sizes, interpret, window):
