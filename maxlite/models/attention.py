@@ -306,13 +306,13 @@ def splash_block_sizes(cfg, seq_len: int):
     return sk.BlockSizes(**sizes, use_fused_bwd_kernel=cfg.sa_use_fused_bwd_kernel)
 
 
-@functools.lru_cache(maxsize=32)
 def _splash_kernel(T: int, N: int, window: int, block_sizes, interpret: bool, head_shards: int = 1,
                    q_shards: int = 1, balanced_over: int = 0):
     """A splash kernel over a [T, T] causal (or sliding-window) mask for N heads, its mask info
     split into head_shards × q_shards; with `balanced_over` = n the query rows are in the balanced
-    layout of n context shards (maxlite/models/context.py). Made once per shape: processing the mask
-    visits every block pair (minutes at T = 128k)."""
+    layout of n context shards (maxlite/models/context.py). Built per trace (its mask arrays are
+    constants of the trace that made it, so a kernel is never reused across traces); the costly part,
+    processing the mask (every block pair: minutes at T = 128k), is cached by the library per mask."""
     from jax.experimental.pallas.ops.tpu.splash_attention import (splash_attention_kernel as sk,
                                                                   splash_attention_mask as sm)
 
@@ -321,10 +321,8 @@ def _splash_kernel(T: int, N: int, window: int, block_sizes, interpret: bool, he
         head = OrderedMask(context.balanced_order(T, balanced_over), window)
     else:  # a window: keys i − (W − 1) … i; the kernel skips the blocks this mask leaves empty
         head = sm.LocalMask((T, T), (window - 1, 0), offset=0) if window else sm.CausalMask((T, T))
-    # concrete mask arrays even when first made inside a trace: the cached kernel outlives it
-    with jax.ensure_compile_time_eval():
-        return sk.make_splash_mha(sm.MultiHeadMask([head] * N), block_sizes=block_sizes,
-                                  head_shards=head_shards, q_seq_shards=q_shards, interpret=interpret)
+    return sk.make_splash_mha(sm.MultiHeadMask([head] * N), block_sizes=block_sizes,
+                              head_shards=head_shards, q_seq_shards=q_shards, interpret=interpret)
 
 
 def _splash_local(q_BNTH, k_BKSH, v_BKSH, seg_BT, sinks_N=None, *, block_sizes, interpret, window):
