@@ -4,8 +4,9 @@
 
 On MaxText's tiny configuration by default (emb 256, 4 layers, vocab 32,000, 256 tokens, batch 1,
 synthetic data, one device): the start-up probe's timings at these shapes (maxlite/cpu_matmul.py,
-not cached: measured here), then one train step per path, the two interleaved repeat by repeat
-(median wall and process CPU seconds per step). Writes JSON with the command, the CPU's model and
+not cached: measured here, and how long it took), then one train step per path (`bf16`, `f32`, and
+`auto` as a run would resolve it with no cache: its own probe at build), interleaved repeat by
+repeat (median wall and process CPU seconds per step). Writes JSON with the command, the CPU's model and
 flags and the load average before and after (default benchmarks/results/cpu_matmul_<cpu>.json).
 """
 
@@ -50,10 +51,15 @@ def main() -> None:
 
     load_before = _load()
     argv = TINY + args.overrides
+    start = time.perf_counter()
     probe = cpu_matmul.probe(C.load(argv))
-    fns = {}
-    for path in cpu_matmul.PATHS:
-        built = build_lib.build(C.load(argv + [f"cpu_matmul={path}"]), jax.devices()[:1], num_processes=1)
+    probe_wall = time.perf_counter() - start
+    fns, auto = {}, None
+    for path in (*cpu_matmul.PATHS, "auto"):
+        # jax_cache_dir empty: no cpu_matmul.json, so `auto` measures at build as a new machine would
+        built = build_lib.build(C.load(argv + [f"cpu_matmul={path}", "jax_cache_dir="]), jax.devices()[:1],
+                                num_processes=1)
+        auto = built.cpu_matmul if path == "auto" else auto
         batch = {k: jax.device_put(v, built.batch_sharding)
                  for k, v in next(make_synthetic_iterator(built.cfg, "train", 0, 1)).items()}
         box = {"state": built.init_state()}
@@ -72,8 +78,10 @@ def main() -> None:
         "command": "JAX_PLATFORMS=cpu python benchmarks/bench_cpu_matmul.py " + " ".join(sys.argv[1:]),
         "config": argv, "cpu_model": _cpuinfo("model name"), "cpu_flags": _cpuinfo("flags"),
         "cpus": os.cpu_count(), "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""), "load_before": load_before, "load_after": _load(),
-        "probe_seconds": probe, "auto_would_choose": cpu_matmul.faster(probe),
-        "step_faster_path": min(steps, key=lambda p: steps[p]["median_wall_s"]),
+        "probe_seconds": probe, "probe_wall_s": probe_wall, "auto_would_choose": cpu_matmul.faster(probe),
+        "auto_chose": auto.record(),
+        "step_faster_path": min(cpu_matmul.PATHS, key=lambda p: steps[p]["median_wall_s"]),
+        "step_faster_path_cpu_s": min(cpu_matmul.PATHS, key=lambda p: steps[p]["median_cpu_s"]),
         "repeats": args.repeats, "steps_per_repeat": args.steps, "step": steps,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }, out)

@@ -144,7 +144,8 @@ def layer_fns() -> dict:
 
     def moe_layer(x, router, gate, up, down):
         r, aux = routing(x, router)
-        return moe_parallel.experts("blocked", x, r, 0, gate, up, down, glu), aux  # no mesh: this device's tokens
+        y, _ = moe_parallel.experts("blocked", x, r, 0, gate, up, down, glu)  # no mesh: this device's tokens
+        return y, aux
 
     pieces = {
         "dense_mlp_2F": (dense_mlp, (x, normal(D, 2 * F), normal(D, 2 * F), normal(2 * F, D))),
