@@ -13,7 +13,9 @@ change in the machine's load hits them alike:
   layer  one MoE layer's pieces, forward + backward, at tiny-moe's size (2,048 tokens, D 256, 8
          experts of F 384, top 2, bfloat16): the dense MLP of the same active width (2F), the
          routing (+ the auxiliary loss), the sort by expert and back, the blocked expert MLP, and
-         the blocked MLP's batched matmuls alone (weights already gathered per block)
+         the blocked MLP's batched matmuls alone (weights already gathered per block) and the
+         same rows as one unbatched matmul per projection; and the formulations tried against
+         `blocked`: ragged_dot, and blocked with blocks of 64 and 256 rows
 
 The machine's load (/proc/loadavg) is recorded before and after. Writes JSON (default
 benchmarks/results/train_tiny-moe_vs_tiny_interleaved.json).
@@ -154,6 +156,15 @@ def layer_fns() -> dict:
         "routing_sort_and_unsort": (sort_only, (x, router)),
         "blocked_expert_mlp": (lambda x, g, u, d: grouped.ffn("blocked", x, sizes, g, u, d, glu), (x_MD, gate, up, down)),
         f"batched_matmuls_only_{n}x{b}_rows": (bmm, (x_nbD, *w_n)),
+        # the same products unbatched: what the blocks' rows cost as one matmul each (not an MoE)
+        f"unbatched_matmuls_{n * b}_rows": (lambda x, g, u, d: bmm(x[None], g[None], u[None], d[None]),
+                                            (x_nbD.reshape(n * b, D), *(w[0] for w in w_n))),
+        # the formulations tried against `blocked` (the same results): XLA's grouped matmul, and
+        # blocked at other block sizes (worst-case padding G·(b − 1) rows)
+        "expert_mlp_ragged_dot": (lambda x, g, u, d: grouped.ffn("ragged", x, sizes, g, u, d, glu), (x_MD, gate, up, down)),
+        **{f"blocked_expert_mlp_b{rows}": (
+            lambda x, g, u, d, rows=rows: _with_block(rows, grouped.ffn, "blocked", x, sizes, g, u, d, glu),
+            (x_MD, gate, up, down)) for rows in (64, 256)},
     }
     fns = {}
     for name, (f, args) in pieces.items():
@@ -165,6 +176,18 @@ def layer_fns() -> dict:
         jax.block_until_ready(compiled(*args))
         fns[name] = lambda compiled=compiled, args=args: compiled(*args)
     return fns
+
+
+def _with_block(rows: int, f, *args):
+    """f(*args) traced with `blocked`'s block size set to `rows` (grouped.block_rows's choice otherwise)."""
+    from maxlite.models import grouped
+
+    chosen = grouped.block_rows
+    grouped.block_rows = lambda M, G: rows
+    try:
+        return f(*args)
+    finally:
+        grouped.block_rows = chosen
 
 
 def _summary(times: dict, base: str) -> dict:
