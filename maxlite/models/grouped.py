@@ -40,11 +40,7 @@ def ffn(impl: str, x_MD, group_sizes_G, gate_GDF, up_GDF, down_GFD, glu, gate_bi
     """The gated MLP of each row's group (with gpt-oss's gate and up biases when given); rows past
     sum(group_sizes_G) give zeros."""
     if impl == "blocked":
-        W = window_rows(x_MD.shape[0], group_sizes_G.shape[0])
-        # balanced enough: each group's rows in one window of its own (G large products, not n small)
-        return jax.lax.cond(jnp.max(group_sizes_G) <= W,
-                            lambda *a: _windows(*a, glu, W=W), lambda *a: _blocked(*a[:5], glu, *a[5:]),
-                            x_MD, group_sizes_G, gate_GDF, up_GDF, down_GFD, gate_bias_GF, up_bias_GF)
+        return _blocked(x_MD, group_sizes_G, gate_GDF, up_GDF, down_GFD, glu, gate_bias_GF, up_bias_GF)
     assert impl in GROUPED, impl
     dot = _ragged_dot if impl == "ragged" else _megablox
     M, G = x_MD.shape[0], group_sizes_G.shape[0]
@@ -80,31 +76,6 @@ def block_rows(M: int, G: int) -> int:
     """`blocked`'s block: a power of two near a quarter of the mean group (padding ≤ ~25% of the
     rows), between 8 and 256 rows."""
     return max(8, min(256, 1 << max(0, int(math.log2(max(1, M // (4 * G)))))))
-
-
-def window_rows(M: int, G: int) -> int:
-    """`blocked`'s fast path: each group's rows in a window of 1.25× a balanced group's (rounded up to 8)."""
-    return min(M, 8 * math.ceil(1.25 * M / G / 8))
-
-
-def _windows(x_MD, group_sizes_G, gate_GDF, up_GDF, down_GFD, gate_bias_GF, up_bias_GF, glu, *, W):
-    """`_blocked`'s products when no group has more than W rows: group g's rows (start_g.. start_g +
-    size_g) copied into window g of [G, W, D], one batched matmul per projection over the G windows."""
-    M, D = x_MD.shape
-    G = group_sizes_G.shape[0]
-    start_G = jnp.cumsum(group_sizes_G) - group_sizes_G
-    row_GW = start_G[:, None] + jnp.arange(W)
-    real_GW = jnp.arange(W) < group_sizes_G[:, None]
-    x_GWD = jnp.where(real_GW[..., None], jnp.take(x_MD, jnp.minimum(row_GW, M - 1), axis=0), 0)
-    h_GWF = glu(_row_bias(project("gwd,gdf->gwf", x_GWD, gate_GDF), gate_bias_GF, jnp.arange(G)[:, None]),
-                _row_bias(project("gwd,gdf->gwf", x_GWD, up_GDF), up_bias_GF, jnp.arange(G)[:, None]))
-    y_GWD = project("gwf,gfd->gwd", h_GWF, down_GFD)
-    # each real row back from its window (rows past the groups' sum: zeros)
-    row_M = jnp.arange(M)
-    group_M = jnp.clip(jnp.searchsorted(jnp.cumsum(group_sizes_G), row_M, side="right"), 0, G - 1)
-    slot_M = group_M * W + jnp.clip(row_M - start_G[group_M], 0, W - 1)
-    y_MD = jnp.take(y_GWD.reshape(G * W, D), slot_M, axis=0)
-    return jnp.where((row_M < jnp.sum(group_sizes_G))[:, None], y_MD, 0)
 
 
 def _blocked(x_MD, group_sizes_G, gate_GDF, up_GDF, down_GFD, glu, gate_bias_GF=None, up_bias_GF=None):
