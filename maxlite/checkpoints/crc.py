@@ -33,25 +33,30 @@ def as_bytes(data) -> np.ndarray:
 
 
 @functools.cache
-def _extend():
+def _native():
     """libcrc32c's `crc32c_extend(crc, data, n)` (the library google_crc32c's extension links),
     called through ctypes, which releases the GIL for the call: CRCs on a thread pool then run
-    beside Orbax's and tensorstore's Python threads instead of stalling them. google_crc32c's own
-    `value` holds the GIL for anything but `bytes` of 1 MiB or more (so for every array), and a
-    Python loop beside it ran at 4-15% of its speed. Where the extension has no such symbol
-    (another build), google_crc32c's `extend`, GIL held."""
+    beside Orbax's and tensorstore's Python threads, and on every core at once. google_crc32c's
+    own `value` holds the GIL for anything but `bytes` of 1 MiB or more, so for every array (a
+    Python loop beside it ran at 4-15% of its speed). None where the extension has no such symbol
+    (another build of google_crc32c): then its `value`, GIL held."""
     try:
         from google_crc32c import _crc32c
         fn = ctypes.CDLL(_crc32c.__file__).crc32c_extend  # dlsym searches the extension's libraries too
     except (ImportError, OSError, AttributeError):
-        return lambda crc, data: google_crc32c.extend(crc, data)
+        return None
     fn.restype, fn.argtypes = ctypes.c_uint32, (ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t)
-    return lambda crc, data: fn(crc, data.ctypes.data, data.nbytes)
+    return fn
+
+
+def releases_gil() -> bool:
+    return _native() is not None
 
 
 def value(data) -> int:
     """The standard CRC32C of an array's bytes in C order, or of a bytes-like object."""
-    return _extend()(0, as_bytes(data))
+    data, fn = as_bytes(data), _native()
+    return fn(0, data.ctypes.data, data.nbytes) if fn is not None else google_crc32c.value(data)
 
 
 def _mult(a: int, b: int) -> int:
@@ -98,6 +103,14 @@ def zeros_crc(nbytes: int) -> int:
 def crc0(data) -> int:
     data = as_bytes(data)
     return value(data) ^ zeros_crc(data.nbytes)
+
+
+def concat(parts) -> int:
+    """crc0 of consecutive pieces' bytes from each piece's (crc0, nbytes), in order."""
+    acc = 0
+    for c, n in parts:
+        acc = shift(acc, n) ^ c
+    return acc
 
 
 @functools.lru_cache(maxsize=64)
