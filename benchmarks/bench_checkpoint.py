@@ -2,7 +2,7 @@
 checksums cost a save and a restore.
 
     python benchmarks/bench_checkpoint.py [--dir /tmp/x] [--layers 16] [--repeats 5] [--out PATH]
-    python benchmarks/bench_checkpoint.py --checksums [--model llama-100m] [--repeats 5] [--out PATH]
+    python benchmarks/bench_checkpoint.py --checksums [--model llama-100m] [--repeats 5] [--gcs] [--out PATH]
 
 Writes benchmarks/results/checkpoint.json (--layers 16: a 0.8 GiB state). A small state shows the
 fixed per-save cost instead of write speed: `--layers 4 --repeats 9 --out
@@ -33,6 +33,8 @@ a synchronous save until durable, an async save's blocking part and its total (t
 checksums the host copy before Orbax writes it), and a restore onto the run's shardings with and
 without verification (`restore_items(verify=...)`: the same checkpoint, from the page cache both
 times). Writes benchmarks/results/checkpoint_checksums_<model>.json. Aim: <= 5% of each.
+`--gcs` does the same on `gs://` through a local fake-gcs-server (tests/gcs_emulator.py; its
+filesystem backend under --dir), written to checkpoint_checksums_<model>_gcs.json.
 """
 
 from __future__ import annotations
@@ -118,12 +120,27 @@ def du(path: str) -> int:
     return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
 
 
+def _gcs_bucket(local: str):
+    """A fake-gcs-server storing under `local`, every GCS client pointed at it: (emulator, gs:// dir)."""
+    from tests.gcs_emulator import Emulator, emulator_env, make_bucket
+
+    emulator = Emulator(pathlib.Path(local) / "fake-gcs")
+    emulator.root.mkdir()
+    emulator.start()
+    os.environ.update(emulator_env(emulator.url, tempfile.mkdtemp(prefix="gcloud-empty-", dir=local)))
+    os.environ.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
+    return emulator, make_bucket(emulator.url, "bench") + "/ckpt"
+
+
 def checksum_cost(args) -> None:
     """Save and restore with and without checksums (see the module docstring)."""
     from maxlite import checkpoints as ck
     from maxlite.checkpoints import checksums
+    from maxlite.checkpoints.storage import fs_of
 
-    where = tempfile.mkdtemp(prefix="bench-ckpt-sum-", dir=args.dir)
+    local = tempfile.mkdtemp(prefix="bench-ckpt-sum-", dir=args.dir)
+    emulator, where = _gcs_bucket(local) if args.gcs else (None, local)
+    load_start = os.getloadavg()
     argv = ["base.yml", f"model_name={args.model}", f"base_output_directory={where}", "run_name=bench",
             "max_num_checkpoints_to_keep=0"]
     built = build(C.load(argv))
@@ -149,7 +166,7 @@ def checksum_cost(args) -> None:
                                "async_total_with", "async_total_without", "restore_verified", "restore_unverified",
                                "record_alone", "pieces_alone")}
     cpu = {k: [] for k in ("sync_save_with", "sync_save_without", "async_total_with", "async_total_without",
-                           "restore_verified", "restore_unverified")}
+                           "restore_verified", "restore_unverified", "record_alone", "pieces_alone")}
 
     def timed(key: str, fn) -> None:
         """Wall seconds into `samples`, this process's CPU seconds (every thread) into `cpu`."""
@@ -184,6 +201,8 @@ def checksum_cost(args) -> None:
         timed("pieces_alone", lambda: [checksums.damaged(records, [checksums.pieces(records, restored[item], item).result()[0]])
                                        for item in ("params", "optimizer")])
         restored.clear()
+        for c in savers.values():  # untimed: the disk holds two steps per saver, not every repeat's
+            fs_of(c.path).rm(f"{c.path}/{step - 1}", recursive=True)
         print(f"repeat {r + 1}: " + ", ".join(f"{k} {v[-1]:.3f} s" for k, v in samples.items()), flush=True)
     for c in savers.values():
         c.close()
@@ -200,20 +219,36 @@ def checksum_cost(args) -> None:
         "command": " ".join(["python", "benchmarks/bench_checkpoint.py", *sys.argv[1:]]),
         "model": args.model, "state_bytes": nbytes, "devices": jax.device_count(),
         "platform": jax.devices()[0].platform, "repeats": args.repeats, "cpu_count": os.cpu_count(),
-        "load_average_1min": os.getloadavg()[0], "dir": where,
+        "cpu_model": _cpu_model(), "storage": "gcs (fake-gcs-server, filesystem backend)" if args.gcs else "local disk",
+        "load_average_1min": os.getloadavg()[0], "load_average_at_start": load_start[:2],
+        "load_average_at_end": os.getloadavg()[:2], "dir": where,
         "median_seconds": med, "checksum_cost": cost,
         "median_cpu_seconds": med_cpu, "checksum_cpu_cost": cpu_cost,
         "cost_is": "median with / median without - 1, wall time (checksum_cost) and this process's CPU time "
                    "over all its threads (checksum_cpu_cost: less swayed by other processes on a shared host)",
         "checksum_gb_per_s": {"save_record": nbytes / 1e9 / med["record_alone"],
                               "restore_check": nbytes / 1e9 / med["pieces_alone"]},
+        # the CPU seconds of a CRC pass alone over those of a save / restore without checksums: what
+        # the checksums cost where no core is idle to hide them (steadier than wall time under load)
+        "crc_pass_cpu_share": {"sync_save": med_cpu["record_alone"] / med_cpu["sync_save_without"],
+                               "restore": med_cpu["pieces_alone"] / med_cpu["restore_unverified"]},
         "target": "checksum_cost <= 0.05 of a save and of a restore",
         "samples": samples, "cpu_samples": cpu,
     }
     out = pathlib.Path(args.out or pathlib.Path(__file__).resolve().parent / "results"
-                       / f"checkpoint_checksums_{args.model}.json")
+                       / f"checkpoint_checksums_{args.model}{'_gcs' if args.gcs else ''}.json")
     write_result(result, out, indent=1)
-    shutil.rmtree(where, ignore_errors=True)
+    if emulator is not None:
+        emulator.stop()
+    shutil.rmtree(local, ignore_errors=True)
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return ""
 
 
 def main() -> None:
@@ -224,6 +259,7 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/checkpoint.json)")
     parser.add_argument("--checksums", action="store_true", help="what checksums cost a save and a restore")
     parser.add_argument("--model", default="llama-100m", help="with --checksums: the model_name")
+    parser.add_argument("--gcs", action="store_true", help="with --checksums: on gs:// (a local fake-gcs-server)")
     args = parser.parse_args()
     if args.checksums:
         return checksum_cost(args)
