@@ -34,18 +34,18 @@ SMALL_GDN = dict(hidden_size=32, intermediate_size=48, num_attention_heads=4, nu
                  linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
                  initializer_range=0.1, max_position_embeddings=64,
                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})
-CASES = {  # HF config, lora_targets
+CASES = {  # HF config, lora_targets, whether to decode (Qwen3-Next's delta-net decodes as Qwen3.5's)
     # a query latent; the MoE layer's attention adapted like the dense one's
     "deepseek_v3": (lambda: transformers.DeepseekV3Config(**SMALL_MLA, q_lora_rank=16, n_group=2, topk_group=1),
-                    "[q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj]"),
+                    "[q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj]", True),
     # the delta-net's separate projections beside the gated attention's q_proj (its gate rows not adapted)
     "qwen3_5_text": (lambda: transformers.Qwen3_5TextConfig(**SMALL_GDN),
-                     "[in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj, q_proj, down_proj]"),
+                     "[in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj, q_proj, down_proj]", True),
     # the fused ones, grouped by key head in the HF tensor (the first layer's MLP dense, as it imports)
     "qwen3_next": (lambda: transformers.Qwen3NextConfig(**SMALL_GDN, mlp_only_layers=[0], num_experts=4,
                                                         num_experts_per_tok=2, moe_intermediate_size=16,
                                                         shared_expert_intermediate_size=16),
-                   "[in_proj_qkvz, in_proj_ba, out_proj]"),
+                   "[in_proj_qkvz, in_proj_ba, out_proj]", False),
 }
 
 
@@ -62,15 +62,20 @@ def _model(cfg, pure):
 @nnx.jit
 def _logits(model, ids, key):
     """float32 logits without dropout, and with the adapters' dropout drawn from `key` as training
-    draws it (a model with lora_dropout > 0): one compilation per model shape."""
+    draws it (a model with lora_dropout > 0): one compilation."""
     positions, segments = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape), jnp.ones(ids.shape, jnp.int32)
     return model(ids, positions, segments), model(ids, positions, segments, key)
+
+
+def _torch_logits(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor(ids)).logits.float().numpy()
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_lora_on_the_mixers_merges_exports_to_peft_and_decodes(case, tmp_path):
     peft = pytest.importorskip("peft")  # in the test extra; the skip is for installs without it
-    make, targets = CASES[case]
+    make, targets, decode = CASES[case]
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(make()).eval()
     model.save_pretrained(str(tmp_path / "hf"))
@@ -82,9 +87,10 @@ def test_lora_on_the_mixers_merges_exports_to_peft_and_decodes(case, tmp_path):
     lpure = P.random_params(lcfg, seed=1, std=0.05)
     for leaf, value in P.leaves(pure):
         P.put(lpure, leaf, value)
+    state = P.to_state(lcfg, P.to_jax_inplace(P.to_pure(lpure)))
 
     # only the adapters train (the optimizer holds split_trainable's first part); each target has its A
-    adapters, base = split_trainable(abstract_params(lcfg)[1])
+    adapters, base = split_trainable(state)
     trained = [p for p, _ in P.leaves(nnx.to_pure_dict(adapters))]
     assert trained and all("_lora_" in str(p[-1]) for p in trained)
     assert not any("_lora_" in str(p[-1]) for p, _ in P.leaves(nnx.to_pure_dict(base)))
@@ -92,20 +98,22 @@ def test_lora_on_the_mixers_merges_exports_to_peft_and_decodes(case, tmp_path):
 
     ids = np.random.default_rng(4).integers(0, V, (1, 24))
     ours, dropped = map(np.asarray, _logits(_model(lcfg, lpure), ids, jax.random.key(0)))
-    base_logits, merged = (np.asarray(_logits(_model(cfg, p), ids, None)[0]) for p in (pure, lora.merged(lcfg, lpure)))
-    assert _relative(ours, base_logits) > 1e-2  # the adapters count
+    assert _relative(ours, _torch_logits(model, ids)) > 1e-2  # the adapters count (the base imports exactly)
     assert _relative(dropped, ours) > 1e-3  # training's dropout reaches them
-    assert _relative(merged, ours) <= 1e-5  # merging them changes nothing
+    # `hf export` merges them into the weights: transformers computes what the adapters compute
+    hf.export_hf(lcfg, state, str(tmp_path / "merged"), tokenizer="none")
+    merged = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged")).eval()
+    assert _relative(_torch_logits(merged, ids), ours) <= 1e-5
 
-    # the PEFT adapter directory on the transformers model computes what maxlite computes
-    export_peft(lcfg, P.to_state(lcfg, P.to_jax_inplace(P.to_pure(lpure))), str(tmp_path / "adapter"))
+    # the PEFT adapter directory on the transformers model computes it too
+    export_peft(lcfg, state, str(tmp_path / "adapter"))
     with_adapter = peft.PeftModel.from_pretrained(model, str(tmp_path / "adapter")).eval()
-    with torch.no_grad():
-        assert _relative(ours, with_adapter(torch.tensor(ids)).logits.float().numpy()) <= 1e-5
+    assert _relative(_torch_logits(with_adapter, ids), ours) <= 1e-5
     # decoding with the adapters unmerged (absorbed into latent attention's decode; in the delta-net's
     # recurrent steps) gives the peft model's greedy tokens
-    mine, theirs = greedy_paths(lcfg, lpure, with_adapter, ids[0, :7].tolist(), n=6)
-    assert mine == theirs
+    if decode:
+        mine, theirs = greedy_paths(lcfg, lpure, with_adapter, ids[0, :7].tolist(), n=4)
+        assert mine == theirs
 
 
 def test_targets_a_model_does_not_have_are_one_line():
