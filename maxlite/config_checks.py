@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from maxlite import quant
-from maxlite.models import names
+from maxlite.models import lora_targets, names
 from maxlite.models.families import FAMILIES
 from maxlite.models.kinds import check_kv_sharing, check_layer_types, layer_kinds, layer_stacks
 from maxlite.recipe import (FILE_DATASETS, OBJECTIVE_DATASET, Config, parse_max_time, parse_signals, parse_split,
@@ -116,11 +116,13 @@ def validate(c: Config) -> None:
                               f"({', '.join(f.name for f in FAMILIES.values() if f.gated)}), not {c.decoder_block}")
         if c.lora_alpha <= 0 or not c.lora_targets:
             raise ConfigError("LoRA needs lora_alpha > 0 and at least one of lora_targets")
-        mlp = [t for t in c.lora_targets if t in ("gate_proj", "up_proj", "down_proj")]
-        if FAMILIES[c.decoder_block].moe and (mlp or c.first_num_dense_layers or c.interleave_moe_layer_step != 1):
+        targets = lora_targets.check(c)
+        if targets:
+            raise ConfigError(targets)
+        mlp = [t for t in c.lora_targets if t in lora_targets.MLP_TARGETS]
+        if FAMILIES[c.decoder_block].moe and mlp:
             raise ConfigError(f"lora_rank={c.lora_rank} on a mixture of experts adapts the attention projections "
-                              f"of models whose every layer is MoE: set lora_targets=[q_proj,k_proj,v_proj,o_proj]"
-                              f" (not {', '.join(mlp) or 'dense layers apart'})")
+                              f"only (experts and router take no adapters): drop {', '.join(mlp)} from lora_targets")
     for prefix in ("ici", "dcn"):
         values = c.parallelism(prefix)
         if values.count(-1) > 1:
@@ -206,9 +208,6 @@ def _validate_mla(c: Config) -> None:
     """Latent attention (maxlite/models/mla.py) and multi-token prediction (maxlite/models/mtp.py)."""
     if c.attention_type == "mla" and c.qk_rope_head_dim % 2:
         raise ConfigError(f"qk_rope_head_dim={c.qk_rope_head_dim}: RoPE rotates pairs of dims, make it even")
-    if c.attention_type == "mla" and c.lora_rank:
-        raise ConfigError("lora_rank > 0 with attention_type=mla: LoRA adapts grouped-query attention's "
-                          "projections, which latent attention does not have; set lora_rank=0")
 
 
 def _validate_objective(c: Config) -> None:

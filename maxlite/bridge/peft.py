@@ -21,6 +21,7 @@ import numpy as np
 from maxlite import config as C
 from maxlite.bridge import hf_convert
 from maxlite.bridge import params as P
+from maxlite.bridge import peft_mixers
 from maxlite.bridge.safetensors_io import _write_file
 from maxlite.models import lora
 from maxlite.models.families import FAMILIES, family
@@ -53,13 +54,13 @@ def tensor_maps(cfg) -> list[hf_convert.TensorMap]:
 def export_peft(cfg, params, out_dir: str, base_model: str = "") -> pathlib.Path:
     if cfg.lora_rank == 0:
         raise ValueError("this checkpoint has no LoRA adapters (lora_rank=0): use `hf export`")
-    if not family(cfg).llama_names:
-        named = ", ".join(f.name for f in FAMILIES.values() if f.llama_names)
-        raise ValueError(f"PEFT export covers the families whose HF layers are named like Llama's ({named}), "
-                         f"not {cfg.decoder_block}")
+    if not family(cfg).llama_names and family(cfg).name not in peft_mixers.FAMILIES:
+        named = ", ".join([*(f.name for f in FAMILIES.values() if f.llama_names), *peft_mixers.FAMILIES])
+        raise ValueError(f"PEFT export covers {named}, not {cfg.decoder_block}")
+    maps = tensor_maps(cfg) if family(cfg).llama_names else peft_mixers.tensor_maps(cfg)
     out = pathlib.Path(C.resolve_path(out_dir))
     out.mkdir(parents=True, exist_ok=True)
-    entries = hf_convert.export_entries(cfg, tensor_maps(cfg), P.to_pure(params), np.float32)
+    entries = hf_convert.export_entries(cfg, maps, P.to_pure(params), np.float32)
     _write_file(out / ADAPTER_FILE, entries, {"format": "pt"}, None)
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": cfg.lora_rank, "lora_alpha": cfg.lora_alpha,
               "lora_dropout": cfg.lora_dropout, "target_modules": sorted(cfg.lora_targets), "bias": "none",

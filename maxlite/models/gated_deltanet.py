@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from maxlite.models import lora
 from maxlite.models.layers import BTD, constrain, param
 from maxlite.models.matmul import project
 
@@ -159,8 +160,15 @@ class GatedDeltaNet(nnx.Module):
         self.norm_scale = param(rngs, (U,), ("head_dim",), wd, init="ones")
         self.o = param(rngs, (M, U, D), ("heads", "head_dim", "embed"), wd, scale=s)
         self.cfg, self.dtype, self.eps = cfg, jnp.dtype(cfg.dtype), cfg.normalization_layer_epsilon
+        q, k, v = ((D, J, E), key_axes), ((D, J, E), key_axes), ((D, M, U), value_axes)
+        z, b, a = ((D, M, U), value_axes), ((D, M), ("embed", "heads")), ((D, M), ("embed", "heads"))
+        lora.attach(self, cfg, rngs, {  # LoRA on the HF projections (Qwen3.5's, or Qwen3-Next's fused ones)
+            "in_proj_qkv": (1, {"q": q, "k": k, "v": v}), "in_proj_z": (1, {"z": z}), "in_proj_b": (1, {"b": b}),
+            "in_proj_a": (1, {"a": a}), "in_proj_qkvz": (1, {"q": q, "k": k, "v": v, "z": z}),
+            "in_proj_ba": (1, {"b": b, "a": a}),
+            "out_proj": (2, {"o": ((M, U, D), ("heads", "head_dim", "embed"))})})
 
-    def mix(self, x_BTD, seg_BT, valid_BT=None, windows=None, state=None, chunk: int | None = None):
+    def mix(self, x_BTD, seg_BT, valid_BT=None, windows=None, state=None, chunk: int | None = None, dropout_key=None):
         """(out_BTD, the conv windows after these tokens, the state after them). `valid_BT` marks real
         tokens (a prefix of each row; the rest neither write the state nor the windows); `windows`
         (q, k, v inputs before the first token) and `state` continue a sequence (decoding)."""
@@ -171,6 +179,12 @@ class GatedDeltaNet(nnx.Module):
         z = project("btd,dmu->btmu", x_BTD, self.z[...])
         b = project("btd,dm->btm", x_BTD, self.b[...])
         a = project("btd,dm->btm", x_BTD, self.a[...])
+        proj = {"q": q, "k": k, "v": v, "z": z, "b": b, "a": a}
+        for adapter in ("qkv", "qkvz", "z", "b", "a", "ba"):  # the targeted ones (lora.attach) add their updates
+            kernels = lora.KERNELS[adapter]
+            updated = lora.adapt(self, adapter, x_BTD, *(proj[n] for n in kernels), dropout_key=dropout_key)
+            proj.update(zip(kernels, updated if len(kernels) > 1 else (updated,)))
+        q, k, v, z, b, a = (proj[n] for n in "qkvzba")
         windows = (None, None, None) if windows is None else windows
         (q, q_ext), (k, k_ext), (v, v_ext) = (
             causal_conv(x, w[...], seg_BT, win) for x, w, win in
@@ -188,7 +202,8 @@ class GatedDeltaNet(nnx.Module):
         o = o * jax.lax.rsqrt(jnp.mean(o * o, axis=-1, keepdims=True) + self.eps)
         o = (self.norm_scale[...].astype(f32) * o) * jax.nn.silu(z.astype(f32))
         o = constrain(o.astype(self.dtype), ("activation_batch", "activation_length", "activation_heads", None))
-        out = constrain(checkpoint_name(project("btmu,mud->btd", o, self.o[...]), "out_proj"), BTD)
+        out = lora.adapt(self, "o", o, project("btmu,mud->btd", o, self.o[...]), n_in=2, dropout_key=dropout_key)
+        out = constrain(checkpoint_name(out, "out_proj"), BTD)
         W = self.conv_q.shape[0]
         kept = jnp.sum(valid_BT, axis=1) if valid_BT is not None else jnp.full(x_BTD.shape[:1], x_BTD.shape[1])
         index = kept[:, None] + jnp.arange(W - 1)  # the last W−1 real inputs, in x_ext's positions
@@ -198,4 +213,4 @@ class GatedDeltaNet(nnx.Module):
         return out, (last(q_ext), last(k_ext), last(v_ext)), state
 
     def __call__(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None, local=False):
-        return self.mix(x_BTD, segment_ids_BT)[0]
+        return self.mix(x_BTD, segment_ids_BT, dropout_key=dropout_key)[0]

@@ -19,6 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from maxlite.models.lora_targets import MIXER_ADAPTERS
+
 
 class LoRAParam(nnx.Param):
     """A trainable adapter weight; everything else is frozen when the model has any."""
@@ -32,9 +34,14 @@ TARGETS: dict[str, tuple[str, str, int]] = {
 }
 HF_BLOCK = {"attn": "self_attn", "mlp": "mlp"}
 
+# HF module name → (adapter, the kernels its B spans), for every mixer (maxlite/models/lora_targets.py)
+ADAPTERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    **{t: (kernel, (kernel,)) for t, (_, kernel, _) in TARGETS.items()}, **MIXER_ADAPTERS}
+KERNELS = dict(ADAPTERS.values())  # adapter → the kernels its B spans
+
 
 def enabled(cfg, kernel: str) -> bool:
-    return cfg.lora_rank > 0 and any(TARGETS[t][1] == kernel for t in cfg.lora_targets)
+    return cfg.lora_rank > 0 and any(TARGETS[t][1] == kernel for t in cfg.lora_targets if t in TARGETS)
 
 
 def make(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple, n_in: int, rank: int, dtype) -> tuple:
@@ -48,12 +55,61 @@ def make(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple, n_in: int, rank: i
 
 def delta(x: jax.Array, a: nnx.Variable, b: nnx.Variable, n_in: int, scale: float, dtype) -> jax.Array:
     """(alpha / r) · (x @ A) @ B, contracting x's last `n_in` dims with A's first."""
-    a_, b_ = a[...].astype(dtype), b[...].astype(dtype)
-    h = jax.lax.dot_general(x, a_, (((tuple(range(x.ndim - n_in, x.ndim))), tuple(range(n_in))), ((), ())))
-    return scale * jax.lax.dot_general(h, b_, (((h.ndim - 1,), (0,)), ((), ())))
+    return _up(_down(x, a, n_in, dtype), b, scale, dtype)
+
+
+def _down(x, a, n_in: int, dtype):
+    return jax.lax.dot_general(x, a[...].astype(dtype), (((tuple(range(x.ndim - n_in, x.ndim))), tuple(range(n_in))),
+                                                         ((), ())))
+
+
+def _up(h, b, scale: float, dtype):
+    return scale * jax.lax.dot_general(h, b[...].astype(dtype), (((h.ndim - 1,), (0,)), ((), ())))
 
 
 KERNEL_INDEX = {kernel: i for i, (_, kernel, _) in enumerate(TARGETS.values())}  # each its own mask
+KERNEL_INDEX |= {a: len(KERNEL_INDEX) + i for i, a in enumerate(  # the mixers' adapters after them
+    dict.fromkeys(a for a in KERNELS if a not in KERNEL_INDEX))}
+
+
+def attach(module, cfg, rngs: nnx.Rngs, owned: dict[str, tuple[int, dict[str, tuple[tuple, tuple]]]]) -> None:
+    """A mixer's adapters: for each HF name it has (→ (n_in, {kernel: (shape, logical axes)}), the
+    kernels that HF projection spans) that the recipe targets, one A and a B per kernel."""
+    module.lora_scale = scale(cfg) if cfg.lora_rank else 0.0
+    module.lora_dropout = cfg.lora_dropout
+    wd = jnp.dtype(cfg.weight_dtype)
+    for target, (n_in, kernels) in owned.items():
+        if not cfg.lora_rank or target not in cfg.lora_targets:
+            continue
+        adapter = ADAPTERS[target][0]
+        for i, (kernel, (shape, axes)) in enumerate(kernels.items()):
+            a, b = make(rngs, shape, axes, n_in, cfg.lora_rank, wd)
+            if i == 0:  # the fused projection's one A, from its input side
+                setattr(module, f"{adapter}_lora_a", a)
+            setattr(module, f"{kernel}_lora_b", b)
+
+
+def adapt(module, adapter: str, x: jax.Array, *ys: jax.Array, n_in: int = 1, dropout_key=None):
+    """ys (x @ each kernel the adapter spans) plus their LoRA updates (α/r)·(x A) B_k, if the module
+    has the adapter; with `dropout_key` (training with lora_dropout > 0) x goes through dropout."""
+    a = getattr(module, f"{adapter}_lora_a", None)
+    if a is not None:
+        if dropout_key is not None and module.lora_dropout > 0:
+            x = dropout(jax.random.fold_in(dropout_key, KERNEL_INDEX[adapter]), x, module.lora_dropout)
+        h = _down(x, a, n_in, ys[0].dtype)
+        ys = tuple(y + _up(h, getattr(module, f"{k}_lora_b"), module.lora_scale, y.dtype)
+                   for y, k in zip(ys, KERNELS[adapter]))
+    return ys if len(ys) > 1 else ys[0]
+
+
+def weight(module, kernel: str, n_in: int = 1) -> jax.Array:
+    """The kernel with its (single-kernel) adapter folded in, W + (α/r)·A B: for a path that uses the
+    weight itself (latent attention's absorbed decode)."""
+    w = getattr(module, kernel)[...]
+    a = getattr(module, f"{kernel}_lora_a", None)
+    if a is None:
+        return w
+    return w + _up(a[...].astype(w.dtype), getattr(module, f"{kernel}_lora_b"), module.lora_scale, w.dtype)
 
 
 def dropout(key: jax.Array, x: jax.Array, rate: float) -> jax.Array:
@@ -84,13 +140,14 @@ def merged(cfg, pure: dict[str, Any]) -> dict[str, Any]:
         for child in node.values():
             if isinstance(child, dict):
                 fold(child)
-        for kernel in sorted(k[:-len("_lora_a")] for k in list(node) if str(k).endswith("_lora_a")):
-            a = np.asarray(node.pop(f"{kernel}_lora_a"), np.float32)
-            b = np.asarray(node.pop(f"{kernel}_lora_b"), np.float32)
-            w = np.asarray(node[kernel])
-            stacked = a.ndim + b.ndim - 2 > w.ndim  # both carry the stack's leading axis
-            update = _stacked_product(a, b) if stacked else _stacked_product(a[None], b[None])[0]
-            node[kernel] = (w.astype(np.float32) + s * update).astype(w.dtype)
+        for adapter in sorted(k[:-len("_lora_a")] for k in list(node) if str(k).endswith("_lora_a")):
+            a = np.asarray(node.pop(f"{adapter}_lora_a"), np.float32)
+            for kernel in KERNELS.get(adapter, (adapter,)):  # a fused projection's A serves each kernel
+                b = np.asarray(node.pop(f"{kernel}_lora_b"), np.float32)
+                w = np.asarray(node[kernel])
+                stacked = a.ndim + b.ndim - 2 > w.ndim  # both carry the stack's leading axis
+                update = _stacked_product(a, b) if stacked else _stacked_product(a[None], b[None])[0]
+                node[kernel] = (w.astype(np.float32) + s * update).astype(w.dtype)
     fold(out)  # every stack (dense_layers, layers, a hybrid's units) and unrolled layer
     return out
 

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from maxlite.models import attention
+from maxlite.models import attention, lora
 from maxlite.models.layers import (BTD, apply_rope, constrain, make_norm, param, pick, rope_attention_factor,
                                    rope_frequencies, yarn_mscale)
 from maxlite.models.matmul import project
@@ -61,6 +61,13 @@ class MLA(nnx.Module):
         self.kv_b = param(rngs, (C, N, P + V), (None, "heads", "head_dim"), wd, scale=s)
         self.o = param(rngs, (N, V, D), ("heads", "head_dim", "embed"), wd, scale=s)
         self.cfg, self.dtype, self.scale = cfg, jnp.dtype(cfg.dtype), softmax_scale(cfg)
+        queries = ({"q_a_proj": (1, {"q_a": ((D, Q), ("embed", None))}),
+                    "q_b_proj": (1, {"q_b": ((Q, N, P + R), (None, "heads", "head_dim"))})} if Q else
+                   {"q_proj": (1, {"q": ((D, N, P + R), ("embed", "heads", "head_dim"))})})
+        lora.attach(self, cfg, rngs, {  # LoRA on the HF projections (DeepSeek's names), after the base weights
+            **queries, "kv_a_proj_with_mqa": (1, {"kv_a": ((D, C + R), ("embed", None))}),
+            "kv_b_proj": (1, {"kv_b": ((C, N, P + V), (None, "heads", "head_dim"))}),
+            "o_proj": (2, {"o": ((N, V, D), ("heads", "head_dim", "embed"))})})
 
     def _rope(self, x_BTNR, positions_BT, local):
         """RoPE over the R dims (YaRN's attention factor with it, 1 for DeepSeek's mscale = mscale_all_dim)."""
@@ -70,31 +77,35 @@ class MLA(nnx.Module):
         factors = rope_attention_factor(cfg, local=True), rope_attention_factor(cfg)
         return apply_rope(x_BTNR, positions_BT, inv_freq, factors[0] if factors[0] == factors[1] else pick(local, *factors))
 
-    def queries(self, x_BTD, positions_BT, local=False):
+    def queries(self, x_BTD, positions_BT, local=False, dropout_key=None):
         """(q_nope_BTNP, q_rope_BTNR), the latter rotated."""
         if self.cfg.q_lora_rank:
-            q_BTQ = self.q_norm(project("btd,dq->btq", x_BTD, self.q_a[...]))
-            q_BTNK = project("btq,qnk->btnk", q_BTQ, self.q_b[...])
+            q_BTQ = self.q_norm(lora.adapt(self, "q_a", x_BTD, project("btd,dq->btq", x_BTD, self.q_a[...]),
+                                           dropout_key=dropout_key))
+            q_BTNK = lora.adapt(self, "q_b", q_BTQ, project("btq,qnk->btnk", q_BTQ, self.q_b[...]),
+                                dropout_key=dropout_key)
         else:
-            q_BTNK = project("btd,dnk->btnk", x_BTD, self.q[...])
+            q_BTNK = lora.adapt(self, "q", x_BTD, project("btd,dnk->btnk", x_BTD, self.q[...]), dropout_key=dropout_key)
         P = self.cfg.qk_nope_head_dim
         return q_BTNK[..., :P], self._rope(q_BTNK[..., P:], positions_BT, local)
 
-    def latent(self, x_BTD, positions_BT, local=False):
+    def latent(self, x_BTD, positions_BT, local=False, dropout_key=None):
         """(c_BTC, the normed key/value latent; k_rope_BTR, the rotated shared RoPE key): what
         decoding caches."""
         C = self.cfg.kv_lora_rank
-        kv_BTc = project("btd,dc->btc", x_BTD, self.kv_a[...])
+        kv_BTc = lora.adapt(self, "kv_a", x_BTD, project("btd,dc->btc", x_BTD, self.kv_a[...]), dropout_key=dropout_key)
         k_rope_BT1R = self._rope(kv_BTc[..., None, C:], positions_BT, local)
         return self.kv_norm(kv_BTc[..., :C]), k_rope_BT1R[:, :, 0]
 
-    def out(self, out_BTNV):
-        return project("btnv,nvd->btd", out_BTNV, self.o[...])
+    def out(self, out_BTNV, dropout_key=None):
+        return lora.adapt(self, "o", out_BTNV, project("btnv,nvd->btd", out_BTNV, self.o[...]), n_in=2,
+                          dropout_key=dropout_key)
 
-    def expand(self, q_nope_BTNP, q_rope_BTNR, c_BSC, k_rope_BSR):
+    def expand(self, q_nope_BTNP, q_rope_BTNR, c_BSC, k_rope_BSR, dropout_key=None):
         """Full heads q_BTNK, k_BSNK, v_BSNV from the latent (training and the prefill)."""
         P = self.cfg.qk_nope_head_dim
-        kv_BSNc = project("bsc,cnk->bsnk", c_BSC, self.kv_b[...])
+        kv_BSNc = lora.adapt(self, "kv_b", c_BSC, project("bsc,cnk->bsnk", c_BSC, self.kv_b[...]),
+                             dropout_key=dropout_key)
         N = kv_BSNc.shape[2]
         k_rope_BSNR = jnp.broadcast_to(k_rope_BSR[:, :, None], (*k_rope_BSR.shape[:2], N, k_rope_BSR.shape[-1]))
         q_BTNK = jnp.concatenate([q_nope_BTNP, q_rope_BTNR.astype(q_nope_BTNP.dtype)], axis=-1)
@@ -113,9 +124,9 @@ class MLA(nnx.Module):
         return out[..., :V]
 
     def __call__(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None, local=False):
-        q_nope, q_rope = self.queries(x_BTD, positions_BT, local)
-        c_BTC, k_rope_BTR = self.latent(x_BTD, positions_BT, local)
-        q_BTNK, k_BTNK, v_BTNV = self.expand(q_nope, q_rope, c_BTC, k_rope_BTR)
+        q_nope, q_rope = self.queries(x_BTD, positions_BT, local, dropout_key)
+        c_BTC, k_rope_BTR = self.latent(x_BTD, positions_BT, local, dropout_key)
+        q_BTNK, k_BTNK, v_BTNV = self.expand(q_nope, q_rope, c_BTC, k_rope_BTR, dropout_key)
         heads = ("activation_batch", "activation_length", "activation_heads", None)
         q_BTNK = checkpoint_name(constrain(q_BTNK, heads), "query_proj")  # names the remat policies use
         k_BTNK = checkpoint_name(constrain(k_BTNK, heads), "key_proj")
@@ -129,4 +140,4 @@ class MLA(nnx.Module):
         else:
             out_BTNV = jax.lax.cond(local, lambda: run(W), lambda: run(0))
         out_BTNV = constrain(out_BTNV, heads)
-        return constrain(checkpoint_name(self.out(out_BTNV), "out_proj"), BTD)
+        return constrain(checkpoint_name(self.out(out_BTNV, dropout_key), "out_proj"), BTD)

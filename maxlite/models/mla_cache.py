@@ -22,6 +22,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from maxlite.models import lora
 from maxlite.models.gqa_cache import _slots, _write, advance, slots, window  # noqa: F401 (advance: this kind's)
 from maxlite.models.layers import constrain
 
@@ -45,7 +46,7 @@ def empty(cfg, variant: str, layers: int, batch: int, length: int) -> tuple[Late
 def _attend_latent(mla, q_nope_BTNP, q_rope_BTNR, c_BSC, k_rope_BSR, kpos_BS, qpos_BT, w: int):
     """Attention against the latent with the up-projections absorbed: out_BTNV."""
     P = mla.cfg.qk_nope_head_dim
-    kv_b_CNc = mla.kv_b[...].astype(q_nope_BTNP.dtype)
+    kv_b_CNc = lora.weight(mla, "kv_b").astype(q_nope_BTNP.dtype)  # a LoRA adapter folded in: absorbed too
     q_lat_BTNC = jnp.einsum("btnp,cnp->btnc", q_nope_BTNP, kv_b_CNc[..., :P])
     scores_BNTS = (jnp.einsum("btnc,bsc->bnts", q_lat_BTNC, c_BSC.astype(q_lat_BTNC.dtype))
                    + jnp.einsum("btnr,bsr->bnts", q_rope_BTNR, k_rope_BSR.astype(q_rope_BTNR.dtype)))
