@@ -66,7 +66,7 @@ def main() -> None:
     import jax.numpy as jnp
 
     from maxlite import config as C
-    from maxlite.models import attention
+    from maxlite.models import attention, cudnn_attention
     from maxlite.models.flops import attention_flops
 
     platform = jax.devices()[0].platform
@@ -85,8 +85,8 @@ def main() -> None:
         "blockwise": lambda q, k, v, s, window=0: attention.blockwise(q, k, v, s, block, window=window),
         "flash": lambda q, k, v, s, window=0: attention.flash(q, k, v, s, sizes, window=window),
         # as a recipe runs it: documents as offsets, then the dense mask
-        "cudnn_flash": lambda q, k, v, s, window=0: attention.cudnn_flash(q, k, v, s, most, window=window),
-        "cudnn_flash dense mask": lambda q, k, v, s, window=0: attention.cudnn_flash(q, k, v, s, 0, window=window),
+        "cudnn_flash": lambda q, k, v, s, window=0: cudnn_attention.cudnn_flash(q, k, v, s, most, window=window),
+        "cudnn_flash dense mask": lambda q, k, v, s, window=0: cudnn_attention.cudnn_flash(q, k, v, s, 0, window=window),
     }
     names = (args.impl or default).split(",")
     if "cudnn_flash" in names:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from maxlite import config as C
-from maxlite.models import attention, names
+from maxlite.models import attention, cudnn_attention, names
 from tests.helpers import plain_attention
 
 # f32 inputs: the implementations differ only in summation order and the online softmax
@@ -153,13 +153,13 @@ def test_flash_local_mask_equals_the_masked_reference_in_interpret_mode(window):
 
 def test_segment_offsets_give_each_document_its_start_and_length():
     _, _, _, seg, _ = _inputs()  # row 0: documents at 0, 70 and 190 of 256; row 1: one
-    offsets, lengths, fits = attention.segment_offsets(seg, 4)
+    offsets, lengths, fits = cudnn_attention.segment_offsets(seg, 4)
     np.testing.assert_array_equal(offsets, [[0, 70, 190, -1, -1], [0, -1, -1, -1, -1]])
     np.testing.assert_array_equal(lengths, [[70, 120, 66, -1], [256, -1, -1, -1]])
     assert bool(fits)
-    assert bool(attention.segment_offsets(seg, 3)[2]) and not bool(attention.segment_offsets(seg, 2)[2])
+    assert bool(cudnn_attention.segment_offsets(seg, 3)[2]) and not bool(cudnn_attention.segment_offsets(seg, 2)[2])
     padded = np.array([[1, 1, 2, 2, 2, 0, 0, 0]], np.int32)  # padding is one more run
-    offsets, lengths, _ = attention.segment_offsets(jnp.asarray(padded), 3)
+    offsets, lengths, _ = cudnn_attention.segment_offsets(jnp.asarray(padded), 3)
     np.testing.assert_array_equal(offsets, [[0, 2, 5, -1]])
     np.testing.assert_array_equal(lengths, [[2, 3, 3]])
 
@@ -179,7 +179,7 @@ def test_cudnn_flash_equals_dot_product(max_segments, window):
         ref = functools.partial(_masked_reference, window=window)
         ref_out, ref_grads = _value_and_grads(ref, q, k, v, seg, dout)
     bf16 = [x.astype(jnp.bfloat16) for x in (q, k, v, dout)]
-    cudnn = functools.partial(attention.cudnn_flash, max_segments=max_segments, window=window)
+    cudnn = functools.partial(cudnn_attention.cudnn_flash, max_segments=max_segments, window=window)
     out, grads = _value_and_grads(cudnn, *bf16[:3], seg, bf16[3])
     errors = _relative_errors((out, *grads), (ref_out, *ref_grads))
     # bf16 operands: ‖out − ref‖/‖ref‖ lands between 1e-3 and 1e-2; a leak across documents or

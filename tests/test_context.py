@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from maxlite import config as C, mesh as mesh_lib
-from maxlite.models import attention, context
+from maxlite.models import attention, context, cudnn_attention
 
 # f32 inputs: one device and four differ only in summation order (≤ 2e-6 seen)
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -94,11 +94,11 @@ def test_cudnn_flash_shard_path_equals_one_device(monkeypatch):
     """cudnn_flash's per-shard path — query rows at their sequence positions against the gathered
     keys, a dense mask per CUDNN_SHARD_ROWS rows — through jax.nn.dot_product_attention's XLA
     implementation (the cuDNN kernel itself needs a GPU)."""
-    monkeypatch.setattr(attention, "CUDNN_SHARD_ROWS", 4)  # several row blocks per chunk
+    monkeypatch.setattr(cudnn_attention, "CUDNN_SHARD_ROWS", 4)  # several row blocks per chunk
 
     def attend(q, k, v, seg):
         def local(q, k, v, qseg, kseg, chunks):
-            return attention._cudnn_shard(q, k, v, qseg, kseg, context.query_positions(chunks), 12,
+            return cudnn_attention.shard(q, k, v, qseg, kseg, context.query_positions(chunks), 12,
                                           q.shape[-1] ** -0.5, implementation="xla")
         return context.across_shards(local, q, k, v, seg, True)
 

@@ -28,7 +28,7 @@ keys and values, all-gathered (K heads, not N) and put back into sequence order,
 rule of positions: dot_product masks by each query's sequence position, blockwise runs each
 contiguous query chunk against the key blocks up to its own (a loop as long as that shard needs:
 with load balance every shard needs the same), splash gets a mask whose query rows are in the
-shard layout's order, and cuDNN gets a dense mask per block of query rows.
+shard layout's order, and cuDNN gets a dense mask per block of query rows (maxlite/models/cudnn_attention.py).
 Shape legend as in layers.py. Sharding-free: the splash kernel, which GSPMD cannot partition, is
 wrapped in a shard_map whose specs come from the logical-axis rules that are active.
 """
@@ -42,15 +42,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maxlite.models import context
+from maxlite.models import context, cudnn_attention
+from maxlite.models.attention_mask import scale_or_default as _scale, visible
 from maxlite.models.matmul import project
 from maxlite.models.names import ATTENTION, resolve_attention
 from maxlite.models.platform import target_platform
-
-try:  # private JAX module: jax.nn.dot_product_attention takes segments only as a dense mask
-    from jax._src.cudnn import fused_attention_stablehlo as _cudnn
-except ImportError:  # pragma: no cover - a JAX without it: cudnn_flash keeps the dense mask
-    _cudnn = None
 
 _NEG = -1e30  # masked score; finite so that a fully masked key block gives exp(0)·0, not NaN
 
@@ -77,17 +73,7 @@ def attend(cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window: int = 0, scale: 
     if impl == "flash":
         return flash(*args, splash_block_sizes(cfg, T), window=window, scale=scale, sinks_N=sinks_N)
     assert impl == "cudnn_flash" and impl in ATTENTION, impl
-    return cudnn_flash(*args, cfg.max_segments_per_seq, window=window, scale=scale)
-
-
-def _scale(H: int, scale: float | None) -> float:
-    return 1.0 / math.sqrt(H) if scale is None else scale
-
-
-def visible(q_idx, k_idx, window: int):
-    """Causal, and within the window when there is one (indices of one row, any broadcast shape)."""
-    ok = q_idx >= k_idx
-    return ok if not window else ok & (q_idx - k_idx < window)
+    return cudnn_attention.cudnn_flash(*args, cfg.max_segments_per_seq, window=window, scale=scale)
 
 
 # ---- dot_product ----------------------------------------------------------------------------
@@ -405,79 +391,6 @@ def _flash_across(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, block_sizes, window, s
                                  (kernel, sinks), (kernel_spec, sinks_spec))
 
 
-# ---- cudnn_flash ----------------------------------------------------------------------------
-
-
-def segment_offsets(segment_ids_BT, max_segments: int):
-    """cuDNN's packed layout of rows of contiguous segments: each segment's first position
-    offsets_BM1 [B, M+1] and length lengths_BM [B, M] (-1 past a row's last segment; M =
-    max_segments), and whether every row has at most M segments."""
-    B, T = segment_ids_BT.shape
-    starts_BT = jnp.concatenate([jnp.ones((B, 1), bool), segment_ids_BT[:, 1:] != segment_ids_BT[:, :-1]],
-                                axis=1)
-    fits = jnp.all(starts_BT.sum(axis=1) <= max_segments)
-    offsets_BM1 = jax.vmap(lambda s: jnp.nonzero(s, size=max_segments + 1, fill_value=-1)[0])(starts_BT)
-    offsets_BM1 = offsets_BM1.astype(jnp.int32)
-    ends_BM = jnp.where(offsets_BM1[:, 1:] >= 0, offsets_BM1[:, 1:], T)
-    lengths_BM = jnp.where(offsets_BM1[:, :-1] >= 0, ends_BM - offsets_BM1[:, :-1], -1)
-    return offsets_BM1, lengths_BM, fits
-
-
-def cudnn_flash(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, max_segments: int = 0, window: int = 0,
-                scale: float | None = None):
-    """With `max_segments` > 0, rows of at most that many contiguous segments (as the packer
-    writes them; padding is one more) go to cuDNN as offsets and lengths; a batch with a longer row
-    takes the dense [B, 1, T, S] mask, which costs 1.4-1.6x in the kernel (docs/performance.md).
-    A window reaches cuDNN as its sliding-window length (keys i − W < j ≤ i)."""
-    scale = _scale(q_BTNH.shape[-1], scale)
-
-    def dense():
-        same_doc_B1TS = (segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :])[:, None]
-        return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask=same_doc_B1TS, scale=scale,
-                                            is_causal=True, implementation="cudnn",
-                                            local_window_size=(window - 1, 0) if window else None)
-
-    if not max_segments or _cudnn is None:
-        return dense()
-    offsets_BM1, lengths_BM, fits = segment_offsets(segment_ids_BT, max_segments)
-
-    def packed():
-        return _cudnn.dot_product_attention(
-            q_BTNH, k_BSKH, v_BSKH, q_seqlen=lengths_BM, kv_seqlen=lengths_BM, q_offsets=offsets_BM1,
-            kv_offsets=offsets_BM1, scale=scale, mask_type=_cudnn.MaskType.PADDING_CAUSAL,
-            qkv_layout="BTNH", sliding_window_length=window or None)
-
-    return jax.lax.cond(fits, packed, dense)
-
-
-CUDNN_SHARD_ROWS = 1024  # context shards: query rows per cuDNN call (its dense mask: rows × T bytes per row)
-
-
-def _cudnn_shard(q_BTNH, k_BSKH, v_BSKH, qseg_BT, kseg_BS, qpos_T, window, scale,
-                 implementation: str = "cudnn"):
-    """A context shard's queries (at sequence positions qpos_T) against the whole sequence through
-    jax.nn.dot_product_attention with a dense mask, CUDNN_SHARD_ROWS query rows at a time: cuDNN
-    aligns its causal mask to the top-left corner, which a shard's queries (positions other than
-    0 … T−1 against keys 0 … S−1) do not share. `implementation` "xla" runs the same blocks on CPU."""
-    B, T, N, H = q_BTNH.shape
-    rows = min(CUDNN_SHARD_ROWS, T)
-    while T % rows:
-        rows -= 1
-    kpos_S = jnp.arange(k_BSKH.shape[1])
-
-    def one(args):
-        q_BRNH, qseg_BR, qpos_R = args
-        mask_BRS = (visible(qpos_R[:, None], kpos_S[None, :], window)[None]
-                    & (qseg_BR[:, :, None] == kseg_BS[:, None, :]))
-        return jax.nn.dot_product_attention(q_BRNH, k_BSKH, v_BSKH, mask=mask_BRS[:, None], scale=scale,
-                                            implementation=implementation)
-
-    blocks = (jnp.swapaxes(q_BTNH.reshape(B, T // rows, rows, N, H), 0, 1),
-              jnp.swapaxes(qseg_BT.reshape(B, T // rows, rows), 0, 1), qpos_T.reshape(T // rows, rows))
-    out = jax.lax.map(one, blocks)
-    return jnp.swapaxes(out, 0, 1).reshape(B, T, N, H)
-
-
 # ---- context parallelism: every implementation per shard ------------------------------------
 
 
@@ -503,7 +416,8 @@ def _across_shards(cfg, impl, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window, sc
         assert impl == "cudnn_flash" and sinks_N is None, impl
 
         def local(q, k, v, qseg, kseg, chunks):
-            return _cudnn_shard(q, k, v, qseg, kseg, context.query_positions(chunks), window, _scale(H, scale))
+            return cudnn_attention.shard(q, k, v, qseg, kseg, context.query_positions(chunks), window,
+                                         _scale(H, scale))
     if sinks_N is None:
         return context.across_shards(local, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, is_balanced)
     return context.across_shards(local, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, is_balanced,

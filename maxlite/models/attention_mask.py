@@ -1,0 +1,16 @@
+"""The rules every attention implementation shares: which keys a query sees, and the default scale."""
+
+from __future__ import annotations
+
+import math
+
+
+def scale_or_default(H: int, scale: float | None) -> float:
+    """The scores' scale: `scale` when given (Gemma's query_pre_attn_scalar^-½), else 1/√H."""
+    return 1.0 / math.sqrt(H) if scale is None else scale
+
+
+def visible(q_idx, k_idx, window: int):
+    """Causal, and within the window when there is one (indices of one row, any broadcast shape)."""
+    ok = q_idx >= k_idx
+    return ok if not window else ok & (q_idx - k_idx < window)
