@@ -20,11 +20,12 @@ BLOCK = 1024  # slots per block: K and V of a block (2 × C × K × H numbers) s
 _NEG = float(jnp.finfo(jnp.float32).min)
 
 
-def attend(q_BTNH, k_LBSKH, v_LBSKH, j, kpos_BS, qpos_BT, filled, window: int, scale: float, sinks_N=None,
-           block: int | None = None):
-    """Queries at qpos_BT against layer j's cache slots [0, filled) (kpos_BS: each slot's position,
-    −1 empty). Key position p' is visible to query position p iff 0 ≤ p' ≤ p (and p − p' < window).
-    Returns out_BTNH in q's dtype."""
+def attend(q_BTNH, k_LBSKH, v_LBSKH, j, kpos_BS, qpos_BT, slots_BT, filled, window: int, scale: float,
+           sinks_N=None, block: int | None = None):
+    """Queries at qpos_BT, whose own keys were just written to slots_BT (S: not written), against
+    layer j's cache slots [0, filled); kpos_BS is each slot's position before this step (−1 empty),
+    so the stack's shared record is advanced once per forward, not copied per layer. Key position p'
+    is visible to query position p iff 0 ≤ p' ≤ p (and p − p' < window). Returns out_BTNH."""
     _, B, S, K, H = k_LBSKH.shape
     T, N = q_BTNH.shape[1:3]
     G = N // K
@@ -38,8 +39,12 @@ def attend(q_BTNH, k_LBSKH, v_LBSKH, j, kpos_BS, qpos_BT, filled, window: int, s
         start = jnp.minimum(c * C, S - C)
         k_BCKH, v_BCKH = (jax.lax.dynamic_slice(x, (j, 0, start, 0, 0), (1, B, C, K, H))[0]
                           for x in (k_LBSKH, v_LBSKH))
-        kpos_B1C = jax.lax.dynamic_slice(kpos_BS, (0, start), (B, C))[:, None, :]
-        fresh_C = start + jnp.arange(C) >= c * C
+        slot_C = start + jnp.arange(C)
+        mine_BCT = slot_C[None, :, None] == slots_BT[:, None, :]  # the slots this step wrote
+        kpos_BC = jnp.where(mine_BCT.any(-1), jnp.max(jnp.where(mine_BCT, qpos_BT[:, None, :], -1), axis=-1),
+                            jax.lax.dynamic_slice(kpos_BS, (0, start), (B, C)))
+        kpos_B1C = kpos_BC[:, None, :]
+        fresh_C = slot_C >= c * C
         visible_BTC = fresh_C & (kpos_B1C >= 0) & (kpos_B1C <= qpos_BT1)
         if window:
             visible_BTC &= qpos_BT1 - kpos_B1C < window

@@ -126,8 +126,8 @@ def step_in_stack(attn, x_BTD, positions_BT, lengths_B, kv: KV, j, pos_BS, varia
     else:
         scale = attn.query_scale or 1.0 / math.sqrt(q_BTNH.shape[-1])
         filled = jnp.minimum(jnp.max(lengths_B), S)  # slots [0, filled) are all that was ever written
-        out_BTNH = cache_read.attend(q_BTNH, kv.k_LBSKH, kv.v_LBSKH, j, advance(pos_BS, positions_BT, lengths_B),
-                                     positions_BT, filled, w, scale, attn.sinks_N())
+        out_BTNH = cache_read.attend(q_BTNH, kv.k_LBSKH, kv.v_LBSKH, j, pos_BS, positions_BT, slots_BT, filled, w,
+                                     scale, attn.sinks_N())
     return attn.out(attn.gated(out_BTNH, x_BTD)), kv
 
 
