@@ -8,7 +8,10 @@ grouped-query attention's K/V ring, maxlite/models/gqa_cache.py); the cache here
 layers share. The blocks are the training blocks (`Block.mixer_input`/`add_attention`/`add_mlp` and
 the mixer's own projections): what was trained is what decodes. A model whose layers all share one
 (mixer, variant) and one stack scans them as training does; the others run layer by layer (sliced out
-of their scanned stacks). The prefill runs the training attention (`prefill_config`).
+of their scanned stacks). The prefill runs the training attention (`prefill_config`). Each layer's
+cache is updated inside its stack, which the loop carries (layer j of the stack: the scanned path
+carries the stack and j, not the stack as scanned input and output, which XLA would copy whole each
+step), so a decode step's work grows with the context only by its attention's read of the filled slots.
 """
 
 from __future__ import annotations
