@@ -11,7 +11,8 @@ take minutes there).
 
 `decode`: tokens/s of greedy decode steps after a prompt of each context length (`--new` steps from
 that position, compile excluded, best of `--repeats`; no prefill), for tiny-hybrid (three delta-net
-layers to one attention layer) and tiny (four attention layers; otherwise the same sizes).
+layers to one attention layer) and tiny (four attention layers; otherwise the same sizes), beside
+`cache_read_ms`: one plain read of the whole cache, the part of a step's cost no decode can avoid.
 """
 
 from __future__ import annotations
@@ -102,8 +103,13 @@ def decode_rate(model_name: str, context: int, new: int, repeats: int) -> dict:
     cache = decode.empty_cache(cfg, 1, context + new)
     jax.block_until_ready(steps(params, cache))  # compiles
     seconds = _best(lambda: jax.block_until_ready(steps(params, cache)), repeats)
+    # the floor a step cannot go under: reading the whole cache once (what its attention must read)
+    read = jax.jit(lambda cache: sum(jnp.sum(a) for a in jax.tree.leaves(cache)))
+    jax.block_until_ready(read(cache))
+    read_seconds = _best(lambda: jax.block_until_ready(read(cache)), 5 * repeats)
     return {"model": model_name, "context": context, "new_tokens": new,
-            "decode_tokens_per_s": round(new / seconds, 1),
+            "decode_tokens_per_s": round(new / seconds, 1), "ms_per_step": round(1e3 * seconds / new, 3),
+            "cache_read_ms": round(1e3 * read_seconds, 3),
             "cache_bytes_per_token": round(decode_cache_bytes(cfg, context + new) / (context + new), 1)}
 
 

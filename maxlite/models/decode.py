@@ -8,7 +8,10 @@ grouped-query attention's K/V ring, maxlite/models/gqa_cache.py); the cache here
 layers share. The blocks are the training blocks (`Block.mixer_input`/`add_attention`/`add_mlp` and
 the mixer's own projections): what was trained is what decodes. A model whose layers all share one
 (mixer, variant) and one stack scans them as training does; the others run layer by layer (sliced out
-of their scanned stacks). The prefill runs the training attention (`prefill_config`).
+of their scanned stacks). The prefill runs the training attention (`prefill_config`). Each layer's
+cache is updated inside its stack, which the loop carries (layer j of the stack: the scanned path
+carries the stack and j, not the stack as scanned input and output, which XLA would copy whole each
+step), so a decode step's work grows with the context only by its attention's read of the filled slots.
 """
 
 from __future__ import annotations
@@ -67,17 +70,24 @@ def prefill_config(cfg, length: int, shards: int = 1):
     return dataclasses.replace(cfg, attention=impl, context_parallel_load_balance=False)
 
 
-def _block(layer, key, x_BTD, positions_BT, lengths_B, layer_cache, shared, prefill_cfg=None, context=None,
+def _block(layer, key, x_BTD, positions_BT, lengths_B, stack, j, shared, prefill_cfg=None, context=None,
            per_layer_BTP=None):
-    """One layer over T new tokens: its mixer through its own cache (`key` its (mixer, variant); a
-    cache module with CONTEXT also reads and writes `context`, what earlier layers of this forward
-    left: key/value sharing), then the feed-forward (and the per-layer embedding branch). Returns
-    (x_BTD, the layer's new cache)."""
+    """One layer over T new tokens: its mixer through its own cache, layer j of its stack (`key` its
+    (mixer, variant); a cache module with CONTEXT also reads and writes `context`, what earlier
+    layers of this forward left: key/value sharing), then the feed-forward (and the per-layer
+    embedding branch). A cache module with `step_in_stack` updates the stack where it lies (the
+    decode loop's carried buffer: no copy of it per step); the others step on layer j's slice, set
+    back. Returns (x_BTD, the stack)."""
     cache = MIXERS[key[0]].cache()
     extra = {"context": context} if getattr(cache, "CONTEXT", False) else {}
-    mixed_BTD, layer_cache = cache.step(layer.attn, layer.mixer_input(x_BTD), positions_BT, lengths_B, layer_cache,
-                                        shared, key[1], prefill_cfg, **extra)
-    return layer.finish(layer.add_mlp(layer.add_attention(x_BTD, mixed_BTD)), per_layer_BTP), layer_cache
+    args = (layer.attn, layer.mixer_input(x_BTD), positions_BT, lengths_B)
+    if hasattr(cache, "step_in_stack"):
+        mixed_BTD, stack = cache.step_in_stack(*args, stack, j, shared, key[1], prefill_cfg, **extra)
+    else:
+        mixed_BTD, layer_cache = cache.step(*args, jax.tree.map(lambda a: a[j], stack), shared, key[1],
+                                            prefill_cfg, **extra)
+        stack = jax.tree.map(lambda a, n: a.at[j].set(n), stack, layer_cache)
+    return layer.finish(layer.add_mlp(layer.add_attention(x_BTD, mixed_BTD)), per_layer_BTP), stack
 
 
 def forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache, prefill_cfg=None) -> tuple[jax.Array, Cache]:
@@ -96,26 +106,26 @@ def _forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache, prefill_cf
     inputs_L = None if inputs_BTLP is None else jnp.moveaxis(inputs_BTLP, 2, 0)
     groups, stacks = cache_groups(cfg), layer_stacks(cfg)
     if cfg.scan_layers and len(groups) == 1 and len(stacks) == 1 and len(stacks[0].unit) == 1:
-        # every layer alike and in one stack: scan them as training does
+        # every layer alike and in one stack: scan them as training does, the cache stack carried
         (key, (per_layer, shared)), = cache.stacks.items()
 
-        def body(x, layer, layer_cache, inputs):
-            return _block(layer, key, x, positions_BT, lengths_B, layer_cache, shared, prefill_cfg, {}, inputs)
-        scan = nnx.scan(body, in_axes=(nnx.Carry, 0, 0, None if inputs_L is None else 0), out_axes=(nnx.Carry, 0),
+        def body(carry, layer, inputs):
+            x, stack, j = carry
+            x, stack = _block(layer, key, x, positions_BT, lengths_B, stack, j, shared, prefill_cfg, {}, inputs)
+            return x, stack, j + 1
+        scan = nnx.scan(body, in_axes=(nnx.Carry, 0, None if inputs_L is None else 0), out_axes=nnx.Carry,
                         transform_metadata={nnx.PARTITION_NAME: "layers"})
-        x_BTD, per_layer = scan(x_BTD, model.layers, per_layer, inputs_L)
+        x_BTD, per_layer, _ = scan((x_BTD, per_layer, jnp.int32(0)), model.layers, inputs_L)
         new = {key: per_layer}
     else:
-        kinds, written, context = layer_kinds(cfg), {key: [] for key in groups}, {}
+        kinds, new, context = layer_kinds(cfg), {key: per_layer for key, (per_layer, _) in cache.stacks.items()}, {}
+        count = {key: 0 for key in groups}
         for i, (layer, kind) in enumerate(zip(model.blocks(), kinds)):
             key = (kind.mixer, kind.variant)
-            per_layer, shared = cache.stacks[key]
-            j = len(written[key])
-            x_BTD, layer_cache = _block(layer, key, x_BTD, positions_BT, lengths_B,
-                                        jax.tree.map(lambda a, j=j: a[j], per_layer), shared, prefill_cfg, context,
-                                        None if inputs_L is None else inputs_L[i])
-            written[key].append(layer_cache)
-        new = {key: jax.tree.map(lambda *a: jnp.stack(a), *caches) for key, caches in written.items()}
+            x_BTD, new[key] = _block(layer, key, x_BTD, positions_BT, lengths_B, new[key], count[key],
+                                     cache.stacks[key][1], prefill_cfg, context,
+                                     None if inputs_L is None else inputs_L[i])
+            count[key] += 1
     stacks = {key: (new[key], MIXERS[key[0]].cache().advance(shared, positions_BT, lengths_B))
               for key, (_, shared) in cache.stacks.items()}
     return model.final_norm(x_BTD), Cache(stacks)

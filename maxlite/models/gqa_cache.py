@@ -21,7 +21,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from maxlite.models import attention
+from maxlite.models import attention, cache_read
 from maxlite.models.layers import constrain
 
 # the cache's logical axes: K/V heads split like the attention's (tensor), layers and batch not split
@@ -98,6 +98,37 @@ def step(attn, x_BTD, positions_BT, lengths_B, kv: KV, pos_BS, variant: str, pre
     new = KV(*(constrain(_write(c, n, slots_BT), CACHE_AXES[1:]) for c, n in
                ((kv.k_LBSKH, k_new), (kv.v_LBSKH, v_new))))
     return attn.out(attn.gated(out_BTNH, x_BTD)), new
+
+
+def _write_at(stack_LBS, j, new_BT, slots_BT):
+    """stack[j, b, slots[b, t]] = new[b, t] (slots past the end dropped): in place on the loop's buffer."""
+    rows_B1 = jnp.arange(stack_LBS.shape[1])[:, None]
+    return stack_LBS.at[j, rows_B1, slots_BT].set(new_BT.astype(stack_LBS.dtype), mode="drop")
+
+
+def step_in_stack(attn, x_BTD, positions_BT, lengths_B, kv: KV, j, pos_BS, variant: str, prefill_cfg=None):
+    """`step` on layer j of the variant's stack `kv` [L, B, S, K, H], updated where it lies: the new
+    keys are written first, then the queries read the filled slots block by block
+    (maxlite/models/cache_read.py), so a step copies no slot of the cache. Returns (x_BTD, the stack)."""
+    w = window(attn.cfg, variant)
+    T, S = x_BTD.shape[1], pos_BS.shape[1]
+    if prefill_cfg is None and w and T > 1:
+        # a ring's multi-token step could overwrite keys its own earlier queries still see: read first
+        out_BTD, layer = step(attn, x_BTD, positions_BT, lengths_B, KV(*(a[j] for a in kv)), pos_BS, variant)
+        return out_BTD, KV(*(constrain(a.at[j].set(n), CACHE_AXES) for a, n in zip(kv, layer)))
+    q_BTNH, k_new, v_new = attn.qkv(x_BTD, positions_BT, local=bool(w))
+    slots_BT = _slots(positions_BT, lengths_B, S)
+    kv = KV(*(constrain(_write_at(c, j, n, slots_BT), CACHE_AXES) for c, n in zip(kv, (k_new, v_new))))
+    if prefill_cfg is not None:
+        segment_ids_BT = jnp.ones(positions_BT.shape, jnp.int32)  # right-padded rows: no real query sees padding
+        out_BTNH = attention.attend(prefill_cfg, q_BTNH, k_new, v_new, segment_ids_BT, window=w,
+                                    scale=attn.query_scale, sinks_N=attn.sinks_N())
+    else:
+        scale = attn.query_scale or 1.0 / math.sqrt(q_BTNH.shape[-1])
+        filled = jnp.minimum(jnp.max(lengths_B), S)  # slots [0, filled) are all that was ever written
+        out_BTNH = cache_read.attend(q_BTNH, kv.k_LBSKH, kv.v_LBSKH, j, pos_BS, positions_BT, slots_BT, filled, w,
+                                     scale, attn.sinks_N())
+    return attn.out(attn.gated(out_BTNH, x_BTD)), kv
 
 
 def advance(pos_BS, positions_BT, lengths_B):

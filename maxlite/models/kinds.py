@@ -43,7 +43,9 @@ class MixerKind:
                                         # (per-layer cache [L, ...], shared), step(mixer, x_BTD,
                                         # positions_BT, lengths_B, layer_cache, shared, variant,
                                         # prefill_cfg) → (out_BTD, layer_cache), advance(shared,
-                                        # positions_BT, lengths_B) → shared
+                                        # positions_BT, lengths_B) → shared; optionally
+                                        # step_in_stack(..., stack, j, shared, ...) → (out_BTD,
+                                        # stack): layer j updated in place (no per-step copy)
 
     def cls(self):
         path, name = self.module.split(":")
