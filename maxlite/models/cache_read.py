@@ -16,6 +16,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from maxlite.models.attention_mask import visible
+
 BLOCK = 1024  # slots per block: K and V of a block (2 × C × K × H numbers) stay in L2 between copy and dot
 _NEG = float(jnp.finfo(jnp.float32).min)
 
@@ -45,9 +47,7 @@ def attend(q_BTNH, k_LBSKH, v_LBSKH, j, kpos_BS, qpos_BT, slots_BT, filled, wind
                             jax.lax.dynamic_slice(kpos_BS, (0, start), (B, C)))
         kpos_B1C = kpos_BC[:, None, :]
         fresh_C = slot_C >= c * C
-        visible_BTC = fresh_C & (kpos_B1C >= 0) & (kpos_B1C <= qpos_BT1)
-        if window:
-            visible_BTC &= qpos_BT1 - kpos_B1C < window
+        visible_BTC = fresh_C & (kpos_B1C >= 0) & visible(qpos_BT1, kpos_B1C, window)
         s = jnp.einsum("btkgh,bckh->bkgtc", q_BTKGH, k_BCKH.astype(q_BTKGH.dtype)).astype(jnp.float32) * scale
         s = jnp.where(visible_BTC[:, None, None], s, _NEG)
         m_new = jnp.maximum(m, s.max(-1))
