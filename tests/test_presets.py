@@ -12,12 +12,16 @@ from maxlite.data.synthetic import make_synthetic_iterator
 
 
 def _traits(cfg) -> tuple:
-    """What a shrunk preset keeps: family, head, biases, RoPE scaling and local RoPE, window, query
-    scaling, and (through the shrunk shapes) GQA and whether head_dim is emb/heads."""
+    """What a shrunk preset keeps that changes its program: family, head, biases, RoPE scaling (and its
+    kind) and local RoPE, a window, query scaling, the layer count (a family's pattern; Gemma 4's
+    key/value-sharing layers), multi-token prediction and per-layer embeddings. Presets that differ
+    only in GQA or not, or in a head_dim that is or is not emb/heads, share one run: those are shapes
+    the same program takes (the groups below still hold both kinds of each), which the attention
+    tests vary for every implementation."""
     return (cfg.decoder_block, cfg.logits_via_embedding, cfg.use_bias, cfg.rope_scaling_factor > 0,
-            cfg.rope_scaling_type, cfg.sliding_window, cfg.local_rope_max_timescale > 0,
-            cfg.query_pre_attn_scalar > 0, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim,
-            cfg.base_num_decoder_layers)
+            cfg.rope_scaling_type if cfg.rope_scaling_factor > 0 else "", cfg.sliding_window > 0,
+            cfg.local_rope_max_timescale > 0, cfg.query_pre_attn_scalar > 0, cfg.base_num_decoder_layers,
+            cfg.mtp_num_layers > 0, cfg.num_kv_shared_layers > 0, cfg.per_layer_embed_dim > 0)
 
 
 def _distinct(argvs: dict[str, list[str]]) -> dict[tuple, list[str]]:
@@ -28,10 +32,19 @@ def _distinct(argvs: dict[str, list[str]]) -> dict[tuple, list[str]]:
     return groups
 
 
+def _head(cfg) -> tuple:
+    """What the chunked loss head does differently: tied to the embedding, soft-capped logits."""
+    return cfg.logits_via_embedding, cfg.final_logit_softcapping > 0
+
+
 _GROUPS = list(_distinct({name: shrunk(name) for name in preset_names()}).values())
-# every group through the unchunked head; one tied group per family through the chunked one too
-_TIED = {C.load(shrunk(g[0])).decoder_block: g for g in reversed(_GROUPS)
-         if C.load(shrunk(g[0])).logits_via_embedding}
+# every group through the unchunked head; one tied group per kind of head through the chunked one
+# too (a dense one where there is one: the cheaper program)
+_TIED: dict[tuple, list[str]] = {}
+for _g in sorted(_GROUPS, key=lambda g: C.load(shrunk(g[0])).num_experts > 0):
+    _cfg = C.load(shrunk(_g[0]))
+    if _cfg.logits_via_embedding:
+        _TIED.setdefault(_head(_cfg), _g)
 _CASES = [(g, 1) for g in _GROUPS] + [(g, 2) for g in _TIED.values()]
 
 
