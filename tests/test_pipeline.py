@@ -91,7 +91,7 @@ def test_dpo_with_lora_over_pipeline_and_fsdp_equals_one_device():
     the reference); LoRA adapters are stacked like the layers they adapt, so they split into the
     stages with them. 3 steps: the third's loss depends on two updates of the adapters through the
     stages. (Context parallelism is for train_objective=lm, pipeline or not: refused in one line.)"""
-    argv = [*ARGV[:8], "vocab_size=4096", "dtype=float32", "learning_rate=1e-2", "warmup_steps_fraction=0",
+    argv = [*ARGV[:7], "base_num_decoder_layers=2", "vocab_size=4096", "dtype=float32", "learning_rate=1e-2", "warmup_steps_fraction=0",
             "enable_tensorboard=false", "write_report=false", "train_objective=dpo", "dataset_type=preference",
             "max_target_length=64", "lora_rank=4", "lora_alpha=8"]
     reference = _objective_losses([*argv, "per_device_batch_size=8"], 1, 3)
@@ -143,3 +143,36 @@ def test_bad_pipeline_layouts_are_refused_before_anything_is_written(tmp_path, e
     with pytest.raises(C.ConfigError, match=message):
         train(cfg)
     assert not (tmp_path / "bad").exists()
+
+
+def test_kill_9_during_a_pipelined_run_resumes_bit_for_bit(tmp_path):
+    """A pipelined run (circular schedule, 2 stages × fsdp 2) SIGKILLed after step 5 and run again
+    resumes from its last complete checkpoint and recomputes the steps the killed run had done with
+    the same batches to the same bits: loss and gradient norm."""
+    import os
+    import signal
+
+    from tests import procs
+
+    run_dir = str(tmp_path)
+    args = [*ARGV[1:8], "vocab_size=256", "dtype=float32", "ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2",
+            "num_pipeline_repeats=2", "checkpoint_period=2", "steps=7"]
+    started, logs = procs.start(run_dir, "cut", args, devices=4)
+    try:
+        procs.wait_for(lambda: procs.steps_logged(run_dir, "cut") >= 5, started[0])
+    finally:
+        os.kill(started[0].pid, signal.SIGKILL)
+        started[0].wait()
+    with open(f"{run_dir}/cut/metrics.jsonl") as f:
+        killed = [json.loads(line) for line in f]
+    (code,), _ = procs.run(run_dir, "cut", args, devices=4)
+    assert code == 0, open(logs[0]).read()[-2000:]
+    with open(f"{run_dir}/cut/metrics.jsonl") as f:
+        rerun = {r["step"]: r for r in map(json.loads, list(f)[len(killed):]) if "loss" in r}
+    step, source = procs.resumed(run_dir, "cut")
+    assert source == "checkpoint" and step in (2, 4) and procs.status(run_dir, "cut")["pipeline"]["repeats"] == 2
+    again = [r for r in killed if "loss" in r and r["step"] in rerun]
+    assert [r["step"] for r in again] == list(range(step + 1, max(r["step"] for r in killed if "loss" in r) + 1))
+    for r in again:
+        assert {k: r[k] for k in ("batch_hash", "loss", "grad_norm")} == \
+            {k: rerun[r["step"]][k] for k in ("batch_hash", "loss", "grad_norm")}, r["step"]
