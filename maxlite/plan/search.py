@@ -154,13 +154,14 @@ PIPELINE_REPEATS = (1, 2)          # GPipe, and the circular schedule going roun
 PIPELINE_MICROBATCHES = (1, 2, 4)  # micro-batches per pass, as multiples of the stages
 
 
-def pipeline_candidates(args: list[str], topology: Topology, remat: str) -> list[list[str]]:
+def pipeline_candidates(args: list[str], topology: Topology, remat: str,
+                        stages_in_slice: tuple[int, ...] = PIPELINE_STAGES_IN_SLICE) -> list[list[str]]:
     """Pipeline layouts × repeats × micro-batch counts that resolve, fsdp filling the rest of the
     slice (the recipe's context kept): one stage per slice across slices (no data parallelism over
-    DCN), and PIPELINE_STAGES_IN_SLICE stages inside each slice."""
+    DCN), and `stages_in_slice` stages inside each slice. No stages at all: none."""
     raw = C.load(args)
-    layouts = [{"ici_pipeline_parallelism": p} for p in PIPELINE_STAGES_IN_SLICE]
-    if topology.num_slices > 1:
+    layouts = [{"ici_pipeline_parallelism": p} for p in stages_in_slice]
+    if topology.num_slices > 1 and stages_in_slice:
         layouts.insert(0, {"ici_pipeline_parallelism": 1, "dcn_pipeline_parallelism": topology.num_slices,
                            "dcn_data_parallelism": 1, "dcn_fsdp_parallelism": 1})
     out = []
@@ -179,7 +180,8 @@ def pipeline_candidates(args: list[str], topology: Topology, remat: str) -> list
 
 
 def sweep(args: list[str], topology: Topology, remats: tuple[str, ...] = SWEEP_REMATS,
-          quantizations: tuple[str, ...] = SWEEP_QUANTIZATIONS, progress: Progress = stderr_progress) -> list[dict]:
+          quantizations: tuple[str, ...] = SWEEP_QUANTIZATIONS, progress: Progress = stderr_progress,
+          stages_in_slice: tuple[int, ...] = PIPELINE_STAGES_IN_SLICE) -> list[dict]:
     """Compile every mesh × remat candidate, then the pipeline layouts (pipeline_candidates), then
     each of `quantizations` on the fastest that fits
     (a quantized matmul changes the compute term, not which mesh or policy fits); fitting rows
@@ -203,7 +205,7 @@ def sweep(args: list[str], topology: Topology, remats: tuple[str, ...] = SWEEP_R
     # pipeline layouts with the remat policy of the fastest mesh that fits (else full recomputation):
     # stages change the bytes between slices and the bubble, not which policy is fastest
     fastest = ranked(rows)[0] if any(r["fits"] for r in rows) else None
-    staged = pipeline_candidates(args, topology, fastest["remat_policy"] if fastest else "full")
+    staged = pipeline_candidates(args, topology, fastest["remat_policy"] if fastest else "full", stages_in_slice)
     for i, overrides in enumerate(staged, 1):
         progress(f"sweep pipeline {i}/{len(staged)}: {' '.join(overrides)}")
         rows.append(row(overrides))
