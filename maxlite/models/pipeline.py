@@ -32,6 +32,10 @@ from jax.ad_checkpoint import checkpoint_name
 from maxlite.models.layers import BTD, constrain
 
 STAGE_BTD = ("activation_stage", *BTD)  # a stage's slot of the buffer between stages
+# the micro-batches, each sharded as the batch is: left to itself, the partitioner replicated the
+# loop's [M, b, T, D] carry on TPU (every micro-batch's hidden states on every chip: 128 GiB per
+# chip for Llama 3.1-405B at 8,192 tokens)
+MICRO_BTD, MICRO_BT = (None, *BTD), (None, *BTD[:2])
 
 
 def num_stages(cfg) -> int:
@@ -53,8 +57,9 @@ def run(cfg, stack, x_BTD, positions_BT, segment_ids_BT, local: tuple[bool, ...]
     stage_fn = jax.vmap(_stage_fn(graphdef, static, policy), spmd_axis_name="stage")
 
     B, T, D = x_BTD.shape
-    pending_MbTD = _split(x_BTD, M)
-    positions_MbT, segment_ids_MbT = _split(positions_BT, M), _split(segment_ids_BT, M)
+    pending_MbTD = constrain(_split(x_BTD, M), MICRO_BTD)
+    positions_MbT = constrain(_split(positions_BT, M), MICRO_BT)
+    segment_ids_MbT = constrain(_split(segment_ids_BT, M), MICRO_BT)
     stages_P = jnp.arange(P)
 
     def iteration(carry, t):
@@ -68,7 +73,8 @@ def run(cfg, stack, x_BTD, positions_BT, segment_ids_BT, local: tuple[bool, ...]
                                    segment_ids_MbT[micro_P])
         last = (t - (P - 1)) % M
         done = valid_P[P - 1]
-        pending_MbTD = pending_MbTD.at[last].set(jnp.where(done, out_PbTD[P - 1], pending_MbTD[last]))
+        pending_MbTD = constrain(pending_MbTD.at[last].set(jnp.where(done, out_PbTD[P - 1], pending_MbTD[last])),
+                                 MICRO_BTD)
         if stats is not None:  # sums over tokens: a layer's over the micro-batches are its over the batch
             hit_RP = jax.nn.one_hot(repeat_P, R, axis=0) * valid_P
             stats_acc = jax.tree.map(
