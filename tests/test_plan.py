@@ -318,11 +318,18 @@ def test_sweep_ranks_fitting_meshes():
     from maxlite.plan import search
 
     rows = search.sweep(["base.yml", "model_name=tiny"], T.parse("v6e:2x2"), ("full", "save_dots"),
-                        ("", "int8"), progress=lambda _: None)
-    meshes = {(r["mesh"]["data"], r["mesh"]["fsdp"], r["mesh"]["tensor"]) for r in rows}
+                        ("", "int8"), progress=lambda _: None, stages_in_slice=(2,))
+    unstaged = [r for r in rows if r["pipeline"] is None]
+    meshes = {(r["mesh"]["data"], r["mesh"]["fsdp"], r["mesh"]["tensor"]) for r in unstaged}
     assert meshes == {(1, 4, 1), (1, 2, 2), (2, 2, 1)}
+    assert len([r for r in unstaged if r["fits"]]) == 7
     steps = [r["step_seconds"] for r in rows if r["fits"]]
-    assert len(steps) == 7 and steps == sorted(steps)
+    assert steps == sorted(steps)
+    # pipeline layouts (2 stages) with the remat policy of the fastest mesh
+    staged = [r for r in rows if r["pipeline"] is not None]
+    fastest = min((r for r in unstaged if r["fits"] and not r["quantization"]), key=lambda r: r["step_seconds"])
+    assert {r["mesh"]["stage"] for r in staged} == {2}
+    assert {r["remat_policy"] for r in staged} == {fastest["remat_policy"]}
     # int8 tried once, on the fastest bf16 mesh × remat
     plain = [r for r in rows if not r["quantization"]]
     (int8,) = [r for r in rows if r["quantization"] == "int8"]
@@ -414,6 +421,24 @@ def test_sweep_splits_long_sequences_over_the_context_axis_too():
     long = meshes(["base.yml", "model_name=tiny", "max_target_length=32768", "per_device_batch_size=0.5"])
     assert {(1, 2, 1), (1, 4, 1), (1, 4, 2), (1, 1, 2)} <= long and (1, 1, 1) not in long
     assert all(c * t % 2 == 0 for _, c, t in long)
+
+
+def test_sweep_tries_pipeline_stages_repeats_and_micro_batches():
+    """4 layers, 2 sequences per device, two v6e-8 slices: one stage per slice, or 2 or 4 stages in
+    each; a layout stays where the layers split into stages × repeats and each batch shard's
+    sequences (2 × stages) into the micro-batches."""
+    from maxlite.plan import search
+
+    args = ["base.yml", "model_name=tiny", "per_device_batch_size=2"]
+    rows = search.pipeline_candidates(args, T.parse("v6e:2x4", 2), "minimal")
+    keys = ("dcn_pipeline_parallelism", "ici_pipeline_parallelism", "num_pipeline_repeats", "num_pipeline_microbatches")
+    found = {tuple(int(dict(o.split("=") for o in r).get(k, 1)) for k in keys) for r in rows}
+    assert found == {(2, 1, 1, 2), (2, 1, 1, 4), (2, 1, 2, 2), (2, 1, 2, 4),  # across the slices
+                     (1, 2, 1, 2), (1, 2, 1, 4), (1, 2, 2, 2), (1, 2, 2, 4),  # 2 in each slice
+                     (1, 4, 1, 4), (1, 4, 1, 8)}  # 4 in each: 4 layers, no second repeat
+    assert all("remat_policy=minimal" in r and "ici_fsdp_parallelism=-1" in r for r in rows)
+    across = [r for r in rows if "dcn_pipeline_parallelism=2" in r]
+    assert all("dcn_data_parallelism=1" in r for r in across)  # the slices hold stages, not replicas
 
 
 def test_pipeline_across_slices_moves_activations_not_weights():

@@ -30,6 +30,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="remat policies the sweep tries")
     p.add_argument("--sweep-quantization", default=",".join(m for m in search.SWEEP_QUANTIZATIONS if m),
                    help="quantization modes the sweep tries on the fastest mesh × remat ('' for none)")
+    p.add_argument("--sweep-pipeline", default=",".join(map(str, search.PIPELINE_STAGES_IN_SLICE)),
+                   help="pipeline stages inside a slice the sweep tries (with several slices also one stage per "
+                        "slice; '' for no pipeline)")
     p.add_argument("--no-suggest", action="store_true", help="do not search for what would fit")
     p.add_argument("--shardings", action="store_true", help="list every parameter's sharding")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
@@ -61,7 +64,8 @@ def run(argv: Sequence[str]) -> int:
     if opts.sweep:
         remats = tuple(r.strip() for r in opts.sweep_remat.split(",") if r.strip())
         modes = ("", *(m.strip() for m in opts.sweep_quantization.split(",") if m.strip()))
-        sweep = search.sweep(recipe, topology, remats, modes)
+        stages = tuple(int(n) for n in opts.sweep_pipeline.split(",") if n.strip())
+        sweep = search.sweep(recipe, topology, remats, modes, stages_in_slice=stages)
     if opts.json:
         print(report.to_json(plan, suggestions, sweep))
     else:

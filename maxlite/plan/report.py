@@ -129,17 +129,18 @@ def suggestion_lines(suggestions: list[dict]) -> list[str]:
 def sweep_lines(rows: list[dict]) -> list[str]:
     if not rows:
         return []
-    lines = ["sweep: meshes × remat policies, then quantization on the fastest (estimated step time; "
-             "fitting ones ranked first)",
-             f"  {'rank':>4}  {'data':>4} {'fsdp':>4} {'context':>7} {'tensor':>6}  {'remat':9s}  {'quant':8s}  {'peak':>10}  "
-             f"{'est. step':>9}  {'MFU≤':>5}"]
+    lines = ["sweep: meshes × remat policies, pipeline stages × repeats × micro-batches, then quantization on "
+             "the fastest (estimated step time; fitting ones ranked first)",
+             f"  {'rank':>4}  {'data':>4} {'stage':>5} {'fsdp':>4} {'context':>7} {'tensor':>6}  {'R×M':>5}  {'remat':9s}  "
+             f"{'quant':8s}  {'peak':>10}  {'est. step':>9}  {'MFU≤':>5}"]
     for i, r in enumerate(rows, 1):
         rank = str(i) if r["fits"] else "-"
         step = _s(r["step_seconds"]) if r["fits"] else "no fit"
         mfu = f"{r['mfu']:.0%}" if r["fits"] else ""
-        m = r["mesh"]
-        lines.append(f"  {rank:>4}  {m['data']:>4} {m['fsdp']:>4} {m.get('context', 1):>7} {m['tensor']:>6}"
-                     f"  {r['remat_policy']:9s}  {r['quantization'] or '-':8s}  {_gib(r['peak_bytes']):>10}"
+        m, pipe = r["mesh"], r.get("pipeline")
+        schedule = f"{pipe['repeats']}×{pipe['microbatches']}" if pipe else "-"
+        lines.append(f"  {rank:>4}  {m['data']:>4} {m.get('stage', 1):>5} {m['fsdp']:>4} {m.get('context', 1):>7} "
+                     f"{m['tensor']:>6}  {schedule:>5}  {r['remat_policy']:9s}  {r['quantization'] or '-':8s}  {_gib(r['peak_bytes']):>10}"
                      f"  {step:>9}  {mfu:>5}")
     return lines
 

@@ -149,15 +149,47 @@ def sweep_candidates(args: list[str], topology: Topology, remats: tuple[str, ...
     return out
 
 
+PIPELINE_STAGES_IN_SLICE = (2, 4)  # stages the sweep tries inside a slice (and one per slice across slices)
+PIPELINE_REPEATS = (1, 2)          # GPipe, and the circular schedule going round twice
+PIPELINE_MICROBATCHES = (1, 2, 4)  # micro-batches per pass, as multiples of the stages
+
+
+def pipeline_candidates(args: list[str], topology: Topology, remat: str,
+                        stages_in_slice: tuple[int, ...] = PIPELINE_STAGES_IN_SLICE) -> list[list[str]]:
+    """Pipeline layouts × repeats × micro-batch counts that resolve, fsdp filling the rest of the
+    slice (the recipe's context kept): one stage per slice across slices (no data parallelism over
+    DCN), and `stages_in_slice` stages inside each slice. No stages at all: none."""
+    raw = C.load(args)
+    layouts = [{"ici_pipeline_parallelism": p} for p in stages_in_slice]
+    if topology.num_slices > 1 and stages_in_slice:
+        layouts.insert(0, {"ici_pipeline_parallelism": 1, "dcn_pipeline_parallelism": topology.num_slices,
+                           "dcn_data_parallelism": 1, "dcn_fsdp_parallelism": 1})
+    out = []
+    for layout in layouts:
+        stages = layout["ici_pipeline_parallelism"] * layout.get("dcn_pipeline_parallelism", 1)
+        for repeats in PIPELINE_REPEATS:
+            for micro in PIPELINE_MICROBATCHES:
+                overrides = [*(f"{k}={v}" for k, v in layout.items()), "ici_data_parallelism=1",
+                             f"ici_context_parallelism={raw.ici_context_parallelism}", "ici_tensor_parallelism=1",
+                             "ici_fsdp_parallelism=-1", f"num_pipeline_repeats={repeats}",
+                             "num_layers_per_pipeline_stage=-1", f"num_pipeline_microbatches={micro * stages}",
+                             f"remat_policy={remat}"]
+                if not _valid(args, topology, overrides):
+                    out.append(overrides)
+    return out
+
+
 def sweep(args: list[str], topology: Topology, remats: tuple[str, ...] = SWEEP_REMATS,
-          quantizations: tuple[str, ...] = SWEEP_QUANTIZATIONS, progress: Progress = stderr_progress) -> list[dict]:
-    """Compile every mesh × remat candidate, then each of `quantizations` on the fastest that fits
+          quantizations: tuple[str, ...] = SWEEP_QUANTIZATIONS, progress: Progress = stderr_progress,
+          stages_in_slice: tuple[int, ...] = PIPELINE_STAGES_IN_SLICE) -> list[dict]:
+    """Compile every mesh × remat candidate, then the pipeline layouts (pipeline_candidates), then
+    each of `quantizations` on the fastest that fits
     (a quantized matmul changes the compute term, not which mesh or policy fits); fitting rows
     ranked by estimated step time, then the rest."""
     def row(overrides: list[str]) -> dict:
         plan = compile_plan(args, topology, overrides)
         return {"mesh": plan.mesh, "remat_policy": plan.recipe["remat_policy"],
-                "quantization": plan.recipe["quantization"], "fits": plan.fits,
+                "quantization": plan.recipe["quantization"], "pipeline": plan.recipe["pipeline"], "fits": plan.fits,
                 "peak_bytes": plan.peak_bytes, "usable_bytes": plan.usable_bytes,
                 "step_seconds": plan.estimate.get("step_seconds"), "mfu": plan.estimate.get("mfu"),
                 "overrides": overrides, "command": command(args, overrides, topology)}
@@ -169,6 +201,13 @@ def sweep(args: list[str], topology: Topology, remats: tuple[str, ...] = SWEEP_R
     candidates = sweep_candidates(args, topology, remats)
     for i, overrides in enumerate(candidates, 1):
         progress(f"sweep {i}/{len(candidates)}: {' '.join(overrides)}")
+        rows.append(row(overrides))
+    # pipeline layouts with the remat policy of the fastest mesh that fits (else full recomputation):
+    # stages change the bytes between slices and the bubble, not which policy is fastest
+    fastest = ranked(rows)[0] if any(r["fits"] for r in rows) else None
+    staged = pipeline_candidates(args, topology, fastest["remat_policy"] if fastest else "full", stages_in_slice)
+    for i, overrides in enumerate(staged, 1):
+        progress(f"sweep pipeline {i}/{len(staged)}: {' '.join(overrides)}")
         rows.append(row(overrides))
     best = ranked(rows)[0] if any(r["fits"] for r in rows) else None
     for mode in (m for m in quantizations if best is not None and m != best["quantization"]):
