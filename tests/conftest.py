@@ -31,6 +31,17 @@ def run_dir(tmp_path):
     return str(path)
 
 
+@pytest.fixture(autouse=True)
+def bf16_cpu_products():
+    """Every test starts on the default CPU product (bf16): a build in an earlier test of this worker
+    sets the process's path by measurement (cpu_matmul=auto), which under load may pick f32 and
+    would leak into a later test that traces projections without a build of its own."""
+    from maxlite.models import matmul
+
+    with matmul.cpu_path("bf16"):
+        yield
+
+
 @pytest.fixture(scope="session")
 def ray_head():
     """One private Ray head (tests/ray_cluster.py) for every test that trains on a cluster and leaves
