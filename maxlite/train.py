@@ -161,9 +161,9 @@ def _setup(cfg: C.Config, res, status_fields: dict[str, Any], on_status, launche
     hooks."""
     from maxlite import mesh as mesh_lib
 
-    mesh_lib.initialize_distributed()  # before any other JAX call
     from maxlite.compile_cache import enable_compilation_cache
-    enable_compilation_cache(cfg)  # before anything compiles: a re-run loads its programs
+    enable_compilation_cache(cfg)  # before anything compiles, initialize_distributed's gloo connect included
+    mesh_lib.initialize_distributed()  # before any other JAX call (the cache's settings are no call)
 
     import jax
     from flax import nnx

@@ -73,7 +73,8 @@ def one_torch_thread():
 # over gloo, Ray clusters) share one worker and never run beside each other: two such runs on the
 # two cores starved a gloo collective past the 60 s hang watchdog. (xdist's own `loadgroup` cannot
 # do this with pytest 9.2: the group suffix it writes to `item._nodeid` is no longer read.)
-MULTI_PROCESS_FILES = {"test_ray.py", "test_resilience_procs.py", "test_checkpoints_procs.py", "test_context_procs.py"}
+MULTI_PROCESS_FILES = {"test_ray.py", "test_resilience_procs.py", "test_checkpoints_procs.py", "test_context_procs.py",
+                       "test_compile_cache_procs.py"}
 
 
 def pytest_xdist_make_scheduler(config, log):

@@ -1,0 +1,25 @@
+"""The persistent compilation cache across several CPU processes (jax.distributed over gloo): a re-run
+loads its programs on every process, not on process 0 only (maxlite/compile_cache.py)."""
+
+from __future__ import annotations
+
+import json
+
+from tests.helpers import run_module
+
+
+def _probe(cache_dir) -> list[dict]:
+    codes, outs = run_module("tests.cache_probe", [str(cache_dir)], processes=2, devices=2, timeout=300)
+    assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    return sorted((json.loads(line) for out in outs for line in out.splitlines() if line.startswith("{")),
+                  key=lambda r: r["process"])
+
+
+def test_a_rerun_over_two_processes_finds_its_program_on_both(tmp_path):
+    first, again = _probe(tmp_path / "jax"), _probe(tmp_path / "jax")
+    assert [r["process"] for r in first] == [0, 1]
+    assert [r["hit"] for r in first] == [False, False]  # an empty cache: compiled
+    # Both processes load what process 0 wrote (JAX lets only process 0 write): before, process 1's key
+    # held its own CPU topology's fingerprint and it compiled every program again on every run.
+    assert [r["hit"] for r in again] == [True, True]
+    assert len({r["value"] for r in first + again}) == 1  # the loaded program computes what the compiled one did
