@@ -127,18 +127,20 @@ def _bias(state):
 
 
 def _skew(state, value: float):
-    """Experts 0 and 1 of every MoE layer (the depths' too) start with a bias of `value`."""
-    for bias in [state.params["layers"]["mlp"]["router_bias"]] + (
-            [d["block"]["mlp"]["router_bias"] for d in state.params["mtp"].values()] if "mtp" in state.params else []):
+    """Experts 0 and 1 of every decoder MoE layer start with a bias of `value`, experts 2 and 3 of
+    the depths' (another pair: a depth's update landing on the decoder's layer shows)."""
+    biases = [(state.params["layers"]["mlp"]["router_bias"], 0)]
+    biases += [(d["block"]["mlp"]["router_bias"], 2) for d in state.params["mtp"].values()] if "mtp" in state.params else []
+    for bias, first in biases:
         skew = np.zeros(bias[...].shape, np.float32)
-        skew[..., :2] = value
+        skew[..., first:first + 2] = value
         bias[...] = jax.device_put(jnp.asarray(skew), bias[...].sharding)
 
 
 @pytest.mark.parametrize("extra", [[], WITH_MTP], ids=["decoder", "decoder-and-mtp"])
 def test_bias_update_balances_the_load_and_resumes_exactly(tmp_path, extra):
-    """Experts 0 and 1 of every MoE layer start with a bias of +0.15 (every token picks them: the
-    load gap is 1/k - 0): the first step moves each layer's bias by exactly the rate toward balance,
+    """Two experts of every MoE layer start with a bias of +0.15 (every token picks them: the load
+    gap is 1/k - 0): the first step moves each layer's bias by exactly the rate toward balance,
     as the load of that step's forward pass (measured apart) says — the decoder's layers beside a
     multi-token-prediction depth too —; each step every bias moves by exactly 0 or ± the rate (the
     gradient and the optimizer leave it alone; learning_rate > 0 here), and over the last 8 of 24
@@ -168,7 +170,7 @@ def test_bias_update_balances_the_load_and_resumes_exactly(tmp_path, extra):
         gaps.append(float(metrics["moe_load_gap"]))
         layer_gaps.append([float(metrics[f"moe_load_max/{i}"] - metrics[f"moe_load_min/{i}"]) for i in moe_layers])
         before = after
-    assert gaps[0] == pytest.approx(0.5)  # experts 0 and 1 take every token's two choices
+    assert gaps[0] == pytest.approx(0.5)  # the two skewed experts take every token's two choices
     # 64 tokens a step: once balanced a layer's gap wanders between about 0.1 and 0.33, so the mean
     # of the last 8 steps is compared (a layer whose bias keeps no update stays at 0.5)
     assert np.mean(gaps[-8:]) < 0.5 * gaps[0], gaps
