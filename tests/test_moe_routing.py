@@ -118,21 +118,23 @@ BALANCING = [*MOE[1:], "routed_bias=true", "routed_score_func=sigmoid", f"routed
 WITH_MTP = ["first_num_dense_layers=1", "mtp_num_layers=1"]
 
 
+def _biases(state) -> list:
+    """Every MoE layer's routing-bias variable: the decoder's stack [L_moe, E], then each depth's [E]."""
+    depths = state.params["mtp"].values() if "mtp" in state.params else []
+    return [state.params["layers"]["mlp"]["router_bias"]] + [d["block"]["mlp"]["router_bias"] for d in depths]
+
+
 def _bias(state):
-    """Every MoE layer's routing bias [L_moe (+ depths), E]: the decoder's, then the depths'."""
-    rows = [np.asarray(jax.device_get(state.params["layers"]["mlp"]["router_bias"][...]))]
-    rows += [np.asarray(jax.device_get(depth["block"]["mlp"]["router_bias"][...]))[None]
-             for depth in state.params["mtp"].values()] if "mtp" in state.params else []
-    return np.concatenate(rows)
+    """The routing biases [L_moe (+ depths), E], the decoder's rows first (as the load's)."""
+    return np.concatenate([np.asarray(jax.device_get(b[...])).reshape(-1, b.shape[-1]) for b in _biases(state)])
 
 
 def _skew(state, value: float):
     """Experts 0 and 1 of every decoder MoE layer start with a bias of `value`, experts 2 and 3 of
     the depths' (another pair: a depth's update landing on the decoder's layer shows)."""
-    biases = [(state.params["layers"]["mlp"]["router_bias"], 0)]
-    biases += [(d["block"]["mlp"]["router_bias"], 2) for d in state.params["mtp"].values()] if "mtp" in state.params else []
-    for bias, first in biases:
-        skew = np.zeros(bias[...].shape, np.float32)
+    for i, bias in enumerate(_biases(state)):
+        first = 0 if i == 0 else 2
+        skew = np.zeros(bias.shape, np.float32)
         skew[..., first:first + 2] = value
         bias[...] = jax.device_put(jnp.asarray(skew), bias[...].sharding)
 
