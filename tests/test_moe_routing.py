@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maxlite import config as C
+from maxlite import config as C, step as step_lib
 from maxlite.models import moe
 from tests.helpers import MOE, start_built
 
@@ -113,41 +113,76 @@ def test_sequence_balance_loss_is_deepseek_v3s():
 RATE = 0.01
 BALANCING = [*MOE[1:], "routed_bias=true", "routed_score_func=sigmoid", f"routed_bias_update_rate={RATE}",
              "load_balance_loss_weight=0", "per_device_batch_size=4", "run_name=balance"]
+# tiny-deepseek's arrangement: a dense first layer stored apart, the MoE layers stacked after it and
+# a multi-token-prediction depth whose MoE layer's load rows follow the decoder's
+WITH_MTP = ["first_num_dense_layers=1", "mtp_num_layers=1"]
+
+
+def _biases(state) -> list:
+    """Every MoE layer's routing-bias variable: the decoder's stack [L_moe, E], then each depth's [E]."""
+    depths = state.params["mtp"].values() if "mtp" in state.params else []
+    return [state.params["layers"]["mlp"]["router_bias"]] + [d["block"]["mlp"]["router_bias"] for d in depths]
 
 
 def _bias(state):
-    return np.asarray(jax.device_get(state.params["layers"]["mlp"]["router_bias"][...]))
+    """The routing biases [L_moe (+ depths), E], the decoder's rows first (as the load's)."""
+    return np.concatenate([np.asarray(jax.device_get(b[...])).reshape(-1, b.shape[-1]) for b in _biases(state)])
 
 
-def test_bias_update_balances_the_load_and_resumes_exactly(tmp_path):
-    """Experts 0 and 1 start with a bias of +0.15 (every token picks them: the load gap is 1/k - 0):
-    each step every bias moves by exactly 0 or ± the rate (the gradient and the optimizer leave it
-    alone; learning_rate > 0 here), and after 24 steps the gap between the busiest and the idlest
-    expert has fallen well below its start. Saved at step 24, restored, the bias is bitwise the
-    saved one, and the next step moves it exactly as the uninterrupted run does."""
-    built, started, data, saver = start_built(tmp_path, BALANCING, 1)
+def _skew(state, value: float):
+    """Experts 0 and 1 of every decoder MoE layer start with a bias of `value`, experts 2 and 3 of
+    the depths' (another pair: a depth's update landing on the decoder's layer shows)."""
+    for i, bias in enumerate(_biases(state)):
+        first = 0 if i == 0 else 2
+        skew = np.zeros(bias.shape, np.float32)
+        skew[..., first:first + 2] = value
+        bias[...] = jax.device_put(jnp.asarray(skew), bias[...].sharding)
+
+
+@pytest.mark.parametrize("extra", [[], WITH_MTP], ids=["decoder", "decoder-and-mtp"])
+def test_bias_update_balances_the_load_and_resumes_exactly(tmp_path, extra):
+    """Two experts of every MoE layer start with a bias of +0.15 (every token picks them: the load
+    gap is 1/k - 0): the first step moves each layer's bias by exactly the rate toward balance,
+    as the load of that step's forward pass (measured apart) says — the decoder's layers beside a
+    multi-token-prediction depth too —; each step every bias moves by exactly 0 or ± the rate (the
+    gradient and the optimizer leave it alone; learning_rate > 0 here), and over the last 8 of 24
+    steps the gap between the busiest and the idlest expert is on average well below its start, in
+    every decoder layer. Saved at step 24, restored, the bias is bitwise the saved one, and the next
+    step moves it exactly as the uninterrupted run does."""
+    built, started, data, saver = start_built(tmp_path, BALANCING + extra, 1)
     state = started.state
-    skew = np.zeros((2, 8), np.float32)
-    skew[:, :2] = 0.15
-    bias = state.params["layers"]["mlp"]["router_bias"]
-    bias[...] = jax.device_put(jnp.asarray(skew), bias[...].sharding)
+    _skew(state, 0.15)
     put = lambda batch: {k: jax.device_put(v, built.batch_sharding) for k, v in batch.items()}  # noqa: E731
-    gaps, before = [], _bias(state)
-    for _ in range(24):
+    batch = put(next(data))
+    _, (sums, tokens) = jax.jit(step_lib.loss_sums, static_argnums=1)(state.params, built.graphdef, batch)
+    load = np.asarray(sums["moe_expert_load"] / tokens)  # [L_moe (+ depths), E], the decoder's rows first
+    toward_balance = RATE * np.sign(load.mean(axis=-1, keepdims=True) - load)
+    assert np.all(toward_balance != 0)  # the skew leaves no expert at the mean: every bias must move
+    before = _bias(state)
+    state, metrics = built.train_step(state, batch)
+    np.testing.assert_allclose(_bias(state) - before, toward_balance, atol=1e-6)
+    moe_layers = sorted(int(k.split("/")[1]) for k in metrics if k.startswith("moe_load_max/"))
+    layer_gaps = [[float(metrics[f"moe_load_max/{i}"] - metrics[f"moe_load_min/{i}"]) for i in moe_layers]]
+    gaps, before = [float(metrics["moe_load_gap"])], _bias(state)
+    for _ in range(23):
         state, metrics = built.train_step(state, put(next(data)))
         after = _bias(state)
         steps = np.abs(after - before)
         assert np.all(np.isclose(steps, RATE, atol=1e-6) | (steps == 0)), steps
         gaps.append(float(metrics["moe_load_gap"]))
+        layer_gaps.append([float(metrics[f"moe_load_max/{i}"] - metrics[f"moe_load_min/{i}"]) for i in moe_layers])
         before = after
-    assert gaps[0] == pytest.approx(0.5)  # experts 0 and 1 take every token's two choices
-    assert max(gaps[-4:]) < 0.5 * gaps[0], gaps
+    assert gaps[0] == pytest.approx(0.5)  # the two skewed experts take every token's two choices
+    # 64 tokens a step: once balanced a layer's gap wanders between about 0.1 and 0.33, so the mean
+    # of the last 8 steps is compared (a layer whose bias keeps no update stays at 0.5)
+    assert np.mean(gaps[-8:]) < 0.5 * gaps[0], gaps
+    assert np.all(np.mean(layer_gaps[-8:], axis=0) < 0.5 * np.asarray(layer_gaps[0])), layer_gaps
     assert float(metrics["moe_bias_spread"]) == pytest.approx(np.mean(np.ptp(after, axis=-1)), abs=1e-7)
     assert saver.save(24, state, data)
     saver.close()
     went_on, _ = built.train_step(state, put(next(data)))
 
-    built2, resumed, data2, saver2 = start_built(tmp_path, BALANCING, 1)
+    built2, resumed, data2, saver2 = start_built(tmp_path, BALANCING + extra, 1)
     saver2.close()
     assert (resumed.step, resumed.source) == (24, "checkpoint")
     np.testing.assert_array_equal(_bias(resumed.state), after)
