@@ -44,6 +44,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from benchmarks._results import write_result  # noqa: E402
+from benchmarks.bench_cpu_matmul import _cpuinfo  # noqa: E402
 
 SKIP = 5  # first logged steps left out of each run's median
 AIM = 1.3  # maxlite's step speed as a multiple of MaxText's
@@ -65,11 +66,6 @@ STEP_LINE = re.compile(r"completed step: (\d+), seconds: ([0-9.]+)")
 
 def _kv(d: dict) -> list[str]:
     return [f"{k}={v}" for k, v in d.items()]
-
-
-def _cpuinfo(field: str) -> str:
-    return next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                 if line.split(":")[0].strip() == field), "")
 
 
 def _uptime() -> str:
