@@ -211,8 +211,8 @@ def preset_names() -> list[str]:
 
 def shrunk(model_name: str) -> list[str]:
     """A preset at CPU size that keeps its traits: its family (with one whole period of its layer
-    pattern: Gemma 3's 5 local + 1 global), tied head or not, biases, RoPE scaling and local RoPE,
-    a sliding window (8 of 32 tokens), query scaling, GQA (or not), a head_dim that is (or is not)
+    pattern: Gemma 3's 5 local + 1 global; a published Gemma 4: one local and one global layer), tied
+    head or not, biases, RoPE scaling and local RoPE, a sliding window (8 of 32 tokens), query scaling, GQA (or not), a head_dim that is (or is not)
     emb/heads; a mixture of experts with at most 8 experts of width 32 (at most 1 dense layer first);
     latent attention with narrow latents. Default dtypes (bf16 compute)."""
     from maxlite.models.families import family
@@ -247,6 +247,12 @@ def shrunk(model_name: str) -> list[str]:
         if layers > pattern + 2:
             layers = pattern + 2 if cfg.num_kv_shared_layers else pattern
             window += ["layer_types=[]"] + (["num_kv_shared_layers=2"] if cfg.num_kv_shared_layers else [])
+    if cfg.global_head_dim and layers > 4:  # a published Gemma 4: one local and one global layer (then a
+        # pair reusing their keys/values), not its whole 5 : 1 period: the same kinds of layer, and a
+        # third of the program (its unlike layers are unrolled within the period) to compile
+        layers = 4 if cfg.num_kv_shared_layers else 2
+        types = ", ".join(["sliding_attention", "full_attention"] * (layers // 2))
+        window += [f"layer_types=[{types}]"] + (["num_kv_shared_layers=2"] if cfg.num_kv_shared_layers else [])
     return ["base.yml", f"model_name={model_name}", "base_emb_dim=64", "base_mlp_dim=128",
             f"base_num_query_heads={heads}", f"base_num_kv_heads={kv}", f"head_dim={head_dim}",
             f"base_num_decoder_layers={layers}", "vocab_size=512", *window,
