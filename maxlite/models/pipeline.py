@@ -20,13 +20,22 @@ the next stage (a shift along the stage dim: one collective permute of [b, T, D]
 iteration); the last stage's goes back to `pending`. With M ≥ P, micro-batch m's output of repeat r
 is written (iteration r·M + m + P − 1) before repeat r + 1 reads it (iteration (r + 1)·M + m), and
 after the last iteration `pending` holds the stack's output.
+
+Every stage holds `pending`, so every stage holds the stack's output for its batch shard's rows. The
+output head and the loss after it take them split over `stage` as well (mesh.RULES'
+`activation_batch`): each stage computes the head for 1/P of the rows, a local slice of `pending`
+(forward) whose gradient is gathered over `stage` (backward), rather than P stages each computing it
+for all the rows. Inside the pipeline, and for the embedding that fills `pending`, a stage's rows
+are split over the other batch axes only (`stage_rules`).
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
-from flax import nnx
+from flax import linen as nn, nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from maxlite.models.layers import BTD, constrain
@@ -40,11 +49,32 @@ def num_stages(cfg) -> int:
     return cfg.axis_size("stage")
 
 
+def stage_rules() -> tuple:
+    """The active logical-axis rules with `activation_batch` not split over `stage`: the rows a stage
+    works on inside the pipeline (all its batch shard's rows)."""
+    def drop_stage(axes):
+        return tuple(a for a in axes if a != "stage") if isinstance(axes, tuple) else axes
+    return tuple((name, drop_stage(axes) if name == "activation_batch" else axes)
+                 for name, axes in nn.get_logical_axis_rules())
+
+
+def feeding(cfg):
+    """The rules under which the embedding runs: with stages it fills the pipeline's `pending`, which
+    every stage holds whole (splitting it over `stage` would only add a gather of it)."""
+    return nnx.logical_axis_rules(stage_rules()) if num_stages(cfg) > 1 else contextlib.nullcontext()
+
+
 def run(cfg, stack, x_BTD, positions_BT, segment_ids_BT, local: tuple[bool, ...], policy):
     """(x_BTD after the stack's layers, their routing statistics stacked in layer order or None):
-    what Transformer._run_layers returns, computed by the pipeline. `stack` is the scanned stack
-    (units with a leading layer dim), `local` each layer's sliding-window flag, `policy` the remat
-    policy (None: no remat)."""
+    what Transformer._run_layers returns, computed by the pipeline; x_BTD leaves with its rows split
+    over `stage` as well (for the output head). `stack` is the scanned stack (units with a leading
+    layer dim), `local` each layer's sliding-window flag, `policy` the remat policy (None: no remat)."""
+    with nnx.logical_axis_rules(stage_rules()):
+        x_BTD, stats = _run(cfg, stack, x_BTD, positions_BT, segment_ids_BT, local, policy)
+    return constrain(x_BTD, BTD), stats
+
+
+def _run(cfg, stack, x_BTD, positions_BT, segment_ids_BT, local, policy):
     P, R, M = num_stages(cfg), cfg.pipeline_repeats, cfg.pipeline_microbatches
     graphdef, state = nnx.split(stack)
     count = jax.tree.leaves(state)[0].shape[0]
