@@ -24,7 +24,11 @@ LENGTH_AXIS = "context"  # the sequence dimension is split over it (long context
 # split over it, the other weights are not (a MoE model's weights are mostly its experts', which
 # are split over expert × fsdp × tensor; `embed_no_exp` is an expert's embed dimension).
 RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
-    ("activation_batch", BATCH_AXES),
+    # with pipeline stages the rows outside the pipeline (the output head, the loss) are split over
+    # `stage` too: each stage computes the head for 1/P of its batch shard's rows (a local slice of
+    # the pipeline's output, which every stage holds). Inside the pipeline, and for the embedding
+    # that feeds it, a stage's rows are split over BATCH_AXES only (maxlite/models/pipeline.py).
+    ("activation_batch", (*BATCH_AXES, "stage")),
     ("activation_stage", "stage"),  # the pipeline's buffer between stages
     ("activation_length", LENGTH_AXIS),
     ("activation_embed", None),

@@ -397,6 +397,10 @@ class Keys:
     num_pipeline_microbatches: int = key(-1,
         "pipeline: micro-batches each (accumulation) batch is cut into, at least the stages; -1: the stages",
         bounds=(-1, None))
+    set_remat_policy_on_pipeline_iterations: bool = key(True,
+        "pipeline: remat_policy applied to each iteration of the schedule as well as to each layer, so that "
+        "an iteration keeps only its stage's input for the backward pass (which recomputes the stage's "
+        "layers: one more forward); false: each iteration keeps its layers' inputs")
     num_slices: int = key(-1, "number of slices (TPU multislice); -1 reads it from the devices")
     context_parallel_load_balance: bool = key(True,
         "with context parallelism: shard i holds sequence chunks i and 2n−1−i (n shards), so causal attention "

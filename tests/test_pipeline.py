@@ -69,6 +69,32 @@ def test_pipelined_training_equals_one_device(short_docs, model, pipeline):
     np.testing.assert_allclose(pipelined, reference, rtol=1e-5)
 
 
+def test_each_stage_computes_the_output_head_for_its_share_of_the_rows():
+    """Every stage holds the pipeline's output for its batch shard's rows; the output head and the
+    loss take them split over `stage` too, so a device's logits have the rows of a device without
+    stages (global batch / devices), not P times as many. Read from the compiled step's shapes."""
+    import re
+
+    import jax.numpy as jnp
+
+    V, T = 256, 32
+    from maxlite.build import build as wire
+    from maxlite.step import loss_sums
+
+    built = wire(C.load([*ARGV, "base_num_decoder_layers=2", f"vocab_size={V}", "num_vocab_tiling=1",
+                         "per_device_batch_size=1", "ici_pipeline_parallelism=2", "ici_fsdp_parallelism=4"]),
+                 jax.devices()[:8], num_processes=1)
+    B = built.cfg.global_batch_size
+    batch = {k: jax.ShapeDtypeStruct((B, T), jnp.float32 if k == "weights" else jnp.int32, sharding=built.batch_sharding)
+             for k in ("inputs", "targets", "positions", "segment_ids", "weights")}
+    params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), built.abstract.params,
+                          built.shardings.params)
+    with jax.set_mesh(built.mesh), nnx.logical_axis_rules(mesh_lib.RULES):  # the loss's forward pass is enough
+        text = jax.jit(functools.partial(loss_sums, graphdef=built.graphdef)).lower(params, batch=batch).compile().as_text()
+    rows = {int(r) for r in re.findall(rf"f32\[(\d+),{T},{V}\]", text)}  # the logits
+    assert rows == {B // 8}, rows
+
+
 def _objective_losses(argv: list, devices: int, steps: int) -> np.ndarray:
     """Losses of `steps` steps of the recipe's objective (its reference log-probabilities included)."""
     from maxlite.build import build as wire

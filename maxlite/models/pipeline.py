@@ -20,13 +20,22 @@ the next stage (a shift along the stage dim: one collective permute of [b, T, D]
 iteration); the last stage's goes back to `pending`. With M ≥ P, micro-batch m's output of repeat r
 is written (iteration r·M + m + P − 1) before repeat r + 1 reads it (iteration (r + 1)·M + m), and
 after the last iteration `pending` holds the stack's output.
+
+Every stage holds `pending`, so every stage holds the stack's output for its batch shard's rows. The
+output head and the loss after it take them split over `stage` as well (mesh.RULES'
+`activation_batch`): each stage computes the head for 1/P of the rows, a local slice of `pending`
+(forward) whose gradient is gathered over `stage` (backward), rather than P stages each computing it
+for all the rows. Inside the pipeline, and for the embedding that fills `pending`, a stage's rows
+are split over the other batch axes only (`stage_rules`).
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
-from flax import nnx
+from flax import linen as nn, nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from maxlite.models.layers import BTD, constrain
@@ -40,11 +49,32 @@ def num_stages(cfg) -> int:
     return cfg.axis_size("stage")
 
 
+def stage_rules() -> tuple:
+    """The active logical-axis rules with `activation_batch` not split over `stage`: the rows a stage
+    works on inside the pipeline (all its batch shard's rows)."""
+    def drop_stage(axes):
+        return tuple(a for a in axes if a != "stage") if isinstance(axes, tuple) else axes
+    return tuple((name, drop_stage(axes) if name == "activation_batch" else axes)
+                 for name, axes in nn.get_logical_axis_rules())
+
+
+def feeding(cfg):
+    """The rules under which the embedding runs: with stages it fills the pipeline's `pending`, which
+    every stage holds whole (splitting it over `stage` would only add a gather of it)."""
+    return nnx.logical_axis_rules(stage_rules()) if num_stages(cfg) > 1 else contextlib.nullcontext()
+
+
 def run(cfg, stack, x_BTD, positions_BT, segment_ids_BT, local: tuple[bool, ...], policy):
     """(x_BTD after the stack's layers, their routing statistics stacked in layer order or None):
-    what Transformer._run_layers returns, computed by the pipeline. `stack` is the scanned stack
-    (units with a leading layer dim), `local` each layer's sliding-window flag, `policy` the remat
-    policy (None: no remat)."""
+    what Transformer._run_layers returns, computed by the pipeline; x_BTD leaves with its rows split
+    over `stage` as well (for the output head). `stack` is the scanned stack (units with a leading
+    layer dim), `local` each layer's sliding-window flag, `policy` the remat policy (None: no remat)."""
+    with nnx.logical_axis_rules(stage_rules()):
+        x_BTD, stats = _run(cfg, stack, x_BTD, positions_BT, segment_ids_BT, local, policy)
+    return constrain(x_BTD, BTD), stats
+
+
+def _run(cfg, stack, x_BTD, positions_BT, segment_ids_BT, local, policy):
     P, R, M = num_stages(cfg), cfg.pipeline_repeats, cfg.pipeline_microbatches
     graphdef, state = nnx.split(stack)
     count = jax.tree.leaves(state)[0].shape[0]
@@ -53,6 +83,11 @@ def run(cfg, stack, x_BTD, positions_BT, segment_ids_BT, local: tuple[bool, ...]
     flags = _to_stages(jnp.asarray(local).reshape((count,) if n == 1 else (count, n)), R, P, S)
     static = local[0] if len(set(local)) == 1 else None  # every layer alike: a constant flag
     stage_fn = jax.vmap(_stage_fn(graphdef, static, policy), spmd_axis_name="stage")
+    if policy is not None and cfg.set_remat_policy_on_pipeline_iterations:
+        # without it the backward pass keeps the inputs of a stage's S layers for each of the R·M + P − 1
+        # iterations (the bubble's too); with it, each iteration's input [b, T, D] alone, and the S
+        # layers' inputs of one iteration at a time while its backward pass recomputes them
+        stage_fn = jax.checkpoint(stage_fn, policy=policy, prevent_cse=False)
 
     B, T, D = x_BTD.shape
     pending_MbTD = constrain(_split(x_BTD, M), MICRO_BTD)
@@ -66,13 +101,13 @@ def run(cfg, stack, x_BTD, positions_BT, segment_ids_BT, local: tuple[bool, ...]
         valid_P = (work_P >= 0) & (work_P < R * M)
         micro_P, repeat_P = jnp.mod(work_P, M), jnp.clip(work_P // M, 0, R - 1)
         first = (stages_P == 0)[:, None, None, None]
-        buffer_PbTD = constrain(jnp.where(first, _pick(pending_MbTD, t % M)[None], buffer_PbTD), STAGE_BTD)
+        buffer_PbTD = constrain(_select(first, _pick(pending_MbTD, t % M)[None], buffer_PbTD), STAGE_BTD)
         out_PbTD, stats = stage_fn(weights, flags, repeat_P, buffer_PbTD, positions_MbT[micro_P],
                                    segment_ids_MbT[micro_P])
         last = (t - (P - 1)) % M
         done = valid_P[P - 1]
         put_M = (jnp.arange(M) == last) & done
-        pending_MbTD = constrain(jnp.where(put_M[:, None, None, None], out_PbTD[P - 1][None], pending_MbTD), MICRO_BTD)
+        pending_MbTD = constrain(_select(put_M[:, None, None, None], out_PbTD[P - 1][None], pending_MbTD), MICRO_BTD)
         if stats is not None:  # sums over tokens: a layer's over the micro-batches are its over the batch
             hit_RP = jax.nn.one_hot(repeat_P, R, axis=0) * valid_P
             stats_acc = jax.tree.map(
@@ -114,7 +149,15 @@ def _pick(x_M, i):
     an all-gather of every micro-batch's rows on every chip (128 GiB per chip for Llama 3.1-405B
     at 8,192 tokens)."""
     mask = (jnp.arange(x_M.shape[0]) == i).reshape(-1, *(1,) * (x_M.ndim - 1))
-    return jnp.sum(jnp.where(mask, x_M, 0), axis=0)
+    return jnp.sum(_select(mask, x_M, jnp.zeros((), x_M.dtype)), axis=0)
+
+
+@jax.checkpoint
+def _select(mask, a, b):
+    """jnp.where(mask, a, b) whose backward pass keeps the small mask (e.g. [P, 1, 1, 1]) of each
+    iteration, not the mask broadcast to the hidden states' shape (pred [iterations, P, b, T, D] in
+    the compiled TPU step: 3.5 GiB per chip for Llama 3.1-405B over 3 repeats)."""
+    return jnp.where(mask, a, b)
 
 
 def _to_stages(w, R: int, P: int, S: int):

@@ -292,7 +292,8 @@ class Transformer(nnx.Module):
     def forward(self, inputs_BT, positions_BT, segment_ids_BT, dropout_key=None):
         """(the final-normed hidden states x_BTD, the MoE layers' routing statistics stacked
         [L_moe, ...] or None: maxlite.models.moe.aux_losses turns them into losses and metrics)."""
-        x_BTD = self.embed(inputs_BT, positions_BT)
+        with pipeline.feeding(self.cfg):  # with stages: the rows every stage holds, not split over `stage`
+            x_BTD = self.embed(inputs_BT, positions_BT)
         with matmul.quantization(self.cfg.quantization):  # the model's own mode, while its layers trace
             x_BTD, stats = self._run_layers(x_BTD, positions_BT, segment_ids_BT, dropout_key,
                                             self.per_layer_inputs(inputs_BT, x_BTD))
