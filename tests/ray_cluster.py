@@ -30,16 +30,27 @@ def ray_env(**extra: str) -> dict[str, str]:
 
 
 def _session_pids(sid: int) -> list[int]:
+    """The session's live processes: a zombie (exited, its parent has not reaped it: our own Popen child
+    until waited, or an orphan where PID 1 does not reap) keeps its session but needs no stopping, and
+    counting it made every stop wait out its whole grace period."""
     pids = []
     for entry in pathlib.Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            if os.getsid(int(entry.name)) == sid:
+            if os.getsid(int(entry.name)) == sid and _state(entry) != "Z":
                 pids.append(int(entry.name))
         except (ProcessLookupError, PermissionError):
             pass
     return pids
+
+
+def _state(proc: pathlib.Path) -> str:
+    """A process's state letter from /proc/PID/stat (after its name, which may hold spaces)."""
+    try:
+        return proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "Z"  # gone meanwhile
 
 
 def stop_session(sid: int, grace_s: float = 20.0) -> None:
