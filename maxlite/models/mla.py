@@ -50,23 +50,25 @@ class MLA(nnx.Module):
         D, N = cfg.base_emb_dim, cfg.base_num_query_heads
         Q, C, P, R, V = cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
         wd, s = jnp.dtype(cfg.weight_dtype), cfg.init_scale
+        # the latent dims of the up-projections (q_b, kv_b) are split like `embed` (over fsdp): left whole,
+        # DeepSeek-V3's 3.3 B of them were whole on every device (53 GB with gradients and Adam)
         if Q:
             self.q_a = param(rngs, (D, Q), ("embed", None), wd, scale=s)
             self.q_norm = make_norm(cfg, Q, rngs)
-            self.q_b = param(rngs, (Q, N, P + R), (None, "heads", "head_dim"), wd, scale=s)
+            self.q_b = param(rngs, (Q, N, P + R), ("embed", "heads", "head_dim"), wd, scale=s)
         else:
             self.q = param(rngs, (D, N, P + R), ("embed", "heads", "head_dim"), wd, scale=s)
         self.kv_a = param(rngs, (D, C + R), ("embed", None), wd, scale=s)
         self.kv_norm = make_norm(cfg, C, rngs)
-        self.kv_b = param(rngs, (C, N, P + V), (None, "heads", "head_dim"), wd, scale=s)
+        self.kv_b = param(rngs, (C, N, P + V), ("embed", "heads", "head_dim"), wd, scale=s)
         self.o = param(rngs, (N, V, D), ("heads", "head_dim", "embed"), wd, scale=s)
         self.cfg, self.dtype, self.scale = cfg, jnp.dtype(cfg.dtype), softmax_scale(cfg)
         queries = ({"q_a_proj": (1, {"q_a": ((D, Q), ("embed", None))}),
-                    "q_b_proj": (1, {"q_b": ((Q, N, P + R), (None, "heads", "head_dim"))})} if Q else
+                    "q_b_proj": (1, {"q_b": ((Q, N, P + R), ("embed", "heads", "head_dim"))})} if Q else
                    {"q_proj": (1, {"q": ((D, N, P + R), ("embed", "heads", "head_dim"))})})
         lora.attach(self, cfg, rngs, {  # LoRA on the HF projections (DeepSeek's names), after the base weights
             **queries, "kv_a_proj_with_mqa": (1, {"kv_a": ((D, C + R), ("embed", None))}),
-            "kv_b_proj": (1, {"kv_b": ((C, N, P + V), (None, "heads", "head_dim"))}),
+            "kv_b_proj": (1, {"kv_b": ((C, N, P + V), ("embed", "heads", "head_dim"))}),
             "o_proj": (2, {"o": ((N, V, D), ("heads", "head_dim", "embed"))})})
 
     def _rope(self, x_BTNR, positions_BT, local):

@@ -21,7 +21,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Compile a recipe's train step for a TPU topology on this machine (no TPU needed): "
                     "memory fit, FLOPs, collectives, estimated step time.")
     p.add_argument("recipe", nargs="*", help="[recipe.yml] key=value ... as for python -m maxlite.train")
-    p.add_argument("--topology", required=True, help="chip:shape, e.g. v6e:4x4, v5e:2x2, v5p:4x4x4, v4:2x2x1")
+    p.add_argument("--topology", required=True, help="chip:shape, e.g. v6e:4x4, v5e:2x2, v5p:4x4x4, v4:2x2x1, tpu7x:4x4x4")
     p.add_argument("--num-slices", type=int, default=None, help="multislice: slices joined over DCN "
                    "(default: the recipe's num_slices, else 1)")
     p.add_argument("--sweep", action="store_true", help="rank meshes × remat policies that fit, then "

@@ -71,8 +71,8 @@ class Plan:
 def resolve(args: list[str], topology: Topology, overrides: list[str] = ()) -> C.Config:
     """The recipe (YAML + key=value + planner overrides) resolved for the topology's devices."""
     cfg = C.load([*args, *overrides, f"num_slices={topology.num_slices}"])
-    # one JAX device per chip (v4 / v5p are planned in megacore mode); one planning process
-    return C.resolve(cfg, topology.num_chips, topology.num_slices, 1, "tpu")
+    # one JAX device per chip (v4 / v5p are planned in megacore mode; Ironwood has two); one planning process
+    return C.resolve(cfg, topology.num_devices, topology.num_slices, 1, "tpu")
 
 
 def _shard_bytes(abstract, shardings) -> int:

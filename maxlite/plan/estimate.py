@@ -127,5 +127,6 @@ def estimate(plan, cfg, chip: Chip, num_slices: int) -> dict:
         "bubble_fraction": bubble,
         "mfu": model_flops / step_s / (chip.peak_tflops * 1e12) if step_s else 0.0,  # of the bf16 peak
         "tflops_per_device": model_flops / step_s / 1e12 if step_s else 0.0,
+        "tflops_per_chip": model_flops / step_s / 1e12 * chip.devices_per_chip if step_s else 0.0,
         "tokens_per_second_per_device": tokens / n / step_s if step_s else 0.0,
     }

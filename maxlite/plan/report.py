@@ -100,7 +100,9 @@ def text(plan: Plan, chip: Chip, shardings: bool = False) -> str:
             lines.append(f"                     of compute: {_si(e['quantized_flops_per_device'], 'FLOP')} per device "
                          f"in {r['quantization']} projections at {e['quantized_peak_tflops']:,.0f} TFLOP/s, "
                          f"the rest at {chip.peak_tflops:,.0f} (bf16)")
-        lines.append(f"                     MFU ≤ {e['mfu']:.0%}, {e['tflops_per_device']:,.0f} TFLOP/s/device, "
+        per_chip = (f" ({e['tflops_per_chip']:,.0f} per chip of {chip.devices_per_chip} devices)"
+                    if chip.devices_per_chip > 1 else "")
+        lines.append(f"                     MFU ≤ {e['mfu']:.0%}, {e['tflops_per_device']:,.0f} TFLOP/s/device{per_chip}, "
                      f"{e['tokens_per_second_per_device']:,.0f} tokens/s/device")
     if not plan.fits and plan.error:
         lines.append(f"  compiler           {plan.error}")

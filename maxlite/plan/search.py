@@ -109,11 +109,11 @@ def suggest(args: list[str], topology: Topology, base: Plan, progress: Progress 
         max_topologies = 1  # something cheaper already fits: one look at more chips is enough
     tried, too_small = 0, None
     for candidate in bigger(topology):
-        if candidate.num_chips * usable < base.state_bytes_total:
+        if candidate.num_devices * usable < base.state_bytes_total:
             too_small = candidate  # params + gradients + optimizer alone cannot fit: no need to compile
             continue
         if too_small is not None and tried == 0:
-            need = base.state_bytes_total / too_small.num_chips / GIB
+            need = base.state_bytes_total / too_small.num_devices / GIB
             out.append(_row(f"topology {too_small.describe()}", None, args, [], too_small,
                             f"params + gradients + optimizer alone need {need:.2f} GiB per device"))
         overrides = _mesh_overrides(base.ici, base.dcn, ici_fsdp_parallelism=-1, dcn_data_parallelism=-1)
@@ -132,7 +132,7 @@ def sweep_candidates(args: list[str], topology: Topology, remats: tuple[str, ...
     """Meshes within the slice (data × fsdp × context × tensor, tensor up to 8) × remat policies that
     resolve; the context axis stays the recipe's, and from LONG_CONTEXT tokens on also 1, 2 and 4
     (the same batch: per_device_batch_size counts sequences per device whatever splits them)."""
-    n = topology.chips_per_slice
+    n = topology.devices_per_slice
     raw = C.load(args)
     contexts = sorted({raw.ici_context_parallelism} | ({1, 2, 4} if raw.max_target_length >= LONG_CONTEXT else set()))
     meshes = [(1, 1), (1, 2), (1, 4), (1, 8), (2, 1), (2, 4)]  # (data, tensor); fsdp fills the rest

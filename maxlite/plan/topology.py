@@ -9,6 +9,10 @@ Chip figures (per chip; "bidirectional" ICI as Google publishes it):
        DCN 50 Gb/s per chip).
   v6e  Cloud TPU docs "TPU v6e" (32 GB, 1638 GB/s, 918 TFLOP/s, ICI 800 GB/s over 4 ports);
        DCN assumed 4 × 200 Gb/s NICs per 8-chip host → 12.5 GB/s per chip.
+  tpu7x (Ironwood) Cloud TPU docs "TPU7x (Ironwood)" (per chip: 192 GiB, 7380 GB/s, 2307 TFLOP/s bf16,
+       4614 fp8, ICI 1200 GB/s bidirectional, DCN 100 Gb/s; 3D torus like v5p, so 6 ports assumed).
+       Each chip is two JAX devices (one per TensorCore, no megacore mode in libtpu), so its entry
+       holds HALF of each figure: a Chip's figures are per JAX device, the unit of every plan.
 Int8 and fp8 peaks (quantized matmuls): maxlite/chips.py, with their sources; none of these chips
 has fp8 matrix units, so fp8 runs at the bf16 peak.
 HBM "GB" in the docs is GiB in practice (libtpu reports 31.25 GiB usable of a v6e's 32 GiB).
@@ -40,6 +44,7 @@ class Chip:
     megacore: bool         # one JAX device per chip spanning both TensorCores
     peak_tflops_int8: float = 0.0  # dense int8 peak per chip (maxlite/chips.py)
     peak_tflops_fp8: float = 0.0   # dense fp8 peak per chip: the bf16 one where XLA converts fp8
+    devices_per_chip: int = 1      # JAX devices per chip (Ironwood: 2); the figures above are per device
 
     def peak(self, precision: str) -> float:
         """The dense peak of matmuls in `precision` (bf16, int8, fp8)."""
@@ -51,9 +56,10 @@ class Chip:
         return self.ici_gbps / self.ici_ports
 
 
-def _chip(name: str, published: str, *figures) -> Chip:
+def _chip(name: str, published: str, *figures, devices_per_chip: int = 1) -> Chip:
     return Chip(name, figures[0], peak_tflops(published), *figures[1:],
-                peak_tflops_int8=peak_tflops(published, "int8"), peak_tflops_fp8=peak_tflops(published, "fp8"))
+                peak_tflops_int8=peak_tflops(published, "int8"), peak_tflops_fp8=peak_tflops(published, "fp8"),
+                devices_per_chip=devices_per_chip)
 
 
 CHIPS: dict[str, Chip] = {
@@ -61,6 +67,7 @@ CHIPS: dict[str, Chip] = {
     "v5e": _chip("v5e", "TPU v5e", 16 * GIB, 819.0, 400.0, 4, 3.125, 2, False),
     "v5p": _chip("v5p", "TPU v5p", 95 * GIB, 2765.0, 1200.0, 6, 6.25, 3, True),
     "v6e": _chip("v6e", "TPU v6e", 32 * GIB, 1638.0, 800.0, 4, 12.5, 2, False),
+    "tpu7x": _chip("tpu7x", "TPU7x", 96 * GIB, 3690.0, 600.0, 6, 6.25, 3, False, devices_per_chip=2),
 }
 
 # Slice shapes offered for each chip family, smallest first (the "bigger topology" ladder).
@@ -69,9 +76,10 @@ LADDER: dict[str, tuple[str, ...]] = {
     "v5e": ("2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
     "v5p": ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16", "8x16x16"),
     "v6e": ("2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+    "tpu7x": ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16", "8x16x16"),
 }
 
-_NAME = re.compile(r"^(v4|v5e|v5p|v6e):(\d+(?:x\d+){1,2})$")
+_NAME = re.compile(r"^(v4|v5e|v5p|v6e|tpu7x):(\d+(?:x\d+){1,2})$")
 
 
 class TopologyError(ValueError):
@@ -96,6 +104,15 @@ class Topology:
     def num_chips(self) -> int:
         return self.chips_per_slice * self.num_slices
 
+    @property
+    def devices_per_slice(self) -> int:
+        return self.chips_per_slice * self.chip.devices_per_chip
+
+    @property
+    def num_devices(self) -> int:
+        """JAX devices: what the mesh is made of and what every per-device figure divides by."""
+        return self.num_chips * self.chip.devices_per_chip
+
     def describe(self) -> str:
         slices = f" × {self.num_slices} slices" if self.num_slices > 1 else ""
         return f"{self.name}{slices} ({self.num_chips} chips)"
@@ -117,11 +134,11 @@ def parse(name: str, num_slices: int = 1) -> Topology:
     if re.match(r"^(h100|h200|a100|b200|gpu|cuda|nvidia)", name):
         raise TopologyError(f"topology '{name}': only TPU topologies are planned (JAX cannot compile "
                             f"for a GPU that is not present); try e.g. v6e:4x4")
-    legacy = re.match(r"^(v4|v5e|v5p|v5litepod|v6e)-(\d+)$", name)
+    legacy = re.match(r"^(v4|v5e|v5p|v5litepod|v6e|tpu7x)-(\d+)$", name)
     if legacy:
         chip, n = legacy.group(1).replace("v5litepod", "v5e"), int(legacy.group(2))
-        if chip in ("v4", "v5p"):
-            n //= 2  # v4-N / v5p-N count TensorCores, two per chip
+        if chip in ("v4", "v5p", "tpu7x"):
+            n //= 2  # v4-N / v5p-N / tpu7x-N count TensorCores, two per chip
         shapes = [s for s in LADDER[chip] if math.prod(int(x) for x in s.split("x")) == n]
         hint = f"{chip}:{shapes[0]}" if shapes else f"{chip}:4x4"
         raise TopologyError(f"topology '{name}': name the chip and its slice shape, e.g. {hint}")
@@ -154,7 +171,7 @@ def require_libtpu() -> None:
 
 def quiet_libtpu_env(topology: Topology) -> None:
     """libtpu probes GCE metadata and warns at start-up unless told it is not on a TPU VM."""
-    n = topology.chips_per_slice * (2 if topology.chip.megacore else 1)
+    n = topology.chips_per_slice * (2 if topology.chip.megacore else topology.chip.devices_per_chip)  # TensorCores
     defaults = {"TPU_SKIP_MDS_QUERY": "1", "TPU_ACCELERATOR_TYPE": f"{topology.chip.name}-{n}",
                 "TPU_WORKER_HOSTNAMES": "localhost", "TPU_WORKER_ID": "0",
                 # no TPU is opened, so several planners (or tests) may load libtpu at once
