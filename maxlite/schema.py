@@ -3,25 +3,20 @@ of doc base.yml shows.
 
 This is the one place a key is declared. `Keys` is the frozen, statically typed dataclass of them
 all (`maxlite.recipe.Config`, what `maxlite.config.load` builds, adds what follows from them);
-`configs/base.yml` is written from it (`python -m maxlite.schema`) and tests/test_schema.py fails
+`configs/base.yml` is written from it (maxlite/base_yml.py: `python -m maxlite.base_yml`) and tests/test_schema.py fails
 when the two differ. Adding a key: one `name: type = key(default, "doc", ...)` line in its section
 below (with `choices=`, `bounds=` or `positive=` when its values are limited; `kind=` when it names
-files), then `python -m maxlite.schema` to rewrite base.yml.
+files), then `python -m maxlite.base_yml` to rewrite base.yml.
 
-A leaf: no JAX and nothing of maxlite (PyYAML only writes base.yml), so that loading (config.py),
+A leaf: no JAX and nothing of maxlite, so that loading (config.py),
 the derived values (recipe.py) and the checks (config_checks.py) all import it and none imports
 another back.
 """
 
 # No `from __future__ import annotations` here: loading reads each field's type as a type (Field.type).
 import dataclasses
-import json
 import pathlib
-import re
-import sys
 from typing import Any
-
-import yaml
 
 BASE_YML = pathlib.Path(__file__).parent / "configs" / "base.yml"
 MESH_AXES = ("data", "stage", "fsdp", "context", "expert", "tensor")  # order of the device mesh axes
@@ -605,58 +600,3 @@ FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Ke
 def keys_of(kind: str) -> tuple[str, ...]:
     """The keys whose values are of `kind` (KINDS)."""
     return tuple(name for name, f in FIELDS.items() if f.metadata["kind"] == kind)
-
-
-# ---- base.yml, written from the schema ----
-
-_HEADER = """\
-# maxlite base config: every key, its default, one line on what it does.
-# Override with `python -m maxlite.train base.yml key=value ...` or a YAML that says `base_config: base.yml`.
-# Precedence (low → high): this file, models/<model_name>.yml, your YAML, key=value on the command line.
-# Written from maxlite/schema.py by `python -m maxlite.schema`: a key is declared (and changed) there.
-"""
-_PLAIN = re.compile(r"[A-Za-z_][\w.-]*")  # a list item written unquoted (when YAML reads it back as itself)
-
-
-def yaml_value(value: Any) -> str:
-    """A default as base.yml writes it: what yaml.safe_load reads back to the same value."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float) and value and abs(value) < 1e-3:
-        # YAML 1.1 reads 1e-05 as a string: write the mantissa with a point (1.0e-05)
-        digits = next(p for p in range(1, 18) if float(f"{value:.{p}e}") == value)
-        return f"{value:.{digits}e}"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, tuple):
-        items = [x if isinstance(x, str) and _PLAIN.fullmatch(x) and yaml.safe_load(x) == x
-                 else yaml_value(x) for x in value]
-        return "[" + ", ".join(items) + "]"
-    return json.dumps(value, ensure_ascii=False)
-
-
-def render() -> str:
-    """base.yml's text: the header, then each section's keys with their default and doc."""
-    out = [_HEADER]
-    for name, f in FIELDS.items():
-        if f.metadata["section"]:
-            out.append(f"\n# ---- {f.metadata['section']} ----\n")
-        line = f"{name}: {yaml_value(f.default)}"
-        out.append(f"{line.ljust(max(34, len(line) + 2))}# {f.metadata['doc']}\n")
-    return "".join(out)
-
-
-def main(argv: list[str]) -> int:
-    """`python -m maxlite.schema`: rewrite base.yml from the schema; `--check`: exit 1 if it differs."""
-    text = render()
-    if "--check" in argv:
-        same = BASE_YML.read_text() == text
-        print(f"{BASE_YML}: {'up to date' if same else 'differs from maxlite/schema.py: run python -m maxlite.schema'}")
-        return 0 if same else 1
-    BASE_YML.write_text(text)
-    print(f"wrote {BASE_YML} ({len(FIELDS)} keys)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
