@@ -18,7 +18,9 @@ def _probe(cache_dir) -> list[dict]:
 def test_a_rerun_over_two_processes_finds_its_program_on_both(tmp_path):
     first, again = _probe(tmp_path / "jax"), _probe(tmp_path / "jax")
     assert [r["process"] for r in first] == [0, 1]
-    assert [r["hit"] for r in first] == [False, False]  # an empty cache: compiled
+    # An empty cache: process 0, the only writer, compiles. Process 1 may already find what process 0
+    # wrote if it asks later (its key is the same), so its first answer depends on timing.
+    assert first[0]["hit"] is False
     # Both processes load what process 0 wrote (JAX lets only process 0 write): before, process 1's key
     # held its own CPU topology's fingerprint and it compiled every program again on every run.
     assert [r["hit"] for r in again] == [True, True]
