@@ -5,8 +5,16 @@
 import os
 import sys
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from tests.xla_flags import cpu_xla_flags  # noqa: E402  (imports no JAX)
+
 os.environ["JAX_PLATFORMS"] = os.environ.get("MAXLITE_TEST_PLATFORMS", "cpu")
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+# On CPU, also tests/xla_flags.py's cheaper compile; a GPU run keeps XLA's own code generation.
+os.environ["XLA_FLAGS"] = (cpu_xla_flags(8) if os.environ["JAX_PLATFORMS"] == "cpu"
+                           else "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # JAX's persistent compilation cache for the tests' own processes, where the trainer's subprocesses
 # keep theirs (base.yml jax_cache_dir): many tests build the same small programs in new closures,
@@ -17,10 +25,6 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import pytest  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from flax import nnx
 
 from maxlite import build as build_lib, config as C, mesh as mesh_lib, resume, state as state_lib
 from maxlite.data.synthetic import make_synthetic_iterator
+from tests.xla_flags import cpu_xla_flags
 
 # A very small llama: compiles fast on 2 busy cores.
 SMALL = ["base.yml", "model_name=tiny", "base_emb_dim=64", "base_mlp_dim=128", "base_num_query_heads=2",
@@ -93,7 +94,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def process_env(devices: int, **extra: str) -> dict:
     """The environment of a CPU subprocess with `devices` simulated devices, no launcher's variables."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MAXLITE_", "RAY_ADDRESS"))}
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_xla_flags(devices),
                TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT, **extra)
     return env
 

@@ -12,6 +12,7 @@ import time
 
 from maxlite.resilience.keeper import run_key
 from tests.helpers import free_port, wait_until
+from tests.xla_flags import cpu_xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["base.yml", "model_name=tiny", "base_num_decoder_layers=2", "max_target_length=32",
@@ -20,7 +21,7 @@ TINY = ["base.yml", "model_name=tiny", "base_num_decoder_layers=2", "max_target_
 
 def _env(devices: int, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MAXLITE_", "RAY_ADDRESS"))}
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_xla_flags(devices),
                TF_CPP_MIN_LOG_LEVEL="3", **extra)
     return env
 

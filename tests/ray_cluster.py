@@ -16,15 +16,17 @@ import tempfile
 import time
 import urllib.request
 from tests.helpers import free_port
+from tests.xla_flags import CHEAP_COMPILE
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 VENV_BIN = pathlib.Path(sys.executable).parent
 
 
 def ray_env(**extra: str) -> dict[str, str]:
-    """Env for Ray commands: no auth token (GOTCHAS), and `python` = this venv's python."""
+    """Env for Ray commands: no auth token (GOTCHAS), `python` = this venv's python, and the tests'
+    cheaper compile (tests/xla_flags.py), which the launcher passes on to its CPU workers."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "JAX_", "XLA_"))}
-    env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
+    env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", XLA_FLAGS=CHEAP_COMPILE,
                PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}", **extra)
     return env
 

@@ -21,6 +21,7 @@ from maxlite.data.tokenizer import load_tokenizer
 from maxlite.objectives import dpo, grpo, view
 from maxlite.train import train
 from tests.helpers import SMALL
+from tests.xla_flags import cpu_xla_flags
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 TINY = [*SMALL, "vocab_size=4096", "dtype=float32"]  # the bundled tokenizer's vocabulary
@@ -338,7 +339,7 @@ def _recipe_run(recipe, cwd):
     import sys
 
     root = str(pathlib.Path(__file__).parents[1])
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1",
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_xla_flags(1),
                PYTHONPATH=root)
     subprocess.run([sys.executable, "-m", "maxlite.train", recipe], cwd=cwd, env=env, check=True,
                    stdout=subprocess.DEVNULL)

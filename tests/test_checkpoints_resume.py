@@ -19,6 +19,7 @@ import pytest
 
 from maxlite import checkpoints as ck
 from tests.gcs_emulator import gcs_emulator, emulator_env, make_bucket  # noqa: F401
+from tests.xla_flags import cpu_xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.timeout(900)  # training processes run, killed and rerun one after another
@@ -29,7 +30,7 @@ ARGS = ["base.yml", "model_name=tiny", "base_emb_dim=64", "base_mlp_dim=128", "b
 
 
 def _env(extra: dict | None = None) -> dict:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2",
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_xla_flags(2),
                PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
     env.update(extra or {})
     return env

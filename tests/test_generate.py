@@ -19,6 +19,7 @@ from maxlite.bridge import hf
 from maxlite.bridge import params as P
 from maxlite.generate import Sampling, generate_ids
 from tests.helpers import SMALL
+from tests.xla_flags import cpu_xla_flags
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -149,7 +150,7 @@ def test_cli_on_a_trained_run(tmp_path):
     train(C.load([*argv, "steps=2", "run_name=g", f"base_output_directory={tmp_path}/runs"]))
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "And God said"}) + "\n\n" + json.dumps({"prompt": "In the"}) + "\n")
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_xla_flags(2))
     out = subprocess.run([sys.executable, "-m", "maxlite.generate", "runs/g", "--prompts-file", "prompts.jsonl",
                           "--max-new-tokens", "6", "--temperature", "0.8", "--top-p", "0.9"],
                          cwd=tmp_path, env={**env, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=300)

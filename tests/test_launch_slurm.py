@@ -18,12 +18,13 @@ import pytest
 
 from tests.helpers import wait_until
 from tests.slurm_cluster import slurm_cluster  # noqa: F401  (session fixture)
+from tests.xla_flags import cpu_xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # One simulated device and a short sequence: the job's work is the launcher's, not the model's.
 TINY = ["base.yml", "model_name=tiny", "max_target_length=64", "per_device_batch_size=1",
         "enable_tensorboard=false", "write_report=false"]
-JOB_ENV = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+JOB_ENV = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": cpu_xla_flags(1)}
 
 
 def launch(home: pathlib.Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

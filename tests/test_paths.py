@@ -23,6 +23,7 @@ from maxlite.bridge import hf
 from maxlite.train import train
 from tests import helpers
 from tests.gcs_emulator import gcs_emulator, make_bucket  # noqa: F401
+from tests.xla_flags import cpu_xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = [*helpers.SMALL, "checkpoint_period=1"]
@@ -94,7 +95,7 @@ def test_train_resume_list_export_import_load_with_each_path_form(form, trained,
 
 
 def _env() -> dict:
-    return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1",
+    return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_xla_flags(1),
                 PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
 
 

@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+from tests.xla_flags import cpu_xla_flags
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "python.md")
 
@@ -20,7 +22,7 @@ def test_python_doc_examples_run_as_written(tmp_path):
     assert len(blocks) >= 7  # config, build, step, off-mesh forward, checkpoint, generate, export
     script = tmp_path / "python_doc.py"
     script.write_text("\n\n".join(blocks))
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_xla_flags(4),
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=600)

@@ -22,6 +22,7 @@ from maxlite import config as C
 from maxlite.launch import ray_trainer as RT
 from tests.helpers import wait_until
 from tests.ray_cluster import REPO, RayHead, ray_env, stop_session
+from tests.xla_flags import cpu_xla_flags
 
 # One recipe for every real run here: two processes × two devices, checkpoints every 3 steps.
 STEPS = 8
@@ -80,7 +81,7 @@ def test_gpu_workers_get_their_gpus_and_cuda():
     assert RT.worker_env(cfg)["JAX_PLATFORMS"] == "cuda"
 
 
-def test_cpu_run_config_env_storage_and_failures(tmp_path):
+def test_cpu_run_config_env_storage_and_failures(tmp_path, monkeypatch):
     cfg = RT.check(load(*RECIPE, "ray_simulated_devices_per_worker=4", "max_restarts=5",
                         f"base_output_directory={tmp_path}", "run_name=r"))
     scaling = RT.scaling_config(cfg)
@@ -88,7 +89,11 @@ def test_cpu_run_config_env_storage_and_failures(tmp_path):
     assert scaling.resources_per_worker == {"CPU": 1}
     run = RT.run_config(cfg)
     assert run.worker_runtime_env["env_vars"]["JAX_PLATFORMS"] == "cpu"
-    assert run.worker_runtime_env["env_vars"]["XLA_FLAGS"] == "--xla_force_host_platform_device_count=4"
+    # The driver's own XLA flags reach the workers (the runtime env replaces the variable), with
+    # the worker's simulated device count in place of the driver's.
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_dump_to=/tmp/d")
+    assert (RT.run_config(cfg).worker_runtime_env["env_vars"]["XLA_FLAGS"]
+            == "--xla_dump_to=/tmp/d --xla_force_host_platform_device_count=4")
     assert run.storage_path == f"{tmp_path}/r"  # Ray's records live in the run dir, not ~/ray_results
     assert run.failure_config.max_failures == 0  # Ray never restarts by itself: maxlite.policy decides, per run
     assert cfg.num_devices == 8
@@ -187,7 +192,7 @@ def test_job_submit_trains_on_two_workers(uninterrupted):
     # line per step from rank 0 only, the driver's last line)
     assert re.search(r"2 process\(es\), mesh \{'data': 1, 'stage': 1, 'fsdp': 4, .*'tensor': 1\} on 4 cpu device\(s\)", out)
     steps = [int(s) for s in re.findall(r"completed step: (\d+),", out)]
-    assert steps == list(range(1, STEPS + 1))  # printed once each, by rank 0 only
+    assert steps == list(range(1, STEPS + 1)), out[-6000:]  # printed once each, by rank 0 only
     assert re.search(r"maxlite: Ray run finished: 8 steps, final loss \d", out)
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "finished" and status["step"] == STEPS and status["summary"]["steps"] == STEPS
@@ -291,8 +296,7 @@ def test_two_workers_match_one_process_with_the_same_global_batch(uninterrupted,
     same global batches (hashes), the same losses up to the order the gradient's f32 partial sums
     are reduced in (gloo across processes, in-process here), which bf16 compute lets show at 1e-5."""
     _, whole_dir = uninterrupted
-    env = {**os.environ, "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": cpu_xla_flags(4)}
     done = subprocess.run(
         [sys.executable, "-m", "maxlite.train", "base.yml", *RECIPE, "enable_checkpointing=false",
          f"base_output_directory={tmp_path}", "run_name=single"],

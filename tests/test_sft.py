@@ -17,6 +17,7 @@ import transformers
 from maxlite import config as C
 from maxlite.data import chat, make_iterator, sft_audit
 from maxlite.data.tokenizer import load_tokenizer
+from tests.xla_flags import cpu_xla_flags
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -181,7 +182,7 @@ def test_the_audit_refuses_a_mask_of_none_or_every_token(tmp_path, capsys):
 
 
 def test_sft_recipe_fine_tunes_audits_and_exports_for_transformers(tmp_path):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2",
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_xla_flags(2),
                PYTHONPATH=ROOT)
     run = dict(cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     train = subprocess.run([sys.executable, "-m", "maxlite.train", "sft.yml", "steps=40", "eval_interval=20",

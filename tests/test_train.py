@@ -10,13 +10,14 @@ import pytest
 from maxlite import config as C
 from maxlite.train import train
 from tests.helpers import SMALL
+from tests.xla_flags import cpu_xla_flags
 
 LINE = re.compile(r"^completed step: (\d+), seconds: [\d.]+, TFLOP/s/device: [\d.]+, "
                   r"Tokens/s/device: [\d.]+, total_weights: (\d+), loss: [\d.]+$")
 
 
 def test_cli_trains_sharded_and_fills_the_run_directory(run_dir):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_xla_flags(8))
     r = subprocess.run(
         [sys.executable, "-m", "maxlite.train", "base.yml", "model_name=tiny", "ici_fsdp_parallelism=4",
          "ici_tensor_parallelism=2", "steps=4", "max_target_length=64", "run_name=t1",

@@ -127,8 +127,15 @@ def worker_env(cfg: C.Config) -> dict[str, str]:
         return {**env, "JAX_PLATFORMS": "tpu"}
     if cfg.ray_use_gpu:
         return {**env, "JAX_PLATFORMS": "cuda"}
-    return {**env, "JAX_PLATFORMS": "cpu",
-            "XLA_FLAGS": f"--xla_force_host_platform_device_count={cfg.ray_simulated_devices_per_worker}"}
+    return {**env, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": cpu_worker_xla_flags(cfg.ray_simulated_devices_per_worker)}
+
+
+def cpu_worker_xla_flags(devices: int) -> str:
+    """A CPU worker's XLA_FLAGS: the driver's own, with the simulated device count set to `devices`
+    (the runtime env replaces the variable, so a flag the user gave the driver would not reach them)."""
+    own = [f for f in os.environ.get("XLA_FLAGS", "").split()
+           if not f.startswith("--xla_force_host_platform_device_count")]
+    return " ".join([*own, f"--xla_force_host_platform_device_count={devices}"])
 
 
 def run_config(cfg: C.Config, attempt: int = 0):
