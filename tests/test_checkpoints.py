@@ -90,6 +90,26 @@ def test_best_k_plus_latest_retention_survives_restart(tmp_path, capsys):
                                          "step=5-consumed_samples=5-val_loss=1.50"]
 
 
+def test_a_failed_save_is_not_tried_again_by_the_schedule(tmp_path, monkeypatch):
+    """The last step is due twice (its period and the run's completion): once its async save has
+    failed and been reported, the completion save does not write it again and fail a second time."""
+    cfg, state, data = _trained(tmp_path, ["checkpoint_period=2", "steps=2", "checkpoint_error_policy=continue"],
+                                steps=0, devices=1, mesh=("ici_fsdp_parallelism=1",))
+
+    def refuse(self, step, args, metrics):
+        raise OSError(f"injected: storage refuses step {step}")
+
+    monkeypatch.setattr(Checkpointer, "_write", refuse)
+    saver = Checkpointer(cfg, True, state_lib.nbytes(state))
+    assert saver.maybe_save(2, state, data)
+    saver.poll(wait=True)  # the writer's failure, reported
+    assert [f["step"] for f in saver.failures] == [2]
+    assert not saver.maybe_save(2, state, data)
+    saver.poll(wait=True)
+    assert [f["step"] for f in saver.failures] == [2]
+    saver.close()
+
+
 def test_listing_and_leftovers_of_a_killed_save(tmp_path, capsys):
     cfg, state, data = _trained(tmp_path, ["async_checkpointing=false"], steps=0, devices=1,
                                 mesh=("ici_fsdp_parallelism=1",))

@@ -83,6 +83,7 @@ class Checkpointer:
         self.pending: tuple[int, float, float] | None = None  # step, start time, seconds blocked
         self.blocked_seconds: list[float] = []
         self.failures: list[dict[str, Any]] = []  # {step, error} of every failed save of this attempt
+        self.tried: int | None = None  # the step of the last save begun (a rollback's re-run saves anew)
         self.saved: list[int] = []  # steps this attempt saved completely
 
     def _saves(self) -> int:
@@ -111,8 +112,10 @@ class Checkpointer:
             step == self.cfg.steps and self.cfg.save_checkpoint_on_completion)
 
     def maybe_save(self, step: int, state, data_iterator) -> bool:
-        """Save at `step` if the schedule says so; the loop waits only for the device→host copy."""
-        if not self.due(step) or self.has(step):
+        """Save at `step` if the schedule says so; the loop waits only for the device→host copy.
+        A step the schedule already tried is not tried again: the last step is due twice (its period,
+        the run's completion), and once its save had failed the completion save failed a second time."""
+        if not self.due(step) or self.has(step) or step == self.tried:
             return False
         return self.save(step, state, data_iterator)
 
@@ -120,6 +123,7 @@ class Checkpointer:
         import jax
 
         self.poll(wait=True)  # one save at a time: report the previous one first
+        self.tried = step
         if self.writer is None:
             jax.block_until_ready(state)  # Orbax's copy waits for the step in flight; time the save alone
         start = time.perf_counter()
@@ -202,6 +206,7 @@ class Checkpointer:
         returns them. Collective: every host calls it."""
         self.poll(wait=True)
         gone = [s for s in self.mngr.all_steps() if s > step]
+        self.tried = None
         for s in gone:
             self.mngr.delete(s)
         self.saved = [s for s in self.saved if s <= step]
