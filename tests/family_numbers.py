@@ -1,7 +1,7 @@
 """Run by tests/test_family_table.py in a subprocess with XLA's default code generation (the table's
 parameter bytes are XLA's output, and the tests' cheaper compile, tests/xla_flags.py, computes some
-functions in other last bits): prints one JSON object, each case's numbers, or with `--write` writes
-the table."""
+functions in other last bits): prints one JSON object, each case's numbers (argv[1]: a JSON object of
+case → preset)."""
 
 import hashlib
 import json
