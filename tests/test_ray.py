@@ -252,8 +252,9 @@ def test_hung_worker_is_detected_restarted_and_ends_at_the_same_loss(head, unint
     which resumes from step 3 and ends at the uninterrupted losses. Which watchdog fires first is a
     race: rank 1's (stuck in the fault) or rank 0's (stuck reading step 5's result, the collective
     rank 1 never joins), each with its own timeout from the step times it saw; the first one ends
-    the group. (After step 5 instead, rank 0 could wait in step 6's save: its section, `checkpoint`,
-    has its own timeout, which a loaded machine made the shorter one.)"""
+    the group. (After step 5, rank 0 could also wait in step 6's save, in section `checkpoint` with
+    a timeout of its own: the likely cause of the one failure seen, on a loaded machine, whose
+    log was not kept.)"""
     _, whole_dir = uninterrupted
     done = head.submit(["base.yml", *RECIPE, f"base_output_directory={tmp_path}", "run_name=hung",
                         "fault_type=hang", "fault_step=4", "fault_process=1", "async_checkpointing=false",
