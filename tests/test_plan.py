@@ -306,8 +306,10 @@ def test_llama3_8b_fits_v6e_4x4_tutorial_mesh():
                       "max_target_length=4096", "ici_fsdp_parallelism=4", "ici_tensor_parallelism=4"],
                      T.parse("v6e:4x4"))
     assert p.fits and p.mesh == _axes(fsdp=4, tensor=4)
-    assert p.param_shardings["layers/attn/k"] == "[32, 4096, 8, 128] (None, 'fsdp', 'tensor', None)"
-    assert p.param_shardings["unembedding"] == "[4096, 128256] ('fsdp', 'tensor')"
+    # the layer stack's dim over `stage` and embed over fsdp + context (both size 1 here): the rules
+    # name every axis a dim may use
+    assert p.param_shardings["layers/attn/k"] == "[32, 4096, 8, 128] ('stage', ('fsdp', 'context'), 'tensor', None)"
+    assert p.param_shardings["unembedding"] == "[4096, 128256] (('fsdp', 'context'), 'tensor')"
     assert 8.0e9 < p.param_count < 8.1e9
     assert p.peak_bytes < 31.25 * GIB
 
