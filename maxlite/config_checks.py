@@ -1,7 +1,8 @@
 """Every check of the recipe, in one place. What each value of a Config may be: choices, ranges,
-and the checks across keys (a MoE layout, an alignment objective's data, the data source's keys,
-resilience, storage, launchers and their elastic groups) that need no device count: `config.load`
-runs `validate` on every Config it builds. What the devices need once `config.resolve` has filled
+and the checks across keys (the layers' kinds, each by the checks its entry in models/kinds.py
+names; an alignment objective's data, the data source's keys, resilience, storage, launchers and
+their elastic groups) that need no device count: `config.load` runs `validate` on every Config it
+builds. What the devices need once `config.resolve` has filled
 the mesh: `check_layout` and `check_platform`, which resolve runs. And what only a caller knows:
 `check_platform` for a model made off any mesh (maxlite.api), `check_keeper` for the loop.
 
@@ -14,7 +15,7 @@ import re
 from maxlite import quant
 from maxlite.models import lora_targets, names
 from maxlite.models.families import FAMILIES
-from maxlite.models.kinds import check_kv_sharing, check_layer_types, layer_kinds, layer_stacks
+from maxlite.models.kinds import check_kinds, check_layer_pattern, layer_stacks
 from maxlite.recipe import (FILE_DATASETS, OBJECTIVE_DATASET, Config, parse_max_time, parse_signals, parse_split,
                             topology_chips)
 from maxlite.schema import FIELDS, MESH_AXES, ConfigError, keys_of
@@ -77,8 +78,10 @@ def validate(c: Config) -> None:
                                                                 c.max_target_length):
         raise ConfigError(f"attention_block_size={c.attention_block_size} must divide "
                           f"max_target_length={c.max_target_length}")
-    _validate_moe(c)
-    _validate_mla(c)
+    if c.mlp_activations_limit and FAMILIES[c.decoder_block].mlp != "clamped_swiglu":
+        raise ConfigError(f"mlp_activations_limit={c.mlp_activations_limit} clamps gpt-oss's SwiGLU; "
+                          f"decoder_block={c.decoder_block} has none: leave it 0")
+    _validate_kinds(c)
     _validate_objective(c)
     _validate_data(c)
     _validate_resilience(c)
@@ -86,23 +89,6 @@ def validate(c: Config) -> None:
     _validate_launch(c)
     if not 0 <= c.lora_dropout < 1:
         raise ConfigError(f"lora_dropout={c.lora_dropout} must be in [0, 1)")
-    layer_types = check_layer_types(c.layer_types, c.base_num_decoder_layers)
-    if layer_types:
-        raise ConfigError(layer_types)
-    gemma4_keys = [k for k, off in (("global_head_dim", 0), ("global_num_kv_heads", 0), ("attention_k_eq_v", False),
-                                    ("global_rope_fraction", 1.0), ("num_kv_shared_layers", 0),
-                                    ("use_double_wide_mlp", False)) if getattr(c, k) != off]
-    if gemma4_keys and not FAMILIES[c.decoder_block].layer_kinds:
-        raise ConfigError(f"{gemma4_keys[0]} shapes Gemma 4's layers (decoder_block=gemma4), not {c.decoder_block}'s")
-    if FAMILIES[c.decoder_block].layer_kinds and (c.partial_rotary_factor != 1.0 or c.rope_scaling_factor > 0):
-        raise ConfigError(f"decoder_block={c.decoder_block} has its own RoPE (default on sliding-window layers, "
-                          f"proportional by global_rope_fraction on global ones): leave partial_rotary_factor and "
-                          f"rope_scaling_factor unset")
-    if c.use_double_wide_mlp and c.num_experts:
-        raise ConfigError("use_double_wide_mlp widens dense MLPs, not a mixture of experts' (gemma4_moe)")
-    sharing = check_kv_sharing(c)
-    if sharing:
-        raise ConfigError(sharing)
     rotary = int(c.head_dim * c.partial_rotary_factor)
     if rotary < 2 or rotary % 2:
         raise ConfigError(f"partial_rotary_factor={c.partial_rotary_factor} rotates {rotary} of head_dim={c.head_dim} "
@@ -119,10 +105,6 @@ def validate(c: Config) -> None:
         targets = lora_targets.check(c)
         if targets:
             raise ConfigError(targets)
-        mlp = [t for t in c.lora_targets if t in lora_targets.MLP_TARGETS]
-        if FAMILIES[c.decoder_block].moe and mlp:
-            raise ConfigError(f"lora_rank={c.lora_rank} on a mixture of experts adapts the attention projections "
-                              f"only (experts and router take no adapters): drop {', '.join(mlp)} from lora_targets")
     for prefix in ("ici", "dcn"):
         values = c.parallelism(prefix)
         if values.count(-1) > 1:
@@ -145,69 +127,12 @@ def _check_value(key: str, value, choices: tuple, bounds: tuple | None, positive
         raise ConfigError(f"{key}={value} must be {where}")
 
 
-def _validate_moe(c: Config) -> None:
-    """The mixture-of-experts keys (maxlite/models/moe.py) against the family."""
-    moe = FAMILIES[c.decoder_block].moe
-    if c.mlp_activations_limit and FAMILIES[c.decoder_block].mlp != "clamped_swiglu":
-        raise ConfigError(f"mlp_activations_limit={c.mlp_activations_limit} clamps gpt-oss's SwiGLU; "
-                          f"decoder_block={c.decoder_block} has none: leave it 0")
-    if not moe:
-        if c.num_experts or c.mlp_bias or c.router_logit_bias:
-            names_ = ", ".join(f.name for f in FAMILIES.values() if f.moe)
-            raise ConfigError(f"num_experts={c.num_experts}, mlp_bias={c.mlp_bias}, router_logit_bias="
-                              f"{c.router_logit_bias}: decoder_block={c.decoder_block} has a dense MLP; "
-                              f"mixtures of experts are the families {names_}")
-        return
-    if c.num_experts < 1 or c.base_moe_mlp_dim < 1:
-        raise ConfigError(f"decoder_block={c.decoder_block} needs num_experts and base_moe_mlp_dim > 0, got "
-                          f"{c.num_experts} and {c.base_moe_mlp_dim}")
-    if not 1 <= c.num_experts_per_tok <= c.num_experts:
-        raise ConfigError(f"num_experts_per_tok={c.num_experts_per_tok} must be in [1, num_experts={c.num_experts}]")
-    if c.shared_experts < 0:
-        raise ConfigError(f"shared_experts={c.shared_experts} must be >= 0")
-    rest = c.base_num_decoder_layers - c.first_num_dense_layers
-    if c.first_num_dense_layers < 0 or rest < 1:
-        raise ConfigError(f"first_num_dense_layers={c.first_num_dense_layers} must leave at least one of the "
-                          f"{c.base_num_decoder_layers} layers for the experts")
-    if c.interleave_moe_layer_step < 1 or rest % c.interleave_moe_layer_step:
-        raise ConfigError(f"interleave_moe_layer_step={c.interleave_moe_layer_step} must divide the "
-                          f"{rest} layers after first_num_dense_layers")
-    if c.ragged_buffer_factor <= 0 and c.ragged_buffer_factor != -1:
-        raise ConfigError(f"ragged_buffer_factor={c.ragged_buffer_factor}: -1 (every sender's rows) or > 0")
-    if c.capacity_factor <= 0 and c.capacity_factor != -1:
-        raise ConfigError(f"capacity_factor={c.capacity_factor}: -1 (dropless) or > 0")
-    if c.moe_implementation == "capacity" and c.capacity_factor <= 0:
-        raise ConfigError("moe_implementation=capacity drops what exceeds an expert's capacity: set "
-                          "capacity_factor > 0 (e.g. 1.25), or pick a dropless implementation")
-    if c.load_balance_loss_weight < 0 or c.router_z_loss_weight < 0:
-        raise ConfigError("load_balance_loss_weight and router_z_loss_weight must be >= 0")
-    if c.routed_bias_update_rate and not c.routed_bias:
-        raise ConfigError(f"routed_bias_update_rate={c.routed_bias_update_rate} moves the routing bias: set "
-                          f"routed_bias=true")
-    _validate_routing_groups(c)
-
-
-def _validate_routing_groups(c: Config) -> None:
-    """Group-limited routing: both keys or neither; equal groups holding at least the top k."""
-    G, top = c.n_routing_groups, c.topk_routing_group
-    if G == -1 and top == -1:
-        return
-    E = c.num_experts
-    if G < 1 or E % G or not 1 <= top <= G:
-        raise ConfigError(f"n_routing_groups={G}, topk_routing_group={top}: the groups must divide "
-                          f"num_experts={E} and 1 <= topk_routing_group <= n_routing_groups (-1, -1: no groups)")
-    if c.routed_score_func == "sigmoid" and E // G < 2:
-        raise ConfigError(f"n_routing_groups={G}: a group's score is the sum of its best 2 experts, so each "
-                          f"group needs 2 of the num_experts={E}")
-    if top * (E // G) < c.num_experts_per_tok:
-        raise ConfigError(f"topk_routing_group={top} groups of {E // G} experts hold fewer than "
-                          f"num_experts_per_tok={c.num_experts_per_tok}")
-
-
-def _validate_mla(c: Config) -> None:
-    """Latent attention (maxlite/models/mla.py) and multi-token prediction (maxlite/models/mtp.py)."""
-    if c.attention_type == "mla" and c.qk_rope_head_dim % 2:
-        raise ConfigError(f"qk_rope_head_dim={c.qk_rope_head_dim}: RoPE rotates pairs of dims, make it even")
+def _validate_kinds(c: Config) -> None:
+    """The layers' kinds: the pattern that gives each layer its kinds, then each kind's own checks
+    (maxlite/models/kind_checks.py, named by its entry in maxlite/models/kinds.py)."""
+    problem = check_layer_pattern(c) or check_kinds(c)
+    if problem:
+        raise ConfigError(problem)
 
 
 def _validate_objective(c: Config) -> None:
@@ -389,14 +314,9 @@ def check_layout(c: Config, num_processes: int) -> None:
     if c.base_emb_dim % (fsdp * context):
         raise ConfigError(f"base_emb_dim={c.base_emb_dim} is not divisible by fsdp × context parallelism "
                           f"{fsdp} × {context} (the weights are sharded over both)")
-    if expert > 1 and (c.num_experts % expert or not FAMILIES[c.decoder_block].moe):
-        raise ConfigError(f"expert parallelism {expert} splits the experts: num_experts={c.num_experts} must be a "
-                          f"multiple of it (a dense model has none; use ici_expert_parallelism=1)")
-    if c.num_experts and c.base_moe_mlp_dim % tensor:
-        raise ConfigError(f"base_moe_mlp_dim={c.base_moe_mlp_dim} is not divisible by tensor parallelism {tensor}")
-    if context > 1 and expert > 1:
-        raise ConfigError(f"context parallelism {context} with expert parallelism {expert} is not supported yet: "
-                          f"the experts' token exchange takes whole sequences; use one of the two")
+    kinds = check_kinds(c, layout=True)  # the experts' axis, a recurrence across context shards
+    if kinds:
+        raise ConfigError(kinds)
     if context > 1:
         _check_context(c, context)
     if stage > 1:
@@ -433,10 +353,8 @@ def _check_pipeline(c: Config, stages: int, rows: int) -> None:
 
 
 def _check_context(c: Config, context: int) -> None:
-    """What a sequence split over `context` shards needs (maxlite/models/context.py)."""
-    if any(k.mixer == "gated_deltanet" for k in layer_kinds(c)):  # its state would have to cross the shards
-        raise ConfigError(f"context parallelism (context={context}) does not split gated delta-net layers "
-                          f"({c.decoder_block}): set ici_context_parallelism=1 (and dcn_context_parallelism=1)")
+    """What a sequence split over `context` shards needs (maxlite/models/context.py; a kind's own
+    needs are its layout checks)."""
     if c.train_objective != "lm":
         raise ConfigError(f"context parallelism (context={context}) is for train_objective=lm (pre-training, "
                           f"SFT); set ici_context_parallelism=1 for train_objective={c.train_objective}")

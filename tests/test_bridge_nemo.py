@@ -1,5 +1,6 @@
 """Recipe → Megatron-LM / NeMo 2.0: the values, per preset, not just that it runs."""
 
+import dataclasses
 import json
 
 import pytest
@@ -7,6 +8,7 @@ import pytest
 from maxlite import config as C
 from maxlite.bridge import nemo
 from maxlite.models.families import family
+from maxlite.models.kinds import FEED_FORWARDS, MIXERS
 
 PRESETS = sorted(p.stem for p in (C.CONFIG_DIR / "models").glob("*.yml"))
 
@@ -208,6 +210,33 @@ def test_megatron_runs_the_schedule_optax_runs(keys):
     for step in range(a["--train-iters"]):
         assert sched.get_lr({}) == pytest.approx(float(optax_lr(step)), rel=1e-5, abs=1e-12), step
         sched.step(1)
+
+
+def test_each_kind_declares_its_mapping_or_its_refusal():
+    for kind in (*MIXERS.values(), *FEED_FORWARDS.values()):
+        assert bool(kind.megatron) != bool(kind.megatron_refusal), kind.name
+        assert kind.megatron_refusal or callable(kind.megatron_function()), kind.name
+
+
+@pytest.mark.parametrize("args, own", [
+    (["model_name=tiny", "attention_type=mla", "kv_lora_rank=16", "qk_nope_head_dim=8", "qk_rope_head_dim=8",
+      "v_head_dim=8"], "multi-head latent attention (not mapped yet"),
+    (["model_name=gemma4-tiny"], "Gemma 4's attention (a v norm"),
+])
+def test_a_kind_is_refused_in_its_own_words(args, own):
+    """Each kind the layers use says what Megatron cannot express of it, and no other kind's line
+    appears (a gated delta-net line once stood for every mixer but grouped-query attention)."""
+    with pytest.raises(C.ConfigError, match="cannot express") as e:
+        mapping(*args)
+    assert own in str(e.value) and "gated delta-net" not in str(e.value)
+
+
+def test_the_mapping_asks_the_kinds_not_a_list_of_features(monkeypatch):
+    """A kind's declaration is all nemo.py reads: refused there, a llama model is refused."""
+    monkeypatch.setitem(MIXERS, "attention", dataclasses.replace(
+        MIXERS["attention"], megatron="", megatron_refusal="a made-up attention"))
+    with pytest.raises(C.ConfigError, match="cannot express a made-up attention; train it with maxlite"):
+        mapping("model_name=tiny")
 
 
 def test_what_megatron_cannot_schedule_is_refused_in_one_line():

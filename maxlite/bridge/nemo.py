@@ -6,8 +6,11 @@
 The mesh is resolved for nodes × gpus-per-node GPUs (Megatron's data parallel size is what is left
 after tensor × pipeline). Whatever has no faithful equivalent is listed under "not mapped"; a model
 Megatron's GPT layer cannot express at all (Gemma 3's post-norms and √d-scaled embeddings, a second
-RoPE base for local layers) is refused in one line. Flags and NeMo attributes of the newer features
-(q/k norms, sliding windows, the score scale) are megatron-core's TransformerConfig field names.
+RoPE base for local layers) is refused in one line. Each layer kind says what Megatron expresses of
+it (its `megatron` mapping in maxlite/bridge/nemo_kinds.py, or its refusal: maxlite/models/kinds.py);
+the family's traits are mapped here, their refusals in one table. Flags and NeMo attributes of the
+newer features (q/k norms, sliding windows, the score scale) are megatron-core's TransformerConfig
+field names.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ import dataclasses
 import json
 import math
 import sys
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from maxlite import cli, config as C
-from maxlite.models.families import family, has_qk_norm
-from maxlite.models.kinds import layer_kinds, layer_windows
+from maxlite.bridge.nemo_kinds import Part
+from maxlite.models.families import family
+from maxlite.models.kinds import used_kinds
 
 # maxlite preset → the NeMo 2.0 recipe factory (`llm.<name>.pretrain_recipe`) it corresponds to.
 NEMO_FACTORIES = {
@@ -186,69 +190,57 @@ def _muon(cfg) -> list[tuple[str, Any]]:
     return [("muon_momentum", cfg.muon_beta), ("muon_use_nesterov", True), ("muon_num_ns_steps", 5), *scale]
 
 
-def inexpressible(cfg) -> list[str]:
-    """What Megatron-LM's GPT layer cannot express of this model (by trait)."""
-    fam, out = family(cfg), []
-    if fam.post_norms:
-        out.append("norms after attention and after the MLP")
-    if not fam.pre_norms:
-        out.append("no norm before attention and the MLP")
-    if fam.qk_norm_heads:
-        out.append("q/k norms over every head at once (Megatron's qk_layernorm is per head)")
-    if fam.embed_scale:
-        out.append("embeddings scaled by sqrt(emb_dim)")
-    if fam.mlp == "geglu":
-        out.append("a GeGLU MLP (--swiglu is SiLU)")
-    if cfg.sliding_window and cfg.local_rope_max_timescale:
-        out.append("a second RoPE base for the sliding-window layers")
-    if cfg.sliding_window and _skip_frequency(cfg) is None:
-        out.append("a layer pattern other than every p-th layer global (--window-attn-skip-freq)")
-    if fam.moe:
-        out.append("a mixture of experts (not mapped yet: --num-experts and its routing keys)")
-    if cfg.attention_type == "mla":
-        out.append("multi-head latent attention (not mapped yet: --multi-latent-attention and its ranks)")
-    if cfg.mtp_num_layers:
-        out.append("multi-token prediction (not mapped yet: --mtp-num-layers)")
-    if fam.rope and cfg.rope_scaling_factor > 0 and cfg.rope_scaling_type == "yarn":
-        out.append("YaRN RoPE scaling (Megatron's GPT layer takes rope or llama3 scaling)")
-    if any(k.mixer != "attention" for k in layer_kinds(cfg)):
-        out.append("gated delta-net layers (its GPT layer is attention only)")
-    if fam.attn_output_gate:
-        out.append("an attention output gate")
-    if fam.mlp == "clamped_swiglu":
-        out.append("gpt-oss's clamped SwiGLU")
-    if cfg.attention_sink:
-        out.append("attention sinks")
-    return out
+# What Megatron-LM's GPT layer cannot express of the family's traits and of the model keys outside
+# the layer kinds (each kind says its own), listed in this order after the kinds' lines.
+REFUSED_TRAITS: tuple[tuple[Callable[[Any, Any], Any], str], ...] = (
+    (lambda cfg, fam: fam.post_norms, "norms after attention and after the MLP"),
+    (lambda cfg, fam: not fam.pre_norms, "no norm before attention and the MLP"),
+    (lambda cfg, fam: fam.qk_norm_heads, "q/k norms over every head at once (Megatron's qk_layernorm is per head)"),
+    (lambda cfg, fam: fam.embed_scale, "embeddings scaled by sqrt(emb_dim)"),
+    (lambda cfg, fam: fam.mlp == "geglu", "a GeGLU MLP (--swiglu is SiLU)"),
+    (lambda cfg, fam: cfg.sliding_window and cfg.local_rope_max_timescale,
+     "a second RoPE base for the sliding-window layers"),
+    (lambda cfg, fam: cfg.mtp_num_layers, "multi-token prediction (not mapped yet: --mtp-num-layers)"),
+    (lambda cfg, fam: fam.rope and cfg.rope_scaling_factor > 0 and cfg.rope_scaling_type == "yarn",
+     "YaRN RoPE scaling (Megatron's GPT layer takes rope or llama3 scaling)"),
+    (lambda cfg, fam: fam.attn_output_gate, "an attention output gate"),
+    (lambda cfg, fam: fam.mlp == "clamped_swiglu", "gpt-oss's clamped SwiGLU"),
+)
 
 
-def _skip_frequency(cfg) -> int | None:
-    """p when exactly every p-th layer (1-indexed) is global (Megatron's --window-attn-skip-freq);
-    0 when every layer is local; None for any other layer pattern."""
-    windows = layer_windows(cfg)
-    if all(windows):
-        return 0
-    p = windows.index(0) + 1
-    return p if all((w == 0) == ((i + 1) % p == 0) for i, w in enumerate(windows)) else None
+def kind_parts(cfg, notes: list[str]) -> list[Part]:
+    """What Megatron expresses of each kind the model's layers use (feed-forwards first, then mixers):
+    its mapping, or a part holding only its refusal."""
+    parts = []
+    for kind in used_kinds(cfg):
+        mapping = kind.megatron_function()
+        parts.append(mapping(cfg, notes) if mapping else Part(refused=[kind.megatron_refusal]))
+    return parts
+
+
+def inexpressible(cfg, parts: list[Part]) -> list[str]:
+    """What Megatron-LM's GPT layer cannot express of this model: its kinds' lines (`parts`), then
+    its traits', each once."""
+    fam = family(cfg)
+    lines = [line for part in parts for line in part.refused]
+    return list(dict.fromkeys(lines + [line for refused, line in REFUSED_TRAITS if refused(cfg, fam)]))
 
 
 def _model(cfg, tp: int, notes: list[str]) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
-    D, N, K, H = cfg.base_emb_dim, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
     fam = family(cfg)
-    missing = inexpressible(cfg)
+    parts = kind_parts(cfg, notes)
+    missing = inexpressible(cfg, parts)
     if missing:
         raise C.ConfigError(f"decoder_block={cfg.decoder_block}: Megatron-LM's GPT model cannot express "
                             f"{', '.join(missing)}; train it with maxlite, or use NeMo's or Megatron-Bridge's "
                             f"own recipes for this family")
     m = "recipe.model.config."
     max_pos = max(cfg.max_position_embeddings, cfg.max_target_length)
-    mega = [("--num-layers", cfg.base_num_decoder_layers), ("--hidden-size", D),
-            ("--ffn-hidden-size", cfg.base_mlp_dim), ("--num-attention-heads", N), ("--kv-channels", H)]
-    nemo = [(m + "num_layers", cfg.base_num_decoder_layers), (m + "hidden_size", D),
-            (m + "ffn_hidden_size", cfg.base_mlp_dim), (m + "num_attention_heads", N),
-            (m + "kv_channels", H), (m + "num_query_groups", K)]
-    if K < N:
-        mega += [("--group-query-attention", None), ("--num-query-groups", K)]
+    mega = [("--num-layers", cfg.base_num_decoder_layers), ("--hidden-size", cfg.base_emb_dim)]
+    nemo = [(m + "num_layers", cfg.base_num_decoder_layers), (m + "hidden_size", cfg.base_emb_dim)]
+    for part in parts:  # the layers' kinds: MLP width, heads, q/k norms, windows, the score scale
+        mega += part.megatron
+        nemo += [(m + field, value) for field, value in part.nemo]
     mega += [("--seq-length", cfg.max_target_length), ("--max-position-embeddings", max_pos)]
     nemo += [(m + "seq_length", cfg.max_target_length), ("recipe.data.seq_length", cfg.max_target_length)]
     # each trait on its own: positions, the norm, the MLP
@@ -259,7 +251,7 @@ def _model(cfg, tp: int, notes: list[str]) -> tuple[list[tuple[str, Any]], list[
         mega.append(("--openai-gelu", None))  # maxlite's GELU is the tanh approximation
         nemo += [(m + "gated_linear_unit", False),
                  (m + "activation_func", 'functools.partial(torch.nn.functional.gelu, approximate="tanh")')]
-    else:  # swiglu (geglu is refused above)
+    else:  # swiglu (geglu and clamped SwiGLU are refused above)
         mega.append(("--swiglu", None))
         nemo += [(m + "gated_linear_unit", True), (m + "activation_func", "torch.nn.functional.silu")]
     if not fam.rope:  # learned absolute positions
@@ -288,31 +280,12 @@ def _model(cfg, tp: int, notes: list[str]) -> tuple[list[tuple[str, Any]], list[
                              f"Llama 3.1's 1.0/4.0/8192 (NeMo's Llama31Config takes them)")
     mega.append(("--norm-epsilon", cfg.normalization_layer_epsilon))
     nemo.append((m + "layernorm_epsilon", cfg.normalization_layer_epsilon))
-    if has_qk_norm(cfg):  # Megatron normalises q and k per head with the model's `normalization`
-        mega.append(("--qk-layernorm", None))
-    nemo.append((m + "qk_layernorm", has_qk_norm(cfg)))
-    if cfg.sliding_window:  # (left, right) keys around each query: i − (W − 1) … i
-        mega.append(("--window-size", [cfg.sliding_window - 1, 0]))
-        nemo.append((m + "window_size", (cfg.sliding_window - 1, 0)))
-        period = _skip_frequency(cfg)
-        if period:  # every period-th layer (1-indexed) is global
-            mega.append(("--window-attn-skip-freq", period))
-            nemo.append((m + "window_attn_skip_freq", period))
-    if cfg.query_pre_attn_scalar:
-        mega.append(("--softmax-scale", cfg.query_pre_attn_scalar ** -0.5))
-        nemo.append((m + "softmax_scale", cfg.query_pre_attn_scalar ** -0.5))
     if not cfg.logits_via_embedding:
         mega.append(("--untie-embeddings-and-output-weights", None))
     nemo.append((m + "share_embeddings_and_output_weights", bool(cfg.logits_via_embedding)))
     if not (cfg.use_bias and fam.biases == "all"):  # no MLP biases: Megatron's linear biases off
         mega.append(("--disable-bias-linear", None))
-    if cfg.use_bias and fam.biases in ("attention", "qkv"):
-        mega.append(("--add-qkv-bias", None))
-    if cfg.use_bias and fam.biases == "attention":
-        notes.append(f"use_bias=true on a {cfg.decoder_block} block: maxlite has q/k/v/o biases and no MLP "
-                     f"biases; Megatron's --add-qkv-bias covers q/k/v only (no o_proj bias)")
-    nemo += [(m + "add_bias_linear", bool(cfg.use_bias and fam.biases == "all")),
-             (m + "add_qkv_bias", bool(cfg.use_bias and fam.biases in ("attention", "qkv")))]
+    nemo.append((m + "add_bias_linear", bool(cfg.use_bias and fam.biases == "all")))
     mega += [("--init-method-std", cfg.init_scale), ("--attention-dropout", 0.0),
              ("--hidden-dropout", 0.0), ("--attention-softmax-in-fp32", None),
              # pad the vocabulary to exactly vocab_size (Megatron pads to a multiple of this × TP)

@@ -9,7 +9,11 @@ read kinds, never a family's name.
 A mixer kind names its module (the NNX class that owns its parameters, their logical axes and its
 decode cache), the variants a layer may take (attention: a global or a sliding-window layer) with
 the HF `layer_types` names of each, and its forward FLOPs and decode-cache size as functions of the
-config. A feed-forward kind likewise. A new architecture idea is a new entry here and its module.
+config. A feed-forward kind likewise. Each kind also declares what the code outside the model asks of
+it: its recipe checks (maxlite/models/kind_checks.py; config_checks runs those of the kinds a recipe
+uses) and what Megatron-LM's GPT layer can express of it (a mapping in maxlite/bridge/nemo_kinds.py,
+or its one-line refusal; maxlite/bridge/nemo.py asks the kinds a model uses). A new architecture
+idea is a new entry here and its module.
 
 Pure data: importable without JAX (config validation and the bridge use it).
 """
@@ -32,8 +36,37 @@ class LayerKind:
     ffn: str        # a FEED_FORWARDS key ("dense" | "moe")
 
 
+def _load(path: str) -> Callable:
+    """"package.module:name" → the object, imported when first asked for (a kind's module may need JAX,
+    its Megatron mapping the bridge: neither is loaded with this table)."""
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
 @dataclasses.dataclass(frozen=True)
-class MixerKind:
+class _Declared:
+    """What a kind declares for the code outside the model (keyword fields, after each kind's own)."""
+    _: dataclasses.KW_ONLY
+    # its recipe checks, "module:function(cfg, used) → the one line saying what is wrong, or None", run
+    # once each (kinds sharing keys name the same check; `used`: a layer has one of them) before any
+    # device count is known (`checks`) and on the resolved mesh (`layout_checks`); JAX-free
+    checks: tuple[str, ...] = ()
+    layout_checks: tuple[str, ...] = ()
+    # what Megatron-LM's GPT layer expresses of it: "module:function(cfg, notes) → maxlite.bridge.
+    # nemo_kinds.Part" (its flags, its NeMo fields, what it cannot), or the one line of its refusal
+    megatron: str = ""
+    megatron_refusal: str = ""
+
+    def check_functions(self, layout: bool) -> tuple[str, ...]:
+        return self.layout_checks if layout else self.checks
+
+    def megatron_function(self) -> Callable | None:
+        """Its Megatron mapping, None when it declares a refusal."""
+        return _load(self.megatron) if self.megatron else None
+
+
+@dataclasses.dataclass(frozen=True)
+class MixerKind(_Declared):
     name: str
     module: str                         # "package.module:Class", the NNX module of a layer's mixer
     variants: dict[str, str]            # variant → its HF `layer_types` name
@@ -48,15 +81,14 @@ class MixerKind:
                                         # stack): layer j updated in place (no per-step copy)
 
     def cls(self):
-        path, name = self.module.split(":")
-        return getattr(importlib.import_module(path), name)
+        return _load(self.module)
 
     def cache(self):
         return importlib.import_module(self.cache_module)
 
 
 @dataclasses.dataclass(frozen=True)
-class FeedForwardKind:
+class FeedForwardKind(_Declared):
     name: str
     module: str                         # "package.module:function(cfg, rngs) → module"
     flops: Callable                     # (cfg, tokens) → forward FLOPs
@@ -64,8 +96,7 @@ class FeedForwardKind:
     raw_input: bool = False             # reads the un-normed residual (it norms its own branches)
 
     def make(self, cfg, rngs):
-        path, name = self.module.split(":")
-        return getattr(importlib.import_module(path), name)(cfg, rngs=rngs)
+        return _load(self.module)(cfg, rngs=rngs)
 
 
 def attention_core_flops(B: int, T: int, N: int, H: int, window: int = 0) -> float:
@@ -170,28 +201,43 @@ def _shaped_attention(wide: bool, shared: bool) -> tuple[Callable, Callable]:
     return flops, cache
 
 
+_CHECKS = "maxlite.models.kind_checks:"
+_MEGATRON = "maxlite.bridge.nemo_kinds:"
+# Gemma 4's attention layers: Megatron's has no v norm, no second head shape, no proportional RoPE
+_GEMMA4_REFUSAL = "Gemma 4's attention (a v norm; global layers of their own width with proportional RoPE)"
+
 MIXERS = {m.name: m for m in (
     MixerKind("attention", "maxlite.models.layers:Attention",
               {"global": "full_attention", "local": "sliding_attention"}, _attention_flops, _attention_cache,
-              "maxlite.models.gqa_cache"),
+              "maxlite.models.gqa_cache", megatron=_MEGATRON + "attention"),
     MixerKind("mla", "maxlite.models.mla:MLA",
               {"global": "full_attention", "local": "sliding_attention"}, _mla_flops, _mla_cache,
-              "maxlite.models.mla_cache"),
+              "maxlite.models.mla_cache", checks=(_CHECKS + "mla",),
+              megatron_refusal="multi-head latent attention (not mapped yet: --multi-latent-attention and its ranks)"),
     MixerKind("gated_deltanet", "maxlite.models.gated_deltanet:GatedDeltaNet", {"linear": "linear_attention"},
-              _gdn_flops, _gdn_cache, "maxlite.models.gdn_cache"),
+              _gdn_flops, _gdn_cache, "maxlite.models.gdn_cache", layout_checks=(_CHECKS + "gated_deltanet_layout",),
+              megatron_refusal="gated delta-net layers (its GPT layer is attention only)"),
     # Gemma 4 (maxlite/models/gemma4.py): local and (wide) global layers, each also as a layer that
     # reuses the keys and values of the last earlier layer of its kind
     *(MixerKind(f"gemma4_{v}{'_shared' if shared else ''}", f"maxlite.models.gemma4:{v}_attention{'_shared' if shared else ''}",
                 {v: hf}, *_shaped_attention(v == "global", shared),
-                f"maxlite.models.gemma4_{'shared_' if shared else ''}cache")
+                f"maxlite.models.gemma4_{'shared_' if shared else ''}cache",
+                checks=(_CHECKS + "gemma4", *((_CHECKS + "kv_sharing",) if shared else ())),
+                megatron_refusal="layers reusing an earlier layer's keys and values (num_kv_shared_layers)" if shared
+                else _GEMMA4_REFUSAL)
       for v, hf in (("local", "sliding_attention"), ("global", "full_attention")) for shared in (False, True)),
 )}
+_MOE_REFUSAL = "a mixture of experts (not mapped yet: --num-experts and its routing keys)"
 FEED_FORWARDS = {f.name: f for f in (
-    FeedForwardKind("dense", "maxlite.models.layers:make_mlp", _dense_flops),
-    FeedForwardKind("moe", "maxlite.models.moe:MoE", _moe_flops, routed=True),
-    FeedForwardKind("dense_wide", "maxlite.models.gemma4:wide_mlp", lambda cfg, tokens: 2 * _dense_flops(cfg, tokens)),
+    FeedForwardKind("dense", "maxlite.models.layers:make_mlp", _dense_flops, megatron=_MEGATRON + "dense"),
+    FeedForwardKind("moe", "maxlite.models.moe:MoE", _moe_flops, routed=True, checks=(_CHECKS + "moe",),
+                    layout_checks=(_CHECKS + "moe_layout",), megatron_refusal=_MOE_REFUSAL),
+    FeedForwardKind("dense_wide", "maxlite.models.gemma4:wide_mlp", lambda cfg, tokens: 2 * _dense_flops(cfg, tokens),
+                    megatron_refusal="MLPs of two widths (use_double_wide_mlp)"),
     FeedForwardKind("gemma4_moe", "maxlite.models.gemma4:MoEBlock",
-                    lambda cfg, tokens: _dense_flops(cfg, tokens) + _moe_flops(cfg, tokens), routed=True, raw_input=True),
+                    lambda cfg, tokens: _dense_flops(cfg, tokens) + _moe_flops(cfg, tokens), routed=True, raw_input=True,
+                    checks=(_CHECKS + "moe",), layout_checks=(_CHECKS + "moe_layout",),
+                    megatron_refusal=_MOE_REFUSAL),
 )}
 # HF layer_types name → (mixer, variant), and a pattern's variant → its mixer; the first mixer naming
 # it keeps it (MLA's layers carry GQA's names: which attention a layer has is `attention_type`'s,
@@ -232,10 +278,27 @@ def layer_kinds(cfg) -> tuple[LayerKind, ...]:
     """Each layer's kinds: the pattern's, then the family's own rewrite (`Family.layer_kinds`) if any."""
     kinds = tuple(LayerKind(m, v, f) for (m, v), f in zip(pattern_mixers(cfg), layer_ffns(cfg)))
     hook = family(cfg).layer_kinds
-    if hook:
-        path, name = hook.split(":")
-        kinds = getattr(importlib.import_module(path), name)(cfg, kinds)
-    return kinds
+    return _load(hook)(cfg, kinds) if hook else kinds
+
+
+def used_kinds(cfg) -> tuple[FeedForwardKind | MixerKind, ...]:
+    """The kinds the layers have, each once: the feed-forwards, then the mixers, in layer order."""
+    kinds = layer_kinds(cfg)
+    return (*(FEED_FORWARDS[f] for f in dict.fromkeys(k.ffn for k in kinds)),
+            *(MIXERS[m] for m in dict.fromkeys(k.mixer for k in kinds)))
+
+
+def check_kinds(cfg, layout: bool = False) -> str | None:
+    """The first problem the kinds' own checks find in the recipe (`layout`: those of the resolved
+    mesh), or None. Every check a kind names runs once, feed-forwards' first, told whether a layer
+    has a kind naming it (a check also refuses its keys on a model without its kinds). Needs the
+    layer pattern `check_layer_pattern` accepts."""
+    present = {id(k) for k in used_kinds(cfg)}
+    checks: dict[str, bool] = {}  # each check → whether a layer has a kind naming it
+    for kind in (*FEED_FORWARDS.values(), *MIXERS.values()):
+        for path in kind.check_functions(layout):
+            checks[path] = checks.get(path, False) or id(kind) in present
+    return next(filter(None, (_load(path)(cfg, used) for path, used in checks.items())), None)
 
 
 def cache_groups(cfg) -> dict[tuple[str, str], list[int]]:
@@ -269,20 +332,17 @@ def check_layer_types(types, num_layers: int) -> str | None:
     return None
 
 
-def check_kv_sharing(cfg) -> str | None:
-    """Why the last num_kv_shared_layers layers cannot share keys and values here, or None: each needs
-    an earlier layer of its kind (variant) that computes its own."""
-    n = cfg.num_kv_shared_layers
-    if not n:
-        return None
-    if n >= cfg.base_num_decoder_layers:
-        return f"num_kv_shared_layers={n}: at least one layer must compute keys and values"
-    variants = [v for _, v in pattern_mixers(cfg)]
-    first = len(variants) - n
-    missing = sorted(set(variants[first:]) - set(variants[:first]))
-    if missing:
-        return (f"num_kv_shared_layers={n}: no layer before the sharing ones is {missing[0]} (a shared layer reuses "
-                f"the last earlier layer of its kind)")
+def check_layer_pattern(cfg) -> str | None:
+    """Why the recipe's layers have no kinds, or None: its `layer_types`, and in a mixture-of-experts
+    family the layers `first_num_dense_layers` and `interleave_moe_layer_step` leave to the experts."""
+    problem = check_layer_types(cfg.layer_types, cfg.base_num_decoder_layers)
+    if problem or not family(cfg).moe:
+        return problem
+    L, first, step = cfg.base_num_decoder_layers, cfg.first_num_dense_layers, cfg.interleave_moe_layer_step
+    if first < 0 or L - first < 1:
+        return f"first_num_dense_layers={first} must leave at least one of the {L} layers for the experts"
+    if step < 1 or (L - first) % step:
+        return f"interleave_moe_layer_step={step} must divide the {L - first} layers after first_num_dense_layers"
     return None
 
 
