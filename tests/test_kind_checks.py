@@ -10,34 +10,38 @@ from maxlite import config as C
 from maxlite.models import kinds
 
 GROUPS = "the groups must divide num_experts=8 and 1 <= topk_routing_group <= n_routing_groups (-1, -1: no groups)"
+MOE = "model_name=tiny-moe"
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["model_name=tiny", "num_experts=4"], "num_experts=4, mlp_bias=False, router_logit_bias=False: decoder_block=llama2 "
-     "has a dense MLP; mixtures of experts are the families "),
-    (["model_name=tiny-moe", "num_experts=0"], "decoder_block=mixtral needs num_experts and base_moe_mlp_dim > 0, got 0 "
-     "and 384"),
-    (["model_name=tiny-moe", "shared_experts=-1"], "shared_experts=-1 must be >= 0"),
-    (["model_name=tiny-moe", "first_num_dense_layers=4"],
+    (["model_name=tiny", "num_experts=4"], "num_experts=4, mlp_bias=False, router_logit_bias=False: "
+     "decoder_block=llama2 has a dense MLP; mixtures of experts are the families "),
+    ([MOE, "num_experts=0"], "decoder_block=mixtral needs num_experts and base_moe_mlp_dim > 0, got 0 and 384"),
+    ([MOE, "shared_experts=-1"], "shared_experts=-1 must be >= 0"),
+    ([MOE, "first_num_dense_layers=4"],
      "first_num_dense_layers=4 must leave at least one of the 4 layers for the experts"),
-    (["model_name=tiny-moe", "interleave_moe_layer_step=0"],
+    ([MOE, "interleave_moe_layer_step=0"],
      "interleave_moe_layer_step=0 must divide the 4 layers after first_num_dense_layers"),
-    (["model_name=tiny-moe", "ragged_buffer_factor=0"], "ragged_buffer_factor=0.0: -1 (every sender's rows) or > 0"),
-    (["model_name=tiny-moe", "capacity_factor=0"], "capacity_factor=0.0: -1 (dropless) or > 0"),
-    (["model_name=tiny-moe", "router_z_loss_weight=-1"], "load_balance_loss_weight and router_z_loss_weight must be >= 0"),
-    (["model_name=tiny-moe", "routed_bias_update_rate=0.001"],
+    ([MOE, "ragged_buffer_factor=0"], "ragged_buffer_factor=0.0: -1 (every sender's rows) or > 0"),
+    ([MOE, "capacity_factor=0"], "capacity_factor=0.0: -1 (dropless) or > 0"),
+    ([MOE, "router_z_loss_weight=-1"],
+     "load_balance_loss_weight and router_z_loss_weight must be >= 0"),
+    ([MOE, "routed_bias_update_rate=0.001"],
      "routed_bias_update_rate=0.001 moves the routing bias: set routed_bias=true"),
-    (["model_name=tiny-moe", "n_routing_groups=3", "topk_routing_group=1"], f"n_routing_groups=3, topk_routing_group=1: {GROUPS}"),
-    (["model_name=tiny-moe", "routed_score_func=sigmoid", "n_routing_groups=8", "topk_routing_group=2"],
-     "n_routing_groups=8: a group's score is the sum of its best 2 experts, so each group needs 2 of the num_experts=8"),
-    (["model_name=tiny-moe", "n_routing_groups=4", "topk_routing_group=1", "num_experts_per_tok=3"],
+    ([MOE, "n_routing_groups=3", "topk_routing_group=1"],
+     f"n_routing_groups=3, topk_routing_group=1: {GROUPS}"),
+    ([MOE, "routed_score_func=sigmoid", "n_routing_groups=8", "topk_routing_group=2"],
+     "n_routing_groups=8: a group's score is the sum of its best 2 experts, so each group needs 2 of the "
+     "num_experts=8"),
+    ([MOE, "n_routing_groups=4", "topk_routing_group=1", "num_experts_per_tok=3"],
      "topk_routing_group=1 groups of 2 experts hold fewer than num_experts_per_tok=3"),
-    (["model_name=tiny-deepseek", "qk_rope_head_dim=3"], "qk_rope_head_dim=3: RoPE rotates pairs of dims, make it even"),
+    (["model_name=tiny-deepseek", "qk_rope_head_dim=3"],
+     "qk_rope_head_dim=3: RoPE rotates pairs of dims, make it even"),
     (["model_name=gemma4-tiny", "partial_rotary_factor=0.5"],
-     "decoder_block=gemma4 has its own RoPE (default on sliding-window layers, proportional by global_rope_fraction on "
-     "global ones): leave partial_rotary_factor and rope_scaling_factor unset"),
-    (["model_name=tiny", "attention_k_eq_v=true"], "attention_k_eq_v shapes Gemma 4's layers (decoder_block=gemma4), not "
-     "llama2's"),
+     "decoder_block=gemma4 has its own RoPE (default on sliding-window layers, proportional by "
+     "global_rope_fraction on global ones): leave partial_rotary_factor and rope_scaling_factor unset"),
+    (["model_name=tiny", "attention_k_eq_v=true"],
+     "attention_k_eq_v shapes Gemma 4's layers (decoder_block=gemma4), not llama2's"),
     (["model_name=gemma4-tiny", "num_kv_shared_layers=6"],
      "num_kv_shared_layers=6: at least one layer must compute keys and values"),
     (["model_name=gemma4-tiny", "decoder_block=gemma4_moe", "num_experts=4", "base_moe_mlp_dim=32"],
@@ -49,11 +53,11 @@ def test_each_kinds_mistakes_are_refused_in_its_words(argv, message):
 
 
 @pytest.mark.parametrize("argv, devices, message", [
-    (["model_name=tiny-moe", "base_moe_mlp_dim=383", "ici_tensor_parallelism=2"], 2,
+    ([MOE, "base_moe_mlp_dim=383", "ici_tensor_parallelism=2"], 2,
      "base_moe_mlp_dim=383 is not divisible by tensor parallelism 2"),
     (["model_name=tiny-hybrid", "ici_context_parallelism=2"], 2,
-     "context parallelism (context=2) does not split gated delta-net layers (qwen3_5): set ici_context_parallelism=1 "
-     "(and dcn_context_parallelism=1)"),
+     "context parallelism (context=2) does not split gated delta-net layers (qwen3_5): "
+     "set ici_context_parallelism=1 (and dcn_context_parallelism=1)"),
 ])
 def test_each_kinds_mesh_mistakes_are_refused_in_its_words(argv, devices, message):
     with pytest.raises(C.ConfigError, match=re.escape(message)):

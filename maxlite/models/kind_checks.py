@@ -105,7 +105,9 @@ def gemma4(c, used: bool) -> str | None:
     """Gemma 4's keys (maxlite/models/gemma4.py), refused on another family's layers; its own RoPE."""
     if not used:
         shaping = [k for k, off in GEMMA4_KEYS if getattr(c, k) != off]
-        return f"{shaping[0]} shapes Gemma 4's layers (decoder_block=gemma4), not {c.decoder_block}'s" if shaping else None
+        if shaping:
+            return f"{shaping[0]} shapes Gemma 4's layers (decoder_block=gemma4), not {c.decoder_block}'s"
+        return None
     if c.partial_rotary_factor != 1.0 or c.rope_scaling_factor > 0:
         return (f"decoder_block={c.decoder_block} has its own RoPE (default on sliding-window layers, proportional "
                 f"by global_rope_fraction on global ones): leave partial_rotary_factor and rope_scaling_factor unset")
