@@ -28,11 +28,11 @@ class Carry:
     def replace(self, **changes) -> "Carry":
         return dataclasses.replace(self, **changes)
 
-    def layer(self, inputs: dict) -> "Carry":
+    def with_inputs(self, inputs: dict) -> "Carry":
         """The carry as a layer (or a unit of layers) reads it: with its own inputs."""
         return self.replace(inputs=inputs)
 
-    def passed(self) -> "Carry":
+    def without_inputs(self) -> "Carry":
         """What the next layer receives (its inputs are its own, scanned)."""
         return self.replace(inputs={})
 

@@ -69,8 +69,8 @@ class Block(nnx.Module):
         self.mlp = ffn.make(cfg, rngs)
         if fam.post_norms:
             self.mlp_post_norm = make_norm(cfg, D, rngs)
-        self.finishes = tuple(side for side in sides(cfg) if side.layer)
-        for side in self.finishes:
+        self.layer_sides = tuple(side for side in sides(cfg) if side.layer)
+        for side in self.layer_sides:
             setattr(self, side.name, side.load("layer")(cfg, rngs=rngs))
         self.pre_norms, self.post_norms, self.routed = fam.pre_norms, fam.post_norms, ffn.routed
         self.mixer_carries = hasattr(self.attn, "carried")  # it reads or writes the carry's state
@@ -97,7 +97,7 @@ class Block(nnx.Module):
     def finish(self, x_BTD, carry: Carry):
         """After the feed-forward: the sides' steps (decoding calls it too), each with its part of this
         block and the carry (this layer's inputs)."""
-        for side in self.finishes:
+        for side in self.layer_sides:
             x_BTD = side.load("finish")(getattr(self, side.name), x_BTD, carry)
         return x_BTD
 
@@ -135,11 +135,11 @@ class Unit(nnx.Module):
         stats, inputs = [], carry.inputs
         for j, block in enumerate(self.blocks):
             key = None if dropout_keys is None else dropout_keys[j]
-            carry, s = block(carry.layer(jax.tree.map(lambda a, j=j: a[j], inputs)), positions_BT, segment_ids_BT,
-                             key, local if isinstance(local, bool) else local[j])
+            carry, s = block(carry.with_inputs(jax.tree.map(lambda a, j=j: a[j], inputs)), positions_BT,
+                             segment_ids_BT, key, local if isinstance(local, bool) else local[j])
             if s is not None:
                 stats.append(s)
-        return carry.layer(inputs), (jax.tree.map(lambda *a: jnp.stack(a), *stats) if stats else None)
+        return carry.with_inputs(inputs), (jax.tree.map(lambda *a: jnp.stack(a), *stats) if stats else None)
 
 
 class MTPLayer(nnx.Module):
@@ -217,9 +217,9 @@ class Transformer(nnx.Module):
         carry = start(cfg, x_BTD)
 
         def block_fn(carry, layer, positions, segment_ids, key, inputs, local):
-            carry = carry.replace(x_BTD=checkpoint_name(carry.x_BTD, "decoder_layer_input")).layer(inputs or {})
+            carry = carry.replace(x_BTD=checkpoint_name(carry.x_BTD, "decoder_layer_input"), inputs=inputs or {})
             carry, stats = layer(carry, positions, segment_ids, key, local)
-            return carry.passed(), stats
+            return carry.without_inputs(), stats
 
         def static(flag: bool):  # the flag bound as a constant (NNX transforms take positions only)
             return lambda carry, layer, positions, segment_ids, key, inputs: block_fn(
