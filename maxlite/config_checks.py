@@ -16,6 +16,7 @@ from maxlite import quant
 from maxlite.models import lora_targets, names
 from maxlite.models.families import FAMILIES
 from maxlite.models.kinds import check_kinds, check_layer_pattern, layer_stacks
+from maxlite.models.sides import sides
 from maxlite.recipe import (FILE_DATASETS, OBJECTIVE_DATASET, Config, parse_max_time, parse_signals, parse_split,
                             topology_chips)
 from maxlite.schema import FIELDS, MESH_AXES, ConfigError, keys_of
@@ -326,7 +327,12 @@ def check_layout(c: Config, num_processes: int) -> None:
 def _check_pipeline(c: Config, stages: int, rows: int) -> None:
     """What `stages` pipeline stages need (maxlite/models/pipeline.py): one scanned stack of layers
     that splits into stages × repeats, at least as many micro-batches as stages, and each batch
-    shard's `rows` splitting into them."""
+    shard's `rows` splitting into them; stages pass the hidden states only, none of the sides that
+    travel with them in the layers' carry (checked first: the layout of such a model is moot)."""
+    travelling = [side.title for side in sides(c) if side.travels]
+    if travelling:
+        raise ConfigError(f"pipeline parallelism passes only the hidden states between stages, not "
+                          f"{' or '.join(travelling)}: set ici_pipeline_parallelism=1 and dcn_pipeline_parallelism=1")
     stacks = layer_stacks(c)
     if not c.scan_layers or len(stacks) != 1:
         fix = "set scan_layers=true" if not c.scan_layers else "set first_num_dense_layers=0"
@@ -347,9 +353,6 @@ def _check_pipeline(c: Config, stages: int, rows: int) -> None:
                           f"num_pipeline_microbatches={micro}; change per_device_batch_size or the micro-batches")
     if c.lora_rank and c.lora_dropout > 0:
         raise ConfigError("lora_dropout > 0 is not supported with pipeline parallelism yet; set lora_dropout=0")
-    if c.per_layer_embed_dim or c.num_kv_shared_layers:  # inputs beside the hidden state the stages do not pass
-        raise ConfigError("pipeline parallelism does not carry Gemma 4's per-layer embeddings or shared keys/values "
-                          "between stages yet: set ici_pipeline_parallelism=1 and dcn_pipeline_parallelism=1")
 
 
 def _check_context(c: Config, context: int) -> None:

@@ -49,6 +49,7 @@ def _losses(argv: tuple, devices: int) -> np.ndarray:
     return np.array(losses)
 
 
+GEMMA4 = ("model_name=gemma4-tiny", "layer_types=[sliding_attention,full_attention,sliding_attention,full_attention]")
 MOE = ("model_name=tiny-moe", "num_experts=4", "base_moe_mlp_dim=32", "load_balance_loss_weight=0.1")
 
 
@@ -161,6 +162,9 @@ def test_checkpoint_saved_with_four_stages_resumes_with_one_and_two(tmp_path):
     (("ici_pipeline_parallelism=4", "num_pipeline_microbatches=2"), "fewer than the 4 pipeline stages"),
     (("ici_pipeline_parallelism=2", "num_pipeline_microbatches=4"), "do not split into num_pipeline_microbatches=4"),
     (("ici_pipeline_parallelism=2", "scan_layers=false"), "set scan_layers=true"),
+    # sides that ride with the hidden states in the layers' carry (maxlite/models/sides.py) are named
+    (("ici_pipeline_parallelism=2", *GEMMA4), "not Gemma 4's shared keys/values .* or Gemma 4's per-layer embeddings"),
+    (("ici_pipeline_parallelism=2", *GEMMA4, "num_kv_shared_layers=0"), "not Gemma 4's per-layer embeddings"),
 ])
 def test_bad_pipeline_layouts_are_refused_before_anything_is_written(tmp_path, extra, message):
     from maxlite.train import train

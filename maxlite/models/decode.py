@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from maxlite.models import attention, context, matmul
+from maxlite.models.carry import Carry, layer_inputs
 from maxlite.models.kinds import MIXERS, cache_groups, layer_kinds, layer_stacks
 from maxlite.models.names import resolve_attention
 from maxlite.models.platform import target_platform
@@ -71,13 +72,13 @@ def prefill_config(cfg, length: int, shards: int = 1):
 
 
 def _block(layer, key, x_BTD, positions_BT, lengths_B, stack, j, shared, prefill_cfg=None, context=None,
-           per_layer_BTP=None):
+           inputs=None):
     """One layer over T new tokens: its mixer through its own cache, layer j of its stack (`key` its
     (mixer, variant); a cache module with CONTEXT also reads and writes `context`, what earlier
-    layers of this forward left: key/value sharing), then the feed-forward (and the per-layer
-    embedding branch). A cache module with `step_in_stack` updates the stack where it lies (the
-    decode loop's carried buffer: no copy of it per step); the others step on layer j's slice, set
-    back. Returns (x_BTD, the stack)."""
+    layers of this forward left: key/value sharing), then the feed-forward and the sides' steps
+    (`inputs`: this layer's, side name → array, as training's carry holds them). A cache module
+    with `step_in_stack` updates the stack where it lies (the decode loop's carried buffer: no copy
+    of it per step); the others step on layer j's slice, set back. Returns (x_BTD, the stack)."""
     cache = MIXERS[key[0]].cache()
     extra = {"context": context} if getattr(cache, "CONTEXT", False) else {}
     args = (layer.attn, layer.mixer_input(x_BTD), positions_BT, lengths_B)
@@ -87,7 +88,8 @@ def _block(layer, key, x_BTD, positions_BT, lengths_B, stack, j, shared, prefill
         mixed_BTD, layer_cache = cache.step(*args, jax.tree.map(lambda a: a[j], stack), shared, key[1],
                                             prefill_cfg, **extra)
         stack = jax.tree.map(lambda a, n: a.at[j].set(n), stack, layer_cache)
-    return layer.finish(layer.add_mlp(layer.add_attention(x_BTD, mixed_BTD)), per_layer_BTP), stack
+    x_BTD = layer.add_mlp(layer.add_attention(x_BTD, mixed_BTD))
+    return layer.finish(x_BTD, Carry(x_BTD, inputs=inputs or {})), stack
 
 
 def forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache, prefill_cfg=None) -> tuple[jax.Array, Cache]:
@@ -102,8 +104,7 @@ def forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache, prefill_cfg
 def _forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache, prefill_cfg) -> tuple[jax.Array, Cache]:
     cfg = model.cfg
     x_BTD = model.embed(tokens_BT, positions_BT)
-    inputs_BTLP = model.per_layer_inputs(tokens_BT, x_BTD)  # per-layer embeddings, or None
-    inputs_L = None if inputs_BTLP is None else jnp.moveaxis(inputs_BTLP, 2, 0)
+    inputs_L = layer_inputs(model, tokens_BT, x_BTD)  # side name → [L, ...] (per-layer embeddings)
     groups, stacks = cache_groups(cfg), layer_stacks(cfg)
     if cfg.scan_layers and len(groups) == 1 and len(stacks) == 1 and len(stacks[0].unit) == 1:
         # every layer alike and in one stack: scan them as training does, the cache stack carried
@@ -113,9 +114,9 @@ def _forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache, prefill_cf
             x, stack, j = carry
             x, stack = _block(layer, key, x, positions_BT, lengths_B, stack, j, shared, prefill_cfg, {}, inputs)
             return x, stack, j + 1
-        scan = nnx.scan(body, in_axes=(nnx.Carry, 0, None if inputs_L is None else 0), out_axes=nnx.Carry,
+        scan = nnx.scan(body, in_axes=(nnx.Carry, 0, 0 if inputs_L else None), out_axes=nnx.Carry,
                         transform_metadata={nnx.PARTITION_NAME: "layers"})
-        x_BTD, per_layer, _ = scan((x_BTD, per_layer, jnp.int32(0)), model.layers, inputs_L)
+        x_BTD, per_layer, _ = scan((x_BTD, per_layer, jnp.int32(0)), model.layers, inputs_L or None)
         new = {key: per_layer}
     else:
         kinds, new, context = layer_kinds(cfg), {key: per_layer for key, (per_layer, _) in cache.stacks.items()}, {}
@@ -124,7 +125,7 @@ def _forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache, prefill_cf
             key = (kind.mixer, kind.variant)
             x_BTD, new[key] = _block(layer, key, x_BTD, positions_BT, lengths_B, new[key], count[key],
                                      cache.stacks[key][1], prefill_cfg, context,
-                                     None if inputs_L is None else inputs_L[i])
+                                     jax.tree.map(lambda a, i=i: a[i], inputs_L))
             count[key] += 1
     stacks = {key: (new[key], MIXERS[key[0]].cache().advance(shared, positions_BT, lengths_B))
               for key, (_, shared) in cache.stacks.items()}

@@ -8,11 +8,13 @@ Shape legend as in layers.py, plus L layers and P the per-layer embedding width.
   `global_rope_fraction` of the frequency pairs rotate, the rest have frequency 0) and, with
   `attention_k_eq_v`, no value projection (values: the key projection, v-normed, unrotated).
 - Key/value sharing: the last `num_kv_shared_layers` layers have no k/v projections; each attends with
-  the keys and values of the last earlier layer of its kind. In training the blocks pass them along
-  with the hidden states (`kv`: variant → (k, v)); decoding: maxlite/models/gemma4_cache.py.
+  the keys and values of the last earlier layer of its kind. In training they travel in the layer
+  stack's carry (maxlite/models/carry.py, the "kv" side: variant → (k, v)); decoding:
+  maxlite/models/gemma4_cache.py.
 - Per-layer embeddings: a second table [V_p, L·P] gives each token one P-vector per layer, combined
   with a projection of the (scaled) token embedding; inside layer i, after the MLP's residual add,
   x += norm(proj(gelu(gate(x)) · e_i)). Then each layer's output is multiplied by its `layer_scalar`.
+  Both are sides (maxlite/models/sides.py): the blocks run them without naming them.
 """
 
 from __future__ import annotations
@@ -78,17 +80,21 @@ class Gemma4Attention(Attention):
         k_BSKH = apply_rope(self.k_norm(k_BSKH), positions_BT, inv_freq)
         return q_BTNH, k_BSKH, unscaled_rms(v_BSKH, self.cfg.normalization_layer_epsilon)
 
-    def __call__(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None, local=False, kv=None):
-        """The attention's output; with `kv` (a model whose last layers share keys and values),
-        (output, kv with this layer's keys and values stored as the latest of its kind)."""
+    def __call__(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None, local=False):
+        return self.carried(x_BTD, {}, positions_BT, segment_ids_BT, dropout_key, local)[0]
+
+    def carried(self, x_BTD, state: dict, positions_BT, segment_ids_BT, dropout_key=None, local=False):
+        """(the attention's output, the carry's state): with the "kv" side (a model whose last layers
+        share keys and values) a sharing layer attends with `state["kv"]`'s keys and values of its
+        variant, and any other layer stores its own there as the latest of its kind."""
         q_BTNH, k_BSKH, v_BSKH = self.qkv(x_BTD, positions_BT, dropout_key, local)
+        kv = state.get("kv")
         if self.shared:
             k_BSKH, v_BSKH = kv[self.variant]
         elif kv is not None:
-            kv = {**kv, self.variant: (k_BSKH, v_BSKH)}
+            state = {**state, "kv": {**kv, self.variant: (k_BSKH, v_BSKH)}}
         out_BTNH = self._attend(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, local)
-        out_BTD = constrain(self.out(out_BTNH, dropout_key), BTD)
-        return out_BTD if kv is None else (out_BTD, kv)
+        return constrain(self.out(out_BTNH, dropout_key), BTD), state
 
 
 def local_attention(cfg, *, rngs):
@@ -113,13 +119,36 @@ def wide_mlp(cfg, *, rngs):
 
 
 def shared_kv_start(cfg, x_BTD) -> dict:
-    """The keys and values the sharing layers read, before any layer stored them: variant → zeros."""
+    """The "kv" side's start (maxlite/models/sides.py): the keys and values the sharing layers read,
+    before any layer stored them: variant → zeros."""
     B, T, _ = x_BTD.shape
     out = {}
     for variant in ("local", "global"):
         K, H = attention_shape(cfg, variant == "global")
         out[variant] = (jnp.zeros((B, T, K, H), x_BTD.dtype),) * 2
     return out
+
+
+def per_layer_inputs(part: "PerLayerInputs", inputs_BT, x_BTD):
+    """The "per_layer" side's inputs: each layer's per-layer embeddings [L, B, T, P]."""
+    return jnp.moveaxis(part(inputs_BT, x_BTD), 2, 0)
+
+
+def per_layer_finish(part: "PerLayerBranch", x_BTD, carry):
+    """The "per_layer" side's step after the feed-forward, with this layer's input; a block run without
+    the model's per-layer inputs (a multi-token-prediction depth) has none and skips the branch."""
+    e_BTP = carry.inputs.get("per_layer")
+    return x_BTD if e_BTP is None else part(x_BTD, e_BTP)
+
+
+def layer_scalar(cfg, *, rngs):
+    """The "layer_scalar" side's parameter on each block: its output's scale, from 1."""
+    return param(rngs, (1,), ("norm",), jnp.dtype(cfg.weight_dtype), init="ones")
+
+
+def scale_finish(scalar, x_BTD, carry):
+    """The "layer_scalar" side's step, last in the layer."""
+    return x_BTD * scalar[...].astype(x_BTD.dtype)
 
 
 class PerLayerInputs(nnx.Module):

@@ -27,6 +27,11 @@ output head and the loss after it take them split over `stage` as well (mesh.RUL
 (forward) whose gradient is gathered over `stage` (backward), rather than P stages each computing it
 for all the rows. Inside the pipeline, and for the embedding that fills `pending`, a stage's rows
 are split over the other batch axes only (`stage_rules`).
+
+Between stages travel the hidden states alone: a model whose sides ride in the layers' carry
+(maxlite/models/sides.py `travels`: per-layer inputs, state the layers pass on) is refused by the
+recipe's validation (config_checks); a side that lives in the layers' weights only runs as it does
+unpipelined.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import jax.numpy as jnp
 from flax import linen as nn, nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from maxlite.models.carry import Carry
 from maxlite.models.layers import BTD, constrain
 
 STAGE_BTD = ("activation_stage", *BTD)  # a stage's slot of the buffer between stages
@@ -137,7 +143,9 @@ def _stage_fn(graphdef, static, policy):
             state_R, flags_R = unit_and_flags
             unit = nnx.merge(graphdef, jax.tree.map(lambda w: w[r], state_R))
             flag = flags_R[r] if static is None else static
-            return unit(checkpoint_name(x_bTD, "decoder_layer_input"), positions_bT, segment_ids_bT, None, flag)
+            carry, stats = unit(Carry(checkpoint_name(x_bTD, "decoder_layer_input")), positions_bT, segment_ids_bT,
+                                None, flag)
+            return carry.x_BTD, stats
         if policy is not None:
             body = jax.checkpoint(body, policy=policy, prevent_cse=False)
         return jax.lax.scan(body, x_bTD, (weights_SR, flags_SR))

@@ -10,7 +10,9 @@ the layers' (mixer, feed-forward) structures (a MoE model's dense layers before 
 apart). Layers of one stack position whose variants differ (Gemma 3's 5 local : 1 global) get their
 variant as a scanned flag; attention branches on it (layers.Attention._attend). A routed
 feed-forward's (MoE) routing statistics come back beside the hidden states (the auxiliary losses'
-input).
+input). The layers pass one Carry (maxlite/models/carry.py): the hidden states and the model's sides
+(maxlite/models/sides.py: per-layer inputs scanned with the layers, state the layers read and write,
+a step each layer ends with), which the blocks hand on without knowing what is in it.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from jax.ad_checkpoint import checkpoint_name
 
 import math
 
-from maxlite.models import gemma4, matmul, pipeline
+from maxlite.models import matmul, pipeline
+from maxlite.models.carry import Carry, layer_inputs, start
 from maxlite.models.families import family
 from maxlite.models.kinds import FEED_FORWARDS, MIXERS, layer_kinds, layer_place, layer_stacks, layer_windows
 from maxlite.models.layers import BTD, constrain, make_norm, param
+from maxlite.models.sides import sides
 
 _cp = jax.checkpoint_policies
 _QKV = ("query_proj", "key_proj", "value_proj")
@@ -48,7 +52,9 @@ class Block(nnx.Module):
     """x + mixer(norm(x)), then + feed_forward(norm(·)): the mixer and the feed-forward are the
     layer's kinds (maxlite/models/kinds.py; `structure` = (mixer, ffn)). With the family's post-norms
     each branch is normed again before its residual add (Gemma's sandwich); a family without
-    pre-norms (OLMo 2/3) norms only there. Parameter names stay `attn` and `mlp` whatever the kinds."""
+    pre-norms (OLMo 2/3) norms only there. Parameter names stay `attn` and `mlp` whatever the kinds;
+    each side with a layer part (maxlite/models/sides.py) keeps it under the side's name, and its step
+    runs after the feed-forward."""
 
     def __init__(self, cfg, *, rngs: nnx.Rngs, structure: tuple[str, str] = ("attention", "dense")):
         fam, D = family(cfg), cfg.base_emb_dim
@@ -63,11 +69,11 @@ class Block(nnx.Module):
         self.mlp = ffn.make(cfg, rngs)
         if fam.post_norms:
             self.mlp_post_norm = make_norm(cfg, D, rngs)
-        if cfg.per_layer_embed_dim:
-            self.per_layer = gemma4.PerLayerBranch(cfg, rngs=rngs)
-        if fam.layer_scalar:
-            self.layer_scalar = param(rngs, (1,), ("norm",), jnp.dtype(cfg.weight_dtype), init="ones")
+        self.layer_sides = tuple(side for side in sides(cfg) if side.layer)
+        for side in self.layer_sides:
+            setattr(self, side.name, side.load("layer")(cfg, rngs=rngs))
         self.pre_norms, self.post_norms, self.routed = fam.pre_norms, fam.post_norms, ffn.routed
+        self.mixer_carries = hasattr(self.attn, "carried")  # it reads or writes the carry's state
         self.ffn_pre_norm = fam.pre_norms and not ffn.raw_input
 
     def mixer_input(self, x_BTD):
@@ -88,25 +94,22 @@ class Block(nnx.Module):
         """The feed-forward branch as decoding runs it (a MoE layer dropless)."""
         return self._add(x_BTD, self.mlp(self._ffn_input(x_BTD), dropout_key))
 
-    def finish(self, x_BTD, per_layer_BTP=None):
-        """After the feed-forward: the per-layer embedding branch and the layer's scalar (Gemma 4)."""
-        if per_layer_BTP is not None:
-            x_BTD = self.per_layer(x_BTD, per_layer_BTP)
-        if hasattr(self, "layer_scalar"):
-            x_BTD = x_BTD * self.layer_scalar[...].astype(x_BTD.dtype)
+    def finish(self, x_BTD, carry: Carry):
+        """After the feed-forward: the sides' steps (decoding calls it too), each with its part of this
+        block and the carry (this layer's inputs)."""
+        for side in self.layer_sides:
+            x_BTD = side.load("finish")(getattr(self, side.name), x_BTD, carry)
         return x_BTD
 
-    def __call__(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None, local=False, per_layer_BTP=None):
-        """(x_BTD, the MoE layer's routing statistics or None). In a model whose last layers share keys
-        and values, x_BTD comes and goes as (x_BTD, kv): the keys and values they reuse."""
-        kv = None
-        if isinstance(x_BTD, tuple):
-            x_BTD, kv = x_BTD
+    def __call__(self, carry: Carry, positions_BT, segment_ids_BT, dropout_key=None, local=False):
+        """(the carry after this layer, the MoE layer's routing statistics or None)."""
+        x_BTD, state = carry.x_BTD, carry.state
         key_attn, key_mlp = (None, None) if dropout_key is None else jax.random.split(dropout_key)
-        mixed = self.attn(self.mixer_input(x_BTD), positions_BT, segment_ids_BT, key_attn, local,
-                          **({} if kv is None else {"kv": kv}))
-        if kv is not None:
-            mixed, kv = mixed
+        if self.mixer_carries:
+            mixed, state = self.attn.carried(self.mixer_input(x_BTD), state, positions_BT, segment_ids_BT, key_attn,
+                                             local)
+        else:
+            mixed = self.attn(self.mixer_input(x_BTD), positions_BT, segment_ids_BT, key_attn, local)
         x_BTD = self.add_attention(x_BTD, mixed)
         stats = None
         if not self.routed:
@@ -114,8 +117,8 @@ class Block(nnx.Module):
         else:
             h_BTD, stats = self.mlp.routed(self._ffn_input(x_BTD), segment_ids_BT, key_mlp)
             x_BTD = self._add(x_BTD, h_BTD)
-        x_BTD = constrain(self.finish(x_BTD, per_layer_BTP), BTD)
-        return (x_BTD if kv is None else (x_BTD, kv)), stats
+        carry = carry.replace(state=state)
+        return carry.replace(x_BTD=constrain(self.finish(x_BTD, carry), BTD)), stats
 
 
 class Unit(nnx.Module):
@@ -126,18 +129,17 @@ class Unit(nnx.Module):
         self.blocks = nnx.List([Block(cfg, rngs=nnx.Rngs(params=key), structure=s)
                                 for s, key in zip(structures, keys)])
 
-    def __call__(self, x_BTD, positions_BT, segment_ids_BT, dropout_keys=None, local=False, per_layer=None):
-        """(x_BTD, the MoE layers' statistics stacked [m, ...] or None); `dropout_keys`, `local` (a
-        bool, or one flag per layer) and `per_layer` ([m, B, T, P] or None) are the unit's layers'."""
-        stats = []
+    def __call__(self, carry: Carry, positions_BT, segment_ids_BT, dropout_keys=None, local=False):
+        """(the carry, the MoE layers' statistics stacked [m, ...] or None); `dropout_keys`, `local` (a
+        bool, or one flag per layer) and the carry's inputs ([m, ...]) are the unit's layers'."""
+        stats, inputs = [], carry.inputs
         for j, block in enumerate(self.blocks):
             key = None if dropout_keys is None else dropout_keys[j]
-            x_BTD, s = block(x_BTD, positions_BT, segment_ids_BT, key,
-                             local if isinstance(local, bool) else local[j],
-                             None if per_layer is None else per_layer[j])
+            carry, s = block(carry.with_inputs(jax.tree.map(lambda a, j=j: a[j], inputs)), positions_BT,
+                             segment_ids_BT, key, local if isinstance(local, bool) else local[j])
             if s is not None:
                 stats.append(s)
-        return x_BTD, (jax.tree.map(lambda *a: jnp.stack(a), *stats) if stats else None)
+        return carry.with_inputs(inputs), (jax.tree.map(lambda *a: jnp.stack(a), *stats) if stats else None)
 
 
 class MTPLayer(nnx.Module):
@@ -159,8 +161,8 @@ class MTPLayer(nnx.Module):
         """(hidden state h_BTD, its normed output, its MoE layer's routing statistics or None)."""
         x_BTD = matmul.project("btc,cd->btd", jnp.concatenate([self.enorm(emb_BTD), self.hnorm(h_BTD)], axis=-1),
                                self.eh_proj[...])
-        h_BTD, stats = self.block(constrain(x_BTD, BTD), positions_BT, segment_ids_BT)
-        return h_BTD, self.norm(h_BTD), stats
+        carry, stats = self.block(Carry(constrain(x_BTD, BTD)), positions_BT, segment_ids_BT)
+        return carry.x_BTD, self.norm(carry.x_BTD), stats
 
 
 class Transformer(nnx.Module):
@@ -193,35 +195,35 @@ class Transformer(nnx.Module):
                 unit_keys = keys[stack.first:stack.first + stack.count * n].reshape(stack.count, n)
 
                 setattr(self, stack.name, _stack_maker(cfg, stack.unit)(unit_keys))
-        if cfg.per_layer_embed_dim:
-            self.per_layer = gemma4.PerLayerInputs(cfg, rngs=rngs)
+        for side in sides(cfg):
+            if side.model:
+                setattr(self, side.name, side.load("model")(cfg, rngs=rngs))
         self.final_norm = make_norm(cfg, D, rngs)
         if cfg.mtp_num_layers:  # training only: decoding never runs them
             self.mtp = nnx.List([MTPLayer(cfg, rngs=rngs) for _ in range(cfg.mtp_num_layers)])
         if not cfg.logits_via_embedding:
             self.unembedding = param(rngs, (D, V), ("embed", "vocab"), wd, scale=cfg.init_scale)
 
-    def _run_layers(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None, per_layer_BTLP=None):
+    def _run_layers(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None, inputs_L=None):
         """(x_BTD, the MoE layers' routing statistics stacked in layer order [L_moe, ...] or None).
         Each layer's `local` flag: a Python bool for unrolled layers and for a stack whose layers
-        are alike, else an array scanned with the layers; its per-layer input (per-layer embeddings)
-        is scanned with it. With key/value-sharing layers the hidden states travel with the keys and
-        values they reuse (gemma4.shared_kv_start)."""
+        are alike, else an array scanned with the layers; its inputs (`inputs_L`: side name → [L, ...],
+        carry.layer_inputs) are scanned with it. The layers pass one Carry (carry.start: the hidden
+        states and the sides' state)."""
         cfg = self.cfg
         keys_L = None if dropout_key is None else jax.random.split(dropout_key, cfg.base_num_decoder_layers)
-        ple_L = None if per_layer_BTLP is None else jnp.moveaxis(per_layer_BTLP, 2, 0)
+        inputs_L = inputs_L or {}
         local = tuple(w > 0 for w in layer_windows(cfg))
-        if cfg.num_kv_shared_layers:
-            x_BTD = (x_BTD, gemma4.shared_kv_start(cfg, x_BTD))
+        carry = start(cfg, x_BTD)
 
-        def block_fn(x, layer, positions, segment_ids, key, ple, local):
-            x = (checkpoint_name(x[0], "decoder_layer_input"), x[1]) if isinstance(x, tuple) else \
-                checkpoint_name(x, "decoder_layer_input")
-            return layer(x, positions, segment_ids, key, local, ple)
+        def block_fn(carry, layer, positions, segment_ids, key, inputs, local):
+            carry = carry.replace(x_BTD=checkpoint_name(carry.x_BTD, "decoder_layer_input"), inputs=inputs or {})
+            carry, stats = layer(carry, positions, segment_ids, key, local)
+            return carry.without_inputs(), stats
 
         def static(flag: bool):  # the flag bound as a constant (NNX transforms take positions only)
-            return lambda x, layer, positions, segment_ids, key, ple: block_fn(x, layer, positions, segment_ids,
-                                                                               key, ple, flag)
+            return lambda carry, layer, positions, segment_ids, key, inputs: block_fn(
+                carry, layer, positions, segment_ids, key, inputs, flag)
 
         def remat(fn):
             if cfg.remat_policy == "none":
@@ -232,34 +234,38 @@ class Transformer(nnx.Module):
         if not cfg.scan_layers:  # a static flag per layer
             for i, layer in enumerate(self.layers):
                 fn = remat(static(local[i]))
-                x_BTD, s = fn(x_BTD, layer, positions_BT, segment_ids_BT, None if keys_L is None else keys_L[i],
-                              None if ple_L is None else ple_L[i])
+                carry, s = fn(carry, layer, positions_BT, segment_ids_BT, None if keys_L is None else keys_L[i],
+                              jax.tree.map(lambda a, i=i: a[i], inputs_L))
                 stats += [] if s is None else [jax.tree.map(lambda a: a[None], s)]
-            return _hidden(x_BTD), _concat(stats)
-        if pipeline.num_stages(cfg) > 1:  # the one stack, split into pipeline stages (no per-layer inputs)
-            return pipeline.run(cfg, self.layers, x_BTD, positions_BT, segment_ids_BT, local,
+            return carry.x_BTD, _concat(stats)
+        if pipeline.num_stages(cfg) > 1:  # the one stack, split into pipeline stages
+            # recipe validation refuses sides that travel between layers (config_checks._check_pipeline)
+            assert not carry.state and not inputs_L, "the pipeline carries the hidden states only"
+            return pipeline.run(cfg, self.layers, carry.x_BTD, positions_BT, segment_ids_BT, local,
                                 None if cfg.remat_policy == "none" else REMAT_POLICIES[cfg.remat_policy])
         for stack in layer_stacks(cfg):
             n = len(stack.unit)
             span = slice(stack.first, stack.first + stack.count * n)
             keys = None if keys_L is None else keys_L[span].reshape((stack.count, n)[:1 if n == 1 else 2])
             key_axis = None if keys is None else 0
-            ple = None if ple_L is None else ple_L[span].reshape(stack.count, *((n,) if n > 1 else ()), *ple_L.shape[1:])
-            ple_axis = None if ple is None else 0
+            inputs = jax.tree.map(lambda a: a[span].reshape(stack.count, *((n,) if n > 1 else ()), *a.shape[1:]),
+                                  inputs_L)
+            inputs_axis = 0 if inputs else None
             flags = local[span]
             if len(set(flags)) == 1:  # every layer alike: the flag is static
-                scan_fn = nnx.scan(remat(static(flags[0])), in_axes=(nnx.Carry, 0, None, None, key_axis, ple_axis),
+                scan_fn = nnx.scan(remat(static(flags[0])), in_axes=(nnx.Carry, 0, None, None, key_axis, inputs_axis),
                                    out_axes=(nnx.Carry, 0), transform_metadata={nnx.PARTITION_NAME: "layers"})
-                x_BTD, s = scan_fn(x_BTD, getattr(self, stack.name), positions_BT, segment_ids_BT, keys, ple)
+                carry, s = scan_fn(carry, getattr(self, stack.name), positions_BT, segment_ids_BT, keys,
+                                   inputs or None)
             else:
                 flags_arr = jnp.asarray(flags).reshape((stack.count, n)[:1 if n == 1 else 2])
-                scan_fn = nnx.scan(remat(block_fn), in_axes=(nnx.Carry, 0, None, None, key_axis, ple_axis, 0),
+                scan_fn = nnx.scan(remat(block_fn), in_axes=(nnx.Carry, 0, None, None, key_axis, inputs_axis, 0),
                                    out_axes=(nnx.Carry, 0), transform_metadata={nnx.PARTITION_NAME: "layers"})
-                x_BTD, s = scan_fn(x_BTD, getattr(self, stack.name), positions_BT, segment_ids_BT, keys, ple,
-                                   flags_arr)
+                carry, s = scan_fn(carry, getattr(self, stack.name), positions_BT, segment_ids_BT, keys,
+                                   inputs or None, flags_arr)
             if s is not None:  # [count, ...], or [count, m, ...] for units of several layers
                 stats.append(s if n == 1 else jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), s))
-        return _hidden(x_BTD), _concat(stats)
+        return carry.x_BTD, _concat(stats)
 
     def blocks(self) -> list:
         """The layers one by one, in order (scanned stacks sliced per layer): what decoding walks."""
@@ -285,10 +291,6 @@ class Transformer(nnx.Module):
             x_BTD = x_BTD + jnp.take(self.positions[...], positions_BT, axis=0).astype(dt)
         return constrain(x_BTD, BTD)
 
-    def per_layer_inputs(self, inputs_BT, x_BTD):
-        """Each token's per-layer embeddings [B, T, L, P] (from the ids and their embeddings), or None."""
-        return self.per_layer(inputs_BT, x_BTD) if self.cfg.per_layer_embed_dim else None
-
     def forward(self, inputs_BT, positions_BT, segment_ids_BT, dropout_key=None):
         """(the final-normed hidden states x_BTD, the MoE layers' routing statistics stacked
         [L_moe, ...] or None: maxlite.models.moe.aux_losses turns them into losses and metrics)."""
@@ -296,7 +298,7 @@ class Transformer(nnx.Module):
             x_BTD = self.embed(inputs_BT, positions_BT)
         with matmul.quantization(self.cfg.quantization):  # the model's own mode, while its layers trace
             x_BTD, stats = self._run_layers(x_BTD, positions_BT, segment_ids_BT, dropout_key,
-                                            self.per_layer_inputs(inputs_BT, x_BTD))
+                                            layer_inputs(self, inputs_BT, x_BTD))
         return self.final_norm(x_BTD), stats
 
     def hidden(self, inputs_BT, positions_BT, segment_ids_BT, dropout_key=None):
@@ -335,11 +337,6 @@ def _stack_maker(cfg, unit: tuple[str, ...]):
             return Block(cfg, rngs=nnx.Rngs(params=keys[0]), structure=unit[0])
         return Unit(cfg, unit, keys)
     return make
-
-
-def _hidden(x):
-    """The hidden states (without the keys and values the sharing layers reused)."""
-    return x[0] if isinstance(x, tuple) else x
 
 
 def _concat(stats: list):
