@@ -100,7 +100,7 @@ class Keys:
         "the family (maxlite/models/families.py): llama2 (RMSNorm, RoPE, SwiGLU, GQA; also llama3/mistral) | "
         "gpt3 (LayerNorm, GELU, learned positions) | qwen2 (q/k/v biases) | qwen3 (q/k norms) | gemma3 (5 "
         "local : 1 global layers, sandwich norms, GeGLU) | olmo3 (post-norms only, 3 local : 1 global; "
-        "maxlite/families/olmo3.py) | mixtral, qwen3_moe (mixtures of experts: the keys below)")
+        "maxlite/families/olmo3/) | mixtral, qwen3_moe (mixtures of experts: the keys below)")
     base_emb_dim: int = key(2048, "model width D", positive=True)
     base_num_decoder_layers: int = key(16, "number of decoder layers L", positive=True)
     base_num_query_heads: int = key(16, "query heads N", positive=True)

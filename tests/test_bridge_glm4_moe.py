@@ -1,4 +1,4 @@
-"""GLM-4.5 (maxlite/families/glm4_moe.py) built small and random by transformers, with a tokenizer
+"""GLM-4.5 (maxlite/families/glm4_moe/) built small and random by transformers, with a tokenizer
 and chat template of its own and its multi-token-prediction layer as the published checkpoints
 store it: import → float32 logits equal transformers' (relative error ≤ 1e-5) with half-rotary
 RoPE, q/k norms, q/k/v biases, a dense first layer, grouped sigmoid routing with a nonzero choice

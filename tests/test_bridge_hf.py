@@ -13,8 +13,9 @@ import torch
 import transformers
 
 from maxlite import config as C
-from maxlite.bridge import hf, hf_llama
+from maxlite.bridge import hf
 from maxlite.bridge import params as P
+from maxlite.families.llama2 import hf as llama2
 from maxlite.bridge.safetensors_io import SafetensorsDir, parse_size
 from tests.helpers import jax_logits
 
@@ -129,7 +130,7 @@ def test_import_of_a_transformers_written_model_matches_its_logits(tmp_path):
 
 def test_config_json_readable_by_old_and_new_transformers(tmp_path):
     cfg, _ = make("llama3-tied-bias")
-    config = hf_llama.hf_config(cfg, "float32", bos_id=1, eos_id=2)
+    config = llama2.hf_config(cfg, "float32", bos_id=1, eos_id=2)
     # transformers 4.x reads rope_scaling (with `type` before 4.43), rope_theta and torch_dtype
     assert config["rope_scaling"]["type"] == config["rope_scaling"]["rope_type"] == "llama3"
     assert config["rope_theta"] == 500000.0 and config["torch_dtype"] == "float32"
@@ -139,8 +140,8 @@ def test_config_json_readable_by_old_and_new_transformers(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     parsed = transformers.AutoConfig.from_pretrained(str(tmp_path))
     assert parsed.rope_parameters["factor"] == 8.0 and parsed.head_dim == 64
-    assert hf_llama.config_overrides(config)["rope_low_freq_factor"] == 1.0
-    assert hf_llama.hf_config(C.load(["base.yml", "model_name=tiny"]))["rope_scaling"] is None
+    assert llama2.config_overrides(config)["rope_low_freq_factor"] == 1.0
+    assert llama2.hf_config(C.load(["base.yml", "model_name=tiny"]))["rope_scaling"] is None
 
 
 GPT3 = ["decoder_block=gpt3", "base_emb_dim=128", "base_num_decoder_layers=2", "base_num_query_heads=4",

@@ -132,7 +132,7 @@ def test_a_bfloat16_checkpoint_imports_to_bfloat16_compute_unless_told_otherwise
 
 def test_gemma3_text_defaults_are_transformers_own():
     """A multimodal config.json's text_config states only what differs from these."""
-    from maxlite.bridge.hf_gemma3 import TEXT_DEFAULTS
+    from maxlite.families.gemma3.hf import TEXT_DEFAULTS
 
     theirs = transformers.Gemma3TextConfig().to_dict()
     rope = theirs["rope_parameters"]

@@ -88,9 +88,9 @@ def test_import_logits_aux_loss_greedy_and_export(family, tmp_path):
 
 
 def test_a_dense_layout_maxlite_cannot_express_is_refused():
-    from maxlite.bridge import hf_moe
+    from maxlite.families.qwen3_moe import hf as qwen3_moe
 
     hf_cfg = _config("qwen3_moe").to_dict()
     hf_cfg.update(mlp_only_layers=[1])
     with pytest.raises(ValueError, match="mlp_only_layers"):
-        hf_moe.config_overrides(hf_cfg)
+        qwen3_moe.config_overrides(hf_cfg)

@@ -182,7 +182,7 @@ def test_the_text_model_of_a_multimodal_checkpoint_imports(tmp_path):
 
 def test_gemma4_text_defaults_are_transformers_own():
     """A multimodal config.json's text_config states only what differs from these."""
-    from maxlite.families.gemma4 import DEFAULT_ROPE, TEXT_DEFAULTS
+    from maxlite.families.gemma4.hf import DEFAULT_ROPE, TEXT_DEFAULTS
 
     theirs = transformers.Gemma4TextConfig().to_dict()
     for key, value in TEXT_DEFAULTS.items():

@@ -1,4 +1,4 @@
-"""gpt-oss (maxlite/families/gpt_oss.py; its import, logits, greedy decoding and export against
+"""gpt-oss (maxlite/families/gpt_oss/; its import, logits, greedy decoding and export against
 transformers are tests/test_bridge_hf_families.py's): its experts (router bias, expert biases,
 clamped SwiGLU) equal a per-token loop in every MoE implementation and with the expert axis, values
 and gradients; MXFP4 experts import to the values transformers dequantizes; a random
@@ -308,7 +308,7 @@ PUBLISHED_20B = {
 
 def test_the_published_config_imports_as_the_preset_and_the_preset_exports_it():
     from maxlite.bridge.hf import MODEL_KEYS
-    from maxlite.families import gpt_oss
+    from maxlite.families.gpt_oss import hf as gpt_oss
 
     imported = C.load(["base.yml"], **gpt_oss.config_overrides(PUBLISHED_20B))
     preset = C.load(["base.yml", "model_name=gpt-oss-20b"])

@@ -1,7 +1,7 @@
 """The bridge to the PyTorch world.
 
-- `hf.py`: Hugging Face safetensors export/import, one adapter per family (hf_llama, hf_qwen, hf_gemma3,
-  hf_gpt2; `python -m maxlite.bridge.hf`); numpy only.
+- `hf.py`: Hugging Face safetensors export/import, one adapter per family (maxlite/families/NAME/hf.py,
+  over the shared tables of hf_llama.py and hf_moe.py; `python -m maxlite.bridge.hf`); numpy only.
 - `torch_model.py`: a PyTorch twin of the maxlite decoders that loads maxlite params directly.
 - `nemo.py`: a maxlite recipe as Megatron-LM arguments and NeMo 2.0 overrides.
 

@@ -1,7 +1,7 @@
 """Hugging Face weights both ways, one adapter per family (`Family.hf_module`; which HF `model_type`
-imports as which family is the registry's `Family.hf_model_types`): llama2 ↔ Llama (Mistral with a
-sliding window), qwen2/qwen3 ↔ Qwen2/Qwen3, gemma3 ↔ Gemma3ForCausalLM, gpt3 ↔ GPT-2,
-mixtral/qwen3_moe ↔ Mixtral/Qwen3-MoE (hf_moe), and the families of maxlite/families/.
+imports as which family is the registry's `Family.hf_model_types`), maxlite/families/NAME/hf.py:
+llama2 ↔ Llama (Mistral with a sliding window), qwen2/qwen3 ↔ Qwen2/Qwen3, gemma3 ↔ Gemma3ForCausalLM,
+gpt3 ↔ GPT-2, mixtral/qwen3_moe ↔ Mixtral/Qwen3-MoE, and the newer families beside them.
 
     python -m maxlite.bridge.hf export CKPT OUT_DIR [--step N] [--dtype float32|bfloat16|mxfp4]
                                         [--max-shard-size 5GB] [--tokenizer auto|none|PATH]
@@ -9,7 +9,7 @@ mixtral/qwen3_moe ↔ Mixtral/Qwen3-MoE (hf_moe), and the families of maxlite/fa
 
 Numpy only: torch is not needed to convert. Tensors are converted one at a time (a layer is
 sliced out of the stacked [L, ...] arrays, cast, written, freed), so the converter needs the
-parameters plus about one tensor of memory. The layout conventions are in hf_llama.py/hf_gpt2.py.
+parameters plus about one tensor of memory. The layout conventions are in hf_llama.py and families/gpt3/hf.py.
 An import records the compute dtype config.json states (float32 stays float32; float16 computes in
 float32), unless the recipe or key=value sets `dtype`.
 """

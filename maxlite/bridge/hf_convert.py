@@ -1,6 +1,6 @@
 """Architecture-independent HF ↔ maxlite conversion: tensor tables, streaming export, import.
 
-An architecture module (hf_llama, hf_gpt2) describes every HF tensor as a `TensorMap`: the maxlite
+An adapter module (maxlite/families/NAME/hf.py, over hf_llama.py's table) describes every HF tensor as a `TensorMap`: the maxlite
 leaves it is made of and the two pure functions between them. Everything else — slicing one layer
 out of stacked [L, ...] arrays, casting, streaming into safetensors, filling preallocated layers
 on import, checking nothing is missing or left over — lives here once.

@@ -1,5 +1,5 @@
-"""maxlite llama2-block params ↔ Hugging Face `LlamaForCausalLM` / `MistralForCausalLM` (config.json +
-safetensors), and the Llama-style tensor table the Qwen and Gemma 3 adapters share.
+"""The Llama-style tensor table and config.json helpers the family adapters share (llama2's, Qwen's,
+Gemma's, OLMo's, ...: maxlite/families/*/hf.py), read from the family's traits.
 
 Conventions (checked against transformers by tests/test_bridge_hf*.py, not assumed):
 - RoPE: maxlite rotates split halves of each head (x[:H/2], x[H/2:]), exactly HF's `rotate_half`,
@@ -16,7 +16,6 @@ Conventions (checked against transformers by tests/test_bridge_hf*.py, not assum
   is then the norm *after* attention and `pre_feedforward_layernorm` / `post_feedforward_layernorm`
   surround the MLP (in Llama, `post_attention_layernorm` is the MLP's pre-norm); without pre-norms
   (OLMo 2/3) there is no `input_layernorm` nor `pre_feedforward_layernorm`.
-- A sliding window (all layers local) exports as Mistral, which Llama cannot express.
 """
 
 from __future__ import annotations
@@ -24,18 +23,6 @@ from __future__ import annotations
 from maxlite.bridge.hf_convert import TensorMap, config_tail, linear, same
 from maxlite.models.families import family, has_qk_norm
 from maxlite.models.kinds import check_layer_types, layer_windows
-
-
-def check_supported(cfg) -> None:
-    if cfg.decoder_block != "llama2":
-        raise ValueError(
-            f"decoder_block={cfg.decoder_block}: only llama2-block models (Llama 2/3/3.1/3.2, Mistral) "
-            f"have a Hugging Face Llama equivalent; GPT-3 style models (LayerNorm, GELU, learned "
-            f"positions) export as GPT-2 instead")
-    if cfg.sliding_window and cfg.use_bias:
-        raise ValueError("sliding_window with use_bias=true: Mistral (the HF model with a sliding window) has "
-                         "no attention biases")
-    check_plain_attention(cfg, "Llama/Mistral")
 
 
 def check_plain_attention(cfg, name: str, qk_norm: bool = False) -> None:
@@ -97,15 +84,6 @@ def decoder_maps(cfg, prefix: str = "model.") -> list[TensorMap]:
         linear(m + "down_proj.weight", ("mlp", "down"), (F,), (D,)),
     ]
     return maps
-
-
-def tensor_maps(cfg) -> list[TensorMap]:
-    check_supported(cfg)
-    return decoder_maps(cfg)
-
-
-def import_maps(cfg, names: set[str]) -> list[TensorMap]:
-    return tensor_maps(cfg)
 
 
 def ignore(name: str) -> bool:
@@ -257,27 +235,3 @@ def check_mlp(hf: dict, activation: str) -> None:
     if act != activation or hf.get("mlp_bias"):
         raise ValueError(f"config.json: hidden_act={act!r}, mlp_bias={hf.get('mlp_bias', False)}: this family's "
                          f"MLP is {activation}-gated without biases")
-
-
-# ---- Llama / Mistral ----
-
-def hf_config(cfg, dtype: str = "float32", bos_id: int | None = None, eos_id: int | None = None) -> dict:
-    check_supported(cfg)
-    if cfg.sliding_window:
-        return {**common_config(cfg, "MistralForCausalLM", "mistral", dtype, bos_id, eos_id),
-                "hidden_act": "silu", "sliding_window": cfg.sliding_window}
-    return {**common_config(cfg, "LlamaForCausalLM", "llama", dtype, bos_id, eos_id),
-            "hidden_act": "silu", "attention_bias": bool(cfg.use_bias), "mlp_bias": False, "pretraining_tp": 1}
-
-
-def config_overrides(hf: dict) -> dict:
-    """HF config.json → maxlite model keys (for `maxlite.config.load(**overrides)`)."""
-    model_type = hf.get("model_type")
-    if model_type not in ("llama", "mistral"):
-        raise ValueError(f"config.json model_type={model_type!r}: only llama and mistral convert to "
-                         f"maxlite's llama2 block")
-    check_mlp(hf, "silu")
-    out = {**common_overrides(hf, "llama2"), "use_bias": bool(hf.get("attention_bias", False))}
-    if model_type == "mistral":
-        out["sliding_window"] = hf.get("sliding_window") or 0
-    return out

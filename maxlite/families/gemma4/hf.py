@@ -18,16 +18,8 @@ from __future__ import annotations
 
 from maxlite.bridge import hf_llama
 from maxlite.bridge.hf_convert import TensorMap, config_tail, linear, same
-from maxlite.models.families import Family
-from maxlite.models.kinds import LayerKind, attention_shape, hf_layer_types
-
-FAMILY = Family(
-    "gemma4", "Gemma 4 (text): Gemma 3's sandwich with plain-scale norms, v norm, wide proportional-RoPE global "
-    "layers, per-layer embeddings, shared keys/values, soft-capped logits",
-    norm="rmsnorm", mlp="geglu", positions="rope", biases="attention", hf_module=__name__,
-    nemo_factory="gemma3_1b", hf_model_types=("gemma4_text", "gemma4", "gemma4_vision", "gemma4_audio"), llama_names=True, qk_norm=True,
-    post_norms=True, embed_scale=True, layer_pattern=("local",) * 5 + ("global",),
-    layer_kinds=f"{__name__}:layer_kinds", layer_scalar=True)
+from maxlite.families.gemma4 import FAMILY
+from maxlite.models.kinds import attention_shape, hf_layer_types
 
 ACTIVATION = "gelu_pytorch_tanh"
 # Gemma4TextConfig's defaults (transformers 5.24; tests/test_gemma4.py checks them): a multimodal
@@ -43,19 +35,6 @@ DEFAULT_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_0
                 "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
 PREFIXES = ("model.", "model.language_model.")  # the text decoder's: Gemma4ForCausalLM's, Gemma4ForConditionalGeneration's
 TOWERS = ("vision_config", "audio_config")
-
-
-def layer_kinds(cfg, kinds: tuple[LayerKind, ...]) -> tuple[LayerKind, ...]:
-    """Gemma 4's mixers: local and (wide) global layers; the last num_kv_shared_layers reuse the keys and
-    values of the last earlier layer of their kind (and have the double-wide MLP if asked)."""
-    first_shared = len(kinds) - cfg.num_kv_shared_layers
-    out = []
-    for i, k in enumerate(kinds):
-        shared = i >= first_shared
-        ffn = "dense_wide" if shared and cfg.use_double_wide_mlp and k.ffn == "dense" else k.ffn
-        ffn = "gemma4_moe" if ffn == "moe" else ffn  # the dense MLP beside the experts
-        out.append(LayerKind(f"gemma4_{k.variant}{'_shared' if shared else ''}", k.variant, ffn))
-    return tuple(out)
 
 
 def check_supported(cfg) -> None:

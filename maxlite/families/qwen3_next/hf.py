@@ -1,5 +1,5 @@
 """Qwen3-Next (`model_type: qwen3_next`, Qwen3NextForCausalLM): Qwen3.5's hybrid layers
-(maxlite/families/qwen3_5.py) with a mixture of experts, both ways; the MoE tensor and config.json
+(maxlite/families/qwen3_5/) with a mixture of experts, both ways; the MoE tensor and config.json
 maps Qwen3.5-MoE shares.
 
 Differences from Qwen3.5's tensors: the delta-net's q, k, v, z projections are one in_proj_qkvz and
@@ -19,14 +19,8 @@ import dataclasses
 
 from maxlite.bridge import hf_moe
 from maxlite.bridge.hf_convert import TensorMap, linear, of_expert, same
-from maxlite.families import qwen3_5
-from maxlite.models.families import Family
-
-FAMILY = Family(
-    "qwen3_next", "Qwen3-Next: Qwen3.5's hybrid layers (fused delta-net projections) with a mixture of "
-    "experts and a gated shared expert", norm="rmsnorm", mlp="swiglu", positions="rope", biases="attention",
-    hf_module=__name__, nemo_factory="qwen3_30b_a3b", hf_model_types=("qwen3_next",), norm_offset=1.0,
-    qk_norm=True, layer_pattern=("linear",) * 3 + ("global",), attn_output_gate=True, moe=True)
+from maxlite.families.qwen3_5 import hf as qwen3_5
+from maxlite.families.qwen3_next import FAMILY
 
 
 def check_moe(cfg, name: str) -> None:
@@ -93,6 +87,6 @@ def moe_overrides(hf: dict) -> dict:
 def config_overrides(hf: dict) -> dict:
     if hf.get("model_type") != "qwen3_next":
         raise ValueError(f"config.json model_type={hf.get('model_type')!r} is not qwen3_next")
-    first, step = hf_moe._dense_layout(hf, hf["num_hidden_layers"])
+    first, step = hf_moe.dense_layout(hf, hf["num_hidden_layers"])
     return {**qwen3_5.hybrid_overrides(hf, FAMILY.name), **moe_overrides(hf),
             "first_num_dense_layers": first, "interleave_moe_layer_step": step}

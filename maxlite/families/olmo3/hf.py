@@ -15,14 +15,8 @@ from __future__ import annotations
 
 from maxlite.bridge import hf_llama
 from maxlite.bridge.hf_convert import TensorMap, config_tail
-from maxlite.models.families import Family
+from maxlite.families.olmo3 import FAMILY
 from maxlite.models.kinds import hf_layer_types
-
-FAMILY = Family(
-    "olmo3", "OLMo 3: post-norms only, q/k norms over every head, 3 sliding-window layers : 1 global, SwiGLU",
-    norm="rmsnorm", mlp="swiglu", positions="rope", biases="attention", hf_module=__name__,
-    nemo_factory="llama3_8b", hf_model_types=("olmo3",), llama_names=True, qk_norm=True, qk_norm_heads=True,
-    pre_norms=False, post_norms=True, layer_pattern=("local",) * 3 + ("global",))
 
 
 def check_supported(cfg) -> None:

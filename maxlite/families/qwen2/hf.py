@@ -1,4 +1,5 @@
-"""maxlite qwen2 / qwen3 params ↔ Hugging Face `Qwen2ForCausalLM` / `Qwen3ForCausalLM`.
+"""maxlite qwen2 / qwen3 params ↔ Hugging Face `Qwen2ForCausalLM` / `Qwen3ForCausalLM` (qwen3/hf.py is this
+module's, and Mixtral's adapter reads `window_config`).
 
 Both use Llama's tensor names (hf_llama.decoder_maps reads the traits): Qwen2 adds q/k/v biases
 (always present: a qwen2 model has use_bias=true), Qwen3 adds `self_attn.q_norm`/`k_norm` and may

@@ -30,15 +30,10 @@ import numpy as np
 
 from maxlite.bridge import hf_llama
 from maxlite.bridge.hf_convert import TensorMap, config_tail, linear, same
-from maxlite.models.families import SWIGLU_ALPHA, Family
+from maxlite.families.gpt_oss import FAMILY
+from maxlite.models.families import SWIGLU_ALPHA
 from maxlite.models.kinds import hf_layer_types
 
-FAMILY = Family(
-    "gpt_oss", "gpt-oss: attention sinks, q/k/v/o biases, sliding-window and global layers in turn, YaRN, "
-    "experts with biases and a clamped SwiGLU, a biased router",
-    norm="rmsnorm", mlp="clamped_swiglu", positions="rope", biases="attention", hf_module=__name__,
-    nemo_factory="gpt_oss_20b", hf_model_types=("gpt_oss",), llama_names=True, layer_pattern=("local", "global"),
-    moe=True)
 
 # what the layer is: the keys a gpt_oss recipe must have (presets set them; an import writes them)
 LAYER_KEYS = {"attention_sink": True, "router_logit_bias": True, "mlp_bias": True, "norm_topk_prob": True,

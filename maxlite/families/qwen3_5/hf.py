@@ -25,14 +25,9 @@ import numpy as np
 
 from maxlite.bridge import hf_llama
 from maxlite.bridge.hf_convert import TensorMap, config_tail, linear, same
-from maxlite.models.families import Family
+from maxlite.families.qwen3_5 import FAMILY
 from maxlite.models.kinds import check_layer_types, hf_layer_types
 
-FAMILY = Family(
-    "qwen3_5", "Qwen3.5 (dense): 3 gated delta-net layers : 1 gated full attention (partial RoPE, q/k norms), "
-    "(1 + w) RMSNorm, SwiGLU", norm="rmsnorm", mlp="swiglu", positions="rope", biases="attention",
-    hf_module=__name__, nemo_factory="qwen3_8b", hf_model_types=("qwen3_5_text", "qwen3_5"), norm_offset=1.0,
-    qk_norm=True, layer_pattern=("linear",) * 3 + ("global",), attn_output_gate=True)
 
 GDN = "gated_deltanet"
 # a multimodal checkpoint (Qwen3_5[Moe]ForConditionalGeneration: the published ones) → its text model's

@@ -1,6 +1,6 @@
 """Gemma 4's mixture-of-experts variant (26B-A4B; `enable_moe_block` in config.json): gemma4's layers
 whose feed-forward is a dense GeGLU MLP beside routed experts (maxlite/models/gemma4.py `MoEBlock`).
-Its HF adapter is gemma4's (maxlite/families/gemma4.py), which imports such a checkpoint as this family.
+Its HF adapter is gemma4's (maxlite/families/gemma4/hf.py), which imports such a checkpoint as this family.
 """
 
 from __future__ import annotations

@@ -20,13 +20,7 @@ import sys
 
 from maxlite.bridge import hf_llama, hf_moe
 from maxlite.bridge.hf_convert import TensorMap, config_tail
-from maxlite.models.families import Family
-
-FAMILY = Family(
-    "glm4_moe", "GLM-4.5/4.6: GQA with q/k/v biases, half-rotary RoPE, optional q/k norms, dense first layers "
-    "then DeepSeekMoE (sigmoid routing, choice bias, a shared expert)",
-    norm="rmsnorm", mlp="swiglu", positions="rope", biases="qkv", hf_module=__name__,
-    nemo_factory="qwen3_30b_a3b", hf_model_types=("glm4_moe",), llama_names=True, moe=True)
+from maxlite.families.glm4_moe import FAMILY
 
 
 def check_supported(cfg) -> None:

@@ -37,13 +37,8 @@ import numpy as np
 
 from maxlite.bridge import hf_llama
 from maxlite.bridge.hf_convert import TensorMap, linear, of_expert, same
-from maxlite.models.families import Family
+from maxlite.families.deepseek import FAMILY
 
-FAMILY = Family(
-    "deepseek", "DeepSeek-V2/V3, Kimi K2, Moonlight: multi-head latent attention (attention_type: mla), dense "
-    "first layers then DeepSeekMoE (shared + routed SwiGLU experts)",
-    norm="rmsnorm", mlp="swiglu", positions="rope", biases="attention", hf_module=__name__,
-    nemo_factory="deepseek_v3", hf_model_types=("deepseek_v2", "deepseek_v3", "kimi_k2"), moe=True)
 
 ARCHITECTURES = {"deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
 
