@@ -12,7 +12,7 @@ import safetensors
 import torch
 import transformers
 
-from maxlite import config as C
+from maxlite import config as C, schema
 from maxlite.bridge import hf, hf_llama
 from maxlite.bridge import params as P
 from maxlite.bridge.safetensors_io import SafetensorsDir, parse_size
@@ -241,7 +241,7 @@ def test_cli_export_then_import_through_checkpoints(tmp_path, capsys):
     # the import leaves a ready recipe beside the weights: same model, pointing at them
     recipe = C.load([str(tmp_path / "back" / "recipe.yml")])
     assert recipe.load_parameters_path == str(tmp_path / "back")
-    for key in hf.MODEL_KEYS:
+    for key in schema.MODEL_KEYS:
         assert getattr(recipe, key) == getattr(cfg, key) == getattr(cfg2, key), key
     got = dict(P.leaves(P.to_pure(params2)))
     for path, value in P.leaves(pure):

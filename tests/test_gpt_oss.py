@@ -307,8 +307,8 @@ PUBLISHED_20B = {
 
 
 def test_the_published_config_imports_as_the_preset_and_the_preset_exports_it():
-    from maxlite.bridge.hf import MODEL_KEYS
     from maxlite.families import gpt_oss
+    from maxlite.schema import MODEL_KEYS
 
     imported = C.load(["base.yml"], **gpt_oss.config_overrides(PUBLISHED_20B))
     preset = C.load(["base.yml", "model_name=gpt-oss-20b"])
