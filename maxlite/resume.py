@@ -210,7 +210,7 @@ def _restore_full(root: str, step: int, built, data_iterator=None, process_index
                                                  {"step": shardings.step, "opt_state": shardings.opt_state})
     if data_iterator is not None:
         targets["data"] = None
-    restored = ck.restore_items(root, step, targets)
+    restored = ck.restore_items(root, step, targets, model=C.to_plain_dict(built.cfg))
     if data_iterator is not None:
         apply_data_state(data_iterator, restored.get("data") or {}, process_index, f"{root}/{step}")
     if reset:
@@ -226,7 +226,8 @@ def _params_only(root: str, step: int, built):
     base, base_shardings = split_trainable(abstract.params)[1], split_trainable(shardings.params)[1]
     if base is None:  # no LoRA: every parameter comes from the checkpoint
         base, base_shardings = abstract.params, shardings.params
-    params = ck.restore_items(root, step, {"params": ck.sharded_target(base, base_shardings)})["params"]
+    params = ck.restore_items(root, step, {"params": ck.sharded_target(base, base_shardings)},
+                              model=C.to_plain_dict(cfg))["params"]
     if base is not abstract.params:  # LoRA on a base model: fresh adapters (B = 0: step 0 is the base)
         params = join(fresh_adapters(cfg, mesh, split_trainable(shardings.params)[0]), params)
     return _fresh_optimizer(params, 0, built)

@@ -10,13 +10,17 @@ setting or another model shape (the checkpoint does not fit). So:
   `base_tiny_sft_lora16`, `base_tiny_text-3fa9c1` for other files): the same command always gives
   the same name;
 - a run whose directory already holds a run of a recipe that differs in one of these keys (a
-  model shape changed on the command line, an explicit `run_name`, a path that resolves elsewhere)
-  is refused in one line naming the keys and a `run_name=` to use, before anything is written.
+  model key changed on the command line, an explicit `run_name`, a path that resolves elsewhere)
+  is refused in one line naming the keys and a `run_name=` to use, before anything is written;
+- but only a checkpoint binds a directory to its recipe: a run that never saved one (its data
+  was wrong, its checkpoint to start from was another model's, it never reached a save) left
+  nothing to resume, and a run of another recipe replaces it there, saying so in one line.
 This module imports no JAX (config.py calls it while loading).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import pathlib
@@ -25,15 +29,13 @@ from typing import Any
 
 import yaml
 
+from maxlite.schema import MODEL_KEYS
+
 DATA = ("dataset_type", "dataset_path", "data_prefix", "tokenizer_path")
 OBJECTIVE = ("train_objective",)
 LORA = ("lora_rank", "lora_targets")
-# the keys that change the parameters' tree or shapes (a checkpoint of one does not fit another)
-SHAPE = ("decoder_block", "base_emb_dim", "base_num_decoder_layers", "base_num_query_heads", "base_num_kv_heads",
-         "base_mlp_dim", "head_dim", "vocab_size", "logits_via_embedding", "use_bias", "num_experts",
-         "base_moe_mlp_dim", "shared_experts", "first_num_dense_layers", "interleave_moe_layer_step", "routed_bias",
-         "use_qk_norm")
-KEYS = DATA + OBJECTIVE + LORA + SHAPE
+# the model's keys (schema.py): a checkpoint of one model neither fits nor continues another
+KEYS = DATA + OBJECTIVE + LORA + MODEL_KEYS
 
 
 def _plain(value: Any) -> Any:
@@ -67,22 +69,44 @@ def differences(saved: dict[str, Any], values: dict[str, Any]) -> list[str]:
     return [k for k in KEYS if k in saved and k in values and _plain(saved[k]) != _plain(values[k])]
 
 
-def refusal(run_dir: str, run_name: str, mine: dict[str, Any]) -> str | None:
-    """The line refusing a run of the recipe `mine` (config.to_plain_dict) in `run_dir` when the run
-    there (its config.yml, written at every start) differs in a key of KEYS; None when it may go on."""
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What a run directory holds for a run of a recipe: `refused`, the line refusing it there (a
+    run of another recipe with a checkpoint); `replaced`, the line saying it replaces a run of
+    another recipe that never saved one; both empty: its own run, or none."""
+    refused: str = ""
+    replaced: str = ""
+
+
+def verdict(run_dir: str, run_name: str, mine: dict[str, Any]) -> Verdict:
+    """May a run of the recipe `mine` (config.to_plain_dict) go on in `run_dir`? The run there is
+    known by its config.yml (written at every start); it differs when a key of KEYS does, and it
+    binds the directory only when it saved a checkpoint."""
     import fsspec  # here, not at the top: loading a config (config.py imports this module) stays light
 
     try:
         with fsspec.open(f"{run_dir}/config.yml", "r") as f:
             saved = yaml.safe_load(f.read()) or {}
     except FileNotFoundError:
-        return None
+        return Verdict()
     keys = differences(saved, mine)
     if not keys:
-        return None
+        return Verdict()
     shown = ", ".join(f"{k}={_short(saved[k])} there, {_short(mine[k])} here" for k in keys)
-    return (f"{run_dir} holds a run of another recipe ({shown}): this one cannot resume it; pass "
-            f"run_name={run_name}-{_digest(mine, KEYS)} for a run of this recipe (or the earlier values to resume that one)")
+    if not _saved_a_checkpoint(run_dir, saved):
+        return Verdict(replaced=f"maxlite: {run_dir} held a run of another recipe ({shown}) that never saved a "
+                                f"checkpoint: nothing to resume there, this run replaces it")
+    return Verdict(refused=f"{run_dir} holds a run of another recipe ({shown}): this one cannot resume it; pass "
+                           f"run_name={run_name}-{_digest(mine, KEYS)} for a run of this recipe (or the earlier "
+                           f"values to resume that one)")
+
+
+def _saved_a_checkpoint(run_dir: str, saved: dict[str, Any]) -> bool:
+    """Whether the run of config.yml `saved` left a complete checkpoint (one found corrupt included:
+    it is still that run's) where it saved them."""
+    from maxlite.checkpoints.storage import checkpoint_root, complete_steps  # JAX-free; imports config (→ us)
+
+    return bool(complete_steps(checkpoint_root(saved.get("checkpoint_dir") or "", run_dir)))
 
 
 def _short(value: Any) -> str:

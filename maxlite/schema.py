@@ -34,14 +34,16 @@ class ConfigError(ValueError):
 
 
 def key(default: Any, doc: str, *, kind: str = "", section: str = "", choices: tuple = (),
-        bounds: tuple[float | None, float | None] | None = None, positive: bool = False) -> Any:
+        bounds: tuple[float | None, float | None] | None = None, positive: bool = False, model: bool = False) -> Any:
     """A key's default and its line in base.yml, and what its values may be (config_checks.validate
     refuses the rest in one line): one of `choices` (each item of a list), within inclusive `bounds`
     (low, high; None: unbounded), or `positive` (> 0). `kind` (KINDS) marks a value that names files;
-    `section` opens a new section of base.yml, with this heading, at this key."""
+    `section` opens a new section of base.yml, with this heading, at this key. `model`: the key is
+    the model's (MODEL_KEYS)."""
     assert kind in ("", *KINDS), kind
     return dataclasses.field(default=default, metadata={
-        "doc": doc, "kind": kind, "section": section, "choices": choices, "bounds": bounds, "positive": positive})
+        "doc": doc, "kind": kind, "section": section, "choices": choices, "bounds": bounds, "positive": positive,
+        "model": model})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,157 +102,167 @@ class Keys:
         "the family (maxlite/models/families.py): llama2 (RMSNorm, RoPE, SwiGLU, GQA; also llama3/mistral) | "
         "gpt3 (LayerNorm, GELU, learned positions) | qwen2 (q/k/v biases) | qwen3 (q/k norms) | gemma3 (5 "
         "local : 1 global layers, sandwich norms, GeGLU) | olmo3 (post-norms only, 3 local : 1 global; "
-        "maxlite/families/olmo3/) | mixtral, qwen3_moe (mixtures of experts: the keys below)")
-    base_emb_dim: int = key(2048, "model width D", positive=True)
-    base_num_decoder_layers: int = key(16, "number of decoder layers L", positive=True)
-    base_num_query_heads: int = key(16, "query heads N", positive=True)
-    base_num_kv_heads: int = key(16, "key/value heads K (grouped-query attention when K < N)", positive=True)
-    base_mlp_dim: int = key(7168, "MLP hidden width F", positive=True)
-    head_dim: int = key(128, "per-head width H", positive=True)
-    vocab_size: int = key(32000, "vocabulary size V (must cover every token id in the data)", positive=True)
+        "maxlite/families/olmo3/) | mixtral, qwen3_moe (mixtures of experts: the keys below)", model=True)
+    base_emb_dim: int = key(2048, "model width D", positive=True, model=True)
+    base_num_decoder_layers: int = key(16, "number of decoder layers L", positive=True, model=True)
+    base_num_query_heads: int = key(16, "query heads N", positive=True, model=True)
+    base_num_kv_heads: int = key(16, "key/value heads K (grouped-query attention when K < N)", positive=True,
+        model=True)
+    base_mlp_dim: int = key(7168, "MLP hidden width F", positive=True, model=True)
+    head_dim: int = key(128, "per-head width H", positive=True, model=True)
+    vocab_size: int = key(32000, "vocabulary size V (must cover every token id in the data)", positive=True, model=True)
     max_position_embeddings: int = key(8192,
-        "gpt3: learned position table size; llama2 block: the context length recorded on HF export")
-    rope_max_timescale: int = key(10000, "RoPE base theta", positive=True)
+        "gpt3: learned position table size; llama2 block: the context length recorded on HF export", model=True)
+    rope_max_timescale: int = key(10000, "RoPE base theta", positive=True, model=True)
     rope_scaling_factor: float = key(0.0,
-        "RoPE scaling factor of the global layers (rope_scaling_type); 0 disables scaling")
+        "RoPE scaling factor of the global layers (rope_scaling_type); 0 disables scaling", model=True)
     rope_scaling_type: str = key("llama3",
         "how rope_scaling_factor scales: llama3 (Llama 3.1's piecewise rule, the factors below) | linear "
         "(positions ÷ factor; Gemma 3) | yarn (YaRN: DeepSeek-V3, gpt-oss, Kimi K2; the keys below)",
-        choices=("llama3", "linear", "yarn"))
-    rope_low_freq_factor: float = key(1.0, "Llama 3.1 RoPE scaling low-frequency factor")
-    rope_high_freq_factor: float = key(4.0, "Llama 3.1 RoPE scaling high-frequency factor")
+        choices=("llama3", "linear", "yarn"), model=True)
+    rope_low_freq_factor: float = key(1.0, "Llama 3.1 RoPE scaling low-frequency factor", model=True)
+    rope_high_freq_factor: float = key(4.0, "Llama 3.1 RoPE scaling high-frequency factor", model=True)
     rope_original_max_position: int = key(8192,
-        "the pre-trained context length the scaling extends (llama3 and yarn)", positive=True)
-    beta_fast: float = key(32.0, "YaRN: rotations below which a frequency is interpolated fully", positive=True)
-    beta_slow: float = key(1.0, "YaRN: rotations above which a frequency is kept (extrapolated)", positive=True)
+        "the pre-trained context length the scaling extends (llama3 and yarn)", positive=True, model=True)
+    beta_fast: float = key(32.0, "YaRN: rotations below which a frequency is interpolated fully", positive=True,
+        model=True)
+    beta_slow: float = key(1.0, "YaRN: rotations above which a frequency is kept (extrapolated)", positive=True,
+        model=True)
     mscale: float = key(0.0,
         "YaRN: with mscale_all_dim, the attention factor is m(mscale)/m(mscale_all_dim), m(s) = 0.1·s·ln(factor) + 1 "
-        "(DeepSeek); 0: m(1)", bounds=(0, None))
+        "(DeepSeek); 0: m(1)", bounds=(0, None), model=True)
     mscale_all_dim: float = key(0.0, "YaRN: the divisor's scale of the attention factor (see mscale); 0: unset",
-        bounds=(0, None))
-    rope_truncate: bool = key(True, "YaRN: round the interpolation ramp's bounds to whole dimensions (gpt-oss: false)")
+        bounds=(0, None), model=True)
+    rope_truncate: bool = key(True, "YaRN: round the interpolation ramp's bounds to whole dimensions (gpt-oss: false)",
+        model=True)
     rope_attention_factor: float = key(0.0,
         "YaRN: the factor the rotated q and k are multiplied by, when a checkpoint states it; 0: from mscale",
-        bounds=(0, None))
+        bounds=(0, None), model=True)
     partial_rotary_factor: float = key(1.0,
         "the fraction of each head's dimensions RoPE rotates (the first ones; GLM-4.5 0.5, Qwen3-Next 0.25); the "
-        "rest pass unrotated", bounds=(0, 1))
+        "rest pass unrotated", bounds=(0, 1), model=True)
     sliding_window: int = key(0,
         'tokens a sliding-window ("local") layer attends to, itself included (Mistral, Gemma 3); which layers '
-        "are local is the family's pattern; 0: every layer global", bounds=(0, None))
+        "are local is the family's pattern; 0: every layer global", bounds=(0, None), model=True)
     layer_types: tuple[str, ...] = key((),
         "each layer's kind by its HF `layer_types` name (full_attention | sliding_attention), one per layer: a "
         "checkpoint's own pattern (hf import writes it when it differs from the family's); []: the family's "
-        "pattern")
+        "pattern", model=True)
     local_rope_max_timescale: int = key(0,
         "RoPE base theta of the sliding-window layers, unscaled (Gemma 3: 10000); 0: the global layers' RoPE",
-        bounds=(0, None))
+        bounds=(0, None), model=True)
     query_pre_attn_scalar: float = key(0.0, "attention scores scaled by this^-0.5 (Gemma 3); 0: head_dim",
-        bounds=(0, None))
+        bounds=(0, None), model=True)
     global_head_dim: int = key(0,
         "per-head width of the global (full-attention) layers when it differs from head_dim (Gemma 4: 512); "
-        "0: head_dim", bounds=(0, None))
+        "0: head_dim", bounds=(0, None), model=True)
     global_num_kv_heads: int = key(0,
         "key/value heads of the global layers when they differ (Gemma 4 31B: 4); 0: base_num_kv_heads",
-        bounds=(0, None))
+        bounds=(0, None), model=True)
     attention_k_eq_v: bool = key(False,
-        "global layers compute no value projection: their values are the key projection, normed (Gemma 4)")
+        "global layers compute no value projection: their values are the key projection, normed (Gemma 4)", model=True)
     global_rope_fraction: float = key(1.0,
         "fraction of each global head's RoPE frequencies that rotate, the rest at frequency 0 (Gemma 4's "
-        "proportional RoPE: 0.25)", bounds=(0, 1))
+        "proportional RoPE: 0.25)", bounds=(0, 1), model=True)
     num_kv_shared_layers: int = key(0,
         "the last this many layers compute no keys and values: each reuses those of the last earlier layer "
-        "of its kind (Gemma 4), in training and decoding (no cache of their own)", bounds=(0, None))
-    use_double_wide_mlp: bool = key(False, "the key/value-sharing layers' MLPs are 2 × base_mlp_dim wide (Gemma 4 E2B)")
+        "of its kind (Gemma 4), in training and decoding (no cache of their own)", bounds=(0, None), model=True)
+    use_double_wide_mlp: bool = key(False,
+        "the key/value-sharing layers' MLPs are 2 × base_mlp_dim wide (Gemma 4 E2B)",
+        model=True)
     per_layer_embed_dim: int = key(0,
         "per-layer embeddings (Gemma 4 E2B/E4B): a second table gives each layer a vector of this width per "
-        "token, projected and added inside the layer; 0: none", bounds=(0, None))
-    per_layer_vocab_size: int = key(0, "rows of the per-layer embedding table; 0: vocab_size", bounds=(0, None))
+        "token, projected and added inside the layer; 0: none", bounds=(0, None), model=True)
+    per_layer_vocab_size: int = key(0, "rows of the per-layer embedding table; 0: vocab_size", bounds=(0, None),
+        model=True)
     final_logit_softcapping: float = key(0.0,
-        "logits → c·tanh(logits / c) (Gemma 4: 30); 0: none", bounds=(0, None))
-    normalization_layer_epsilon: float = key(1e-05, "epsilon of RMSNorm / LayerNorm", positive=True)
+        "logits → c·tanh(logits / c) (Gemma 4: 30); 0: none", bounds=(0, None), model=True)
+    normalization_layer_epsilon: float = key(1e-05, "epsilon of RMSNorm / LayerNorm", positive=True, model=True)
     attention_type: str = key("global",
         "the token mixer: global (grouped-query attention; sliding windows by the family's pattern or "
         "layer_types) | mla (multi-head latent attention, DeepSeek-V2/V3: the keys below; maxlite/models/mla.py)",
-        choices=("global", "mla"))
+        choices=("global", "mla"), model=True)
     q_lora_rank: int = key(0, "mla: the queries' low-rank latent width (DeepSeek-V3 1536); 0: a full query "
-        "projection (DeepSeek-V2-Lite)", bounds=(0, None))
+        "projection (DeepSeek-V2-Lite)", bounds=(0, None), model=True)
     kv_lora_rank: int = key(512, "mla: the keys' and values' shared latent width (what decoding caches)",
-        positive=True)
-    qk_nope_head_dim: int = key(128, "mla: each query/key head's width without RoPE", positive=True)
+        positive=True, model=True)
+    qk_nope_head_dim: int = key(128, "mla: each query/key head's width without RoPE", positive=True, model=True)
     qk_rope_head_dim: int = key(64, "mla: each query head's RoPE width, and the one RoPE key all heads share "
-        "(cached beside the latent)", positive=True)
-    v_head_dim: int = key(128, "mla: each value head's width", positive=True)
+        "(cached beside the latent)", positive=True, model=True)
+    v_head_dim: int = key(128, "mla: each value head's width", positive=True, model=True)
     mtp_num_layers: int = key(0,
         "multi-token prediction (DeepSeek-V3): extra layers, the k-th predicting token t+1+k from the previous "
         "depth's hidden state and token t+k's embedding, sharing embedding and output head; 0: none",
-        bounds=(0, None))
+        bounds=(0, None), model=True)
     mtp_loss_scaling_factor: float = key(0.1,
         "multi-token prediction: weight of the mean of the extra layers' losses in the objective (reported as "
         "mtp_loss)", bounds=(0, None))
-    logits_via_embedding: bool = key(False, "tie input embedding and output projection")
+    logits_via_embedding: bool = key(False, "tie input embedding and output projection", model=True)
     use_qk_norm: bool = key(False,
         "RMSNorm over each head of q and k before RoPE in a family without q/k norms of its own (GLM-4.5's "
-        "use_qk_norm); families with them (Qwen3, Gemma 3, OLMo 3) always have them")
+        "use_qk_norm); families with them (Qwen3, Gemma 3, OLMo 3) always have them", model=True)
     use_bias: bool = key(False,
         "the family's biases: q/k/v/o (llama2, qwen3, gemma3), q/k/v (qwen2: true), every linear and norm "
-        "(gpt3: true)")
+        "(gpt3: true)", model=True)
     attention_sink: bool = key(False,
         "a learned logit per query head joins every attention softmax's denominator and takes no value "
-        "(gpt-oss's attention sinks)")
+        "(gpt-oss's attention sinks)", model=True)
     init_scale: float = key(0.02, "stddev of normal initialisation", positive=True)
     dtype: str = key("bfloat16", "activation / compute dtype: float32 | bfloat16", choices=("float32", "bfloat16"))
     weight_dtype: str = key("float32", "parameter and optimizer-state dtype", choices=("float32", "bfloat16"))
-    scan_layers: bool = key(True, "stack layers and run them with scan (faster compiles for deep models)")
+    scan_layers: bool = key(True, "stack layers and run them with scan (faster compiles for deep models)", model=True)
     remat_policy: str = key("full",
         "none | full | minimal | save_dots | save_qkv_proj | save_dot_except_mlp | save_attn_mlp_proj | "
         "offload_layer_inputs (what the backward pass keeps, offloads or recomputes)")
 
     num_experts: int = key(0,
         "routed experts per MoE layer (Mixtral 8, Qwen3-30B-A3B 128); must be > 0 for a MoE family, 0 "
-        "otherwise", section="mixture of experts (decoder_block mixtral, qwen3_moe; docs/moe.md)")
-    num_experts_per_tok: int = key(2, "experts each token is routed to (top-k)")
+        "otherwise", section="mixture of experts (decoder_block mixtral, qwen3_moe; docs/moe.md)", model=True)
+    num_experts_per_tok: int = key(2, "experts each token is routed to (top-k)", model=True)
     base_moe_mlp_dim: int = key(0,
         "each routed expert's MLP width (Mixtral 8x7B 14336, Qwen3-30B-A3B 768); base_mlp_dim is the dense "
-        "layers'")
+        "layers'", model=True)
     shared_experts: int = key(0,
         "experts every token also goes through, as one SwiGLU MLP of shared_experts × base_moe_mlp_dim "
-        "(DeepSeek's); 0: none")
+        "(DeepSeek's); 0: none", model=True)
     shared_expert_gate: bool = key(False,
-        "the shared experts' output scaled by sigmoid(x · w), w [base_emb_dim] learned (Qwen3-Next, Qwen3.5-MoE)")
+        "the shared experts' output scaled by sigmoid(x · w), w [base_emb_dim] learned (Qwen3-Next, Qwen3.5-MoE)",
+        model=True)
     first_num_dense_layers: int = key(0,
-        "the first this many layers keep a dense MLP (base_mlp_dim); the MoE layers follow")
+        "the first this many layers keep a dense MLP (base_mlp_dim); the MoE layers follow", model=True)
     interleave_moe_layer_step: int = key(1,
-        "after those, every this-th layer is MoE and the others dense (1: all MoE)")
+        "after those, every this-th layer is MoE and the others dense (1: all MoE)", model=True)
     norm_topk_prob: bool = key(True,
-        "divide each token's top-k router weights by their sum (Mixtral always; Qwen3-MoE's norm_topk_prob)")
+        "divide each token's top-k router weights by their sum (Mixtral always; Qwen3-MoE's norm_topk_prob)",
+        model=True)
     routed_score_func: str = key("softmax",
         "router scores: softmax over experts (Mixtral, Qwen3-MoE) | sigmoid (each expert alone; DeepSeek-V3)",
-        choices=("softmax", "sigmoid"))
+        choices=("softmax", "sigmoid"), model=True)
     routed_bias: bool = key(False,
         "a per-expert bias added to the scores when choosing the top k only, not to the weights "
-        "(DeepSeek-V3's, trained by no gradient: imported, zero, or moved by routed_bias_update_rate)")
+        "(DeepSeek-V3's, trained by no gradient: imported, zero, or moved by routed_bias_update_rate)", model=True)
     routed_bias_update_rate: float = key(0.0,
         "auxiliary-loss-free balancing (DeepSeek-V3: 0.001): after each optimizer step every MoE layer's "
         "routed_bias moves by this × sign(mean load - expert's load), from the step's expert load, outside "
         "the gradient; needs routed_bias; 0: the bias stays", bounds=(0, None))
     routed_scaling_factor: float = key(1.0,
         "the routed experts' weights multiplied by this after normalisation (DeepSeek-V3, GLM-4.5 2.5; GLM-4.5-Air 1.0)",
-        positive=True)
+        positive=True, model=True)
     n_routing_groups: int = key(-1,
         "group-limited routing: the experts in this many equal groups, each token choosing only among the "
         "best topk_routing_group groups (a group's score: the sum of its top 2 choice scores with sigmoid, "
-        "its best score with softmax; DeepSeek-V3 8); -1: no groups")
-    topk_routing_group: int = key(-1, "the groups each token may route to (DeepSeek-V3 4); -1: no groups")
+        "its best score with softmax; DeepSeek-V3 8); -1: no groups", model=True)
+    topk_routing_group: int = key(-1, "the groups each token may route to (DeepSeek-V3 4); -1: no groups", model=True)
     routed_seq_aux_loss_weight: float = key(0.0,
         "weight of DeepSeek-V3's sequence-wise balance loss (E/k · Σ_e f_e · P_e per sequence, P from the "
         "scores normalised over experts; DeepSeek-V3 0.0001); reported as moe_seq_lb_loss", bounds=(0, None))
     router_logit_bias: bool = key(False,
-        "a learned per-expert bias added to the router's logits, before the top k and the weights (gpt-oss)")
-    mlp_bias: bool = key(False, "the routed experts' gate, up and down projections have biases (gpt-oss)")
+        "a learned per-expert bias added to the router's logits, before the top k and the weights (gpt-oss)",
+        model=True)
+    mlp_bias: bool = key(False, "the routed experts' gate, up and down projections have biases (gpt-oss)", model=True)
     mlp_activations_limit: float = key(0.0,
         "gpt-oss's clamped SwiGLU: the experts' gate clamped above and up on both sides at this limit (7.0); "
-        "0: unclamped", bounds=(0, None))
+        "0: unclamped", bounds=(0, None), model=True)
     capacity_factor: float = key(-1.0,
         "-1: dropless; > 0: an expert takes at most ceil(this × T × k / E) of a sequence's tokens (first "
         "choices first, then in order), the rest are dropped (that expert adds 0)")
@@ -274,13 +286,13 @@ class Keys:
     gdn_num_key_heads: int = key(16,
         "gated delta-net layers: query/key heads (each serves gdn_num_value_heads / this value heads)",
         section="gated delta-net layers (decoder_block qwen3_5, qwen3_5_moe, qwen3_next; docs/qwen.md)",
-        positive=True)
+        positive=True, model=True)
     gdn_num_value_heads: int = key(32, "gated delta-net layers: value heads (each its own state matrix)",
-        positive=True)
-    gdn_key_head_dim: int = key(128, "gated delta-net layers: query/key head width", positive=True)
-    gdn_value_head_dim: int = key(128, "gated delta-net layers: value head width", positive=True)
+        positive=True, model=True)
+    gdn_key_head_dim: int = key(128, "gated delta-net layers: query/key head width", positive=True, model=True)
+    gdn_value_head_dim: int = key(128, "gated delta-net layers: value head width", positive=True, model=True)
     gdn_conv_kernel_dim: int = key(4, "gated delta-net layers: taps of the causal depthwise convolution",
-        bounds=(2, None))
+        bounds=(2, None), model=True)
     gdn_chunk_size: int = key(64,
         "gated delta-net layers: tokens per chunk of the chunked parallel form (the state passes between "
         "chunks in float32); results do not depend on it beyond float32 rounding", positive=True)
@@ -595,6 +607,14 @@ class Keys:
 
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Keys)}
+
+
+# The model's keys: those a checkpoint's parameters, and the function they compute, depend on (the
+# parameter tree and its shapes, the layer kinds, norms, RoPE, routing, softcapping), not how a run
+# trains or runs it (dtypes, loss weights, implementations). What recipe.yml of an import holds, what
+# a run directory's identity compares (run_identity.py) and what a checkpoint that does not fit is
+# told apart by (checkpoints/restore.py).
+MODEL_KEYS: tuple[str, ...] = tuple(name for name, f in FIELDS.items() if f.metadata["model"])
 
 
 def keys_of(kind: str) -> tuple[str, ...]:

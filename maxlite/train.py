@@ -127,7 +127,7 @@ def _preflight(cfg: C.Config, built, primary: bool, launcher_keeper: bool):
 
 
 def _hold_the_run(cfg: C.Config, primary: bool, job: tuple[str, str]):
-    """The primary checks that the run directory holds no other recipe's run (maxlite/run_identity.py)
+    """The primary checks that the run directory holds no other recipe's saved run (maxlite/run_identity.py)
     and takes the run's lease, before anything is written (every process learns whether it did: a
     refused launch ends everywhere with the same line)."""
     import jax
@@ -138,9 +138,9 @@ def _hold_the_run(cfg: C.Config, primary: bool, job: tuple[str, str]):
 
     lease = None
     refused = None  # [the error's kind, its line]: what every process raises
-    other_recipe = run_identity.refusal(cfg.run_dir, cfg.run_name, C.to_plain_dict(cfg)) if primary else None
-    if other_recipe:
-        refused = ["ConfigError", other_recipe]
+    held = run_identity.verdict(cfg.run_dir, cfg.run_name, C.to_plain_dict(cfg)) if primary else run_identity.Verdict()
+    if held.refused:
+        refused = ["ConfigError", held.refused]
     if primary and not refused and cfg.run_lease_seconds > 0:
         lease = Lease(cfg.run_dir, Holder(*job), cfg.run_lease_seconds,
                       log=lambda line: print(line, file=sys.stderr, flush=True))
@@ -152,6 +152,8 @@ def _hold_the_run(cfg: C.Config, primary: bool, job: tuple[str, str]):
         refused = gather_json(refused)[0]
     if refused:
         raise (outcome.TransientError if refused[0] == "TransientError" else C.ConfigError)(refused[1])
+    if held.replaced:
+        print(held.replaced, flush=True)
     return lease
 
 

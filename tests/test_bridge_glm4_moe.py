@@ -18,21 +18,15 @@ from maxlite.bridge import params as P
 from maxlite.data.tokenizer import BUNDLED_DIR
 from maxlite.generate import Sampling, generate_ids
 from tests.helpers import jax_logits
+from tests.hf_models import GLM_V, glm4_moe_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-V, T = 4096, 24  # the bundled tokenizer's vocabulary
+V, T = GLM_V, 24  # the bundled tokenizer's vocabulary
 TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
 
 
-def _config():
-    return transformers.Glm4MoeConfig(
-        vocab_size=V, hidden_size=64, intermediate_size=96, moe_intermediate_size=16, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, partial_rotary_factor=0.5,
-        max_position_embeddings=256, initializer_range=0.3, attention_bias=True, use_qk_norm=True,
-        n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
-        n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5})
+_config = glm4_moe_config  # tests/hf_models.py
 
 
 @pytest.fixture(scope="module")

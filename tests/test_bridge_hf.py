@@ -12,11 +12,12 @@ import safetensors
 import torch
 import transformers
 
-from maxlite import config as C
+from maxlite import config as C, schema
 from maxlite.bridge import hf
 from maxlite.bridge import params as P
 from maxlite.families.llama2 import hf as llama2
 from maxlite.bridge.safetensors_io import SafetensorsDir, parse_size
+from tests import hf_models
 from tests.helpers import jax_logits
 
 T = 40
@@ -107,12 +108,7 @@ def test_bfloat16_export_rounds_like_torch(tmp_path):
 
 
 def test_import_of_a_transformers_written_model_matches_its_logits(tmp_path):
-    config = transformers.LlamaConfig(
-        hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=1, head_dim=32, vocab_size=300, max_position_embeddings=256,
-        rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False,
-        rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+    config = hf_models.llama_scaled()
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
     with torch.no_grad():  # HF initialises norms to ones: perturb them so a swapped norm shows
@@ -168,9 +164,7 @@ def test_gpt3_block_exports_as_gpt2(tied, tmp_path):
 
 
 def test_import_of_a_transformers_written_gpt2_matches_its_logits(tmp_path):
-    config = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=96, vocab_size=200,
-                                     activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
-                                     attn_pdrop=0.0)
+    config = hf_models.gpt2()
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config).eval()
     with torch.no_grad():  # HF initialises LayerNorms to (1, 0) and biases to 0: perturb them
@@ -242,7 +236,7 @@ def test_cli_export_then_import_through_checkpoints(tmp_path, capsys):
     # the import leaves a ready recipe beside the weights: same model, pointing at them
     recipe = C.load([str(tmp_path / "back" / "recipe.yml")])
     assert recipe.load_parameters_path == str(tmp_path / "back")
-    for key in hf.MODEL_KEYS:
+    for key in schema.MODEL_KEYS:
         assert getattr(recipe, key) == getattr(cfg, key) == getattr(cfg2, key), key
     got = dict(P.leaves(P.to_pure(params2)))
     for path, value in P.leaves(pure):

@@ -17,51 +17,18 @@ from maxlite.bridge import hf
 from maxlite.bridge import params as P
 from maxlite.data.tokenizer import BUNDLED_DIR
 from tests.helpers import assert_greedy_like_transformers, jax_logits
+from tests.hf_models import FAMILIES, FAMILIES_V, FAMILIES_WINDOW, families_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-V, T, WINDOW = 4096, 40, 6  # the bundled tokenizer's vocabulary; sequences well past the window
-SMALL = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-             vocab_size=V, max_position_embeddings=256, initializer_range=0.3)
+V, WINDOW = FAMILIES_V, FAMILIES_WINDOW  # tests/hf_models.py
+T = 40  # sequences well past the window
 TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
 
 
-def _config(family):
-    if family == "qwen2":  # q/k/v biases, tied
-        return transformers.Qwen2Config(**SMALL, num_hidden_layers=2, rope_theta=1e6, tie_word_embeddings=True)
-    if family == "qwen3":  # q/k norms, head_dim (32) ≠ hidden/heads (16), untied, YaRN past 16 tokens
-        return transformers.Qwen3Config(**SMALL, num_hidden_layers=2, head_dim=32, tie_word_embeddings=False,
-                                        rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6,
-                                                         "original_max_position_embeddings": 16})
-    if family == "gemma3":  # 5 local : 1 global (+ 1 local), two RoPEs (global scaled), query scalar
-        return transformers.Gemma3TextConfig(
-            **SMALL, num_hidden_layers=7, head_dim=32, sliding_window=WINDOW, query_pre_attn_scalar=24,
-            rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
-                             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
-    if family == "gemma3-own-pattern":  # a checkpoint's own layer_types, not the canonical 5 : 1
-        return transformers.Gemma3TextConfig(
-            **SMALL, num_hidden_layers=5, head_dim=32, sliding_window=WINDOW, query_pre_attn_scalar=24,
-            layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention",
-                         "full_attention"])
-    if family == "olmo3":  # post-norms only, q/k norms over all heads, 3 local : 1 global (+ 1 local);
-        # as the published checkpoints: YaRN (no truncation) on the global layers only, one base theta
-        return transformers.Olmo3Config(
-            **SMALL, num_hidden_layers=5, sliding_window=WINDOW, tie_word_embeddings=False, pad_token_id=0,
-            eos_token_id=1, rope_parameters={
-                "full_attention": {"rope_type": "yarn", "factor": 8.0, "rope_theta": 1e4, "truncate": False,
-                                   "attention_factor": 1.2, "original_max_position_embeddings": 16},
-                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
-    if family == "gpt_oss":  # sinks, biases everywhere, local/global in turn, YaRN, clamped experts
-        return transformers.GptOssConfig(
-            **SMALL, num_hidden_layers=2, head_dim=16, sliding_window=WINDOW, num_local_experts=4,
-            num_experts_per_tok=2, swiglu_limit=1.5,
-            rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                             "truncate": False, "original_max_position_embeddings": 64, "rope_theta": 150000.0})
-    return transformers.MistralConfig(**SMALL, num_hidden_layers=2, head_dim=16, sliding_window=WINDOW,
-                                      rope_theta=1e6, tie_word_embeddings=False)
+_config = families_config
 
 
-FAMILIES = ["qwen2", "qwen3", "gemma3", "gemma3-own-pattern", "mistral", "olmo3", "gpt_oss"]
 DECODER_BLOCK = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3", "gemma3-own-pattern": "gemma3",
                  "mistral": "llama2", "olmo3": "olmo3", "gpt_oss": "gpt_oss"}
 

@@ -15,20 +15,12 @@ from maxlite.bridge import hf
 from maxlite.models import moe
 from maxlite.state import abstract_params
 from tests.helpers import greedy_paths
+from tests.hf_models import MOE_V, moe_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-V, T = 256, 12
-SMALL = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=V,
-             max_position_embeddings=64, initializer_range=0.3, num_experts_per_tok=2, router_aux_loss_coef=0.02,
-             tie_word_embeddings=False)
-
-
-def _config(family):
-    if family == "mixtral":
-        return transformers.MixtralConfig(**SMALL, intermediate_size=16, num_hidden_layers=2, num_local_experts=6)
-    return transformers.Qwen3MoeConfig(**SMALL, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=3,
-                                       num_experts=8, norm_topk_prob=True, mlp_only_layers=[0])
+V, T = MOE_V, 12
+_config = moe_config  # tests/hf_models.py
 
 
 def _hf_model(family, path):

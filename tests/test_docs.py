@@ -271,9 +271,12 @@ def test_the_docs_sequences_never_share_a_run_between_recipes(tmp_path, monkeypa
         args = [("data_prefix=out/corpus_text_document" if a.startswith("data_prefix=") and "gs://" in a else a)
                 for a in args]
         cfg = C.load([*args, f"base_output_directory={tmp_path}/runs"])
-        refused = run_identity.refusal(cfg.run_dir, cfg.run_name, C.to_plain_dict(cfg))
-        assert refused is None, f"{shlex.join(args)}: {refused}"
+        held = run_identity.verdict(cfg.run_dir, cfg.run_name, C.to_plain_dict(cfg))
+        assert not held.refused and not held.replaced, f"{shlex.join(args)}: {held}"
         RunDir(cfg, primary=True)  # writes its config.yml, as the run does
+        step = pathlib.Path(cfg.run_dir) / "checkpoints" / "1"  # and a complete step: it binds the directory
+        step.mkdir(parents=True, exist_ok=True)
+        (step / "_CHECKPOINT_METADATA").write_text("{}")
         dirs.setdefault(cfg.run_dir, []).append(shlex.join(args))
     assert len(dirs) >= 4, dirs  # text, text on other files, indexed, LoRA: a run each
 

@@ -19,22 +19,17 @@ from maxlite.bridge import params as P
 from maxlite.data.tokenizer import BUNDLED_DIR
 from maxlite.models.kinds import cache_numbers_per_token
 from tests.helpers import assert_greedy_like_transformers, jax_logits
+from tests.hf_models import GEMMA4_MOE, GEMMA4_TYPES, GEMMA4_V, GEMMA4_WINDOW, gemma4_text_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-V, T, WINDOW = 4096, 40, 6  # the bundled tokenizer's vocabulary; sequences well past the window
+V, WINDOW, TYPES = GEMMA4_V, GEMMA4_WINDOW, GEMMA4_TYPES  # tests/hf_models.py
+T = 40  # sequences well past the window
 TEMPLATE = ("{% for m in messages %}<|turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"  # Gemma 4's
             "{{ m['content'] }}<turn|>\n{% endfor %}{% if add_generation_prompt %}<|turn>model\n{% endif %}")  # turns
-TYPES = ["sliding_attention", "sliding_attention", "full_attention"] * 2
 
 
-def _text_config(**changes):
-    return transformers.Gemma4TextConfig(**{
-        "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 6, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 16, "global_head_dim": 32, "num_global_key_value_heads": 1,
-        "attention_k_eq_v": True, "vocab_size": V, "vocab_size_per_layer_input": V, "hidden_size_per_layer_input": 8,
-        "num_kv_shared_layers": 2, "use_double_wide_mlp": True, "sliding_window": WINDOW,
-        "final_logit_softcapping": 30.0, "layer_types": TYPES, "initializer_range": 0.3, **changes})
+_text_config = gemma4_text_config  # tests/hf_models.py
 
 
 def _perturbed(model, seed: int = 0):
@@ -74,8 +69,7 @@ def hf_moe(tmp_path_factory):
     """The MoE variant: a dense MLP beside 4 experts (top 2) in every layer. Seed 0 puts a router
     near-tie (2nd and 3rd expert 9e-8 apart) on a greedy path, where float32 rounding picks either:
     seed 1 has none."""
-    return _saved(tmp_path_factory, _text_config(enable_moe_block=True, num_experts=4, top_k_experts=2,
-                                                 moe_intermediate_size=32, use_double_wide_mlp=False), seed=1)
+    return _saved(tmp_path_factory, _text_config(**GEMMA4_MOE), seed=1)
 
 
 def _logits(model, ids):

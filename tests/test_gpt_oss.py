@@ -19,10 +19,11 @@ from maxlite import api, checkpoints, config as C
 from maxlite.bridge import hf, mxfp4
 from maxlite.bridge import params as P
 from maxlite.generate import Sampling, generate_ids
+from tests.hf_models import GPT_OSS_WINDOW, gpt_oss_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-WINDOW = 8
+WINDOW = GPT_OSS_WINDOW
 # as gpt-oss's tokenizer: <|endoftext|> separates documents, <|return|> ends an answer
 SPECIALS = ["<|endoftext|>", "<|start|>", "<|message|>", "<|end|>", "<|return|>", "<|channel|>"]
 # the harmony format's shape (ours, not the published template): roles between <|start|> and
@@ -53,15 +54,7 @@ def _tokenizer(directory):
     return fast
 
 
-def hf_config(**kw):
-    """4 experts (top 2) of width 32, a clamp low enough to bite, a window of 8 (layer 0 local),
-    gpt-oss's YaRN (not truncated) over a shorter original context."""
-    return transformers.GptOssConfig(
-        vocab_size=320, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
-        max_position_embeddings=256, initializer_range=0.3, swiglu_limit=1.5,
-        rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
-                         "original_max_position_embeddings": 64, "rope_theta": 150000.0}, **kw)
+hf_config = gpt_oss_config  # tests/hf_models.py
 
 
 def save_hf(path, **kw):
@@ -307,8 +300,8 @@ PUBLISHED_20B = {
 
 
 def test_the_published_config_imports_as_the_preset_and_the_preset_exports_it():
-    from maxlite.bridge.hf import MODEL_KEYS
     from maxlite.families.gpt_oss import hf as gpt_oss
+    from maxlite.schema import MODEL_KEYS
 
     imported = C.load(["base.yml"], **gpt_oss.config_overrides(PUBLISHED_20B))
     preset = C.load(["base.yml", "model_name=gpt-oss-20b"])

@@ -18,27 +18,14 @@ from maxlite.bridge import hf
 from maxlite.bridge import params as P
 from maxlite.generate import Sampling, generate_ids
 from tests.helpers import jax_logits
+from tests.hf_models import QWEN_HYBRID_CONFIGS, QWEN_HYBRID_TWO, QWEN_HYBRID_V
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-V = 256
+V = QWEN_HYBRID_V
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'assistant' %}<think>\n\n"
             "</think>\n\n{% endif %}{{ m['content'] }}<|im_end|>\n{% endfor %}")
-# key heads of 32 dims: at 16 the float32 rounding of transformers' own chunked and recurrent forms
-# already differ by ~1e-5 on random weights of this scale
-SMALL = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-             num_hidden_layers=4, vocab_size=V, linear_num_key_heads=2, linear_num_value_heads=4,
-             linear_key_head_dim=32, linear_value_head_dim=16, initializer_range=0.1, max_position_embeddings=512,
-             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})
-MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
-# the MoE models: two layers of their own pattern (what `layer_types` carries), Qwen3-Next's first one
-# dense (mlp_only_layers)
-TWO = dict(num_hidden_layers=2, layer_types=["linear_attention", "full_attention"])
-CONFIGS = {
-    "qwen3_5_text": lambda: transformers.Qwen3_5TextConfig(**SMALL),
-    "qwen3_next": lambda: transformers.Qwen3NextConfig(**{**SMALL, **TWO}, **MOE, mlp_only_layers=[0]),
-    "qwen3_5_moe": lambda: transformers.Qwen3_5MoeTextConfig(**{**SMALL, **TWO}, **MOE),
-}
+TWO, CONFIGS = QWEN_HYBRID_TWO, QWEN_HYBRID_CONFIGS  # tests/hf_models.py
 BLOCK = {"qwen3_5_text": "qwen3_5", "qwen3_next": "qwen3_next", "qwen3_5_moe": "qwen3_5_moe"}
 
 

@@ -69,3 +69,49 @@ def test_other_files_get_another_name_the_same_files_the_same():
     assert C.load(["base.yml", "model_name=tiny", "dataset_type=text", "dataset_path=a.jsonl"]).run_name == one
     assert C.load(["base.yml", "model_name=tiny", "dataset_type=text", "dataset_path=b.jsonl"]).run_name != one
     assert C.load(["demo.yml"]).run_name == "demo_tiny"  # a recipe that sets its data names it already
+
+
+def _zeros(cfg):
+    """A params-only checkpoint's weights for `cfg` (zeros: what is checked here is where a run starts)."""
+    import jax
+    import numpy as np
+
+    from maxlite.state import abstract_params
+    return jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), abstract_params(cfg)[1])
+
+
+def test_a_run_that_never_saved_binds_nothing_its_data_fixed(tmp_path, monkeypatch, capsys):
+    """A run on an empty file fails in one line, after its directory was opened; the same command with
+    the data fixed trains there (before: refused as another recipe's run, which held nothing)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "good.jsonl").write_text('{"text": "In the beginning God created the heaven and the earth."}\n' * 50)
+    command = [*SMALL, "dataset_type=text", "vocab_size=4096", "steps=1", "run_name=r"]
+    with pytest.raises(C.ConfigError, match="no documents"):
+        train(C.load([*command, "dataset_path=empty.jsonl"]))
+    run_dir = tmp_path / "runs" / "r"
+    assert (run_dir / "config.yml").is_file()  # what bound it before
+    capsys.readouterr()
+    assert train(C.load([*command, "dataset_path=good.jsonl"]))["exit_code"] == 0
+    replaced = [line for line in capsys.readouterr().out.splitlines() if "never saved" in line]
+    assert len(replaced) == 1 and "dataset_path=" in replaced[0], replaced
+    assert _status(str(run_dir))["resumed_from"]["source"] == "fresh"
+
+
+def test_a_run_that_never_saved_binds_nothing_its_checkpoint_fixed(tmp_path, monkeypatch, capsys):
+    """A checkpoint of a 3-layer model named as the start of a 2-layer run: refused in one line that
+    names the model key to set; the command with the key set trains there from those weights."""
+    monkeypatch.chdir(tmp_path)
+    from maxlite import checkpoints
+
+    deeper = C.load([*SMALL, "base_num_decoder_layers=3"])
+    checkpoints.save_params(str(tmp_path / "ck"), deeper, _zeros(deeper))
+    command = [*SMALL, "steps=1", "run_name=r", f"load_parameters_path={tmp_path / 'ck'}"]
+    with pytest.raises(C.ConfigError) as misfit:
+        train(C.load(command))
+    line = str(misfit.value)
+    assert "\n" not in line and "base_num_decoder_layers=3 there, 2 here" in line, line
+    capsys.readouterr()
+    assert train(C.load([*command, "base_num_decoder_layers=3"]))["exit_code"] == 0
+    assert sum("never saved" in line for line in capsys.readouterr().out.splitlines()) == 1
+    assert _status(str(tmp_path / "runs" / "r"))["resumed_from"]["source"] == "params"

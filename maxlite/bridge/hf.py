@@ -28,6 +28,7 @@ import ml_dtypes
 import numpy as np
 
 from maxlite import cli, config as C
+from maxlite.schema import MODEL_KEYS
 import importlib
 
 from maxlite.bridge import fp8, hf_convert
@@ -44,21 +45,6 @@ def adapter(module: str):
 def model_types() -> dict[str, str]:
     """HF config.json `model_type` → the adapter module that imports it, from the family registry."""
     return {t: f.hf_module for f in FAMILIES.values() for t in f.hf_model_types}
-MODEL_KEYS = ("decoder_block", "base_emb_dim", "base_num_decoder_layers", "base_num_query_heads",
-              "base_num_kv_heads", "base_mlp_dim", "head_dim", "vocab_size", "max_position_embeddings",
-              "rope_max_timescale", "rope_scaling_factor", "rope_scaling_type", "rope_low_freq_factor",
-              "rope_high_freq_factor", "rope_original_max_position", "beta_fast", "beta_slow", "mscale",
-              "mscale_all_dim", "rope_truncate", "rope_attention_factor", "partial_rotary_factor", "sliding_window", "layer_types", "local_rope_max_timescale",
-              "query_pre_attn_scalar", "normalization_layer_epsilon", "logits_via_embedding", "use_bias",
-              "num_experts", "num_experts_per_tok", "base_moe_mlp_dim", "first_num_dense_layers",
-              "interleave_moe_layer_step", "norm_topk_prob", "load_balance_loss_weight",
-              "shared_experts", "routed_score_func", "routed_bias", "routed_scaling_factor", "n_routing_groups",
-              "topk_routing_group", "use_qk_norm",
-              "global_head_dim", "global_num_kv_heads", "attention_k_eq_v", "global_rope_fraction",
-              "num_kv_shared_layers", "use_double_wide_mlp", "per_layer_embed_dim", "per_layer_vocab_size",
-              "final_logit_softcapping")
-MODEL_KEYS += ("attention_type", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-               "mtp_num_layers", "attention_sink", "router_logit_bias", "mlp_bias", "mlp_activations_limit")
 # config.json's dtype → the compute dtype an import records (float16 is not a maxlite compute dtype:
 # float32 computes its values exactly)
 COMPUTE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float32"}
@@ -231,11 +217,13 @@ def import_hf(hf_dir: str, argv: Sequence[str] = (), verbose: bool = False):
 
 
 def write_recipe(cfg, checkpoint: str, argv: Sequence[str] = ()) -> str:
-    """CKPT/recipe.yml, a ready `maxlite.train` recipe: load_parameters_path, the imported model's keys,
-    its tokenizer, and every key the user passed to the import (recipe file and key=value)."""
+    """CKPT/recipe.yml, a ready `maxlite.train` recipe: load_parameters_path, the imported model's keys
+    (every one of the schema's: the recipe never leans on base.yml's defaults for the model), the
+    dtypes, sequence length and tokenizer it was imported with, the balance-loss weight its
+    config.json states, and every key the user passed to the import (recipe file and key=value)."""
     import yaml
 
-    keys = MODEL_KEYS + ("dtype", "weight_dtype", "max_target_length", "scan_layers", "tokenizer_path")
+    keys = MODEL_KEYS + ("dtype", "weight_dtype", "max_target_length", "tokenizer_path", "load_balance_loss_weight")
     keys += tuple(sorted(C.user_keys(argv) - set(keys) - {"load_parameters_path"}))
     recipe = {"load_parameters_path": checkpoint,
               **{k: list(v) if isinstance(v, tuple) else v for k, v in ((k, getattr(cfg, k)) for k in keys)}}

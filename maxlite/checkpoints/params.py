@@ -36,7 +36,7 @@ def load_params(path: str, cfg=None, step: int | None = None):
                           if k in C.Config.__dataclass_fields__})
     _, abstract = abstract_params(cfg)
     target = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), abstract)
-    return cfg, restore_items(root, step, {"params": target})["params"]
+    return cfg, restore_items(root, step, {"params": target}, model=C.to_plain_dict(cfg))["params"]
 
 
 def verified_meta(root: str, step: int) -> dict:

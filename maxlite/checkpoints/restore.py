@@ -10,6 +10,7 @@ from maxlite import config as C
 from maxlite.checkpoints import checksums
 from maxlite.checkpoints.layout import array_handler, array_restore
 from maxlite.checkpoints.storage import error_line, fs_of, storage_error
+from maxlite.schema import MODEL_KEYS
 
 ARRAY_ITEMS = ("params", "optimizer")
 JSON_ITEMS = ("data", "meta")
@@ -19,20 +20,42 @@ def _flat_shapes(tree) -> dict[str, tuple]:
     return {name.split("/", 1)[1]: tuple(leaf.shape) for name, leaf in checksums.leaves(tree, "_")}
 
 
-def check_compatible(saved_meta_tree, target, where: str) -> None:
-    """A one-line error naming the first parameter whose shape differs (or that is missing)."""
+def check_compatible(saved_meta_tree, target, where: str, model: dict[str, Any] | None = None) -> None:
+    """A one-line error naming the first parameter whose shape differs (or that is missing), and the
+    model keys (schema.MODEL_KEYS) in which the checkpoint's saved config differs from `model` (this
+    run's, config.to_plain_dict), when given: what to set for the checkpoint to fit."""
     saved, want = _flat_shapes(saved_meta_tree), _flat_shapes(target)
     for name, shape in want.items():
         if name not in saved:
-            raise C.ConfigError(f"checkpoint {where} has no parameter '{name}' that this model "
-                                f"needs: it was saved from a different model; check model_name")
+            raise C.ConfigError(f"checkpoint {where} has no parameter '{name}' that this model needs: it was "
+                                f"saved from a different model{_model_differences(where, model)}")
         if saved[name] != shape:
-            raise C.ConfigError(f"checkpoint {where} does not fit this model: parameter '{name}' is "
-                                f"{saved[name]} there but {shape} here; check model_name and the model keys")
+            raise C.ConfigError(f"checkpoint {where} does not fit this model: parameter '{name}' is {saved[name]} "
+                                f"there but {shape} here{_model_differences(where, model)}")
     extra = sorted(set(saved) - set(want))
     if extra:
-        raise C.ConfigError(f"checkpoint {where} has parameter '{extra[0]}' that this model lacks: "
-                            f"it was saved from a different model; check model_name")
+        raise C.ConfigError(f"checkpoint {where} has parameter '{extra[0]}' that this model lacks: it was "
+                            f"saved from a different model{_model_differences(where, model)}")
+
+
+def _model_differences(where: str, model: dict[str, Any] | None) -> str:
+    """How the error goes on: the model keys the checkpoint's meta records otherwise than `model`,
+    or the keys to check when it records none."""
+    try:
+        with fs_of(where).open(f"{where}/meta/metadata", "rb") as f:
+            saved = json.loads(f.read()).get("config") or {}
+    except (OSError, ValueError):  # no meta, or a damaged one: the shapes said enough
+        saved = {}
+    keys = [k for k in MODEL_KEYS if model is not None and k in saved and k in model
+            and _plain(saved[k]) != _plain(model[k])]
+    if not keys:
+        return "; check model_name and the model keys"
+    shown = ", ".join(f"{k}={json.dumps(_plain(saved[k]))} there, {json.dumps(_plain(model[k]))} here" for k in keys)
+    return f"; its model keys differ ({shown}): set them as the checkpoint's"
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
 
 
 def item_metadata(path: str):
@@ -101,9 +124,11 @@ def _cast_to(restored, target):
     return jax.tree.map(lambda x, t: x if x.dtype == t.dtype else x.astype(t.dtype), restored, target)
 
 
-def restore_items(root: str, step: int, targets: dict[str, Any], verify: bool = True) -> dict[str, Any]:
+def restore_items(root: str, step: int, targets: dict[str, Any], verify: bool = True,
+                  model: dict[str, Any] | None = None) -> dict[str, Any]:
     """Restore the named items: array items onto their targets (ShapeDtypeStructs with shardings,
-    or numpy arrays), JSON items (`data`) for a None target. Every byte read is checked against
+    or numpy arrays), JSON items (`data`) for a None target; `model`: the config (to_plain_dict) the
+    params target was built from, named in the error when they do not fit. Every byte read is checked against
     the checkpoint's checksums (`maxlite.checkpoints.checksums`), and so is the `meta` item; a
     mismatch, or an error reading damaged bytes, raises CheckpointCorrupt naming the arrays.
     Collective in a multi-process run: every process checks what it read and all reach the same
@@ -117,7 +142,7 @@ def restore_items(root: str, step: int, targets: dict[str, Any], verify: bool = 
             if "params" not in missing else f"{where} has no {', '.join(missing)}: not a maxlite checkpoint")
     records = checksums.read(root, step) if verify else None
     if "params" in targets:
-        check_compatible(saved_tree(root, step, "params"), targets["params"], where)
+        check_compatible(saved_tree(root, step, "params"), targets["params"], where, model)
     restored: dict[str, Any] = {}
     checking = []  # the CRCs of an item read run while the next item is read
     # what this process found: storage it could not reach, bytes it could not read (a damaged

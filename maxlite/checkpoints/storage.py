@@ -12,12 +12,17 @@ import sys
 
 import fsspec
 
-from maxlite import config as C
+from maxlite.schema import ConfigError
 
 
 def checkpoint_dir(cfg) -> str:
     """Where a run's checkpoints go (absolute or gs://: config paths are resolved when loaded)."""
-    return cfg.checkpoint_dir.rstrip("/") or f"{cfg.run_dir}/checkpoints"
+    return checkpoint_root(cfg.checkpoint_dir, cfg.run_dir)
+
+
+def checkpoint_root(checkpoint_dir: str, run_dir: str) -> str:
+    """Where the checkpoints of a run with these two keys' values go (a saved config.yml's too)."""
+    return checkpoint_dir.rstrip("/") or f"{run_dir}/checkpoints"
 
 
 def fs_of(path: str):
@@ -39,7 +44,7 @@ def complete_steps(path: str) -> list[int]:
     return sorted(steps)
 
 
-def storage_error(path: str, e: BaseException) -> C.ConfigError:
+def storage_error(path: str, e: BaseException) -> ConfigError:
     """The one-line user error for a storage failure at `path` (never echoes credentials)."""
     name = type(e).__name__
     text = str(e).splitlines()[0] if str(e) else name
@@ -48,12 +53,12 @@ def storage_error(path: str, e: BaseException) -> C.ConfigError:
         found = re.search(r"(?<![\d:.])(40[134])(?![\d.])", text)  # not inside a port or an address
         code = int(found.group(1)) if found else None
     if name in ("Forbidden", "PermissionError", "Unauthorized") or code in (401, 403):
-        return C.ConfigError(f"no permission to use {path}: grant the job's service account "
+        return ConfigError(f"no permission to use {path}: grant the job's service account "
                              f"storage access (roles/storage.objectAdmin) or pick another path")
     if name == "NotFound" or code == 404 or "bucket does not exist" in text.lower():
-        return C.ConfigError(f"{path}: bucket or path does not exist; create it first "
+        return ConfigError(f"{path}: bucket or path does not exist; create it first "
                              f"(gcloud storage buckets create gs://BUCKET) or fix the path")
-    return C.ConfigError(f"cannot use checkpoint path {path}: {name}: {text[:300]}")
+    return ConfigError(f"cannot use checkpoint path {path}: {name}: {text[:300]}")
 
 
 def error_chain(e: BaseException) -> list[BaseException]:
@@ -86,14 +91,14 @@ def check_storage(cfg) -> None:
             while not os.path.exists(on_the_way):
                 on_the_way = os.path.dirname(on_the_way)
             if not os.path.isdir(on_the_way):
-                raise C.ConfigError(f"cannot create {path}: {on_the_way} is a file, not a directory; set "
+                raise ConfigError(f"cannot create {path}: {on_the_way} is a file, not a directory; set "
                                     f"base_output_directory= (or checkpoint_dir=) to a directory")
 
 
 def check_bucket(path: str) -> None:
     bucket = path[5:].split("/", 1)[0]
     if not bucket:
-        raise C.ConfigError(f"{path}: a gs:// path needs a bucket name (gs://BUCKET/dir)")
+        raise ConfigError(f"{path}: a gs:// path needs a bucket name (gs://BUCKET/dir)")
     try:
         from google.cloud import storage
         storage.Client().get_bucket(bucket)  # 404 / 403 tell the two user mistakes apart
@@ -106,10 +111,10 @@ def check_path(path: str, must_exist: bool = False) -> None:
     if path.startswith("gs://"):
         check_bucket(path)
     elif "://" in path:
-        raise C.ConfigError(f"{path}: checkpoints support local paths and gs:// only")
+        raise ConfigError(f"{path}: checkpoints support local paths and gs:// only")
     fs = fs_of(path)
     if must_exist and not fs.exists(path):
-        raise C.ConfigError(f"{path}: no such checkpoint directory")
+        raise ConfigError(f"{path}: no such checkpoint directory")
     if not path.startswith("gs://") and not must_exist:
         try:
             os.makedirs(path, exist_ok=True)
@@ -118,7 +123,7 @@ def check_path(path: str, must_exist: bool = False) -> None:
                 pass
             os.remove(probe)
         except OSError as e:
-            raise C.ConfigError(f"cannot write checkpoints to {path}: {e.strerror}; "
+            raise ConfigError(f"cannot write checkpoints to {path}: {e.strerror}; "
                                 f"set checkpoint_dir= or base_output_directory= to a writable path") from None
 
 
@@ -136,7 +141,7 @@ def check_room(path: str, checkpoint_bytes: int, keep: int, saves: int) -> str |
     need = int(checkpoint_bytes * 1.01) + (1 << 20)  # + Orbax's metadata and the JSON items
     free = shutil.disk_usage(path).free
     if free < need:
-        raise C.ConfigError(f"{path} has {free / gib:,.2f} GiB free but one checkpoint of this state takes "
+        raise ConfigError(f"{path} has {free / gib:,.2f} GiB free but one checkpoint of this state takes "
                             f"~{need / gib:,.2f} GiB: no save can succeed; free space, set checkpoint_dir= to a "
                             f"larger disk, or enable_checkpointing=false")
     held = min(keep + 1, saves) if keep else saves
