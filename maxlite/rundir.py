@@ -29,6 +29,22 @@ def make_dir(path: str) -> None:
         raise C.ConfigError(f"cannot create run directory {path}: {e.strerror or e}") from None
 
 
+def set_aside(run_dir: str, keep: tuple[str, ...], now: float | None = None) -> str:
+    """Move what an earlier run left in `run_dir` (its config, status, metrics, goodput and restart
+    count, TensorBoard files: all but `keep` and the checkpoints) into `run_dir/replaced-<UTC time>/`,
+    so that a run replacing it neither appends to nor counts the earlier run's records; the folder."""
+    fs = fsspec.get_fs_token_paths(run_dir)[0]
+    fs.invalidate_cache()
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    aside = f"{run_dir.rstrip('/')}/replaced-{stamp}"
+    names = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(run_dir, detail=False)]
+    moved = [n for n in names if n not in keep and n != "checkpoints" and not n.startswith("replaced-")]
+    fs.makedirs(aside, exist_ok=True)
+    for name in moved:
+        fs.mv(f"{run_dir.rstrip('/')}/{name}", f"{aside}/{name}", recursive=True)
+    return aside
+
+
 def print_primary(primary: bool, line: str, err: bool = False) -> None:
     """A progress line from process 0 only (an error line from every process, to stderr)."""
     if primary or err:

@@ -134,7 +134,8 @@ def _hold_the_run(cfg: C.Config, primary: bool, job: tuple[str, str]):
 
     from maxlite import run_identity
     from maxlite.checkpoints.saver import gather_json
-    from maxlite.lease import Holder, Lease
+    from maxlite.lease import FILE as lease_file, Holder, Lease
+    from maxlite.rundir import set_aside
 
     lease = None
     refused = None  # [the error's kind, its line]: what every process raises
@@ -152,8 +153,9 @@ def _hold_the_run(cfg: C.Config, primary: bool, job: tuple[str, str]):
         refused = gather_json(refused)[0]
     if refused:
         raise (outcome.TransientError if refused[0] == "TransientError" else C.ConfigError)(refused[1])
-    if held.replaced:
-        print(held.replaced, flush=True)
+    if held.replaced:  # the primary holds the run now: the earlier run's records go aside, not mixed in
+        aside = set_aside(cfg.run_dir, keep=(lease_file,))
+        print(f"{held.replaced} (its files: {aside})", flush=True)
     return lease
 
 

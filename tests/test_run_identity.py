@@ -96,6 +96,11 @@ def test_a_run_that_never_saved_binds_nothing_its_data_fixed(tmp_path, monkeypat
     replaced = [line for line in capsys.readouterr().out.splitlines() if "never saved" in line]
     assert len(replaced) == 1 and "dataset_path=" in replaced[0], replaced
     assert _status(str(run_dir))["resumed_from"]["source"] == "fresh"
+    # the failed run's records moved aside, not mixed into the new run's
+    aside = [d for d in run_dir.iterdir() if d.name.startswith("replaced-")]
+    assert len(aside) == 1 and str(aside[0]) in replaced[0], (aside, replaced)
+    assert "empty.jsonl" in (aside[0] / "config.yml").read_text()
+    assert "good.jsonl" in (run_dir / "config.yml").read_text()
 
 
 def test_a_run_that_never_saved_binds_nothing_its_checkpoint_fixed(tmp_path, monkeypatch, capsys):
