@@ -170,14 +170,20 @@ class RayHead:
                               timeout=timeout_s)
 
     def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop every node and the head, remove the temp dir; a second call finds nothing to do."""
+        if self.proc is None:
+            return
         for node in self.nodes.values():  # the cluster's end: nothing left to save (20 s of SIGTERM grace saved)
             stop_session(node.pid, grace_s=2.0)
             node.wait(timeout=10)
         for log in self._node_logs:
             log.close()
-        if self.proc is not None:
-            stop_session(self.proc.pid, grace_s=2.0)
-            self.proc.wait(timeout=10)
+        stop_session(self.proc.pid, grace_s=2.0)
+        self.proc.wait(timeout=10)
+        self.proc = None
         self.log.close()
         import shutil
 
