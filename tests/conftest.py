@@ -116,11 +116,11 @@ def pytest_xdist_make_scheduler(config, log):
     return ByFile(config, log)
 
 
-# Files whose tests take longest (seconds, their tests summed, on the 2-core machine at the last clean
-# run; the multi-process group, 800+ s, goes first anyway). The scheduler hands out the longest work
-# first (longest processing time first), so the run ends on short files, both workers busy to the
-# end; the other files follow by number of tests, xdist's own guess. A rough figure is enough: it
-# only orders the files.
+# Files whose tests take longest (seconds, their tests summed, on the 2-core machine at the last
+# clean run; test_family_table's includes its 155 s setup; the multi-process group, 800+ s, goes
+# first anyway). The scheduler hands out the longest work first, so the run ends on short files with
+# both workers busy; the other files follow by number of tests, xdist's own guess. A rough figure is
+# enough: it only orders the files.
 LONG_FILES_S = {"test_family_table.py": 280, "test_presets.py": 174, "test_alignment.py": 158, "test_plan.py": 140,
                 "test_train.py": 127, "test_generate.py": 119}
 
