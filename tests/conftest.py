@@ -52,11 +52,26 @@ def ray_head():
     it standing (jobs, worker crashes, keeper actors): a head start and stop is 10-30 s on 2 busy
     cores. Tests that stop nodes or start clusters themselves (drains, lost hosts, the launcher's
     own local cluster) keep their own. The multi-process files share one xdist worker (below), so
-    the session builds it once."""
+    the session builds it once; it stops after the last test that uses it (pytest_runtest_teardown),
+    not at the session's end: idle, its 20 processes took 3 CPU-seconds a minute from the tests
+    this worker runs after it."""
     from tests.ray_cluster import RayHead
 
     with RayHead(num_cpus=4) as head:
+        _shared_ray_head.append(head)
         yield head
+        _shared_ray_head.clear()
+
+
+_shared_ray_head: list = []  # the session's head while it runs, for pytest_runtest_teardown
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """Stop the shared Ray head once no later test on this worker uses it (the users run back to back:
+    pytest_collection_modifyitems). RayHead.close is idempotent; the fixture's own exit finds it done."""
+    uses = lambda it: it is not None and "ray_head" in it.fixturenames  # noqa: E731
+    if _shared_ray_head and uses(item) and not uses(nextitem):
+        _shared_ray_head[0].close()
 
 
 @pytest.fixture(scope="module")
@@ -85,11 +100,29 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class ByFile(LoadScopeScheduling):
+        def __init__(self, config, log=None):
+            super().__init__(config, log)
+            # Hand files out in the collection's order (pytest_collection_modifyitems: longest first),
+            # not xdist's default for scopes, most tests first: that put the multi-process group (39
+            # tests, the longest share) behind five files with more tests, and test_family_table
+            # and test_train (15 and 8 tests, 2-5 minutes each) near the end, where one worker ran
+            # them alone while the other had nothing left.
+            self.config.option.loadscopereorder = False
+
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
             return "multi_process" if os.path.basename(path) in MULTI_PROCESS_FILES else path
 
     return ByFile(config, log)
+
+
+# Files whose tests take longest (seconds, their tests summed, on the 2-core machine at the last
+# clean run; test_family_table's includes its 155 s setup; the multi-process group, 800+ s, goes
+# first anyway). The scheduler hands out the longest work first, so the run ends on short files with
+# both workers busy; the other files follow by number of tests, xdist's own guess. A rough figure is
+# enough: it only orders the files.
+LONG_FILES_S = {"test_family_table.py": 280, "test_presets.py": 174, "test_alignment.py": 158, "test_plan.py": 140,
+                "test_train.py": 127, "test_generate.py": 119}
 
 
 # pytest-timeout (pyproject's `timeout`, 600 s) for one test; these start clusters or several training
@@ -99,8 +132,25 @@ LONG_TIMEOUT_S = 900
 
 
 def pytest_collection_modifyitems(config, items):
-    """The multi-process files first: the longest share of the run starts at once (stable sort)."""
-    items.sort(key=lambda item: item.path.name not in MULTI_PROCESS_FILES)
+    """Longest first (the scheduler hands out files in this order): the multi-process group, then the
+    LONG_FILES_S, then the rest by number of tests. Inside the group the shared Ray head's users run
+    back to back, so it stops early (ray_head): the first file that uses it ends with its users, the
+    next starts with them. A file's tests stay together (its module fixtures are built once)."""
+    count: dict[str, int] = {}
+    for item in items:
+        count[item.path.name] = count.get(item.path.name, 0) + 1
+    head_files = sorted({item.path.name for item in items if "ray_head" in item.fixturenames})
+
+    def key(item):
+        name = item.path.name
+        if name in head_files:
+            i, uses = head_files.index(name), "ray_head" in item.fixturenames
+            return (0, 0, i, uses if i == 0 else not uses)
+        if name in MULTI_PROCESS_FILES:
+            return (0, 1, name)
+        return (1, -LONG_FILES_S.get(name, 0), -count[name], name)
+
+    items.sort(key=key)  # stable: a file's own order otherwise
     for item in items:
         long = item.path.name in MULTI_PROCESS_FILES or any(item.get_closest_marker(m) for m in ("ray", "slurm"))
         if long and item.get_closest_marker("timeout") is None:

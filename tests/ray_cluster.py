@@ -22,12 +22,23 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 VENV_BIN = pathlib.Path(sys.executable).parent
 
 
+# Ray's own polls, shortened for clusters on this machine (their processes inherit them from `ray
+# start`, or from the driver that starts one): Ray Train's controller takes a worker's report, and
+# sees a dead worker, at its health check (every 2 s by default; a report blocks the workers until
+# then: benchmarks/bench_ray_steps.py, and each run here reports 3 times), and reads drain notices
+# every 5 s. And a Ray start prestarts one idle worker per CPU for the first driver, which a job
+# with a working dir (every `ray job submit` here) cannot use.
+FAST_POLLS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5", "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1",
+              "RAY_prestart_worker_first_driver": "0"}
+
+
 def ray_env(**extra: str) -> dict[str, str]:
-    """Env for Ray commands: no auth token (GOTCHAS), `python` = this venv's python, and the tests'
-    cheaper compile (tests/xla_flags.py), which the launcher passes on to its CPU workers."""
+    """Env for Ray commands: no auth token (GOTCHAS), `python` = this venv's python, the tests'
+    cheaper compile (tests/xla_flags.py), which the launcher passes on to its CPU workers, and
+    FAST_POLLS."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "JAX_", "XLA_"))}
     env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", XLA_FLAGS=CHEAP_COMPILE,
-               PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}", **extra)
+               PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}", **FAST_POLLS, **extra)
     return env
 
 
@@ -146,13 +157,18 @@ class RayHead:
         raise TimeoutError(f"Ray node {name} did not join in {timeout_s} s")
 
     def node_id(self, name: str) -> str | None:
+        """The ALIVE node of that name, or None: the state API over HTTP (what `ray list nodes` asks;
+        polled every second while a node joins, the CLI was a Ray import, 1-2 CPU-s, per poll)."""
         import json
+        import urllib.parse
 
-        done = subprocess.run([str(VENV_BIN / "ray"), "list", "nodes", "--address", self.dashboard_url,
-                               "--filter", f"node_name={name}", "--filter", "state=ALIVE", "--format", "json"],
-                              env=ray_env(), capture_output=True, text=True, timeout=60)
-        text = done.stdout.strip()
-        rows = json.loads(text) if done.returncode == 0 and text.startswith("[") else []  # or "No resource ..."
+        query = urllib.parse.urlencode([("filter_keys", "node_name"), ("filter_predicates", "="), ("filter_values", name),
+                                        ("filter_keys", "state"), ("filter_predicates", "="), ("filter_values", "ALIVE")])
+        try:
+            with urllib.request.urlopen(f"{self.dashboard_url}/api/v0/nodes?{query}", timeout=60) as reply:
+                rows = json.load(reply)["data"]["result"]["result"]
+        except OSError:
+            return None
         return rows[0]["node_id"] if rows else None
 
     def drain_for_preemption(self, node_id: str, deadline_s: int) -> None:
@@ -170,14 +186,20 @@ class RayHead:
                               timeout=timeout_s)
 
     def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop every node and the head, remove the temp dir; a second call finds nothing to do."""
+        if self.proc is None:
+            return
         for node in self.nodes.values():  # the cluster's end: nothing left to save (20 s of SIGTERM grace saved)
             stop_session(node.pid, grace_s=2.0)
             node.wait(timeout=10)
         for log in self._node_logs:
             log.close()
-        if self.proc is not None:
-            stop_session(self.proc.pid, grace_s=2.0)
-            self.proc.wait(timeout=10)
+        stop_session(self.proc.pid, grace_s=2.0)
+        self.proc.wait(timeout=10)
+        self.proc = None
         self.log.close()
         import shutil
 
