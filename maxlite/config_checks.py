@@ -15,7 +15,8 @@ import re
 from maxlite import quant
 from maxlite.models import lora_targets, names
 from maxlite.models.families import FAMILIES
-from maxlite.models.kinds import check_kinds, check_layer_pattern, layer_stacks
+from maxlite.models.kinds import check_kinds
+from maxlite.models.layout import check_layer_pattern, layer_stacks
 from maxlite.models.sides import sides
 from maxlite.recipe import (FILE_DATASETS, OBJECTIVE_DATASET, Config, parse_max_time, parse_signals, parse_split,
                             topology_chips)

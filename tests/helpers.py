@@ -217,7 +217,7 @@ def shrunk(model_name: str) -> list[str]:
     emb/heads; a mixture of experts with at most 8 experts of width 32 (at most 1 dense layer first);
     latent attention with narrow latents. Default dtypes (bf16 compute)."""
     from maxlite.models.families import family
-    from maxlite.models.kinds import layer_kinds
+    from maxlite.models.layout import layer_kinds
 
     cfg = C.load(["base.yml", f"model_name={model_name}"])
     kv = min(cfg.base_num_kv_heads, 2)

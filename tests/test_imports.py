@@ -11,8 +11,6 @@ import re
 import subprocess
 import sys
 
-import pytest
-
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -24,19 +22,17 @@ def _modules(root: pathlib.Path = ROOT, package: str = "maxlite") -> dict[str, p
     return out
 
 
-def imports(modules: dict[str, pathlib.Path], package: str = "maxlite",
-            strings_not_in: frozenset[str] = frozenset()) -> dict[str, set[str]]:
+def imports(modules: dict[str, pathlib.Path], package: str = "maxlite") -> dict[str, set[str]]:
     """module → the maxlite modules it imports anywhere in its body (`import a.b`, `from a import b`,
     relative ones, a string literal naming one, a package iterated with pkgutil), each named by the
     module file that defines it. A module importing its own package is left out: Python runs a
-    package's __init__ before any of its modules anyway. The strings of the modules `strings_not_in`
-    are not read."""
+    package's __init__ before any of its modules anyway."""
     def owner(name: str) -> str | None:
         while name and name not in modules:
             name = name.rpartition(".")[0]
         return name or None
 
-    named = re.compile(rf"{re.escape(package)}(\.[A-Za-z_]\w*)*(:[A-Za-z_]\w*)?")
+    named = re.compile(rf"{re.escape(package)}(\.[A-Za-z_]\w*)*(:([A-Za-z_]\w*)?)?")
     graph = {}
     for name, path in modules.items():
         here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
@@ -53,7 +49,7 @@ def imports(modules: dict[str, pathlib.Path], package: str = "maxlite",
                 found |= {owner(f"{base}.{a.name}") if f"{base}.{a.name}" in modules else owner(base)
                           for a in node.names}
                 bound.update({a.asname or a.name: f"{base}.{a.name}" for a in node.names})
-            elif (isinstance(node, ast.Constant) and isinstance(node.value, str) and name not in strings_not_in
+            elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
                   and named.fullmatch(node.value)):
                 found.add(owner(node.value.partition(":")[0]))
         for node in ast.walk(tree):  # pkgutil.iter_modules(pkg.__path__) / walk_packages: every module under pkg
@@ -119,21 +115,7 @@ def _path(graph, group: set[str]) -> list[str]:
     raise AssertionError(group)
 
 
-# The kind table of models/kinds.py names each kind's module ("maxlite.models.moe:MoE"), and those
-# modules import kinds.py's helpers (layer_mlps, attention_shape; lora_targets: layer_kinds): a loop
-# until the table and the helpers live apart (issue 49, the kinds part). Its strings are left out
-# here, and the test below says when the loop is gone.
-KIND_TABLE = frozenset({"maxlite.models.kinds"})
-
-
 def test_no_import_cycle_between_maxlite_modules():
-    found = cycles(imports(_modules(), strings_not_in=KIND_TABLE))
-    assert found == [], "import cycles: " + "; ".join(" → ".join(c) for c in found)
-
-
-@pytest.mark.xfail(strict=True, reason="kinds.py's table names modules that import kinds.py (issue 49's kinds "
-                   "part): when this passes, drop KIND_TABLE")
-def test_no_import_cycle_through_the_kind_table():
     found = cycles(imports(_modules()))
     assert found == [], "import cycles: " + "; ".join(" → ".join(c) for c in found)
 
@@ -157,20 +139,21 @@ def test_the_walk_sees_function_local_relative_and_dotted_imports(tmp_path):
 
 
 def test_the_walk_sees_imports_by_name(tmp_path):
-    """A string naming a module (with or without an attribute after ':') makes its edge, and so does
-    iterating a package with pkgutil (its direct modules; walk_packages: all below it); a string
-    that only starts like a module name, or names none, does not."""
+    """A string naming a module (with or without an attribute after ':', or ending in ':' for one
+    to be appended) makes its edge, and so does iterating a package with pkgutil (its direct modules;
+    walk_packages: all below it); a string that only starts like a module name, or names none, does not."""
     files = {"__init__.py": "",
-             "a.py": "KIND = 'pkg.b:Thing'\nNOTE = 'pkg.c is fine'\nOTHER = 'pkg.nowhere'\n",
+             "a.py": "KIND = 'pkg.b:Thing'\nNOTE = 'pkg.c is fine'\nOTHER = 'pkg.nowhere'\n"
+                     "PREFIX = 'pkg.d:'\n",
              "b.py": "import importlib\nimportlib.import_module('pkg.c')\n",
-             "c.py": "", "reg.py": "import pkgutil\nfrom pkg import plugins as p\nfor m in pkgutil.iter_modules(p.__path__): pass\n",
+             "c.py": "", "d.py": "", "reg.py": "import pkgutil\nfrom pkg import plugins as p\nfor m in pkgutil.iter_modules(p.__path__): pass\n",
              "plugins/__init__.py": "", "plugins/one/__init__.py": "", "plugins/one/deep.py": "",
              "plugins/two.py": "", "walk.py": "import pkgutil\nimport pkg.plugins as q\npkgutil.walk_packages(q.__path__)\n"}
     for name, text in files.items():
         (tmp_path / "pkg" / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "pkg" / name).write_text(text)
     graph = imports(_modules(tmp_path, "pkg"), "pkg")
-    assert graph["pkg.a"] == {"pkg.b"}
+    assert graph["pkg.a"] == {"pkg.b", "pkg.d"}
     assert graph["pkg.b"] == {"pkg.c"}
     assert graph["pkg.reg"] == {"pkg.plugins", "pkg.plugins.one", "pkg.plugins.two"}
     assert graph["pkg.walk"] == {"pkg.plugins", "pkg.plugins.one", "pkg.plugins.one.deep", "pkg.plugins.two"}

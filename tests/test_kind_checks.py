@@ -73,7 +73,7 @@ def test_validation_runs_the_checks_a_kind_names(monkeypatch):
         calls.append((cfg.decoder_block, used))
         return "made-up problem" if used and cfg.qk_rope_head_dim % 2 else None
 
-    monkeypatch.setattr(kinds, "_load", lambda path, load=kinds._load: check if path == "made:up" else load(path))
+    monkeypatch.setattr(kinds, "load", lambda path, load=kinds.load: check if path == "made:up" else load(path))
     monkeypatch.setitem(kinds.MIXERS, "attention", dataclasses.replace(kinds.MIXERS["attention"], checks=("made:up",)))
     with pytest.raises(C.ConfigError, match="made-up problem"):
         C.load(["base.yml", "model_name=tiny", "qk_rope_head_dim=3"])

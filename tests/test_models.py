@@ -186,7 +186,7 @@ def test_gemma4_flops_formula_agrees_with_xla_cost_analysis():
     formula counts the causal half or the window band. The per-layer embeddings' part alone: the
     difference they make to XLA's count."""
     from maxlite.models.flops import forward_flops_by_part
-    from maxlite.models.kinds import attention_shape, pattern_mixers
+    from maxlite.models.layout import attention_shape, pattern_mixers
 
     B, T = 2, 128
     argv = ["base.yml", "model_name=gemma4-tiny", "base_emb_dim=256", "base_mlp_dim=768", "head_dim=64",

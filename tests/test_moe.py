@@ -13,7 +13,7 @@ from flax import nnx
 
 from maxlite import config as C, step as step_lib
 from maxlite.models import Transformer
-from maxlite.models.kinds import layer_mlps, layer_stacks
+from maxlite.models.layout import layer_mlps, layer_stacks
 from maxlite.models.moe import MoE
 from maxlite.state import abstract_params
 

@@ -16,7 +16,7 @@ import numpy as np
 from maxlite.bridge import params as P
 from maxlite.schema import ConfigError
 from maxlite.bridge.safetensors_io import Entry, SafetensorsDir
-from maxlite.models.kinds import layer_kinds
+from maxlite.models.layout import layer_kinds
 
 Array = np.ndarray
 

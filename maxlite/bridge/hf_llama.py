@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from maxlite.bridge.hf_convert import TensorMap, config_tail, linear, same
 from maxlite.models.families import family, has_qk_norm
-from maxlite.models.kinds import check_layer_types, layer_windows
+from maxlite.models.layout import check_layer_types, layer_windows
 
 
 def check_plain_attention(cfg, name: str, qk_norm: bool = False) -> None:

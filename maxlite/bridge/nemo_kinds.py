@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any
 
 from maxlite.models.families import family, has_qk_norm
-from maxlite.models.kinds import layer_windows
+from maxlite.models.layout import layer_windows
 
 
 @dataclasses.dataclass

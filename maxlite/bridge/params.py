@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from maxlite.models.kinds import layer_place, layer_stacks
+from maxlite.models.layout import layer_place, layer_stacks
 
 Tree = dict[str, Any]
 

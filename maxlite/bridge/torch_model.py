@@ -21,7 +21,7 @@ import numpy as np
 
 from maxlite.bridge import params as P
 from maxlite.models.families import family, has_qk_norm
-from maxlite.models.kinds import layer_windows
+from maxlite.models.layout import layer_windows
 from maxlite.bridge import require
 
 torch = require("torch")

@@ -37,12 +37,12 @@ class Family:
     post_norms: bool = False    # a norm after attention and after the MLP too, before each residual add
     embed_scale: bool = False   # input embeddings multiplied by √emb_dim
     # the attention variant of layer i is layer_pattern[i % len(layer_pattern)] unless the recipe
-    # states `layer_types` (maxlite/models/kinds.py): "local" layers attend within `sliding_window`
+    # states `layer_types` (maxlite/models/layout.py): "local" layers attend within `sliding_window`
     # (when it is > 0), "global" layers to the whole causal context; a variant of another mixer kind
     # ("linear": a gated delta-net layer) makes the layer that kind
     layer_pattern: tuple[str, ...] = ("local",)
     # the MLP is a mixture of experts (maxlite/models/moe.py): `num_experts` routed experts of the
-    # family's gated MLP, top `num_experts_per_tok` per token, in the layers `kinds.layer_mlps` names
+    # family's gated MLP, top `num_experts_per_tok` per token, in the layers `layout.layer_mlps` names
     moe: bool = False
     # full-attention layers gate their output by sigmoid of a second query projection (q_gate), per
     # head and dimension, before the output projection (Qwen3.5, Qwen3-Next)

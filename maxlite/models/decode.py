@@ -25,7 +25,8 @@ from flax import nnx
 
 from maxlite.models import attention, context, matmul
 from maxlite.models.carry import Carry, layer_inputs
-from maxlite.models.kinds import MIXERS, cache_groups, layer_kinds, layer_stacks
+from maxlite.models.kinds import MIXERS
+from maxlite.models.layout import cache_groups, layer_kinds, layer_stacks
 from maxlite.models.names import resolve_attention
 from maxlite.models.platform import target_platform
 

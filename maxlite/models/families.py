@@ -3,7 +3,7 @@ them, said once, each family in its own package of maxlite/families/.
 
 The transformer, the layers, the FLOP count, the planner, decoding, the torch twin, the HF adapters
 and the NeMo/Megatron mapping read these traits instead of testing the family's name. Which mixer and
-feed-forward kind each layer has is maxlite/models/kinds.py's.
+feed-forward kind each layer has is maxlite/models/layout.py's.
 
 Pure data: importable without JAX, and without the bridge (config validation reads it; a family's HF
 adapter, `Family.hf_module`, is imported only by a conversion).

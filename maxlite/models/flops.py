@@ -19,7 +19,8 @@ recomputation is not counted (it is overhead, not useful work), as in MaxText's 
 from __future__ import annotations
 
 from maxlite.models.families import family
-from maxlite.models.kinds import FEED_FORWARDS, MIXERS, attention_core_flops, layer_kinds, layer_mlps
+from maxlite.models.kinds import FEED_FORWARDS, MIXERS, attention_core_flops
+from maxlite.models.layout import layer_kinds, layer_mlps
 
 attention_flops = attention_core_flops  # one layer's QKᵀ and PV (maxlite.models.kinds)
 

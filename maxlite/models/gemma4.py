@@ -27,9 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from maxlite.models.kinds import attention_shape
 from maxlite.models.layers import (BTD, Attention, GatedMLP, _adapted, apply_rope, constrain, make_norm, param,
                                    project)
+from maxlite.models.layout import attention_shape
 
 
 def rope_frequencies(cfg, variant: str) -> np.ndarray:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from maxlite.models import attention
-from maxlite.models.gqa_cache import CACHE_AXES, KV, _attend, _slots, _write, advance, slots, window  # noqa: F401
-from maxlite.models.kinds import attention_shape
+from maxlite.models.gqa_cache import CACHE_AXES, KV, _attend, _slots, _write, advance, slots  # noqa: F401
 from maxlite.models.layers import constrain
+from maxlite.models.layout import attention_shape, window
 
 CONTEXT = True  # step reads and writes the forward's context (decode.py passes it)
 

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from maxlite.models import attention, cache_read
 from maxlite.models.layers import constrain
+from maxlite.models.layout import window
 
 # the cache's logical axes: K/V heads split like the attention's (tensor), layers and batch not split
 CACHE_AXES = ("layers", "activation_batch", "activation_length", "activation_kv_heads", "head_dim")
@@ -32,10 +33,6 @@ class KV(NamedTuple):
     """K and V of the layers of one variant [L, B, S, K, H]."""
     k_LBSKH: jax.Array
     v_LBSKH: jax.Array
-
-
-def window(cfg, variant: str) -> int:
-    return cfg.sliding_window if variant == "local" else 0
 
 
 def slots(w: int, length: int) -> int:

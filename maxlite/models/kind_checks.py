@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from maxlite.models import lora_targets
 from maxlite.models.families import FAMILIES
-from maxlite.models.kinds import pattern_mixers
+from maxlite.models.layout import pattern_mixers
 
 # what Gemma 4's kinds read (maxlite/models/gemma4.py), each with the value that leaves it unused
 GEMMA4_KEYS = (("global_head_dim", 0), ("global_num_kv_heads", 0), ("attention_k_eq_v", False),

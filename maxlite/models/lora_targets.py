@@ -11,7 +11,7 @@ out_proj. A fused HF projection is one nn.Linear, so PEFT gives it one A: maxlit
 
 from __future__ import annotations
 
-from maxlite.models.kinds import layer_kinds
+from maxlite.models.layout import layer_kinds
 
 MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
 # HF module name → (adapter, the kernels its B spans), beside grouped-query attention's and the MLP's

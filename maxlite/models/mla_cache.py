@@ -23,8 +23,9 @@ import jax
 import jax.numpy as jnp
 
 from maxlite.models import lora
-from maxlite.models.gqa_cache import _slots, _write, advance, slots, window  # noqa: F401 (advance: this kind's)
+from maxlite.models.gqa_cache import _slots, _write, advance, slots  # noqa: F401 (advance: this kind's)
 from maxlite.models.layers import constrain
+from maxlite.models.layout import window
 
 CACHE_AXES = ("layers", "activation_batch", "activation_length", None)  # the latent is not split over heads
 

@@ -45,8 +45,8 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from maxlite.models import moe_parallel
-from maxlite.models.kinds import FEED_FORWARDS, layer_mlps, layer_place
 from maxlite.models.layers import BTD, GatedMLP, constrain, glu, param
+from maxlite.models.layout import ROUTED, layer_mlps, layer_place
 from maxlite.models.matmul import project
 from maxlite.models.moe_kernels import Routing
 from maxlite.models.names import MOE_IMPLEMENTATIONS, resolve_moe
@@ -179,7 +179,7 @@ def step_metrics(cfg, losses: dict) -> dict:
     if cfg.routed_bias_update_rate:  # what the bias update balances: mean over MoE layers of max - min load
         load_LE = losses["moe_expert_load"]
         out["moe_load_gap"] = jnp.mean(jnp.max(load_LE, axis=-1) - jnp.min(load_LE, axis=-1))
-    moe_layers = [i for i, kind in enumerate(layer_mlps(cfg)) if FEED_FORWARDS[kind].routed]
+    moe_layers = [i for i, kind in enumerate(layer_mlps(cfg)) if kind in ROUTED]
     for j, i in enumerate(moe_layers):
         out[f"moe_load_max/{i}"] = jnp.max(losses["moe_expert_load"][j])
         out[f"moe_load_min/{i}"] = jnp.min(losses["moe_expert_load"][j])

@@ -2,10 +2,10 @@
 
 Shape legend as in layers.py (B batch, T time, D model dim, V vocab, P max positions, L layers).
 A block is a token mixer + a feed-forward, each a registered kind chosen per layer
-(maxlite/models/kinds.py: `layer_kinds`, from the recipe's `layer_types` or the family's pattern);
+(maxlite/models/layout.py: `layer_kinds`, from the recipe's `layer_types` or the family's pattern);
 `decoder_block` picks the family (maxlite/models/families.py), whose traits decide the norms (before,
 after, or both around each branch), the MLP, positions, biases, q/k norms and the embedding scale.
-A scanned model keeps its layers in `kinds.layer_stacks`: stacks over the shortest repeating block of
+A scanned model keeps its layers in `layout.layer_stacks`: stacks over the shortest repeating block of
 the layers' (mixer, feed-forward) structures (a MoE model's dense layers before the first MoE one
 apart). Layers of one stack position whose variants differ (Gemma 3's 5 local : 1 global) get their
 variant as a scanned flag; attention branches on it (layers.Attention._attend). A routed
@@ -27,8 +27,9 @@ import math
 from maxlite.models import matmul, pipeline
 from maxlite.models.carry import Carry, layer_inputs, start
 from maxlite.models.families import family
-from maxlite.models.kinds import FEED_FORWARDS, MIXERS, layer_kinds, layer_place, layer_stacks, layer_windows
+from maxlite.models.kinds import FEED_FORWARDS, MIXERS
 from maxlite.models.layers import BTD, constrain, make_norm, param
+from maxlite.models.layout import layer_kinds, layer_place, layer_stacks, layer_windows
 from maxlite.models.sides import sides
 
 _cp = jax.checkpoint_policies

@@ -52,7 +52,7 @@ def ignore(name: str) -> bool:
 
 def hf_config(cfg, dtype: str = "float32", bos_id: int | None = None, eos_id: int | None = None) -> dict:
     check_supported(cfg)
-    from maxlite.models.kinds import layer_windows
+    from maxlite.models.layout import layer_windows
 
     out = hf_llama.common_config(cfg, "Gemma3ForCausalLM", "gemma3_text", dtype, bos_id, eos_id)
     global_rope, local_rope = hf_llama.rope_dict(cfg), hf_llama.rope_dict(cfg, local=True)

@@ -22,7 +22,7 @@ FAMILY = Family(
 def layer_kinds(cfg, kinds: tuple) -> tuple:
     """Gemma 4's mixers: local and (wide) global layers; the last num_kv_shared_layers reuse the keys and
     values of the last earlier layer of their kind (and have the double-wide MLP if asked). `kinds` are
-    maxlite.models.kinds.LayerKind; replaced, not built, so the family's data imports no model code."""
+    maxlite.models.layout.LayerKind; replaced, not built, so the family's data imports no model code."""
     first_shared = len(kinds) - cfg.num_kv_shared_layers
     out = []
     for i, k in enumerate(kinds):

@@ -19,7 +19,7 @@ from __future__ import annotations
 from maxlite.bridge import hf_llama
 from maxlite.bridge.hf_convert import TensorMap, config_tail, linear, same
 from maxlite.families.gemma4 import FAMILY
-from maxlite.models.kinds import attention_shape, hf_layer_types
+from maxlite.models.layout import attention_shape, hf_layer_types
 
 ACTIVATION = "gelu_pytorch_tanh"
 # Gemma4TextConfig's defaults (transformers 5.24; tests/test_gemma4.py checks them): a multimodal

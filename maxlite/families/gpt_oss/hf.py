@@ -32,7 +32,7 @@ from maxlite.bridge import hf_llama
 from maxlite.bridge.hf_convert import TensorMap, config_tail, linear, same
 from maxlite.families.gpt_oss import FAMILY
 from maxlite.models.families import SWIGLU_ALPHA
-from maxlite.models.kinds import hf_layer_types
+from maxlite.models.layout import hf_layer_types
 
 
 # what the layer is: the keys a gpt_oss recipe must have (presets set them; an import writes them)

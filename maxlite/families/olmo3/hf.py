@@ -16,7 +16,7 @@ from __future__ import annotations
 from maxlite.bridge import hf_llama
 from maxlite.bridge.hf_convert import TensorMap, config_tail
 from maxlite.families.olmo3 import FAMILY
-from maxlite.models.kinds import hf_layer_types
+from maxlite.models.layout import hf_layer_types
 
 
 def check_supported(cfg) -> None:

@@ -26,7 +26,7 @@ import numpy as np
 from maxlite.bridge import hf_llama
 from maxlite.bridge.hf_convert import TensorMap, config_tail, linear, same
 from maxlite.families.qwen3_5 import FAMILY
-from maxlite.models.kinds import check_layer_types, hf_layer_types
+from maxlite.models.layout import check_layer_types, hf_layer_types
 
 
 GDN = "gated_deltanet"
