@@ -1,8 +1,8 @@
-"""GLM-4.5 (maxlite/families/glm4_moe.py) built small and random by transformers, with a tokenizer
-and chat template of its own and its multi-token-prediction layer as the published checkpoints
-store it: import → float32 logits equal transformers' (relative error ≤ 1e-5) with half-rotary
-RoPE, q/k norms, q/k/v biases, a dense first layer, grouped sigmoid routing with a nonzero choice
-bias, a shared expert and scaled weights; greedy decoding identical to `generate`; export →
+"""GLM-4.5 (maxlite/families/glm4_moe.py) built small and random by transformers (tests/hf_models.py),
+with a tokenizer and chat template of its own and its multi-token-prediction layer as the published
+checkpoints store it: import → float32 logits equal transformers' (relative error ≤ 1e-5) with half-
+rotary RoPE, q/k norms, q/k/v biases, a dense first layer, grouped sigmoid routing with a nonzero
+choice bias, a shared expert and scaled weights; greedy decoding identical to `generate`; export →
 transformers loads it, computes the same logits, and the tokenizer comes back unchanged."""
 
 import json
@@ -17,6 +17,7 @@ from maxlite.bridge import hf
 from maxlite.bridge import params as P
 from maxlite.data.tokenizer import BUNDLED_DIR
 from maxlite.generate import Sampling, generate_ids
+from tests import hf_models
 from tests.helpers import jax_logits
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -25,30 +26,12 @@ V, T = 4096, 24  # the bundled tokenizer's vocabulary
 TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
 
 
-def _config():
-    return transformers.Glm4MoeConfig(
-        vocab_size=V, hidden_size=64, intermediate_size=96, moe_intermediate_size=16, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, partial_rotary_factor=0.5,
-        max_position_embeddings=256, initializer_range=0.3, attention_bias=True, use_qk_norm=True,
-        n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
-        n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5})
-
-
 @pytest.fixture(scope="module")
 def glm(tmp_path_factory):
-    """(the transformers model, its directory): norms, biases and the routing bias perturbed (HF
-    starts them at 1 or 0, where a swapped or dropped one would not show), saved with a tokenizer,
-    and a multi-token-prediction layer (model.layers.3.*) added to its file as GLM publishes it."""
+    """(the transformers model (tests/hf_models.py), its directory): saved with a tokenizer, and a
+    multi-token-prediction layer (model.layers.3.*) added to its file as GLM publishes it."""
     path = tmp_path_factory.mktemp("glm") / "hf"
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(_config()).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim == 1:
-                p.add_(0.2 * torch.randn_like(p))
-        for layer in model.model.layers[1:]:
-            layer.mlp.gate.e_score_correction_bias.copy_(0.1 * torch.randn(8))
+    model = hf_models.model("glm4_moe")
     model.save_pretrained(str(path))
     tensors = load_file(str(path / "model.safetensors"))
     rng = np.random.default_rng(2)

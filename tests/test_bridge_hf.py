@@ -16,6 +16,7 @@ from maxlite import config as C
 from maxlite.bridge import hf, hf_llama
 from maxlite.bridge import params as P
 from maxlite.bridge.safetensors_io import SafetensorsDir, parse_size
+from tests import hf_models
 from tests.helpers import jax_logits
 
 T = 40
@@ -106,18 +107,7 @@ def test_bfloat16_export_rounds_like_torch(tmp_path):
 
 
 def test_import_of_a_transformers_written_model_matches_its_logits(tmp_path):
-    config = transformers.LlamaConfig(
-        hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=1, head_dim=32, vocab_size=300, max_position_embeddings=256,
-        rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False,
-        rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():  # HF initialises norms to ones: perturb them so a swapped norm shows
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(0.3 * torch.randn_like(p))
+    model = hf_models.model("llama")  # one kv head, Llama 3 RoPE scaling (tests/hf_models.py)
     model.save_pretrained(str(tmp_path))
     cfg, pure = hf.import_hf(str(tmp_path), ["dtype=float32", "max_target_length=64"])
     assert (cfg.base_num_kv_heads, cfg.head_dim, cfg.rope_scaling_factor) == (1, 32, 32.0)
@@ -167,15 +157,7 @@ def test_gpt3_block_exports_as_gpt2(tied, tmp_path):
 
 
 def test_import_of_a_transformers_written_gpt2_matches_its_logits(tmp_path):
-    config = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=96, vocab_size=200,
-                                     activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
-                                     attn_pdrop=0.0)
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(config).eval()
-    with torch.no_grad():  # HF initialises LayerNorms to (1, 0) and biases to 0: perturb them
-        for name, p in model.named_parameters():
-            if p.ndim == 1:
-                p.add_(0.2 * torch.randn_like(p))
+    model = hf_models.model("gpt2")  # tests/hf_models.py
     model.save_pretrained(str(tmp_path))
     cfg, pure = hf.import_hf(str(tmp_path), ["dtype=float32", "max_target_length=64"])
     assert (cfg.decoder_block, cfg.base_mlp_dim, cfg.head_dim, cfg.logits_via_embedding) == ("gpt3", 256, 16, True)

@@ -1,9 +1,9 @@
-"""Qwen2, Qwen3, Gemma 3 (text; also with a layer pattern of its own), Mistral with a sliding window,
-OLMo 3 and gpt-oss, each built small and random by
-transformers: import → float32 logits equal transformers' over a batch longer than the window
-(relative error ≤ 1e-5), greedy decoding of 32 tokens identical to `generate`, export → transformers
-loads it and its logits equal ours, the tokenizer and chat template come back unchanged, and the
-compute dtype config.json states is the one the import records."""
+"""Qwen2, Qwen3, Gemma 3 (text; also with a layer pattern of its own), Mistral with a sliding window, OLMo
+3 and gpt-oss, each built small and random by transformers (tests/hf_models.py): import → float32 logits
+equal transformers' over a batch longer than the window (relative error ≤ 1e-5), greedy decoding of 32
+tokens identical to `generate`, export → transformers loads it and its logits equal ours, the tokenizer
+and chat template come back unchanged, and the compute dtype config.json states is the one the import
+records."""
 
 import json
 
@@ -16,49 +16,14 @@ from maxlite import config as C
 from maxlite.bridge import hf
 from maxlite.bridge import params as P
 from maxlite.data.tokenizer import BUNDLED_DIR
+from tests import hf_models
 from tests.helpers import assert_greedy_like_transformers, jax_logits
+from tests.hf_models import WINDOW
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-V, T, WINDOW = 4096, 40, 6  # the bundled tokenizer's vocabulary; sequences well past the window
-SMALL = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-             vocab_size=V, max_position_embeddings=256, initializer_range=0.3)
+V, T = 4096, 40  # the bundled tokenizer's vocabulary; sequences well past the window
 TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-
-
-def _config(family):
-    if family == "qwen2":  # q/k/v biases, tied
-        return transformers.Qwen2Config(**SMALL, num_hidden_layers=2, rope_theta=1e6, tie_word_embeddings=True)
-    if family == "qwen3":  # q/k norms, head_dim (32) ≠ hidden/heads (16), untied, YaRN past 16 tokens
-        return transformers.Qwen3Config(**SMALL, num_hidden_layers=2, head_dim=32, tie_word_embeddings=False,
-                                        rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6,
-                                                         "original_max_position_embeddings": 16})
-    if family == "gemma3":  # 5 local : 1 global (+ 1 local), two RoPEs (global scaled), query scalar
-        return transformers.Gemma3TextConfig(
-            **SMALL, num_hidden_layers=7, head_dim=32, sliding_window=WINDOW, query_pre_attn_scalar=24,
-            rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
-                             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
-    if family == "gemma3-own-pattern":  # a checkpoint's own layer_types, not the canonical 5 : 1
-        return transformers.Gemma3TextConfig(
-            **SMALL, num_hidden_layers=5, head_dim=32, sliding_window=WINDOW, query_pre_attn_scalar=24,
-            layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention",
-                         "full_attention"])
-    if family == "olmo3":  # post-norms only, q/k norms over all heads, 3 local : 1 global (+ 1 local);
-        # as the published checkpoints: YaRN (no truncation) on the global layers only, one base theta
-        return transformers.Olmo3Config(
-            **SMALL, num_hidden_layers=5, sliding_window=WINDOW, tie_word_embeddings=False, pad_token_id=0,
-            eos_token_id=1, rope_parameters={
-                "full_attention": {"rope_type": "yarn", "factor": 8.0, "rope_theta": 1e4, "truncate": False,
-                                   "attention_factor": 1.2, "original_max_position_embeddings": 16},
-                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
-    if family == "gpt_oss":  # sinks, biases everywhere, local/global in turn, YaRN, clamped experts
-        return transformers.GptOssConfig(
-            **SMALL, num_hidden_layers=2, head_dim=16, sliding_window=WINDOW, num_local_experts=4,
-            num_experts_per_tok=2, swiglu_limit=1.5,
-            rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                             "truncate": False, "original_max_position_embeddings": 64, "rope_theta": 150000.0})
-    return transformers.MistralConfig(**SMALL, num_hidden_layers=2, head_dim=16, sliding_window=WINDOW,
-                                      rope_theta=1e6, tie_word_embeddings=False)
 
 
 FAMILIES = ["qwen2", "qwen3", "gemma3", "gemma3-own-pattern", "mistral", "olmo3", "gpt_oss"]
@@ -67,16 +32,8 @@ DECODER_BLOCK = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3", "gemma3
 
 
 def _hf_model(family, path, dtype=torch.float32):
-    """A random HF model saved with its tokenizer and chat template; norms and biases perturbed
-    (HF starts them at 1 or 0, where a swapped or dropped one would not show)."""
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(_config(family)).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim == 1 or name.endswith("_bias"):  # gpt-oss's experts' biases are [E, ...]
-                p.add_(0.2 * torch.randn_like(p))
-        if family.startswith("gemma3"):  # √d-scaled tied embeddings: a random Gemma repeats itself unless shrunk
-            model.get_input_embeddings().weight.mul_(0.05)
+    """A random HF model (tests/hf_models.py) saved with its tokenizer and chat template."""
+    model = hf_models.model(family)
     model.to(dtype).save_pretrained(str(path))
     tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(BUNDLED_DIR / "tokenizer.json"),
                                                eos_token="<|endoftext|>")
@@ -145,7 +102,7 @@ def test_gemma3_text_defaults_are_transformers_own():
 def test_a_multimodal_gemma3_checkpoint_imports_its_text_model(tmp_path):
     """The hub's Gemma 3 4B-27B are Gemma3ForConditionalGeneration: config.json nests text_config,
     the tensors sit under the language model's prefix beside a vision tower we leave behind."""
-    text = _config("gemma3")
+    text = hf_models.config("gemma3")
     vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                              num_attention_heads=2, image_size=32, patch_size=8)
     torch.manual_seed(0)

@@ -1,6 +1,6 @@
 """DeepSeek-V2 (no query latent, softmax routing in groups) and DeepSeek-V3 (query latent, sigmoid
 routing with the expert bias, in groups), both with YaRN RoPE and its softmax factor, built small
-and random by transformers, with a word tokenizer and chat template of
+and random by transformers (tests/hf_models.py), with a word tokenizer and chat template of
 their own: import → float32 logits equal transformers' (relative error ≤ 1e-5), greedy decoding
 through the latent cache equals `generate`, export → transformers loads the same architecture and
 computes the same logits, the tokenizer and template come back unchanged."""
@@ -18,33 +18,13 @@ import transformers
 from maxlite.bridge import hf
 from maxlite.bridge import params as P
 from maxlite.bridge.safetensors_io import Entry, SafetensorsDir, write_sharded
+from tests import hf_models
 from tests.helpers import greedy_paths, jax_logits
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 V, T = 256, 12
 TEMPLATE = "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"
-SMALL = dict(hidden_size=32, num_attention_heads=4, vocab_size=V, intermediate_size=48, moe_intermediate_size=16,
-             num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=2, first_k_dense_replace=1,
-             kv_lora_rank=12, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=6, max_position_embeddings=64,
-             initializer_range=0.3, tie_word_embeddings=False)
-
-
-def _yarn(mscale, mscale_all_dim):
-    """YaRN stretching a 16-token context 4 times (DeepSeek's 4,096 × 40), its softmax factor."""
-    return {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
-            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": mscale, "mscale_all_dim": mscale_all_dim}
-
-
-def _config(version):
-    if version == "deepseek_v3":  # groups of 4 experts, each token in the best 1 of 2; weights × 2.5
-        return transformers.DeepseekV3Config(**SMALL, num_key_value_heads=4, q_lora_rank=16, n_shared_experts=1,
-                                             n_group=2, topk_group=1, routed_scaling_factor=2.5,
-                                             rope_parameters=_yarn(1.0, 0.8))
-    # DeepSeek-V2-Lite's mscale; groups by their best softmax score
-    return transformers.DeepseekV2Config(**SMALL, q_lora_rank=None, n_shared_experts=2, routed_scaling_factor=1.5,
-                                         topk_method="group_limited_greedy", n_group=4, topk_group=2,
-                                         rope_parameters=_yarn(0.707, 0.707))
 
 
 def _word_tokenizer(directory):
@@ -62,12 +42,7 @@ def _word_tokenizer(directory):
 def imported(request, tmp_path_factory):
     """(the HF model, its directory, the imported config and params)."""
     path = tmp_path_factory.mktemp(request.param)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(_config(request.param)).eval()
-    with torch.no_grad():  # norms start at 1 and the expert bias at 0, where a dropped one would not show
-        for name, p in list(model.named_parameters()) + list(model.named_buffers()):
-            if p.ndim == 1 and "inv_freq" not in name:
-                p.add_(0.2 * torch.randn_like(p))
+    model = hf_models.model(request.param)
     model.save_pretrained(str(path / "hf"))
     _word_tokenizer(path / "hf")
     cfg, pure = hf.import_hf(str(path / "hf"), ["max_target_length=32"])
