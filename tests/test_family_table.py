@@ -43,6 +43,7 @@ TABLE = pathlib.Path(__file__).parent / "data" / "family_table.json"
 # with XLA's default code generation took over 600 s (pytest's default limit) with the 2 cores loaded 12×
 TIMEOUT_S = 1800
 pytestmark = pytest.mark.timeout(TIMEOUT_S)
+
 # one preset per family, shrunk with its traits (MoE layouts included): the smallest of the older
 # families; of the newer, the one with the most of its family's traits (TRAITS below)
 PRESETS = {"llama2": "tiny", "gpt3": "gpt3-126m", "qwen2": "qwen2.5-0.5b", "qwen3": "qwen3-0.6b",
