@@ -91,10 +91,11 @@ def start_built(tmp_path, argv, devices, ckpt=True):
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def process_env(devices: int, **extra: str) -> dict:
-    """The environment of a CPU subprocess with `devices` simulated devices, no launcher's variables."""
+def process_env(devices: int, cheap_compile: bool = True, **extra: str) -> dict:
+    """The environment of a CPU subprocess with `devices` simulated devices, no launcher's variables;
+    the tests' cheaper compile unless `cheap_compile=False` (tests/xla_flags.py)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MAXLITE_", "RAY_ADDRESS"))}
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_xla_flags(devices),
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_xla_flags(devices, cheap_compile),
                TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT, **extra)
     return env
 
@@ -327,3 +328,15 @@ def assert_greedy_like_transformers(cfg, pure, model, new_tokens: int = 32):
                                  min_new_tokens=new_tokens, eos_token_id=None, pad_token_id=0)
         assert got == out[0, len(prompt):].tolist()
         assert len(set(got)) > 4, got
+
+
+def selected_params(request, name: str) -> list:
+    """The values of parameter `name` among the selected tests of the requesting module (after
+    `pytest -k`), in collection order: a module fixture that computes for every case in one
+    subprocess computes only what was selected."""
+    values = []
+    for item in request.session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if item.module is request.module and name in params and params[name] not in values:
+            values.append(params[name])
+    return values

@@ -1,8 +1,8 @@
-"""GLM-4.5 (maxlite/families/glm4_moe/) built small and random by transformers, with a tokenizer
-and chat template of its own and its multi-token-prediction layer as the published checkpoints
-store it: import → float32 logits equal transformers' (relative error ≤ 1e-5) with half-rotary
-RoPE, q/k norms, q/k/v biases, a dense first layer, grouped sigmoid routing with a nonzero choice
-bias, a shared expert and scaled weights; greedy decoding identical to `generate`; export →
+"""GLM-4.5 (maxlite/families/glm4_moe/) built small and random by transformers (tests/hf_models.py),
+with a tokenizer and chat template of its own and its multi-token-prediction layer as the published
+checkpoints store it: import → float32 logits equal transformers' (relative error ≤ 1e-5) with half-
+rotary RoPE, q/k norms, q/k/v biases, a dense first layer, grouped sigmoid routing with a nonzero
+choice bias, a shared expert and scaled weights; greedy decoding identical to `generate`; export →
 transformers loads it, computes the same logits, and the tokenizer comes back unchanged."""
 
 import json
@@ -17,32 +17,21 @@ from maxlite.bridge import hf
 from maxlite.bridge import params as P
 from maxlite.data.tokenizer import BUNDLED_DIR
 from maxlite.generate import Sampling, generate_ids
+from tests import hf_models
 from tests.helpers import jax_logits
-from tests.hf_models import GLM_V, glm4_moe_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-V, T = GLM_V, 24  # the bundled tokenizer's vocabulary
+V, T = 4096, 24  # the bundled tokenizer's vocabulary
 TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-
-
-_config = glm4_moe_config  # tests/hf_models.py
 
 
 @pytest.fixture(scope="module")
 def glm(tmp_path_factory):
-    """(the transformers model, its directory): norms, biases and the routing bias perturbed (HF
-    starts them at 1 or 0, where a swapped or dropped one would not show), saved with a tokenizer,
-    and a multi-token-prediction layer (model.layers.3.*) added to its file as GLM publishes it."""
+    """(the transformers model (tests/hf_models.py), its directory): saved with a tokenizer, and a
+    multi-token-prediction layer (model.layers.3.*) added to its file as GLM publishes it."""
     path = tmp_path_factory.mktemp("glm") / "hf"
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(_config()).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim == 1:
-                p.add_(0.2 * torch.randn_like(p))
-        for layer in model.model.layers[1:]:
-            layer.mlp.gate.e_score_correction_bias.copy_(0.1 * torch.randn(8))
+    model = hf_models.model("glm4_moe")
     model.save_pretrained(str(path))
     tensors = load_file(str(path / "model.safetensors"))
     rng = np.random.default_rng(2)

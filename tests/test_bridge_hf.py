@@ -108,13 +108,7 @@ def test_bfloat16_export_rounds_like_torch(tmp_path):
 
 
 def test_import_of_a_transformers_written_model_matches_its_logits(tmp_path):
-    config = hf_models.llama_scaled()
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():  # HF initialises norms to ones: perturb them so a swapped norm shows
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(0.3 * torch.randn_like(p))
+    model = hf_models.model("llama")  # one kv head, Llama 3 RoPE scaling (tests/hf_models.py)
     model.save_pretrained(str(tmp_path))
     cfg, pure = hf.import_hf(str(tmp_path), ["dtype=float32", "max_target_length=64"])
     assert (cfg.base_num_kv_heads, cfg.head_dim, cfg.rope_scaling_factor) == (1, 32, 32.0)
@@ -164,13 +158,7 @@ def test_gpt3_block_exports_as_gpt2(tied, tmp_path):
 
 
 def test_import_of_a_transformers_written_gpt2_matches_its_logits(tmp_path):
-    config = hf_models.gpt2()
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(config).eval()
-    with torch.no_grad():  # HF initialises LayerNorms to (1, 0) and biases to 0: perturb them
-        for name, p in model.named_parameters():
-            if p.ndim == 1:
-                p.add_(0.2 * torch.randn_like(p))
+    model = hf_models.model("gpt2")  # tests/hf_models.py
     model.save_pretrained(str(tmp_path))
     cfg, pure = hf.import_hf(str(tmp_path), ["dtype=float32", "max_target_length=64"])
     assert (cfg.decoder_block, cfg.base_mlp_dim, cfg.head_dim, cfg.logits_via_embedding) == ("gpt3", 256, 16, True)

@@ -1,9 +1,9 @@
-"""Qwen2, Qwen3, Gemma 3 (text; also with a layer pattern of its own), Mistral with a sliding window,
-OLMo 3 and gpt-oss, each built small and random by
-transformers: import → float32 logits equal transformers' over a batch longer than the window
-(relative error ≤ 1e-5), greedy decoding of 32 tokens identical to `generate`, export → transformers
-loads it and its logits equal ours, the tokenizer and chat template come back unchanged, and the
-compute dtype config.json states is the one the import records."""
+"""Qwen2, Qwen3, Gemma 3 (text; also with a layer pattern of its own), Mistral with a sliding window, OLMo
+3 and gpt-oss, each built small and random by transformers (tests/hf_models.py): import → float32 logits
+equal transformers' over a batch longer than the window (relative error ≤ 1e-5), greedy decoding of 32
+tokens identical to `generate`, export → transformers loads it and its logits equal ours, the tokenizer
+and chat template come back unchanged, and the compute dtype config.json states is the one the import
+records."""
 
 import json
 
@@ -16,34 +16,24 @@ from maxlite import config as C
 from maxlite.bridge import hf
 from maxlite.bridge import params as P
 from maxlite.data.tokenizer import BUNDLED_DIR
+from tests import hf_models
 from tests.helpers import assert_greedy_like_transformers, jax_logits
-from tests.hf_models import FAMILIES, FAMILIES_V, FAMILIES_WINDOW, families_config
+from tests.hf_models import WINDOW
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-V, WINDOW = FAMILIES_V, FAMILIES_WINDOW  # tests/hf_models.py
-T = 40  # sequences well past the window
+V, T = 4096, 40  # the bundled tokenizer's vocabulary; sequences well past the window
 TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
 
 
-_config = families_config
-
-
+FAMILIES = ["qwen2", "qwen3", "gemma3", "gemma3-own-pattern", "mistral", "olmo3", "gpt_oss"]
 DECODER_BLOCK = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3", "gemma3-own-pattern": "gemma3",
                  "mistral": "llama2", "olmo3": "olmo3", "gpt_oss": "gpt_oss"}
 
 
 def _hf_model(family, path, dtype=torch.float32):
-    """A random HF model saved with its tokenizer and chat template; norms and biases perturbed
-    (HF starts them at 1 or 0, where a swapped or dropped one would not show)."""
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(_config(family)).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim == 1 or name.endswith("_bias"):  # gpt-oss's experts' biases are [E, ...]
-                p.add_(0.2 * torch.randn_like(p))
-        if family.startswith("gemma3"):  # √d-scaled tied embeddings: a random Gemma repeats itself unless shrunk
-            model.get_input_embeddings().weight.mul_(0.05)
+    """A random HF model (tests/hf_models.py) saved with its tokenizer and chat template."""
+    model = hf_models.model(family)
     model.to(dtype).save_pretrained(str(path))
     tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(BUNDLED_DIR / "tokenizer.json"),
                                                eos_token="<|endoftext|>")
@@ -112,7 +102,7 @@ def test_gemma3_text_defaults_are_transformers_own():
 def test_a_multimodal_gemma3_checkpoint_imports_its_text_model(tmp_path):
     """The hub's Gemma 3 4B-27B are Gemma3ForConditionalGeneration: config.json nests text_config,
     the tensors sit under the language model's prefix beside a vision tower we leave behind."""
-    text = _config("gemma3")
+    text = hf_models.config("gemma3")
     vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                              num_attention_heads=2, image_size=32, patch_size=8)
     torch.manual_seed(0)

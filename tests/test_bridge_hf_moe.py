@@ -1,5 +1,5 @@
-"""Mixtral and Qwen3-MoE built small and random by transformers: import → float32 logits equal
-transformers' (relative error ≤ 1e-5) and the auxiliary load-balancing loss equals the one
+"""Mixtral and Qwen3-MoE built small and random by transformers (tests/hf_models.py): import → float32
+logits equal transformers' (relative error ≤ 1e-5) and the auxiliary load-balancing loss equals the one
 transformers returns with output_router_logits; greedy decoding identical to `generate`; export →
 transformers loads it and computes the same logits. Qwen3-MoE keeps a dense first layer
 (mlp_only_layers=[0]), stored apart from the scanned MoE layers."""
@@ -14,22 +14,17 @@ from flax import nnx
 from maxlite.bridge import hf
 from maxlite.models import moe
 from maxlite.state import abstract_params
+from tests import hf_models
 from tests.helpers import greedy_paths
-from tests.hf_models import MOE_V, moe_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-V, T = MOE_V, 12
-_config = moe_config  # tests/hf_models.py
+V, T = 256, 12
 
 
 def _hf_model(family, path):
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(_config(family)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 1:  # norms start at 1, where a swapped one would not show
-                p.add_(0.2 * torch.randn_like(p))
+    """A random HF model (tests/hf_models.py), saved."""
+    model = hf_models.model(family)
     model.save_pretrained(str(path))
     return model
 
@@ -82,7 +77,7 @@ def test_import_logits_aux_loss_greedy_and_export(family, tmp_path):
 def test_a_dense_layout_maxlite_cannot_express_is_refused():
     from maxlite.families.qwen3_moe import hf as qwen3_moe
 
-    hf_cfg = _config("qwen3_moe").to_dict()
+    hf_cfg = hf_models.config("qwen3_moe").to_dict()
     hf_cfg.update(mlp_only_layers=[1])
     with pytest.raises(ValueError, match="mlp_only_layers"):
         qwen3_moe.config_overrides(hf_cfg)

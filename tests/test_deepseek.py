@@ -1,6 +1,6 @@
 """DeepSeek-V2 (no query latent, softmax routing in groups) and DeepSeek-V3 (query latent, sigmoid
 routing with the expert bias, in groups), both with YaRN RoPE and its softmax factor, built small
-and random by transformers, with a word tokenizer and chat template of
+and random by transformers (tests/hf_models.py), with a word tokenizer and chat template of
 their own: import → float32 logits equal transformers' (relative error ≤ 1e-5), greedy decoding
 through the latent cache equals `generate`, export → transformers loads the same architecture and
 computes the same logits, the tokenizer and template come back unchanged."""
@@ -18,14 +18,13 @@ import transformers
 from maxlite.bridge import hf
 from maxlite.bridge import params as P
 from maxlite.bridge.safetensors_io import Entry, SafetensorsDir, write_sharded
+from tests import hf_models
 from tests.helpers import greedy_paths, jax_logits
-from tests.hf_models import DEEPSEEK_V, deepseek_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-V, T = DEEPSEEK_V, 12
+V, T = 256, 12
 TEMPLATE = "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"
-_config = deepseek_config  # tests/hf_models.py
 
 
 def _word_tokenizer(directory):
@@ -43,12 +42,7 @@ def _word_tokenizer(directory):
 def imported(request, tmp_path_factory):
     """(the HF model, its directory, the imported config and params)."""
     path = tmp_path_factory.mktemp(request.param)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(_config(request.param)).eval()
-    with torch.no_grad():  # norms start at 1 and the expert bias at 0, where a dropped one would not show
-        for name, p in list(model.named_parameters()) + list(model.named_buffers()):
-            if p.ndim == 1 and "inv_freq" not in name:
-                p.add_(0.2 * torch.randn_like(p))
+    model = hf_models.model(request.param)
     model.save_pretrained(str(path / "hf"))
     _word_tokenizer(path / "hf")
     cfg, pure = hf.import_hf(str(path / "hf"), ["max_target_length=32"])

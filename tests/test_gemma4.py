@@ -1,10 +1,10 @@
-"""Gemma 4 (text), built small and random by transformers with every trait of the family at once —
-per-layer embeddings, the last layers sharing keys and values (with double-wide MLPs), wide global
-layers with fewer kv heads whose keys are the values, proportional RoPE, soft-capped logits —:
-import → float32 logits equal transformers' over a batch longer than the window (relative error ≤
-1e-5), greedy decoding of 32 tokens identical to `generate` (the windows wrapping in the cache),
-export → transformers loads it and computes the same logits, with the tokenizer and chat template;
-the text model of a multimodal checkpoint imports; what maxlite does not model is refused in one line."""
+"""Gemma 4 (text), built small and random by transformers (tests/hf_models.py) with every trait of the
+family at once — per-layer embeddings, the last layers sharing keys and values (with double-wide MLPs),
+wide global layers with fewer kv heads whose keys are the values, proportional RoPE, soft-capped logits
+—: import → float32 logits equal transformers' over a batch longer than the window (relative error ≤
+1e-5), greedy decoding of 32 tokens identical to `generate` (the windows wrapping in the cache), export
+→ transformers loads it and computes the same logits, with the tokenizer and chat template; the text
+model of a multimodal checkpoint imports; what maxlite does not model is refused in one line."""
 
 import json
 
@@ -18,39 +18,21 @@ from maxlite.bridge import hf
 from maxlite.bridge import params as P
 from maxlite.data.tokenizer import BUNDLED_DIR
 from maxlite.models.kinds import cache_numbers_per_token
+from tests import hf_models
 from tests.helpers import assert_greedy_like_transformers, jax_logits
-from tests.hf_models import GEMMA4_MOE, GEMMA4_TYPES, GEMMA4_V, GEMMA4_WINDOW, gemma4_text_config
+from tests.hf_models import GEMMA4_TYPES, WINDOW
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-V, WINDOW, TYPES = GEMMA4_V, GEMMA4_WINDOW, GEMMA4_TYPES  # tests/hf_models.py
-T = 40  # sequences well past the window
+V, T = 4096, 40  # the bundled tokenizer's vocabulary; sequences well past the window
 TEMPLATE = ("{% for m in messages %}<|turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"  # Gemma 4's
             "{{ m['content'] }}<turn|>\n{% endfor %}{% if add_generation_prompt %}<|turn>model\n{% endif %}")  # turns
 
 
-_text_config = gemma4_text_config  # tests/hf_models.py
-
-
-def _perturbed(model, seed: int = 0):
-    """Norm scales and layer scalars away from 1 (where a swapped or dropped one would not show); the
-    √d-scaled tied embeddings shrunk (a random Gemma repeats itself otherwise)."""
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim == 1:
-                p.add_(0.2 * torch.randn_like(p))
-        for name, b in model.named_buffers():
-            if name.endswith("layer_scalar"):
-                b.add_(0.2 * torch.randn_like(b))
-        model.get_input_embeddings().weight.mul_(0.05)
-    return model
-
-
-def _saved(tmp_path_factory, config, seed: int = 0):
+def _saved(tmp_path_factory, name: str):
+    """A random HF model (tests/hf_models.py) saved with the bundled tokenizer and Gemma 4's turns."""
     path = tmp_path_factory.mktemp("gemma4") / "hf"
-    torch.manual_seed(seed)
-    model = _perturbed(transformers.AutoModelForCausalLM.from_config(config).eval(), seed)
+    model = hf_models.model(name)
     model.save_pretrained(str(path))
     tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(BUNDLED_DIR / "tokenizer.json"),
                                                eos_token="<|endoftext|>")
@@ -61,15 +43,13 @@ def _saved(tmp_path_factory, config, seed: int = 0):
 
 @pytest.fixture(scope="module")
 def hf_model(tmp_path_factory):
-    return _saved(tmp_path_factory, _text_config())
+    return _saved(tmp_path_factory, "gemma4")
 
 
 @pytest.fixture(scope="module")
 def hf_moe(tmp_path_factory):
-    """The MoE variant: a dense MLP beside 4 experts (top 2) in every layer. Seed 0 puts a router
-    near-tie (2nd and 3rd expert 9e-8 apart) on a greedy path, where float32 rounding picks either:
-    seed 1 has none."""
-    return _saved(tmp_path_factory, _text_config(**GEMMA4_MOE), seed=1)
+    """The MoE variant: a dense MLP beside 4 experts (top 2) in every layer."""
+    return _saved(tmp_path_factory, "gemma4_moe")
 
 
 def _logits(model, ids):
@@ -92,7 +72,7 @@ def _import_equal_decode_and_export(model, path, tmp_path):
     # export: transformers loads it as the same architecture and computes our logits
     hf.export_hf(cfg, pure, str(tmp_path / "back"))
     back = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "back"), dtype=torch.float32)
-    assert type(back) is type(model) and back.config.layer_types == TYPES
+    assert type(back) is type(model) and back.config.layer_types == GEMMA4_TYPES
     assert back.config.kv_sharing_modes == model.config.kv_sharing_modes
     assert _relative(_logits(back, ids), theirs) <= 1e-5
     return cfg, pure
@@ -160,11 +140,11 @@ def test_the_text_model_of_a_multimodal_checkpoint_imports(tmp_path):
     vision = transformers.Gemma4VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                              num_attention_heads=2, num_key_value_heads=2, head_dim=16,
                                              patch_size=4, position_embedding_size=64)
-    config = transformers.Gemma4Config(text_config=_text_config(hidden_size_per_layer_input=0, num_kv_shared_layers=0,
-                                                                final_logit_softcapping=None).to_dict(),
+    text = hf_models.gemma4_text(hidden_size_per_layer_input=0, num_kv_shared_layers=0, final_logit_softcapping=None)
+    config = transformers.Gemma4Config(text_config=text.to_dict(),
                                        vision_config=vision.to_dict(), audio_config=None)
     torch.manual_seed(0)
-    full = _perturbed(transformers.Gemma4ForConditionalGeneration(config).eval())
+    full = hf_models.gemma4_perturbed(transformers.Gemma4ForConditionalGeneration(config).eval())
     full.save_pretrained(str(tmp_path / "mm"))
     cfg, pure = hf.import_hf(str(tmp_path / "mm"))
     assert (cfg.decoder_block, cfg.global_head_dim, cfg.per_layer_embed_dim) == ("gemma4", 32, 0)

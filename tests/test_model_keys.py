@@ -35,7 +35,7 @@ def _family_presets() -> dict[str, str]:
 
 
 PRESETS = _family_presets()
-CASES = [f"preset:{name}" for name in PRESETS.values()] + [f"hf:{name}" for name in hf_models.BUILDERS]
+CASES = [f"preset:{name}" for name in PRESETS.values()] + [f"hf:{name}" for name in hf_models.CONFIGS]
 
 
 def _hf_dir(case: str, path) -> str:
@@ -48,7 +48,7 @@ def _hf_dir(case: str, path) -> str:
         hf.export_hf(cfg, zeros, str(path), tokenizer="none")
     else:
         torch.manual_seed(0)
-        transformers.AutoModelForCausalLM.from_config(hf_models.BUILDERS[name]()).save_pretrained(str(path))
+        transformers.AutoModelForCausalLM.from_config(hf_models.config(name)).save_pretrained(str(path))
     return str(path)
 
 

@@ -1,9 +1,9 @@
 """Qwen3.5 (dense and MoE) and Qwen3-Next: gated delta-net layers beside gated full attention.
 
-Random models built by transformers (their reference PyTorch delta rule, chunks of 64, is the ground
-truth) import, give float32 logits within 1e-5 relative over prompts of several chunks (150 tokens:
-not a multiple of the chunk), decode greedily to transformers' own tokens, export so that
-transformers loads them with the same logits, and keep their tokenizer and chat template. The
+Random models built by transformers (tests/hf_models.py; their reference PyTorch delta rule, chunks of
+64, is the ground truth) import, give float32 logits within 1e-5 relative over prompts of several
+chunks (150 tokens: not a multiple of the chunk), decode greedily to transformers' own tokens, export
+so that transformers loads them with the same logits, and keep their tokenizer and chat template. The
 chunked form is the token-by-token recurrence whatever the chunk size, and a packed row equals its
 documents run one by one."""
 
@@ -17,15 +17,16 @@ from maxlite import config as C
 from maxlite.bridge import hf
 from maxlite.bridge import params as P
 from maxlite.generate import Sampling, generate_ids
+from tests import hf_models
 from tests.helpers import jax_logits
-from tests.hf_models import QWEN_HYBRID_CONFIGS, QWEN_HYBRID_TWO, QWEN_HYBRID_V
+from tests.hf_models import HYBRID_TWO
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-V = QWEN_HYBRID_V
+V = 256
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'assistant' %}<think>\n\n"
             "</think>\n\n{% endif %}{{ m['content'] }}<|im_end|>\n{% endfor %}")
-TWO, CONFIGS = QWEN_HYBRID_TWO, QWEN_HYBRID_CONFIGS  # tests/hf_models.py
+KINDS = ["qwen3_5_text", "qwen3_next", "qwen3_5_moe"]  # tests/hf_models.py
 BLOCK = {"qwen3_5_text": "qwen3_5", "qwen3_next": "qwen3_next", "qwen3_5_moe": "qwen3_5_moe"}
 
 
@@ -38,16 +39,11 @@ def _logits(model, ids):
         return model(torch.tensor(ids)).logits.float().numpy()
 
 
-@pytest.fixture(scope="module", params=list(CONFIGS))
+@pytest.fixture(scope="module", params=KINDS)
 def imported(request, tmp_path_factory):
     """(model type, the transformers model, its directory, maxlite's import of it)."""
     kind, path = request.param, tmp_path_factory.mktemp(request.param)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(CONFIGS[kind]()).eval()
-    with torch.no_grad():  # HF starts norms at 0 or 1 and A_log/dt_bias alike per head: perturb them
-        for _, p in model.named_parameters():
-            if p.ndim == 1:
-                p.add_(0.2 * torch.randn_like(p))
+    model = hf_models.model(kind)
     model.save_pretrained(str(path / "hf"))
     tok = _tokenizer()
     tok.chat_template = TEMPLATE
@@ -70,7 +66,7 @@ def _tokenizer():
 def test_import_gives_transformers_logits_over_several_chunks(imported):
     kind, model, _, cfg, pure = imported
     assert cfg.decoder_block == BLOCK[kind] and cfg.partial_rotary_factor == 0.25
-    assert list(cfg.layer_types) == ([] if kind == "qwen3_5_text" else TWO["layer_types"])  # own pattern kept
+    assert list(cfg.layer_types) == ([] if kind == "qwen3_5_text" else HYBRID_TWO["layer_types"])  # own pattern kept
     ids = np.random.default_rng(1).integers(0, V, (2, 150))
     assert _relative(jax_logits(cfg, pure, ids), _logits(model, ids)) <= 1e-5
 
@@ -213,7 +209,7 @@ def test_a_multimodal_checkpoint_imports_its_text_model(kind, tmp_path):
     """The published Qwen3.5 checkpoints are Qwen3_5[Moe]ForConditionalGeneration: config.json nests
     text_config, the decoder's tensors sit under model.language_model. beside a vision tower left
     behind; text tokens give the full model's logits."""
-    text = CONFIGS["qwen3_5_text" if kind == "qwen3_5" else "qwen3_5_moe"]().to_dict()
+    text = hf_models.config("qwen3_5_text" if kind == "qwen3_5" else "qwen3_5_moe").to_dict()
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
                   spatial_merge_size=1, temporal_patch_size=2, num_position_embeddings=16)
     make = transformers.Qwen3_5Config if kind == "qwen3_5" else transformers.Qwen3_5MoeConfig
