@@ -19,11 +19,10 @@ from maxlite import api, checkpoints, config as C
 from maxlite.bridge import hf, mxfp4
 from maxlite.bridge import params as P
 from maxlite.generate import Sampling, generate_ids
-from tests.hf_models import GPT_OSS_WINDOW, gpt_oss_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-WINDOW = GPT_OSS_WINDOW
+WINDOW = 8
 # as gpt-oss's tokenizer: <|endoftext|> separates documents, <|return|> ends an answer
 SPECIALS = ["<|endoftext|>", "<|start|>", "<|message|>", "<|end|>", "<|return|>", "<|channel|>"]
 # the harmony format's shape (ours, not the published template): roles between <|start|> and
@@ -54,7 +53,15 @@ def _tokenizer(directory):
     return fast
 
 
-hf_config = gpt_oss_config  # tests/hf_models.py
+def hf_config(**kw):
+    """4 experts (top 2) of width 32, a clamp low enough to bite, a window of 8 (layer 0 local),
+    gpt-oss's YaRN (not truncated) over a shorter original context."""
+    return transformers.GptOssConfig(
+        vocab_size=320, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
+        max_position_embeddings=256, initializer_range=0.3, swiglu_limit=1.5,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 64, "rope_theta": 150000.0}, **kw)
 
 
 def save_hf(path, **kw):
