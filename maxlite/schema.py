@@ -571,6 +571,18 @@ class Keys:
     reward_functions: tuple[str, ...] = key((),
         'grpo: "package.module:function" each; e.g. maxlite.objectives.rewards:exact_answer')
     reward_weights: tuple[float, ...] = key((), "grpo: one weight per reward function ([] = 1 each)")
+    # RL placement: where the rollouts run (maxlite/rollout/reshard.py; MaxText's RL hardware keys)
+    trainer_devices_fraction: float = key(1.0,
+        "grpo: the first this share of the devices train (MaxText's name); 1 with sampler_devices_fraction 1: "
+        "trainer and rollouts share every device, alternating (colocated)", bounds=(0.0, 1.0))
+    sampler_devices_fraction: float = key(1.0,
+        "grpo: the last this share of the devices generate (MaxText's name); below 1, trainer and sampler "
+        "shares must not overlap (separate placement: weights resharded onto them each step)", bounds=(0.0, 1.0))
+    rollout_data_parallelism: int = key(-1,
+        "grpo: model replicas on the sampler's devices (MaxText's name; -1: the devices left by "
+        "rollout_tensor_parallelism)", bounds=(-1, None))
+    rollout_tensor_parallelism: int = key(1,
+        "grpo: tensor shards of each replica on the sampler's devices (MaxText's name)", positive=True)
 
     lora_rank: int = key(0,
         "adapter rank r; 0 = off (full fine-tuning)",

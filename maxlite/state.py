@@ -62,13 +62,18 @@ def _init_fn(cfg, tx):
     return init
 
 
+def param_shardings(params, mesh: Mesh):
+    """Each parameter's sharding on `mesh`, from its logical axes (the training mesh's, or a rollout
+    mesh of another shape: maxlite/rollout/reshard.py)."""
+    with nnx.logical_axis_rules(RULES):  # logical names → mesh axes
+        specs = nnx.get_partition_spec(params)
+    return jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs, is_leaf=lambda x: isinstance(x, P))
+
+
 def state_shardings(abstract: TrainState, mesh: Mesh, tx) -> TrainState:
     """Params follow their logical axes; optimizer state follows the params; scalars replicate."""
     replicated = NamedSharding(mesh, P())
-    with nnx.logical_axis_rules(RULES):  # logical names → mesh axes
-        params = nnx.get_partition_spec(abstract.params)
-    params = jax.tree.map(lambda spec: NamedSharding(mesh, spec), params,
-                          is_leaf=lambda x: isinstance(x, P))
+    params = param_shardings(abstract.params, mesh)
     opt = optax.tree_map_params(
         tx, lambda _, s: s, abstract.opt_state, split_trainable(params)[0],
         transform_non_params=lambda _: replicated, is_leaf=lambda x: isinstance(x, nnx.Variable))
