@@ -44,6 +44,9 @@ def build(cfg: C.Config, devices=None, num_processes: int | None = None) -> Buil
     from maxlite import mesh as mesh_lib
 
     devices = list(jax.devices() if devices is None else devices)
+    if cfg.train_objective == "grpo":  # the trainer's own share when the rollouts have theirs
+        from maxlite.rollout.reshard import split_devices
+        devices = split_devices(cfg, devices).trainer
     cfg = C.resolve(cfg, len(devices), mesh_lib.num_slices_of(devices),
                     jax.process_count() if num_processes is None else num_processes, devices[0].platform)
     choice = _choose_cpu_matmul(cfg) if devices[0].platform == "cpu" else None

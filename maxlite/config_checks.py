@@ -153,6 +153,10 @@ def _validate_objective(c: Config) -> None:
         raise ConfigError("dpo_precompute_reference computes the reference from the weights the run starts "
                           "with: set alignment_sft_steps=0 and start from an SFT checkpoint (load_parameters_path)")
     if c.train_objective != "grpo":
+        placement = [k for k in ("trainer_devices_fraction", "sampler_devices_fraction", "rollout_data_parallelism",
+                                 "rollout_tensor_parallelism", "off_policy_steps") if getattr(c, k) != FIELDS[k].default]
+        if placement:
+            raise ConfigError(f"{placement[0]} places GRPO's rollouts: it is for train_objective=grpo")
         return
     if not c.reward_functions:
         raise ConfigError("train_objective=grpo needs reward_functions, e.g. [maxlite.objectives.rewards:exact_answer]")
@@ -168,6 +172,9 @@ def _validate_objective(c: Config) -> None:
                           f"max_target_length={c.max_target_length}")
     if c.grpo_num_generations < 2:
         raise ConfigError("grpo_num_generations must be at least 2 (advantages are relative to the group)")
+    if c.off_policy_steps and (c.trainer_devices_fraction, c.sampler_devices_fraction) == (1.0, 1.0):
+        raise ConfigError(f"off_policy_steps={c.off_policy_steps} samples while the trainer trains: give the sampler "
+                          "devices of its own (trainer_devices_fraction + sampler_devices_fraction ≤ 1)")
 
 
 def _validate_data(c: Config) -> None:

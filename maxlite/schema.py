@@ -583,6 +583,9 @@ class Keys:
         "rollout_tensor_parallelism)", bounds=(-1, None))
     rollout_tensor_parallelism: int = key(1,
         "grpo: tensor shards of each replica on the sampler's devices (MaxText's name)", positive=True)
+    off_policy_steps: int = key(0,
+        "grpo: sample the prompts of the next this many steps while a step trains (MaxText's name; NeMo-RL's "
+        "max_trajectory_age_steps); needs separate placement; 0: synchronous", bounds=(0, None))
 
     lora_rank: int = key(0,
         "adapter rank r; 0 = off (full fine-tuning)",

@@ -121,6 +121,10 @@ def _preflight(cfg: C.Config, built, primary: bool, launcher_keeper: bool):
     state_lib.check_fits(cfg, built.abstract)
     reader = mesh_lib.readers(built.batch_sharding)  # processes holding the same rows read the same rows
     batches = data.make_iterator(cfg, "train", *reader)
+    if built.objective.reads_ahead:  # asynchronous GRPO samples the next steps' prompts while one trains
+        from maxlite.data.lookahead import Lookahead
+        batches = Lookahead(batches)
+        built.objective.read_ahead(batches.peek)
     if cfg.eval_interval > 0:  # the eval files and tokenizer, read the same way
         data.make_iterator(cfg, "eval", *reader).close()
     return batches

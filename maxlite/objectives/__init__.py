@@ -52,6 +52,8 @@ class Objective:
                                          (watchdog, goodput, straggler timing) where its time goes;
                                          rows it makes itself (GRPO's samples) go through
                                          `clock.train_rows(step + 1, rows)` before they become a batch
+        reads_ahead, read_ahead(peek)    how many batches past the loop's it samples from, and the
+                                         loop's `peek` at them (GRPO's off_policy_steps)
         data_rows(step)                  the prefix of the data batch's rows step `step` trains on
                                          ("": all of them), or None: it trains on rows it makes
         compiled                         the main jitted step (what the planner and benchmarks lower)
@@ -60,9 +62,13 @@ class Objective:
     """
 
     scorer: Callable | None = None
+    reads_ahead = 0  # batches past the loop's it reads (GRPO's off_policy_steps: maxlite/data/lookahead.py)
 
     def __init__(self, compiled: Callable, scorer: Callable | None = None):
         self.compiled, self.scorer = compiled, scorer
+
+    def read_ahead(self, peek: Callable) -> None:
+        """`peek(i)`: the i-th data batch after the one the loop took last (for reads_ahead > 0)."""
 
     def restore(self, state, step: int, files) -> None:
         pass
@@ -89,6 +95,13 @@ class Phased(Objective):
     @property
     def scorer(self):
         return self.main.scorer
+
+    @property
+    def reads_ahead(self):
+        return self.main.reads_ahead
+
+    def read_ahead(self, peek: Callable) -> None:
+        self.main.read_ahead(peek)
 
     def restore(self, state, step: int, files) -> None:
         self.main.restore(state, step, files)

@@ -78,8 +78,13 @@ class GRPOStep(Objective):
         from maxlite import step as step_lib
         from maxlite.state import split_trainable
 
+        from maxlite.rollout.pipeline import RolloutPipeline
+
         self.cfg, self.batch_sharding = cfg, batch_sharding
         self.rollout = Rollout(cfg, graphdef)
+        self.reads_ahead = cfg.off_policy_steps
+        self.rollouts = RolloutPipeline(cfg, self.rollout, self.sampling_key, shardings.params,
+                                        list(batch_sharding.mesh.devices.flat))
 
         def logps(state, rows, with_old: bool):
             frozen = split_trainable(state.params)[1]
@@ -98,6 +103,12 @@ class GRPOStep(Objective):
         samples step `step` with the key the uninterrupted run used."""
         return jax.random.fold_in(jax.random.fold_in(jax.random.key(self.cfg.seed), _SALT), step)
 
+    def read_ahead(self, peek) -> None:
+        self.rollouts.upcoming = peek
+
+    def restore(self, state, step: int, files) -> None:
+        self.rollouts.restart()  # a resume or rollback: what was sampled ahead is another run's
+
     def data_rows(self, step: int) -> None:
         return None  # it trains on the completions it samples, not on the prompts' rows
 
@@ -107,7 +118,7 @@ class GRPOStep(Objective):
         cfg = self.cfg
         started = time.perf_counter()
         with clock.section("rollout", productive=True):  # sampling, the host gather, the rewards
-            got = self.rollout(state.params, batch, self.sampling_key(step))
+            got, placed = self.rollouts.take(state.params, batch, step)
         sampled = time.perf_counter()
         with clock.device_wait():
             rows = clock.train_rows(step + 1, got.rows)  # the loop's look (an injected nan poisons them)
@@ -119,7 +130,7 @@ class GRPOStep(Objective):
             jax.block_until_ready(metrics["loss"])  # training_seconds is the updates' own time
             figures = process_mean({"reward": got.rewards_PG.mean(), "reward_std": got.rewards_PG.std(1).mean(),
                                     "completion_length": got.lengths.mean(), "completions_ended": got.ended.mean()})
-        return state, {**metrics, **figures, "sampling_seconds": sampled - started,
+        return state, {**metrics, **figures, **placed, "sampling_seconds": sampled - started,
                        "training_seconds": time.perf_counter() - sampled}
 
     def evaluate(self, params, opt_state, batches) -> dict[str, float]:
