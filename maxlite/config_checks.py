@@ -168,6 +168,9 @@ def _validate_objective(c: Config) -> None:
                           f"max_target_length={c.max_target_length}")
     if c.grpo_num_generations < 2:
         raise ConfigError("grpo_num_generations must be at least 2 (advantages are relative to the group)")
+    for key in ("grpo_beta", "epsilon_high"):
+        if -1 < getattr(c, key) < 0:
+            raise ConfigError(f"{key}={getattr(c, key)}: give a value ≥ 0, or -1 for the loss_algo's own")
 
 
 def _validate_data(c: Config) -> None:
