@@ -175,6 +175,9 @@ def _validate_objective(c: Config) -> None:
     if c.off_policy_steps and (c.trainer_devices_fraction, c.sampler_devices_fraction) == (1.0, 1.0):
         raise ConfigError(f"off_policy_steps={c.off_policy_steps} samples while the trainer trains: give the sampler "
                           "devices of its own (trainer_devices_fraction + sampler_devices_fraction ≤ 1)")
+    for key in ("grpo_beta", "epsilon_high"):
+        if -1 < getattr(c, key) < 0:
+            raise ConfigError(f"{key}={getattr(c, key)}: give a value ≥ 0, or -1 for the loss_algo's own")
 
 
 def _validate_data(c: Config) -> None:

@@ -159,9 +159,12 @@ def _trainable(cfg):
 
 
 def keeps_reference(cfg) -> bool:
-    """Whether the optimizer state carries the reference's weights: DPO and GRPO, unless DPO reads
-    the reference's log-probabilities from a table computed before step 0 (dpo_precompute_reference)."""
-    return cfg.train_objective in ("dpo", "grpo") and not cfg.dpo_precompute_reference
+    """Whether the optimizer state carries the reference's weights: DPO, unless it reads the
+    reference's log-probabilities from a table computed before step 0 (dpo_precompute_reference),
+    and GRPO with a KL penalty (β = 0 reads no reference: no copy is made)."""
+    if cfg.train_objective == "grpo":
+        return cfg.rl_beta > 0
+    return cfg.train_objective == "dpo" and not cfg.dpo_precompute_reference
 
 
 class WithReference(NamedTuple):

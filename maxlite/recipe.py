@@ -23,6 +23,17 @@ from maxlite.schema import MESH_AXES, ConfigError, Keys, parallelism_key
 OBJECTIVE_DATASET = {"dpo": "preference", "grpo": "prompts"}  # the dataset_type an alignment objective reads
 CHAT_DATASETS = ("sft", "preference", "prompts")  # rendered with the chat template (sft_template)
 FILE_DATASETS = ("text", *CHAT_DATASETS)  # read from dataset_path / eval_dataset_path files
+# Each loss_algo's own values of the RL loss keys left at their "follow the algorithm" setting
+# (docs/alignment.md has the table): (loss_agg_mode, grpo_beta, epsilon_high; None: grpo_epsilon).
+# DAPO's ε_high 0.28 and β 0 are the paper's (Yu et al. 2025, §3.1 and its recipe); the rest keep
+# today's GRPO (TRL's token mean, β 0.04, symmetric clipping); GSPO and Dr. GRPO average as their
+# papers write the objective.
+RL_LOSS_DEFAULTS = {
+    "grpo": ("token-mean", 0.04, None),
+    "gspo-token": ("sequence-mean-token-mean", 0.04, None),
+    "dapo": ("token-mean", 0.0, 0.28),
+    "dr_grpo": ("sequence-sum", 0.04, None),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +126,24 @@ class Config(Keys):
     def wsd_decay_steps(self) -> int:
         """lr_schedule_type=wsd: the decay's length, at the schedule's end."""
         return int(self.wsd_decay_steps_fraction * self.schedule_steps)
+
+    @property
+    def rl_loss_agg_mode(self) -> str:
+        """loss_agg_mode, or the loss_algo's own ("")."""
+        return self.loss_agg_mode or RL_LOSS_DEFAULTS[self.loss_algo][0]
+
+    @property
+    def rl_beta(self) -> float:
+        """grpo_beta, or the loss_algo's own (-1)."""
+        return RL_LOSS_DEFAULTS[self.loss_algo][1] if self.grpo_beta == -1 else self.grpo_beta
+
+    @property
+    def rl_epsilon_high(self) -> float:
+        """epsilon_high, or the loss_algo's own (-1): DAPO's clip-higher, else grpo_epsilon (symmetric)."""
+        if self.epsilon_high != -1:
+            return self.epsilon_high
+        own = RL_LOSS_DEFAULTS[self.loss_algo][2]
+        return self.grpo_epsilon if own is None else own
 
     @property
     def run_dir(self) -> str:

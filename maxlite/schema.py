@@ -564,10 +564,37 @@ class Keys:
     grpo_max_new_tokens: int = key(16,
         "grpo: tokens sampled per completion; prompts get max_target_length minus this", positive=True)
     grpo_temperature: float = key(1.0, "grpo: sampling temperature (> 0)", positive=True)
-    grpo_beta: float = key(0.04, "grpo: weight of the KL penalty to the reference", bounds=(0, None))
-    grpo_epsilon: float = key(0.2, "grpo: ratio clipping, clip(ρ, 1 − ε, 1 + ε)", bounds=(0, None))
+    grpo_beta: float = key(-1.0,
+        "grpo: weight β of the k3 KL penalty to the reference (MaxText/TRL beta, verl kl_loss_coef); -1: the "
+        "loss_algo's own (0.04; dapo 0); 0: no penalty, and no reference copy of the weights is kept",
+        bounds=(-1, None))
+    grpo_epsilon: float = key(0.2,
+        "grpo: ε_low of the ratio clipping clip(ρ, 1 − ε_low, 1 + ε_high) (MaxText epsilon, verl clip_ratio_low)",
+        bounds=(0, None))
     grpo_iterations: int = key(1,
         "grpo: updates per batch of completions (μ); > 1 uses the sampling policy's log-probs for ρ", positive=True)
+    # RL losses (objectives/rl_loss.py, docs/alignment.md)
+    loss_algo: str = key("grpo",
+        "grpo: the policy loss (MaxText/Tunix loss_algo): grpo (per-token ratio, (r − mean)/std advantage) | "
+        "gspo-token (GSPO's sequence ratio, per token) | dapo (clip-higher, no KL) | dr_grpo (r − mean, "
+        "constant normaliser)", choices=("grpo", "gspo-token", "dapo", "dr_grpo"))
+    loss_agg_mode: str = key("",
+        "grpo: how token losses add up (verl/MaxText loss_agg_mode): token-mean | sequence-mean-token-mean | "
+        "sequence-sum (÷ grpo_max_new_tokens × rows, Dr. GRPO's); \"\": the loss_algo's own (grpo, dapo: "
+        "token-mean; gspo-token: sequence-mean-token-mean; dr_grpo: sequence-sum)",
+        choices=("", "token-mean", "sequence-mean-token-mean", "sequence-sum"))
+    epsilon_high: float = key(-1.0,
+        "grpo: ε_high of the ratio clipping (MaxText/Tunix epsilon_high, verl clip_ratio_high); -1: the "
+        "loss_algo's own (grpo_epsilon: symmetric; dapo 0.28, clip-higher)", bounds=(-1, None))
+    dynamic_sampling: bool = key(False,
+        "grpo: groups whose rewards are all equal get no loss weight, their share logged as groups_dropped "
+        "(DAPO's dynamic sampling without the refill; verl algorithm.filter_groups)")
+    overlong_filtering: bool = key(False,
+        "grpo: completions that reach grpo_max_new_tokens without ending get no loss weight (NeMo-RL "
+        "overlong_filtering, DAPO's overlong filtering)")
+    tis_cap: float = key(2.0,
+        "grpo: with the sampler's log-probs in the batch (sampler_logps), each token's policy loss × "
+        "min(π_old/π_sampler, this): truncated importance sampling (verl tis_imp_ratio_cap)", positive=True)
     reward_functions: tuple[str, ...] = key((),
         'grpo: "package.module:function" each; e.g. maxlite.objectives.rewards:exact_answer')
     reward_weights: tuple[float, ...] = key((), "grpo: one weight per reward function ([] = 1 each)")

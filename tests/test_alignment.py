@@ -18,7 +18,7 @@ from maxlite.bridge import torch_model as TM
 from maxlite.build import build
 from maxlite.data import chat, preference
 from maxlite.data.tokenizer import load_tokenizer
-from maxlite.objectives import dpo, grpo, view
+from maxlite.objectives import dpo, grpo, rl_loss, view
 from maxlite.train import train
 from tests.helpers import SMALL
 from tests.xla_flags import cpu_xla_flags
@@ -109,7 +109,8 @@ def test_grpo_terms_equal_a_numpy_reference():
             loss[i, t] = -min(r * a[i], min(max(r, 1 - eps), 1 + eps) * a[i])
             loss[i, t] += beta * (np.exp(ref[i, t] - logp[i, t]) - (ref[i, t] - logp[i, t]) - 1)
             clipped[i, t] = (r > 1 + eps and a[i] > 0) or (r < 1 - eps and a[i] < 0)
-    sums, total = grpo.token_terms(*(jnp.asarray(x, jnp.float32) for x in (logp, old, ref, a, w)), eps, beta)
+    sums, total, _ = rl_loss.token_terms(*(jnp.asarray(x, jnp.float32) for x in (logp, old, ref, a, w)),
+                                         eps_low=eps, eps_high=eps, beta=beta)
     np.testing.assert_allclose(float(total), (w * loss).sum(), rtol=1e-5)
     np.testing.assert_allclose(float(sums["clip_ratio"]), (w * clipped).sum())
     assert 0 < (w * clipped).sum() < w.sum()  # the fixture exercises both sides of the clip

@@ -1,21 +1,28 @@
-"""Group Relative Policy Optimization (Shao et al. 2024), `train_objective: grpo`.
+"""Group Relative Policy Optimization (Shao et al. 2024), `train_objective: grpo`, and its variants
+(`loss_algo`: gspo-token, dapo, dr_grpo; objectives/rl_loss.py has their formulas).
 
 Each step takes a batch of prompts (dataset_type=prompts), samples `grpo_num_generations` (G)
 completions of each with the KV-cache sampler on the training mesh and scores them with the
 recipe's reward functions on the host (objectives/rollout.py), normalises the rewards within
-each prompt's group, A = (r − mean_group) / (std_group + 1e-4), then makes `grpo_iterations`
-updates on those completions with the clipped ratio objective and a KL penalty to the reference
-(optim.with_reference), per completion token t:
+each prompt's group, A = (r − mean_group) / (std_group + 1e-4) (dr_grpo: r − mean_group), then
+makes `grpo_iterations` updates on those completions with the clipped ratio objective and, with
+β > 0, a KL penalty to the reference (optim.with_reference), per completion token t:
 
     ρ_t = π(y_t) / π_old(y_t)          (π_old: the policy that sampled; ρ = 1 in the first update)
-    ℓ_t = −min(ρ_t A, clip(ρ_t, 1 − ε, 1 + ε) A) + β · (π_ref/π − log(π_ref/π) − 1)
+    ℓ_t = −min(ρ_t A, clip(ρ_t, 1 − ε_low, 1 + ε_high) A) + β · (π_ref/π − log(π_ref/π) − 1)
 
-averaged over all completion tokens of the batch (ε = grpo_epsilon, β = grpo_beta). With β = 0 and
-one iteration the gradient is the policy-gradient estimate −Σ_t A ∇log π(y_t) / (number of tokens).
+averaged over all completion tokens of the batch by default (loss_agg_mode; ε_low = grpo_epsilon,
+ε_high = epsilon_high, β = grpo_beta). With β = 0 and one iteration the gradient is the
+policy-gradient estimate −Σ_t A ∇log π(y_t) / (number of tokens).
+
+Row filters on the host (zero loss weight): `dynamic_sampling` drops the groups whose rewards are
+all equal (DAPO's dynamic sampling, without its refill: the step trains on fewer rows, and logs
+groups_dropped, the share dropped); `overlong_filtering` drops completions that never ended.
 
 The sampling key is a function of (seed, step): a resumed run samples what the uninterrupted run
 sampled. Metrics under TRL's names: reward, reward_std (the groups' mean std), kl, clip_ratio,
-completion_length; and sampling_seconds / training_seconds, the split of the step's time.
+completion_length; tis_ratio when the rows carry the sampler's log-probs; and sampling_seconds /
+training_seconds, the split of the step's time.
 """
 
 from __future__ import annotations
@@ -23,11 +30,10 @@ from __future__ import annotations
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from maxlite import optim
-from maxlite.objectives import NO_CLOCK, Objective
+from maxlite.objectives import NO_CLOCK, Objective, rl_loss
 from maxlite.objectives.rollout import Rollout, process_mean
 from maxlite import step as step_lib
 from maxlite.step import token_logps
@@ -35,38 +41,42 @@ from maxlite.step import token_logps
 _SALT = 0x6772706F  # the sampling keys' own stream: not the dropout's
 
 
-def advantages(rewards_PG: np.ndarray) -> np.ndarray:
-    """Rewards [prompts, G] normalised within each group (zero where a group is all equal)."""
+def advantages(rewards_PG: np.ndarray, scale: bool = True) -> np.ndarray:
+    """Rewards [prompts, G] centred within each group and (`scale`) divided by the group's std + 1e-4
+    (zero where a group is all equal)."""
     r = np.asarray(rewards_PG, np.float64)
-    return ((r - r.mean(1, keepdims=True)) / (r.std(1, keepdims=True) + 1e-4)).astype(np.float32)
+    centred = r - r.mean(1, keepdims=True)
+    return (centred / (r.std(1, keepdims=True) + 1e-4) if scale else centred).astype(np.float32)
 
 
-def token_terms(logp, old_logp, ref_logp, adv_B, weights, epsilon: float, beta: float):
-    """({metric: sum over weighted tokens}, the loss sum) of the clipped objective + KL."""
-    ratio = jnp.exp(logp - old_logp)
-    a = adv_B[:, None]
-    unclipped, clipped = ratio * a, jnp.clip(ratio, 1 - epsilon, 1 + epsilon) * a
-    per_token = -jnp.minimum(unclipped, clipped)
-    diff = ref_logp - logp
-    kl = jnp.exp(diff) - diff - 1
-    per_token = per_token + beta * kl
-    is_clipped = ((ratio < 1 - epsilon) & (a < 0)) | ((ratio > 1 + epsilon) & (a > 0))
-    loss = jnp.sum(weights * per_token)
-    return {"loss": loss, "kl": jnp.sum(weights * kl), "clip_ratio": jnp.sum(weights * is_clipped)}, loss
+def kept_rows(rewards_PG: np.ndarray, ended_R: np.ndarray, dynamic: bool, overlong: bool):
+    """(1/0 per row [prompts × G]: whether it keeps its loss weight, the share of groups dropped):
+    `dynamic` drops every row of a group whose rewards are all equal, `overlong` a completion that
+    did not end."""
+    r = np.asarray(rewards_PG)
+    equal_P = (r.max(1) == r.min(1)) if dynamic else np.zeros(r.shape[0], bool)
+    keep = np.repeat(~equal_P, r.shape[1])
+    if overlong:
+        keep &= np.asarray(ended_R, bool)
+    return keep.astype(np.float32), float(equal_P.mean())
 
 
 def loss_fn(cfg):
-    """The GRPO objective as a `LossFn` (maxlite/step.py) over the sampled rows: inputs, targets,
-    positions, segment_ids, weights (completion tokens), advantages [R], ref_logps [R, T] and,
-    after the first iteration, old_logps [R, T]; the denominator is the number of completion tokens.
-    A mixture of experts adds its auxiliary losses per completion token (routing of every real
-    token of the rows, prompt included, as in pre-training)."""
+    """The objective as a `LossFn` (maxlite/step.py) over the sampled rows: inputs, targets, positions,
+    segment_ids, weights (completion tokens), advantages [R], with β > 0 ref_logps [R, T], after the
+    first iteration old_logps [R, T] and, when the rollout engine gives them, sampler_logps [R, T];
+    the denominator is loss_agg_mode's (rl_loss.aggregate). A mixture of experts adds its auxiliary
+    losses per unit of it (routing of every real token of the rows, prompt included, as in pre-training)."""
     def fn(params, graphdef, batch, dropout_key=None):
         logp, stats = step_lib.token_logps_and_stats(params, graphdef, batch, dropout_key)
         old = batch["old_logps"] if "old_logps" in batch else jax.lax.stop_gradient(logp)
-        sums, loss = token_terms(logp, old, batch["ref_logps"], batch["advantages"], batch["weights"],
-                                 cfg.grpo_epsilon, cfg.grpo_beta)
-        return step_lib.with_aux_losses(cfg, loss, sums, stats, jnp.sum(batch["weights"]))
+        tis = rl_loss.tis_RT(old, batch["sampler_logps"], cfg.tis_cap) if "sampler_logps" in batch else None
+        beta = cfg.rl_beta
+        sums, loss, denominator = rl_loss.token_terms(
+            logp, old, batch["ref_logps"] if beta else None, batch["advantages"], batch["weights"],
+            algo=cfg.loss_algo, agg=cfg.rl_loss_agg_mode, eps_low=cfg.grpo_epsilon, eps_high=cfg.rl_epsilon_high,
+            beta=beta, max_new_tokens=cfg.grpo_max_new_tokens, tis_weights_RT=tis)
+        return step_lib.with_aux_losses(cfg, loss, sums, stats, denominator)
     return fn
 
 
@@ -76,9 +86,8 @@ class GRPOStep(Objective):
 
     def __init__(self, cfg, graphdef, tx, schedule, shardings, batch_sharding):
         from maxlite import step as step_lib
-        from maxlite.state import split_trainable
-
         from maxlite.rollout.pipeline import RolloutPipeline
+        from maxlite.state import split_trainable
 
         self.cfg, self.batch_sharding = cfg, batch_sharding
         self.rollout = Rollout(cfg, graphdef)
@@ -87,8 +96,10 @@ class GRPOStep(Objective):
                                         list(batch_sharding.mesh.devices.flat))
 
         def logps(state, rows, with_old: bool):
-            frozen = split_trainable(state.params)[1]
-            out = {"ref_logps": token_logps(optim.reference_policy(state.opt_state, frozen), graphdef, rows)}
+            reference = optim.reference_policy(state.opt_state, split_trainable(state.params)[1])
+            out = {}  # no reference with β = 0 (optim.keeps_reference)
+            if reference is not None:
+                out["ref_logps"] = token_logps(reference, graphdef, rows)
             if with_old:
                 out["old_logps"] = token_logps(state.params, graphdef, rows)
             return out
@@ -120,16 +131,23 @@ class GRPOStep(Objective):
         with clock.section("rollout", productive=True):  # sampling, the host gather, the rewards
             got, placed = self.rollouts.take(state.params, batch, step)
         sampled = time.perf_counter()
+        filtered = {}
+        rows = got.rows
+        if cfg.dynamic_sampling or cfg.overlong_filtering:
+            keep_R, dropped = kept_rows(got.rewards_PG, got.ended, cfg.dynamic_sampling, cfg.overlong_filtering)
+            rows = {**rows, "weights": rows["weights"] * keep_R[:, None]}
+            filtered = {"groups_dropped": dropped} if cfg.dynamic_sampling else {}
         with clock.device_wait():
-            rows = clock.train_rows(step + 1, got.rows)  # the loop's look (an injected nan poisons them)
-            train = global_batch({**rows, "advantages": advantages(got.rewards_PG).reshape(-1)},
-                                 self.batch_sharding)
+            rows = clock.train_rows(step + 1, rows)  # the loop's look (an injected nan poisons them)
+            adv = advantages(got.rewards_PG, scale=cfg.loss_algo != "dr_grpo").reshape(-1)
+            train = global_batch({**rows, "advantages": adv}, self.batch_sharding)
             train.update(self.logps(state, train, cfg.grpo_iterations > 1))
             for i in range(cfg.grpo_iterations):  # the step counter moves on the last update only
                 state, metrics = self.updates[int(i == cfg.grpo_iterations - 1)](state, train)
             jax.block_until_ready(metrics["loss"])  # training_seconds is the updates' own time
             figures = process_mean({"reward": got.rewards_PG.mean(), "reward_std": got.rewards_PG.std(1).mean(),
-                                    "completion_length": got.lengths.mean(), "completions_ended": got.ended.mean()})
+                                    "completion_length": got.lengths.mean(), "completions_ended": got.ended.mean(),
+                                    **filtered})
         return state, {**metrics, **figures, **placed, "sampling_seconds": sampled - started,
                        "training_seconds": time.perf_counter() - sampled}
 
