@@ -31,6 +31,7 @@ SOURCE_KEYS = {
     "add_eos": ("text",), "packing_bins": ("text", "sft"), "data_shuffle_window": FILE_DATASETS,
     "data_bad_record_policy": FILE_DATASETS, "sft_train_on_inputs": ("sft",),
     "sft_allow_degenerate_mask": ("sft",), "sft_audit_records": ("sft",), "sft_audit_examples": ("sft",),
+    "bundled_prompts": ("prompts",),
 }
 STORAGE_SCHEMES = ("gs://",)  # besides local paths: what checkpoints and run directories support
 
@@ -178,6 +179,12 @@ def _validate_objective(c: Config) -> None:
     for key in ("grpo_beta", "epsilon_high"):
         if -1 < getattr(c, key) < 0:
             raise ConfigError(f"{key}={getattr(c, key)}: give a value ≥ 0, or -1 for the loss_algo's own")
+    if c.eval_pass_k == 1:
+        raise ConfigError("eval_pass_k=1: eval always reports the greedy pass_at_1; the sampled pass@k needs k >= 2 "
+                          "(0: off)")
+    if c.eval_pass_k > c.grpo_num_generations:
+        raise ConfigError(f"eval_pass_k={c.eval_pass_k} needs at least that many samples per prompt: raise "
+                          f"grpo_num_generations (now {c.grpo_num_generations}) or lower eval_pass_k")
 
 
 def _validate_data(c: Config) -> None:
@@ -191,6 +198,9 @@ def _validate_data(c: Config) -> None:
         if not c.data_prefix:
             raise ConfigError("dataset_type=indexed needs data_prefix=[w1,prefix1,...] "
                               "(make one with python -m maxlite.data.preprocess)")
+    if c.dataset_path and c.bundled_prompts != FIELDS["bundled_prompts"].default:
+        raise ConfigError(f"bundled_prompts={c.bundled_prompts} names a bundled set, read only when dataset_path "
+                          f"is \"\": remove one of the two")
     if c.dataset_type in FILE_DATASETS and c.eval_interval > 0 and c.dataset_path and not c.eval_dataset_path:
         raise ConfigError(f"dataset_type={c.dataset_type} with your own dataset_path and eval_interval > 0: "
                           f"set eval_dataset_path for evaluation on your own data (or eval_interval=0)")

@@ -31,7 +31,7 @@ import yaml
 
 from maxlite.schema import MODEL_KEYS
 
-DATA = ("dataset_type", "dataset_path", "data_prefix", "tokenizer_path")
+DATA = ("dataset_type", "dataset_path", "bundled_prompts", "data_prefix", "tokenizer_path")
 OBJECTIVE = ("train_objective",)
 LORA = ("lora_rank", "lora_targets")
 # the model's keys (schema.py): a checkpoint of one model neither fits nor continues another

@@ -613,6 +613,22 @@ class Keys:
     off_policy_steps: int = key(0,
         "grpo: sample the prompts of the next this many steps while a step trains (MaxText's name; NeMo-RL's "
         "max_trajectory_age_steps); needs separate placement; 0: synchronous", bounds=(0, None))
+    # RL rewards
+    reward_timeout_seconds: float = key(5.0,
+        "grpo: time limit of one reward call (a batch, or one completion of a per-completion function such as "
+        "math_verify), run in a worker process: past it the worker is killed and those completions score 0, "
+        "counted in reward_timeouts (a raise or a dead worker: reward_failures)", positive=True)
+    reward_workers: int = key(2, "grpo: worker processes the reward functions run in (per training process)",
+        positive=True)
+    bundled_prompts: str = key("arith",
+        'prompts: the bundled set read when dataset_path is "": arith ("What is 2 + 3?") | word_problems '
+        "(grade-school word problems, integer answers; data/bundled/build_word_problems.py)",
+        choices=("arith", "word_problems"))
+    eval_pass_k: int = key(0,
+        "grpo: eval also reports pass_at_{k}, from grpo_num_generations samples per prompt at grpo_temperature "
+        "(the unbiased estimator of Chen et al. 2021); 0: only the greedy pass_at_1", bounds=(0, None))
+    eval_pass_threshold: float = key(1.0,
+        "grpo: an eval completion passes when its summed reward is at least this")
 
     lora_rank: int = key(0,
         "adapter rank r; 0 = off (full fine-tuning)",

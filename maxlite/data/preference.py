@@ -12,7 +12,8 @@ dataset_type=prompts — one record per prompt: `prompt` as above, any other fie
 the reward functions check, ...) passed to the reward functions as the record. Rows:
 prompt_ids [P] (rendered with the generation prompt, right-padded; P = max_target_length −
 grpo_max_new_tokens), prompt_lengths, host_records (the record as JSON, kept on the host), and
-sft_{...}: the prompt followed by the record's `answer` (or `completion`), for the warm-up steps.
+sft_{...}: the prompt followed by the record's `completion` (else its `answer`), for the warm-up
+steps. With dataset_path "" the records are the bundled set `bundled_prompts` names.
 
 A response longer than its row is cut (one line on stdout the first time); one that the cut leaves
 with no token, and a prompt longer than its room, stop the run with one line (raise
@@ -32,8 +33,10 @@ from maxlite.data import chat, sources
 from maxlite.data.text_pipeline import _Records, check_tokenizer, process_batches, text_files
 from maxlite.data.tokenizer import BUNDLED_DIR, Tokenizer
 
-BUNDLED = {"preference": (str(BUNDLED_DIR / "arith_pairs_train.jsonl.zst"), str(BUNDLED_DIR / "arith_pairs_eval.jsonl.zst")),
-           "prompts": (str(BUNDLED_DIR / "arith_prompts_train.jsonl.zst"), str(BUNDLED_DIR / "arith_prompts_eval.jsonl.zst"))}
+BUNDLED = {"preference": (str(BUNDLED_DIR / "arith_pairs_train.jsonl.zst"), str(BUNDLED_DIR / "arith_pairs_eval.jsonl.zst"))}
+# dataset_type=prompts: the bundled sets `bundled_prompts` names (build_arith.py, build_word_problems.py)
+BUNDLED_PROMPTS = {name: (str(BUNDLED_DIR / f"{stem}_train.jsonl.zst"), str(BUNDLED_DIR / f"{stem}_eval.jsonl.zst"))
+                   for name, stem in (("arith", "arith_prompts"), ("word_problems", "word_problems"))}
 SIDES = ("chosen", "rejected")
 
 
@@ -73,7 +76,7 @@ def parse_prompt(record: Any) -> dict[str, Any] | str:
     prompt = _prompt_of(record)
     if isinstance(prompt, str):
         return prompt
-    answer = record.get("answer", record.get("completion"))
+    answer = record.get("completion", record.get("answer"))  # a worked completion, else the bare answer
     return {"prompt": prompt, "answer": str(answer) if answer is not None else None,
             "record": json.dumps(record, ensure_ascii=False)}
 
@@ -175,7 +178,9 @@ class _PromptRows(_Rows):
 
 
 def files(config, split: str) -> list[str]:
-    return text_files(config, split, BUNDLED[config.dataset_type])
+    prompts = config.dataset_type == "prompts"
+    bundled = BUNDLED_PROMPTS[config.bundled_prompts] if prompts else BUNDLED[config.dataset_type]
+    return text_files(config, split, bundled)
 
 
 def make_dataset(config, split: str, process_index: int, process_count: int, tok: Tokenizer) -> grain.IterDataset:

@@ -21,7 +21,8 @@ groups_dropped, the share dropped); `overlong_filtering` drops completions that 
 
 The sampling key is a function of (seed, step): a resumed run samples what the uninterrupted run
 sampled. Metrics under TRL's names: reward, reward_std (the groups' mean std), kl, clip_ratio,
-completion_length; tis_ratio when the rows carry the sampler's log-probs; and sampling_seconds /
+completion_length; tis_ratio when the rows carry the sampler's log-probs; reward_failures /
+reward_timeouts (scores a failed reward call left at 0, objectives/rewards.py); and sampling_seconds /
 training_seconds, the split of the step's time.
 """
 
@@ -33,8 +34,8 @@ import jax
 import numpy as np
 
 from maxlite import optim
-from maxlite.objectives import NO_CLOCK, Objective, rl_loss
-from maxlite.objectives.rollout import Rollout, process_mean
+from maxlite.objectives import NO_CLOCK, Objective, rl_eval, rl_loss
+from maxlite.objectives.rollout import Rollout, process_mean, process_sum
 from maxlite import step as step_lib
 from maxlite.step import token_logps
 
@@ -148,17 +149,12 @@ class GRPOStep(Objective):
             figures = process_mean({"reward": got.rewards_PG.mean(), "reward_std": got.rewards_PG.std(1).mean(),
                                     "completion_length": got.lengths.mean(), "completions_ended": got.ended.mean(),
                                     **filtered})
+            figures.update(process_sum({"reward_failures": got.reward_failures,
+                                        "reward_timeouts": got.reward_timeouts}))
         return state, {**metrics, **figures, **placed, "sampling_seconds": sampled - started,
                        "training_seconds": time.perf_counter() - sampled}
 
     def evaluate(self, params, opt_state, batches) -> dict[str, float]:
-        """The Evaluator's scorer: greedy completions of the eval prompts, their mean reward."""
-        rewards, lengths = [], []
-        for batch in batches:
-            got = self.rollout(params, batch, jax.random.key(0), greedy=True)
-            rewards.append(got.rewards_PG.reshape(-1))
-            lengths.append(got.lengths)
-        if not rewards:
-            return {}
-        return process_mean({"reward": np.concatenate(rewards).mean(),
-                             "completion_length": np.concatenate(lengths).mean()})
+        """The Evaluator's scorer: the eval prompts' greedy mean reward, pass_at_1 and, with
+        eval_pass_k, the sampled pass_at_{k} (objectives/rl_eval.py)."""
+        return rl_eval.evaluate(self.rollout, self.cfg, params, batches)

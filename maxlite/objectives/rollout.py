@@ -1,6 +1,7 @@
 """GRPO's rollouts: completions sampled with the KV-cache sampler on the training mesh, cut at the
-chat template's end of turn (or EOS), decoded, scored by the recipe's reward functions on the host,
-and laid out as training rows (prompt + completion, the loss on the completion's tokens).
+chat template's end of turn (or EOS), decoded, scored by the recipe's reward functions on the host
+(in worker processes: rewards.Scorer, whose failures are counted, not fatal), and laid out as
+training rows (prompt + completion, the loss on the completion's tokens).
 
 Every process samples the global batch, gathers the sampled tokens and scores its own prompts'
 completions (a prompt's G completions are on the process that holds the prompt).
@@ -24,6 +25,8 @@ class Scored(NamedTuple):
     rows: dict  # training rows of this process (numpy): inputs, targets, positions, segment_ids, weights
     lengths: np.ndarray  # completion tokens, per row
     ended: np.ndarray  # whether each completion reached its end of turn / EOS
+    reward_failures: int = 0  # scores a reward function's raise or dead worker left at 0 (rewards.Scores)
+    reward_timeouts: int = 0  # scores a call past reward_timeout_seconds left at 0
 
 
 def end_of_turn(template) -> str:
@@ -62,6 +65,11 @@ def process_mean(values: dict[str, float]) -> dict[str, float]:
     return {k: float(np.mean(multihost_utils.process_allgather(np.float32(v)))) for k, v in values.items()}
 
 
+def process_sum(values: dict[str, float]) -> dict[str, float]:
+    """Each figure summed over the processes (counts)."""
+    return {k: v * jax.process_count() for k, v in process_mean(values).items()}
+
+
 class Rollout:
     def __init__(self, cfg, graphdef):
         from maxlite.data.chat import ChatTemplate
@@ -71,8 +79,8 @@ class Rollout:
         self.cfg = cfg
         self.tok = load_tokenizer(cfg.tokenizer_path, cfg.bos_id, cfg.eos_id)
         self.marker = end_of_turn(ChatTemplate.for_config(cfg, self.tok))
-        self.reward_fns = rewards.load(cfg.reward_functions)
-        self.reward_weights = list(cfg.reward_weights) or [1.0] * len(self.reward_fns)
+        self.scorer = rewards.Scorer(cfg.reward_functions, cfg.reward_weights, cfg.reward_timeout_seconds,
+                                     cfg.reward_workers)
         eos = -1 if self.tok.eos_id is None else int(self.tok.eos_id)
 
         def sample(params, prompt_ids, lengths, key, temperature, generations):
@@ -103,7 +111,7 @@ class Rollout:
             ended.append(end)
             ids = np.concatenate([prompt, np.asarray(done, np.int32)])
             rows.append(row(ids, np.arange(len(ids)) >= len(prompt), self.cfg.max_target_length))
-        r = rewards.score(self.reward_fns, self.reward_weights, self.cfg.reward_functions, prompts, texts,
-                          [records[i // generations] for i in range(len(texts))])
-        return Scored(np.asarray(r, np.float32).reshape(-1, generations),
-                      {k: np.stack([x[k] for x in rows]) for k in rows[0]}, np.asarray(lens), np.asarray(ended))
+        r = self.scorer(prompts, texts, [records[i // generations] for i in range(len(texts))])
+        return Scored(np.asarray(r.total, np.float32).reshape(-1, generations),
+                      {k: np.stack([x[k] for x in rows]) for k in rows[0]}, np.asarray(lens), np.asarray(ended),
+                      r.failures, r.timeouts)
