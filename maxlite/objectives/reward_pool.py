@@ -105,12 +105,17 @@ class Pool:
         self.names, self.size, self.timeout = list(names), num_workers, timeout_seconds
         self.ctx = multiprocessing.get_context("spawn")
         self.workers: list[_Worker] = []  # started at the first run
+        self._lock = threading.Lock()  # asynchronous GRPO scores in its rollout thread while eval scores in the loop's
         self._finalizer = weakref.finalize(self, _stop, self.workers)
 
     def close(self) -> None:
         self._finalizer()
 
     def run(self, tasks: list[tuple[str, tuple]]) -> list[Outcome]:
+        with self._lock:
+            return self._run(tasks)
+
+    def _run(self, tasks: list[tuple[str, tuple]]) -> list[Outcome]:
         from maxlite.config import ConfigError
 
         while len(self.workers) < self.size:
