@@ -568,6 +568,15 @@ class Keys:
     grpo_epsilon: float = key(0.2, "grpo: ratio clipping, clip(ρ, 1 − ε, 1 + ε)", bounds=(0, None))
     grpo_iterations: int = key(1,
         "grpo: updates per batch of completions (μ); > 1 uses the sampling policy's log-probs for ρ", positive=True)
+    # RL rollout engine
+    rollout_engine: str = key("maxlite",
+        "grpo: what samples the completions: maxlite (continuous batching over decode slots, "
+        "maxlite/rollout/) | vllm (needs the vllm package; MaxText's RL samples with vLLM)",
+        choices=("maxlite", "vllm"))
+    max_num_seqs: int = key(64, "grpo: decode slots of the rollout engine, sequences decoded at once "
+                            "(MaxText's / vLLM's max_num_seqs)", positive=True)
+    max_num_batched_tokens: int = key(2048, "grpo: prompt tokens the rollout engine prefills at once "
+                                      "(MaxText's / vLLM's max_num_batched_tokens)", positive=True)
     reward_functions: tuple[str, ...] = key((),
         'grpo: "package.module:function" each; e.g. maxlite.objectives.rewards:exact_answer')
     reward_weights: tuple[float, ...] = key((), "grpo: one weight per reward function ([] = 1 each)")
