@@ -12,6 +12,9 @@ see the same end ids: the engine stops a completion on one; the static sampler (
 over the prompts repeated G times in one batch, as objectives/rollout.py samples without the engine)
 stops on one id only, so it runs every row to --new and its completions are cut at their first end id.
 
+A second static figure runs the rows in chunks of max_num_seqs (the engine's decode memory) one
+after the other, each chunk to --new: the static batch a memory bound on rows would force.
+
 Useful tokens: the completions' tokens up to and including their end. `ended_fraction`: the share
 of row-steps (rows × decode steps) spent on rows whose completion had already ended (the static
 batch: 1 − useful / (rows × steps); the engine: slot-steps holding no live sequence). Compile
@@ -54,7 +57,9 @@ def _prompts(n: int) -> list[list[int]]:
     return [tok.encode(CHATML.format(r["prompt"])).tolist() for r in records[::step][:n]]
 
 
-def _static(cfg, graphdef, params, prompts, args, end_ids, key) -> dict:
+def _static(cfg, graphdef, params, prompts, args, end_ids, key, rows: int = 0) -> dict:
+    """Today's sampler over all the rows at once, or (`rows`) over chunks of that many rows one after
+    the other: the engine's decode memory (max_num_seqs rows of cache)."""
     import functools
 
     import jax
@@ -71,17 +76,19 @@ def _static(cfg, graphdef, params, prompts, args, end_ids, key) -> dict:
     fn = jax.jit(functools.partial(decode.generate_tokens, graphdef, max_new_tokens=args.new, temperature=1.0,
                                    top_k=0, top_p=1.0, eos_id=-1))
     G = args.generations
-    run = lambda: fn(params, jnp.repeat(padded, G, 0), jnp.repeat(lengths, G, 0), key)  # noqa: E731
-    jax.block_until_ready(run())  # compiles
+    all_prompts, all_lengths = np.repeat(padded, G, 0), np.repeat(lengths, G, 0)
+    rows = rows or len(all_prompts)
+    chunks = [(all_prompts[i:i + rows], all_lengths[i:i + rows]) for i in range(0, len(all_prompts), rows)]
+    jax.block_until_ready(fn(params, *chunks[0], key))  # compiles
     start = time.perf_counter()
-    out, steps = jax.block_until_ready(run())
+    done = [jax.block_until_ready(fn(params, x, n, jax.random.fold_in(key, i))) for i, (x, n) in enumerate(chunks)]
     seconds = time.perf_counter() - start
-    out, steps = np.asarray(out), int(steps)
+    out, steps = np.concatenate([np.asarray(o) for o, _ in done]), sum(int(s) for _, s in done)
     ends = np.isin(out, end_ids)
     useful = np.where(ends.any(1), ends.argmax(1) + 1, args.new)
-    return {"rows": len(out), "steps": steps, "seconds": round(seconds, 3), "useful_tokens": int(useful.sum()),
-            "useful_tokens_per_s": round(useful.sum() / seconds, 1),
-            "ended_fraction": round(1 - useful.sum() / (len(out) * steps), 4)}
+    return {"rows": rows, "steps": steps, "seconds": round(seconds, 3), "useful_tokens": int(useful.sum()),
+            "useful_tokens_per_s": round(float(useful.sum() / seconds), 1),
+            "ended_fraction": round(float(1 - useful.sum() / (rows * steps)), 4)}
 
 
 def _engine(cfg, graphdef, params, prompts, args, end_ids, key) -> dict:
@@ -97,7 +104,7 @@ def _engine(cfg, graphdef, params, prompts, args, end_ids, key) -> dict:
     s = done.stats
     useful = np.array([len(t) for t in done.tokens])
     return {"slots": args.slots, "steps": s["steps"], "prefills": s["prefills"], "seconds": round(s["seconds"], 3),
-            "useful_tokens": int(useful.sum()), "useful_tokens_per_s": round(useful.sum() / s["seconds"], 1),
+            "useful_tokens": int(useful.sum()), "useful_tokens_per_s": round(float(useful.sum() / s["seconds"]), 1),
             "ended_fraction": round(s["ended_slot_steps"] / s["slot_steps"], 4),
             "lengths": {"mean": round(float(useful.mean()), 1), "min": int(useful.min()), "max": int(useful.max()),
                         "at_cap": int((useful == args.new).sum())}}
@@ -116,12 +123,15 @@ def measure(model_name: str, args) -> dict:
     key = jax.random.key(0)
     static = _static(cfg, graphdef, params, prompts, args, end_ids, key)
     print(model_name, "static", static, file=sys.stderr, flush=True)
+    chunked = _static(cfg, graphdef, params, prompts, args, end_ids, key, rows=args.slots)
+    print(model_name, "static in chunks of max_num_seqs rows", chunked, file=sys.stderr, flush=True)
     engine = _engine(cfg, graphdef, params, prompts, args, end_ids, key)
     print(model_name, "engine", engine, file=sys.stderr, flush=True)
     return {"model": model_name, "dtype": cfg.dtype, "prompts": len(prompts), "generations": args.generations,
             "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts))], "max_new_tokens": args.new,
-            "end_ids": f"[100, {100 + len(end_ids)})", "static": static, "engine": engine,
-            "useful_speedup": round(engine["useful_tokens_per_s"] / static["useful_tokens_per_s"], 2)}
+            "end_ids": f"[100, {100 + len(end_ids)})", "static": static, "static_chunked": chunked, "engine": engine,
+            "useful_speedup": round(engine["useful_tokens_per_s"] / static["useful_tokens_per_s"], 2),
+            "useful_speedup_same_rows": round(engine["useful_tokens_per_s"] / chunked["useful_tokens_per_s"], 2)}
 
 
 def main() -> None:

@@ -15,7 +15,9 @@ Three compiled functions with fixed shapes, called from a host loop:
   whether it ended (an end id, or max_new_tokens), then the token through the model (slots × 1 token).
   The host reads one [3, slots] array per step (tokens, log-probs, ended), frees the ended slots and
   refills them with waiting completions before the next step, so a slot holds no ended sequence
-  beyond the step that ended it, except when nothing is left to start (the tail of the batch).
+  beyond the step that ended it, except when nothing is left to start (the tail of the batch);
+- `shrink`: in that tail, once at most half the slots are live, the live ones are cut out into a
+  batch half as wide (down to max_num_seqs / 8), whose step is compiled once too.
 
 The key of a token is fold_in(key, prompt index, completion index, token index): what is sampled
 depends neither on the slot a sequence lands in nor on max_num_seqs.
@@ -34,7 +36,7 @@ from flax import nnx
 
 from maxlite.models import context, decode
 from maxlite.rollout.engine import Completions, Sampling
-from maxlite.rollout.slots import copy_row
+from maxlite.rollout.slots import copy_row, take_rows
 
 
 class Slots(NamedTuple):
@@ -66,6 +68,7 @@ class _Compiled(NamedTuple):
     prefill: object
     insert: object
     step: object
+    shrink: object
 
 
 def _compile(cfg, graphdef, slots: int, length: int, sampling: Sampling) -> _Compiled:
@@ -109,8 +112,11 @@ def _compile(cfg, graphdef, slots: int, length: int, sampling: Sampling) -> _Com
         out_3S = jnp.stack([token_S, jax.lax.bitcast_convert_type(logp_S, jnp.int32), ended_S.astype(jnp.int32)])
         return new, out_3S
 
+    def shrink(s: Slots, rows_K) -> Slots:
+        return Slots(take_rows(s.cache, rows_K), *(a[rows_K] for a in s[1:]))
+
     return _Compiled(jax.jit(empty), jax.jit(prefill), jax.jit(insert, donate_argnums=0),
-                     jax.jit(step, donate_argnums=1))
+                     jax.jit(step, donate_argnums=1), jax.jit(shrink))
 
 
 class ContinuousEngine:
@@ -143,10 +149,7 @@ class ContinuousEngine:
     def generate(self, params, prompts, sampling: Sampling, key) -> Completions:
         P, Bp = self._shapes(prompts, sampling)
         S, G, N = self.max_num_seqs, sampling.generations, len(prompts)
-        where = (P, Bp, S, sampling)
-        if where not in self._compiled:
-            self._compiled[where] = _compile(self.cfg, self.graphdef, S, P + sampling.max_new_tokens, sampling)
-        fns = self._compiled[where]
+        fns = self._functions(P, Bp, S, sampling)
         lengths = np.array([len(p) for p in prompts], np.int32)
         padded = np.zeros((-(-N // Bp) * Bp, P), np.int32)
         for row, ids in zip(padded, prompts):
@@ -161,7 +164,7 @@ class ContinuousEngine:
         owner: list = [None] * S  # the sequence each slot holds
         free = list(range(S - 1, -1, -1))
         state, chunk, prefilled = fns.empty(), -Bp, None
-        steps = ended_slot_steps = prefills = 0
+        steps = slot_steps = ended_slot_steps = prefills = 0
         while True:
             inserts = []
             while free and waiting:
@@ -176,13 +179,17 @@ class ContinuousEngine:
                 owner[slot] = p * G + g
                 inserts.append((p - chunk, slot, p, g, lengths[p]))
             state = self._insert(fns, state, prefilled, inserts)
-            live = [s for s in range(S) if owner[s] is not None]
+            live = [s for s in range(len(owner)) if owner[s] is not None]
             if not live:
                 break
+            if not waiting and len(live) <= len(owner) // 2 and len(owner) > max(S // 8, 1):
+                state, owner, fns = self._shrink(state, owner, live, P, Bp, sampling)
+                live = list(range(len(live)))
             state, out_3S = fns.step(params, state, key)
             out_3S = np.asarray(out_3S)  # the step's one transfer to the host
             steps += 1
-            ended_slot_steps += S - len(live)
+            slot_steps += len(owner)
+            ended_slot_steps += len(owner) - len(live)
             for s in live:
                 seq = owner[s]
                 tokens[seq].append(int(out_3S[0, s]))
@@ -193,8 +200,24 @@ class ContinuousEngine:
                     stops[seq], owner[s] = why, None
                     free.append(s)
         return Completions([np.asarray(t, np.int32) for t in tokens], [np.asarray(x, np.float32) for x in logps],
-                           stops, {"steps": steps, "slot_steps": steps * S, "ended_slot_steps": ended_slot_steps,
+                           stops, {"steps": steps, "slot_steps": slot_steps, "ended_slot_steps": ended_slot_steps,
                                    "prefills": prefills, "seconds": time.perf_counter() - started})
+
+    def _functions(self, P: int, Bp: int, width: int, sampling: Sampling) -> _Compiled:
+        where = (P, Bp, width, sampling)
+        if where not in self._compiled:
+            self._compiled[where] = _compile(self.cfg, self.graphdef, width, P + sampling.max_new_tokens, sampling)
+        return self._compiled[where]
+
+    def _shrink(self, state: Slots, owner: list, live: list, P: int, Bp: int, sampling: Sampling):
+        """(the state of the narrowest batch of halved width ≥ max_num_seqs / 8 holding the live
+        slots, first, in order; its owners; its functions)."""
+        width = len(owner)
+        while width // 2 >= max(len(live), self.max_num_seqs // 8, 1):
+            width //= 2
+        rows = live + [s for s in range(len(owner)) if owner[s] is None][:width - len(live)]
+        fns = self._functions(P, Bp, width, sampling)
+        return fns.shrink(state, np.asarray(rows, np.int32)), [owner[r] for r in rows], fns
 
     def _insert(self, fns: _Compiled, state: Slots, prefilled, inserts: list) -> Slots:
         """`inserts` ((prefill row, slot, prompt, completion, prompt length) each) placed in one call."""
