@@ -81,7 +81,8 @@ def _static(cfg, graphdef, params, prompts, args, end_ids, key, rows: int = 0) -
     chunks = [(all_prompts[i:i + rows], all_lengths[i:i + rows]) for i in range(0, len(all_prompts), rows)]
     compiled = fn.lower(params, *chunks[0], key).compile()
     start = time.perf_counter()
-    done = [jax.block_until_ready(compiled(params, x, n, jax.random.fold_in(key, i))) for i, (x, n) in enumerate(chunks)]
+    done = [jax.block_until_ready(compiled(params, x, n, jax.random.fold_in(key, i)))
+            for i, (x, n) in enumerate(chunks)]
     seconds = time.perf_counter() - start
     out, steps = np.concatenate([np.asarray(o) for o, _ in done]), sum(int(s) for _, s in done)
     ends = np.isin(out, end_ids)

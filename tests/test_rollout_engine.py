@@ -112,7 +112,8 @@ def test_what_is_sampled_does_not_depend_on_the_slots():
            for slots in (1, 5, 12)]
     for other in got[1:]:
         assert [t.tolist() for t in other.tokens] == [t.tolist() for t in got[0].tokens]
-        np.testing.assert_allclose(np.concatenate(other.logps), np.concatenate(got[0].logps), atol=1e-4)  # other shapes: float32 rounding
+        # other batch shapes: the same log-probs up to float32 rounding
+        np.testing.assert_allclose(np.concatenate(other.logps), np.concatenate(got[0].logps), atol=1e-4)
     assert got[2].stats["ended_slot_steps"] == 0 and got[2].stats["steps"] == 6  # all 12 at once, full length
     assert len({tuple(t.tolist()) for t in got[0].tokens}) > len(prompts)  # a prompt's completions differ
 

@@ -35,8 +35,9 @@ import numpy as np
 from flax import nnx
 
 from maxlite.models import context, decode
-from maxlite.rollout.engine import Completions, Sampling
+from maxlite.rollout.sampling import Completions, Sampling
 from maxlite.rollout.slots import copy_row, take_rows
+from maxlite.schema import ConfigError
 
 
 class Slots(NamedTuple):
@@ -130,8 +131,6 @@ class ContinuousEngine:
 
     def _shapes(self, prompts, sampling: Sampling) -> tuple[int, int]:
         """(the padded prompt length P, the prompts per prefill Bp), or the one line saying what is wrong."""
-        from maxlite.config import ConfigError
-
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ConfigError("every prompt needs at least one token")
         if sampling.max_new_tokens < 1 or sampling.temperature < 0 or sampling.generations < 1:

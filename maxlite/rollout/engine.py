@@ -20,39 +20,15 @@ Importable without JAX (config_checks asks `refusal` before any work).
 
 from __future__ import annotations
 
-import dataclasses
+import importlib
 import importlib.util
-from typing import NamedTuple, Protocol, Sequence
+from typing import Protocol, Sequence
 
-STOPS = ("eos", "marker", "length")
-ENGINES = ("maxlite", "vllm")
+from maxlite.rollout.sampling import STOPS, Completions, Sampling  # noqa: F401 (the interface's)
+from maxlite.schema import ConfigError
 
-
-@dataclasses.dataclass(frozen=True)
-class Sampling:
-    max_new_tokens: int
-    temperature: float = 1.0  # 0: greedy
-    generations: int = 1  # completions per prompt (GRPO's G)
-    eos_id: int | None = None
-    marker_ids: tuple[int, ...] = ()  # end-of-turn marker token id(s)
-
-    def end_ids(self) -> tuple[int, ...]:
-        return (*(() if self.eos_id is None else (int(self.eos_id),)), *map(int, self.marker_ids))
-
-    def stop(self, token: int, count: int) -> str | None:
-        """Why a completion whose `count`-th token is `token` stops there, or None."""
-        if self.eos_id is not None and token == self.eos_id:
-            return "eos"
-        if token in self.marker_ids:
-            return "marker"
-        return "length" if count >= self.max_new_tokens else None
-
-
-class Completions(NamedTuple):
-    tokens: list  # per sequence (p·G + g): int32 [n], the ending token included
-    logps: list  # per sequence: float32 [n], log-prob of each token under the sampling policy
-    stops: list  # per sequence: one of STOPS
-    stats: dict  # steps, slot_steps, ended_slot_steps (no live sequence in the slot), prefills, seconds
+# each engine's class, "module:Class" (imported when chosen: the modules import JAX, vllm its own)
+ENGINES = {"maxlite": "maxlite.rollout.continuous:ContinuousEngine", "vllm": ""}
 
 
 class Engine(Protocol):
@@ -73,10 +49,7 @@ def refusal(name: str) -> str | None:
 
 def make_engine(cfg, graphdef) -> Engine:
     """The engine `cfg.rollout_engine` names, over the model `graphdef`."""
-    from maxlite.config import ConfigError
-
     if (why := refusal(cfg.rollout_engine)) is not None:
         raise ConfigError(why)
-    from maxlite.rollout.continuous import ContinuousEngine
-
-    return ContinuousEngine(cfg, graphdef, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+    module, _, name = ENGINES[cfg.rollout_engine].partition(":")
+    return getattr(importlib.import_module(module), name)(cfg, graphdef, cfg.max_num_seqs, cfg.max_num_batched_tokens)
