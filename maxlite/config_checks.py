@@ -20,6 +20,7 @@ from maxlite.models.layout import check_layer_pattern, layer_stacks
 from maxlite.models.sides import sides
 from maxlite.recipe import (FILE_DATASETS, OBJECTIVE_DATASET, Config, parse_max_time, parse_signals, parse_split,
                             topology_chips)
+from maxlite.rollout.engine import refusal
 from maxlite.schema import FIELDS, MESH_AXES, ConfigError, keys_of
 
 # Keys only some data sources read: set on a run whose source ignores them, they are refused (a
@@ -185,6 +186,8 @@ def _validate_objective(c: Config) -> None:
     if c.eval_pass_k > c.grpo_num_generations:
         raise ConfigError(f"eval_pass_k={c.eval_pass_k} needs at least that many samples per prompt: raise "
                           f"grpo_num_generations (now {c.grpo_num_generations}) or lower eval_pass_k")
+    if (why := refusal(c.rollout_engine)) is not None:
+        raise ConfigError(why)
 
 
 def _validate_data(c: Config) -> None:

@@ -595,6 +595,15 @@ class Keys:
     tis_cap: float = key(2.0,
         "grpo: with the sampler's log-probs in the batch (sampler_logps), each token's policy loss × "
         "min(π_old/π_sampler, this): truncated importance sampling (verl tis_imp_ratio_cap)", positive=True)
+    # RL rollout engine
+    rollout_engine: str = key("maxlite",
+        "grpo: what samples the completions: maxlite (continuous batching over decode slots, "
+        "maxlite/rollout/) | vllm (needs the vllm package; MaxText's RL samples with vLLM)",
+        choices=("maxlite", "vllm"))
+    max_num_seqs: int = key(64, "grpo: decode slots of the rollout engine, sequences decoded at once "
+                            "(MaxText's / vLLM's max_num_seqs)", positive=True)
+    max_num_batched_tokens: int = key(2048, "grpo: prompt tokens the rollout engine prefills at once "
+                                      "(MaxText's / vLLM's max_num_batched_tokens)", positive=True)
     reward_functions: tuple[str, ...] = key((),
         'grpo: "package.module:function" each; e.g. maxlite.objectives.rewards:exact_answer')
     reward_weights: tuple[float, ...] = key((), "grpo: one weight per reward function ([] = 1 each)")

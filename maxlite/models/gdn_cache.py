@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from maxlite.models.layers import constrain
 
 STATE_AXES = ("layers", "activation_batch", "activation_heads", None, None)
+BATCH_AXES = (1, 0)  # of (every state leaf [L, B, ...], the shared part: none), as gqa_cache.BATCH_AXES
 
 
 class State(NamedTuple):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from maxlite.models import attention
-from maxlite.models.gqa_cache import CACHE_AXES, KV, _attend, _slots, _write, advance, slots  # noqa: F401
+from maxlite.models.gqa_cache import BATCH_AXES, CACHE_AXES, KV, _attend, _slots, _write, advance, slots  # noqa: F401
 from maxlite.models.layers import constrain
 from maxlite.models.layout import attention_shape, window
 

@@ -27,6 +27,9 @@ from maxlite.models.layout import window
 
 # the cache's logical axes: K/V heads split like the attention's (tensor), layers and batch not split
 CACHE_AXES = ("layers", "activation_batch", "activation_length", "activation_kv_heads", "head_dim")
+# the batch axis of every leaf of (the per-layer cache [L, B, ...], the shared slot record [B, S]): where
+# one sequence's cache is cut out and written into another batch (maxlite/rollout/slots.py)
+BATCH_AXES = (1, 0)
 
 
 class KV(NamedTuple):

@@ -63,7 +63,9 @@ class MixerKind(_Declared):
                                         # prefill_cfg) → (out_BTD, layer_cache), advance(shared,
                                         # positions_BT, lengths_B) → shared; optionally
                                         # step_in_stack(..., stack, j, shared, ...) → (out_BTD,
-                                        # stack): layer j updated in place (no per-step copy)
+                                        # stack): layer j updated in place (no per-step copy);
+                                        # BATCH_AXES: the batch axis of (every per-layer leaf,
+                                        # every shared leaf), where a sequence's cache is cut
 
     def cls(self):
         return load(self.module)

@@ -28,6 +28,7 @@ from maxlite.models.layers import constrain
 from maxlite.models.layout import window
 
 CACHE_AXES = ("layers", "activation_batch", "activation_length", None)  # the latent is not split over heads
+BATCH_AXES = (1, 0)  # of (the latents [L, B, S, ·], the shared slot record [B, S]), as gqa_cache.BATCH_AXES
 
 
 class Latent(NamedTuple):

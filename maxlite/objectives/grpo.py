@@ -134,6 +134,10 @@ class GRPOStep(Objective):
         sampled = time.perf_counter()
         filtered = {}
         rows = got.rows
+        if got.sampler_logps is not None and cfg.grpo_temperature == 1.0:
+            # the engine's log-probs are of the distribution it sampled from, softmax(logits / T): the
+            # trainer's ratio π_old / π_sampler compares like with like at T = 1 only
+            rows = {**rows, "sampler_logps": got.sampler_logps}
         if cfg.dynamic_sampling or cfg.overlong_filtering:
             keep_R, dropped = kept_rows(got.rewards_PG, got.ended, cfg.dynamic_sampling, cfg.overlong_filtering)
             rows = {**rows, "weights": rows["weights"] * keep_R[:, None]}

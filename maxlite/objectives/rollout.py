@@ -1,10 +1,14 @@
-"""GRPO's rollouts: completions sampled with the KV-cache sampler on the training mesh, cut at the
-chat template's end of turn (or EOS), decoded, scored by the recipe's reward functions on the host
-(in worker processes: rewards.Scorer, whose failures are counted, not fatal), and laid out as
-training rows (prompt + completion, the loss on the completion's tokens).
+"""GRPO's rollouts: completions sampled (the rollout engine, maxlite/rollout/), cut at the chat
+template's end of turn (or EOS), decoded, scored by the recipe's reward functions on the host (in
+worker processes: rewards.Scorer, whose failures are counted, not fatal), and laid out as training
+rows (prompt + completion, the loss on the completion's tokens).
 
-Every process samples the global batch, gathers the sampled tokens and scores its own prompts'
-completions (a prompt's G completions are on the process that holds the prompt).
+One process: the rollout engine `rollout_engine` names samples (maxlite/rollout/: continuous
+batching, each prompt prefilled once for its G completions) and reports each token's log-prob
+under the sampling policy, laid out as `sampler_logps` [R, T] like the rows' targets. Several
+processes: the static sampler (decode.generate_tokens over prompts repeated G times, `sample_static`):
+every process samples the global batch, gathers the sampled tokens and scores its own prompts'
+completions (a prompt's G completions are on the process that holds the prompt); no sampler log-probs.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ class Scored(NamedTuple):
     rows: dict  # training rows of this process (numpy): inputs, targets, positions, segment_ids, weights
     lengths: np.ndarray  # completion tokens, per row
     ended: np.ndarray  # whether each completion reached its end of turn / EOS
+    # log-prob of each completion token under the sampling policy (maxlite/rollout/engine.py), laid
+    # out like rows["targets"] [R, T], zero off the completion; None from the static sampler
+    sampler_logps: np.ndarray | None
     reward_failures: int = 0  # scores a reward function's raise or dead worker left at 0 (rewards.Scores)
     reward_timeouts: int = 0  # scores a call past reward_timeout_seconds left at 0
 
@@ -46,6 +53,23 @@ def cut(tokens: list[int], decode, marker: str, eos_id: int | None) -> tuple[lis
             if marker in text:
                 return tokens[:k], text.split(marker, 1)[0], True
     return tokens, decode(tokens), False
+
+
+def marker_ids(tok, marker: str) -> tuple[int, ...]:
+    """The end-of-turn marker as the one token id the engine stops on, or () when it takes several
+    (then `cut` finds it in the text and the engine runs on to EOS or the length)."""
+    ids = tok.encode(marker).tolist() if marker else []
+    return tuple(ids) if len(ids) == 1 and tok.decode(ids) == marker else ()
+
+
+def sampler_row(logps: np.ndarray, prompt_length: int, length: int) -> np.ndarray:
+    """A completion's log-probs at its targets' places in a row of `length` (preference.row's layout:
+    completion token k is the target at prompt_length − 1 + k)."""
+    out = np.zeros(length, np.float32)
+    start = prompt_length - 1
+    kept = logps[:max(length - start, 0)]
+    out[start:start + len(kept)] = kept
+    return out
 
 
 def local_rows(global_array) -> np.ndarray:
@@ -75,6 +99,7 @@ class Rollout:
         from maxlite.data.chat import ChatTemplate
         from maxlite.data.tokenizer import load_tokenizer
         from maxlite.models import decode
+        from maxlite.rollout.engine import make_engine
 
         self.cfg = cfg
         self.tok = load_tokenizer(cfg.tokenizer_path, cfg.bos_id, cfg.eos_id)
@@ -82,6 +107,8 @@ class Rollout:
         self.scorer = rewards.Scorer(cfg.reward_functions, cfg.reward_weights, cfg.reward_timeout_seconds,
                                      cfg.reward_workers)
         eos = -1 if self.tok.eos_id is None else int(self.tok.eos_id)
+        self.markers = marker_ids(self.tok, self.marker)
+        self.engine = make_engine(cfg, graphdef) if jax.process_count() == 1 else None
 
         def sample(params, prompt_ids, lengths, key, temperature, generations):
             return decode.generate_tokens(
@@ -93,16 +120,36 @@ class Rollout:
                         False: jax.jit(functools.partial(sample, temperature=cfg.grpo_temperature,
                                                          generations=cfg.grpo_num_generations))}
 
+    def sample_static(self, params, batch, key, greedy: bool = False) -> list[list[int]]:
+        """This process's completions from the static sampler: every row runs to grpo_max_new_tokens
+        or until all rows ended (EOS after a row's end)."""
+        return local_rows(self._sample[greedy](params, batch["prompt_ids"], batch["prompt_lengths"], key)).tolist()
+
+    def sample_engine(self, params, prompt_ids, lengths, key, greedy: bool = False):
+        """(completions, their sampler log-probs) from the rollout engine, prompt-major (p·G + g)."""
+        from maxlite.rollout.engine import Sampling
+
+        cfg = self.cfg
+        sampling = Sampling(cfg.grpo_max_new_tokens, 0.0 if greedy else cfg.grpo_temperature,
+                            1 if greedy else cfg.grpo_num_generations, self.tok.eos_id, self.markers)
+        prompts = [ids[:n].tolist() for ids, n in zip(prompt_ids, lengths)]
+        done = self.engine.generate(params, prompts, sampling, key)
+        return [t.tolist() for t in done.tokens], done.logps
+
     def __call__(self, params, batch, key, greedy: bool = False) -> Scored:
         """Sample (G per prompt, or one greedy), cut, score and lay out this process's rows."""
         from maxlite.data.preference import row
 
         generations = 1 if greedy else self.cfg.grpo_num_generations
-        tokens = local_rows(self._sample[greedy](params, batch["prompt_ids"], batch["prompt_lengths"], key))
         prompt_ids, lengths = local_rows(batch["prompt_ids"]), local_rows(batch["prompt_lengths"])
+        if self.engine is not None:
+            tokens, logps = self.sample_engine(params, prompt_ids, lengths, key, greedy)
+        else:
+            tokens = self.sample_static(params, batch, key, greedy)
+            logps = [np.zeros(len(t), np.float32) for t in tokens]
         records = [json.loads(str(r)) for r in batch["host_records"]]
-        prompts, texts, rows, lens, ended = [], [], [], [], []
-        for i, toks in enumerate(tokens.tolist()):
+        prompts, texts, rows, lens, ended, sampler = [], [], [], [], [], []
+        for i, toks in enumerate(tokens):
             prompt = prompt_ids[i // generations, :lengths[i // generations]]
             done, text, end = cut(toks, self.tok.decode, self.marker, self.tok.eos_id)
             prompts.append(self.tok.decode(prompt.tolist()))
@@ -111,7 +158,8 @@ class Rollout:
             ended.append(end)
             ids = np.concatenate([prompt, np.asarray(done, np.int32)])
             rows.append(row(ids, np.arange(len(ids)) >= len(prompt), self.cfg.max_target_length))
+            sampler.append(sampler_row(logps[i][:len(done)], len(prompt), self.cfg.max_target_length))
         r = self.scorer(prompts, texts, [records[i // generations] for i in range(len(texts))])
         return Scored(np.asarray(r.total, np.float32).reshape(-1, generations),
                       {k: np.stack([x[k] for x in rows]) for k in rows[0]}, np.asarray(lens), np.asarray(ended),
-                      r.failures, r.timeouts)
+                      None if self.engine is None else np.stack(sampler), r.failures, r.timeouts)

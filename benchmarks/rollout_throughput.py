@@ -1,0 +1,160 @@
+"""GRPO rollouts: today's static sampler against the rollout engine → benchmarks/results/rollout_throughput.json.
+
+    JAX_PLATFORMS=cpu python benchmarks/rollout_throughput.py [--models tiny llama-100m] [--prompts 16]
+        [--generations 8] [--new 256] [--slots 32] [--end-share 64]
+
+Prompts: the bundled arithmetic prompts (maxlite/data/bundled/arith_prompts_train.jsonl.zst) in a
+ChatML turn, tokenized with the bundled tokenizer; G completions each at temperature 1, random
+weights (seed 0). Uneven lengths: a random model never says EOS, so the ids [100, 100 + V/end_share)
+count as end ids (a marker set; V the vocabulary): each token ends its completion with the
+probability the model gives that set (about 1/end_share), capped at --new tokens. Both samplers
+see the same end ids: the engine stops a completion on one; the static sampler (decode.generate_tokens
+over the prompts repeated G times in one batch, as objectives/rollout.py samples without the engine)
+stops on one id only, so it runs every row to --new and its completions are cut at their first end id.
+
+A second static figure runs the rows in chunks of max_num_seqs (the engine's decode memory) one
+after the other, each chunk to --new: the static batch a memory bound on rows would force.
+
+Useful tokens: the completions' tokens up to and including their end. `ended_fraction`: the share
+of row-steps (rows × decode steps) spent on rows whose completion had already ended (the static
+batch: 1 − useful / (rows × steps); the engine: slot-steps holding no live sequence). Compile
+excluded (a warm-up run first); seconds are the timed run's wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks._results import write_result  # noqa: E402
+
+OUT = ROOT / "benchmarks" / "results" / "rollout_throughput.json"
+CHATML = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _cpu_flags() -> list[str]:
+    flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
+    return sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "sse4")))
+
+
+def _prompts(n: int) -> list[list[int]]:
+    import zstandard
+
+    from maxlite.data.tokenizer import BUNDLED_DIR, load_tokenizer
+
+    path = BUNDLED_DIR / "arith_prompts_train.jsonl.zst"
+    text = zstandard.ZstdDecompressor().stream_reader(open(path, "rb")).read(1 << 16).decode()
+    records = [json.loads(line) for line in text.splitlines()[:-1]]
+    tok = load_tokenizer("")
+    step = max(len(records) // n, 1)  # spread over the file: prompts of several lengths
+    return [tok.encode(CHATML.format(r["prompt"])).tolist() for r in records[::step][:n]]
+
+
+def _static(cfg, graphdef, params, prompts, args, end_ids, key, rows: int = 0) -> dict:
+    """Today's sampler over all the rows at once, or (`rows`) over chunks of that many rows one after
+    the other: the engine's decode memory (max_num_seqs rows of cache)."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from maxlite.models import decode
+
+    P = decode.prompt_length(cfg, max(map(len, prompts)))
+    padded = np.zeros((len(prompts), P), np.int32)
+    for r, ids in zip(padded, prompts):
+        r[:len(ids)] = ids
+    lengths = np.array([len(p) for p in prompts], np.int32)
+    fn = jax.jit(functools.partial(decode.generate_tokens, graphdef, max_new_tokens=args.new, temperature=1.0,
+                                   top_k=0, top_p=1.0, eos_id=-1))
+    G = args.generations
+    all_prompts, all_lengths = np.repeat(padded, G, 0), np.repeat(lengths, G, 0)
+    rows = rows or len(all_prompts)
+    chunks = [(all_prompts[i:i + rows], all_lengths[i:i + rows]) for i in range(0, len(all_prompts), rows)]
+    compiled = fn.lower(params, *chunks[0], key).compile()
+    start = time.perf_counter()
+    done = [jax.block_until_ready(compiled(params, x, n, jax.random.fold_in(key, i)))
+            for i, (x, n) in enumerate(chunks)]
+    seconds = time.perf_counter() - start
+    out, steps = np.concatenate([np.asarray(o) for o, _ in done]), sum(int(s) for _, s in done)
+    ends = np.isin(out, end_ids)
+    useful = np.where(ends.any(1), ends.argmax(1) + 1, args.new)
+    return {"rows": rows, "steps": steps, "seconds": round(seconds, 3), "useful_tokens": int(useful.sum()),
+            "useful_tokens_per_s": round(float(useful.sum() / seconds), 1),
+            "ended_fraction": round(float(1 - useful.sum() / (rows * steps)), 4)}
+
+
+def _engine(cfg, graphdef, params, prompts, args, end_ids, key) -> dict:
+    import numpy as np
+
+    from maxlite.rollout.continuous import ContinuousEngine
+    from maxlite.rollout.engine import Sampling
+
+    engine = ContinuousEngine(cfg, graphdef, args.slots, args.batched_tokens)
+    sampling = Sampling(args.new, 1.0, args.generations, marker_ids=tuple(end_ids))
+    engine.generate(params, prompts, sampling, key)  # compiles
+    done = engine.generate(params, prompts, sampling, key)
+    s = done.stats
+    useful = np.array([len(t) for t in done.tokens])
+    return {"slots": args.slots, "steps": s["steps"], "prefills": s["prefills"], "seconds": round(s["seconds"], 3),
+            "useful_tokens": int(useful.sum()), "useful_tokens_per_s": round(float(useful.sum() / s["seconds"]), 1),
+            "ended_fraction": round(s["ended_slot_steps"] / s["slot_steps"], 4),
+            "lengths": {"mean": round(float(useful.mean()), 1), "min": int(useful.min()), "max": int(useful.max()),
+                        "at_cap": int((useful == args.new).sum())}}
+
+
+def measure(model_name: str, args) -> dict:
+    import jax
+    from flax import nnx
+
+    from maxlite import api, config as C
+
+    prompts = _prompts(args.prompts)
+    cfg = C.load(["base.yml", f"model_name={model_name}", f"max_target_length={max(map(len, prompts)) + args.new}"])
+    graphdef, params = nnx.split(api.create_model(cfg, seed=0), nnx.Param)
+    end_ids = list(range(100, 100 + cfg.vocab_size // args.end_share))
+    key = jax.random.key(0)
+    static = _static(cfg, graphdef, params, prompts, args, end_ids, key)
+    print(model_name, "static", static, file=sys.stderr, flush=True)
+    chunked = _static(cfg, graphdef, params, prompts, args, end_ids, key, rows=args.slots)
+    print(model_name, "static in chunks of max_num_seqs rows", chunked, file=sys.stderr, flush=True)
+    engine = _engine(cfg, graphdef, params, prompts, args, end_ids, key)
+    print(model_name, "engine", engine, file=sys.stderr, flush=True)
+    return {"model": model_name, "dtype": cfg.dtype, "prompts": len(prompts), "generations": args.generations,
+            "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts))], "max_new_tokens": args.new,
+            "end_ids": f"[100, {100 + len(end_ids)})", "static": static, "static_chunked": chunked, "engine": engine,
+            "useful_speedup": round(engine["useful_tokens_per_s"] / static["useful_tokens_per_s"], 2),
+            "useful_speedup_same_rows": round(engine["useful_tokens_per_s"] / chunked["useful_tokens_per_s"], 2)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", nargs="+", default=["tiny", "llama-100m"])
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--generations", type=int, default=8)
+    ap.add_argument("--new", type=int, default=256)
+    ap.add_argument("--slots", type=int, default=32, help="the engine's max_num_seqs")
+    ap.add_argument("--batched-tokens", type=int, default=2048, help="the engine's max_num_batched_tokens")
+    ap.add_argument("--end-share", type=int, default=64, help="1 / the share of the vocabulary that ends a completion")
+    ap.add_argument("--out", type=pathlib.Path, default=OUT)
+    args = ap.parse_args()
+    import jax
+
+    rows = [measure(name, args) for name in args.models]
+    write_result({"device": str(jax.devices()[0].device_kind), "host": platform.node(), "cpus": os.cpu_count(),
+                  "cpu_flags": _cpu_flags(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+                  "load_average": [round(x, 2) for x in os.getloadavg()],
+                  "command": "JAX_PLATFORMS=cpu python benchmarks/rollout_throughput.py " + " ".join(sys.argv[1:]),
+                  "results": rows}, args.out)
+
+
+if __name__ == "__main__":
+    main()

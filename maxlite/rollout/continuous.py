@@ -1,0 +1,227 @@
+"""maxlite's rollout engine: continuous batching over a fixed number of decode slots, each prompt
+prefilled once for its G completions.
+
+The cache is slot-contiguous, not paged: slot s owns row s of every layer's decode cache
+(maxlite/models/decode.py, each mixer kind's own: K/V rings, MLA's latents, the delta-net's state,
+Gemma 4's shared K/V), sized for the longest padded prompt + max_new_tokens. A block table (paged
+K/V) is what would let long and short sequences share memory; it is not built.
+
+Three compiled functions with fixed shapes, called from a host loop:
+- `prefill`: a chunk of prompts ([Bp, P]: Bp = max_num_batched_tokens // P, the padded prompt
+  length P) through the training attention into a cache of Bp rows, and each prompt's last hidden state;
+- `insert`: rows of that cache copied into free slots (maxlite/rollout/slots.py) — a prompt's G
+  completions are G copies of its one prefill —, each slot at its own position, its count reset;
+- `step`: for every slot, sample a token from its last hidden state (per-row key), its log-prob, and
+  whether it ended (an end id, or max_new_tokens), then the token through the model (slots × 1 token).
+  The host reads one [3, slots] array per step (tokens, log-probs, ended), frees the ended slots and
+  refills them with waiting completions before the next step, so a slot holds no ended sequence
+  beyond the step that ended it, except when nothing is left to start (the tail of the batch);
+- `shrink`: in that tail, once at most half the slots are live, the live ones are cut out into a
+  batch half as wide (down to max_num_seqs / 8), whose step is compiled once too.
+
+The key of a token is fold_in(key, prompt index, completion index, token index): what is sampled
+depends neither on the slot a sequence lands in nor on max_num_seqs.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from maxlite.models import context, decode
+from maxlite.rollout.sampling import Completions, Sampling
+from maxlite.rollout.slots import copy_row, take_rows
+from maxlite.schema import ConfigError
+
+
+class Slots(NamedTuple):
+    """The decode slots' state on the device (S slots)."""
+    cache: decode.Cache
+    x_S1D: jax.Array  # each slot's last hidden state: the next token is sampled from it
+    pos_S: jax.Array  # the next position to write: the sequence's length so far
+    count_S: jax.Array  # tokens sampled so far
+    prompt_S: jax.Array  # the sequence held (prompt index, completion index): its RNG stream
+    gen_S: jax.Array
+    live_S: jax.Array  # holds a sequence that has not ended
+
+
+def draw(logits_SV, keys_S, temperature: float):
+    """(one token per row, its log-prob under the sampling distribution) — greedy at T = 0 (the
+    log-prob then at T = 1), else from softmax(logits / T) with each row's own key."""
+    if temperature == 0:
+        token_S = jnp.argmax(logits_SV, axis=-1).astype(jnp.int32)  # decode.sample's greedy, exactly
+        scaled_SV = logits_SV.astype(jnp.float32)
+    else:
+        scaled_SV = logits_SV.astype(jnp.float32) / temperature
+        token_S = jax.vmap(jax.random.categorical)(keys_S, scaled_SV).astype(jnp.int32)
+    logp_S = jnp.take_along_axis(jax.nn.log_softmax(scaled_SV, axis=-1), token_S[:, None], axis=-1)[:, 0]
+    return token_S, logp_S
+
+
+class _Compiled(NamedTuple):
+    empty: object
+    prefill: object
+    insert: object
+    step: object
+    shrink: object
+
+
+def _compile(cfg, graphdef, slots: int, length: int, sampling: Sampling) -> _Compiled:
+    """The engine's jitted functions for `slots` slots and caches of `length` positions."""
+    end_ids = jnp.asarray(sampling.end_ids() or (-1,), jnp.int32)
+    D = cfg.base_emb_dim
+
+    def empty():
+        zeros = jnp.zeros((slots,), jnp.int32)
+        return Slots(decode.empty_cache(cfg, slots, length), jnp.zeros((slots, 1, D), jnp.dtype(cfg.dtype)),
+                     zeros, zeros, zeros, zeros, jnp.zeros((slots,), bool))
+
+    def prefill(params, prompt_BP, lengths_B):
+        model = nnx.merge(graphdef, params)
+        B, P = prompt_BP.shape
+        x_BPD, cache = decode.forward(model, prompt_BP, jnp.broadcast_to(jnp.arange(P), (B, P)), lengths_B,
+                                      decode.empty_cache(cfg, B, length),
+                                      decode.prefill_config(cfg, P, context.shards()))
+        return cache, jnp.take_along_axis(x_BPD, (lengths_B - 1)[:, None, None], axis=1)
+
+    def insert(state: Slots, cache, x_B1D, rows_K, slots_K, prompts_K, gens_K, lengths_K, n):
+        def one(i, s: Slots) -> Slots:
+            row, slot = rows_K[i], slots_K[i]
+            return Slots(copy_row(s.cache, cache, row, slot), s.x_S1D.at[slot].set(x_B1D[row].astype(s.x_S1D.dtype)),
+                         s.pos_S.at[slot].set(lengths_K[i]), s.count_S.at[slot].set(0),
+                         s.prompt_S.at[slot].set(prompts_K[i]), s.gen_S.at[slot].set(gens_K[i]),
+                         s.live_S.at[slot].set(True))
+        return jax.lax.fori_loop(0, n, one, state)
+
+    def step(params, s: Slots, key):
+        model = nnx.merge(graphdef, params)
+        keys_S = jax.vmap(lambda p, g, t: jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, p), g), t))(
+            s.prompt_S, s.gen_S, s.count_S)
+        token_S, logp_S = draw(model.logits(s.x_S1D)[:, 0], keys_S, sampling.temperature)
+        count_S = s.count_S + 1
+        ended_S = jnp.isin(token_S, end_ids) | (count_S >= sampling.max_new_tokens)
+        x_S1D, cache = decode.forward(model, token_S[:, None], s.pos_S[:, None], s.pos_S + 1, s.cache)
+        live = s.live_S.astype(jnp.int32)
+        new = Slots(cache, x_S1D, s.pos_S + live, count_S, s.prompt_S, s.gen_S, s.live_S & ~ended_S)
+        # one array for the host: tokens, log-probs (their float32 bits) and ended, per slot
+        out_3S = jnp.stack([token_S, jax.lax.bitcast_convert_type(logp_S, jnp.int32), ended_S.astype(jnp.int32)])
+        return new, out_3S
+
+    def shrink(s: Slots, rows_K) -> Slots:
+        return Slots(take_rows(s.cache, rows_K), *(a[rows_K] for a in s[1:]))
+
+    return _Compiled(jax.jit(empty), jax.jit(prefill), jax.jit(insert, donate_argnums=0),
+                     jax.jit(step, donate_argnums=1), jax.jit(shrink))
+
+
+class ContinuousEngine:
+    """`generate(params, prompts, sampling, key) → Completions` (maxlite/rollout/engine.py) with
+    `max_num_seqs` decode slots and at most `max_num_batched_tokens` prompt tokens per prefill."""
+
+    def __init__(self, cfg, graphdef, max_num_seqs: int, max_num_batched_tokens: int):
+        self.cfg, self.graphdef = cfg, graphdef
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self._compiled: dict = {}
+
+    def _shapes(self, prompts, sampling: Sampling) -> tuple[int, int]:
+        """(the padded prompt length P, the prompts per prefill Bp), or the one line saying what is wrong."""
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ConfigError("every prompt needs at least one token")
+        if sampling.max_new_tokens < 1 or sampling.temperature < 0 or sampling.generations < 1:
+            raise ConfigError("max_new_tokens and generations must be at least 1, temperature >= 0")
+        longest = max(map(len, prompts))
+        P = decode.prompt_length(self.cfg, longest, context.shards())
+        if longest + sampling.max_new_tokens > self.cfg.max_position_embeddings:
+            raise ConfigError(f"prompt ({longest} tokens) + max_new_tokens ({sampling.max_new_tokens}) exceeds "
+                              f"the model's max_position_embeddings={self.cfg.max_position_embeddings}")
+        if self.max_num_batched_tokens < P:
+            raise ConfigError(f"max_num_batched_tokens={self.max_num_batched_tokens} is below the longest prompt "
+                              f"({P} tokens padded): raise it")
+        return P, min(len(prompts), self.max_num_batched_tokens // P)
+
+    def generate(self, params, prompts, sampling: Sampling, key) -> Completions:
+        P, Bp = self._shapes(prompts, sampling)
+        S, G, N = self.max_num_seqs, sampling.generations, len(prompts)
+        fns = self._functions(P, Bp, S, sampling)
+        lengths = np.array([len(p) for p in prompts], np.int32)
+        padded = np.zeros((-(-N // Bp) * Bp, P), np.int32)
+        for row, ids in zip(padded, prompts):
+            row[:len(ids)] = ids
+        padded_lengths = np.concatenate([lengths, np.ones(len(padded) - N, np.int32)])
+
+        started = time.perf_counter()
+        tokens = [[] for _ in range(N * G)]
+        logps = [[] for _ in range(N * G)]
+        stops: list = [None] * (N * G)
+        waiting = collections.deque((p, g) for p in range(N) for g in range(G))
+        owner: list = [None] * S  # the sequence each slot holds
+        free = list(range(S - 1, -1, -1))
+        state, chunk, prefilled = fns.empty(), -Bp, None
+        steps = slot_steps = ended_slot_steps = prefills = 0
+        while True:
+            inserts = []
+            while free and waiting:
+                p, g = waiting[0]
+                if p >= chunk + Bp:  # the next prompts: prefill them (after placing the last ones' rows)
+                    state = self._insert(fns, state, prefilled, inserts)
+                    inserts, chunk = [], p - p % Bp
+                    prefilled = fns.prefill(params, padded[chunk:chunk + Bp], padded_lengths[chunk:chunk + Bp])
+                    prefills += 1
+                waiting.popleft()
+                slot = free.pop()
+                owner[slot] = p * G + g
+                inserts.append((p - chunk, slot, p, g, lengths[p]))
+            state = self._insert(fns, state, prefilled, inserts)
+            live = [s for s in range(len(owner)) if owner[s] is not None]
+            if not live:
+                break
+            if not waiting and len(live) <= len(owner) // 2 and len(owner) > max(S // 8, 1):
+                state, owner, fns = self._shrink(state, owner, live, P, Bp, sampling)
+                live = list(range(len(live)))
+            state, out_3S = fns.step(params, state, key)
+            out_3S = np.asarray(out_3S)  # the step's one transfer to the host
+            steps += 1
+            slot_steps += len(owner)
+            ended_slot_steps += len(owner) - len(live)
+            for s in live:
+                seq = owner[s]
+                tokens[seq].append(int(out_3S[0, s]))
+                logps[seq].append(out_3S[1, s:s + 1].view(np.float32)[0])
+                why = sampling.stop(tokens[seq][-1], len(tokens[seq]))
+                assert (why is not None) == bool(out_3S[2, s]), (why, out_3S[:, s])
+                if why is not None:
+                    stops[seq], owner[s] = why, None
+                    free.append(s)
+        return Completions([np.asarray(t, np.int32) for t in tokens], [np.asarray(x, np.float32) for x in logps],
+                           stops, {"steps": steps, "slot_steps": slot_steps, "ended_slot_steps": ended_slot_steps,
+                                   "prefills": prefills, "seconds": time.perf_counter() - started})
+
+    def _functions(self, P: int, Bp: int, width: int, sampling: Sampling) -> _Compiled:
+        where = (P, Bp, width, sampling)
+        if where not in self._compiled:
+            self._compiled[where] = _compile(self.cfg, self.graphdef, width, P + sampling.max_new_tokens, sampling)
+        return self._compiled[where]
+
+    def _shrink(self, state: Slots, owner: list, live: list, P: int, Bp: int, sampling: Sampling):
+        """(the state of the narrowest batch of halved width ≥ max_num_seqs / 8 holding the live
+        slots, first, in order; its owners; its functions)."""
+        width = len(owner)
+        while width // 2 >= max(len(live), self.max_num_seqs // 8, 1):
+            width //= 2
+        rows = live + [s for s in range(len(owner)) if owner[s] is None][:width - len(live)]
+        fns = self._functions(P, Bp, width, sampling)
+        return fns.shrink(state, np.asarray(rows, np.int32)), [owner[r] for r in rows], fns
+
+    def _insert(self, fns: _Compiled, state: Slots, prefilled, inserts: list) -> Slots:
+        """`inserts` ((prefill row, slot, prompt, completion, prompt length) each) placed in one call."""
+        if not inserts:
+            return state
+        columns = np.zeros((5, self.max_num_seqs), np.int32)
+        columns[:, :len(inserts)] = np.asarray(inserts, np.int32).T
+        return fns.insert(state, *prefilled, *columns, np.int32(len(inserts)))

@@ -1,0 +1,35 @@
+"""What the rollout engines take and give (maxlite/rollout/engine.py says what each field means)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+STOPS = ("eos", "marker", "length")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    max_new_tokens: int
+    temperature: float = 1.0  # 0: greedy
+    generations: int = 1  # completions per prompt (GRPO's G)
+    eos_id: int | None = None
+    marker_ids: tuple[int, ...] = ()  # end-of-turn marker token id(s)
+
+    def end_ids(self) -> tuple[int, ...]:
+        return (*(() if self.eos_id is None else (int(self.eos_id),)), *map(int, self.marker_ids))
+
+    def stop(self, token: int, count: int) -> str | None:
+        """Why a completion whose `count`-th token is `token` stops there, or None."""
+        if self.eos_id is not None and token == self.eos_id:
+            return "eos"
+        if token in self.marker_ids:
+            return "marker"
+        return "length" if count >= self.max_new_tokens else None
+
+
+class Completions(NamedTuple):
+    tokens: list  # per sequence (p·G + g): int32 [n], the ending token included
+    logps: list  # per sequence: float32 [n], log-prob of each token under the sampling policy
+    stops: list  # per sequence: one of STOPS
+    stats: dict  # steps, slot_steps, ended_slot_steps (no live sequence in the slot), prefills, seconds

@@ -1,0 +1,159 @@
+"""The rollout engine (maxlite/rollout/): greedy completions equal today's static sampler
+(decode.generate_tokens) token for token on every family the bridge imports (tests/hf_models.py;
+a default lane covering every mixer kind, the rest `slow`), with fewer slots than sequences so slots
+are refilled; its log-probs equal the trainer's recomputed token_logps; at temperature 1 what it
+samples does not depend on max_num_seqs; each completion stops for the right reason."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from maxlite import api, config as C
+from maxlite.data.preference import row
+from maxlite.models import decode
+from maxlite.models.kinds import MIXERS
+from maxlite.objectives.rollout import sampler_row
+from maxlite.rollout import engine as E
+from maxlite.rollout.continuous import ContinuousEngine
+from maxlite.step import token_logps
+from tests.helpers import SMALL
+
+PROMPTS = [[5, 17, 100, 3, 9], [40, 41, 42, 43, 44, 45, 46, 47, 48], [150, 1, 2]]
+G = 2  # 6 sequences over 4 slots: two slots are refilled
+
+
+@functools.cache
+def _small():
+    cfg = C.load([*SMALL, "dtype=float32", "init_scale=0.5"])  # large weights: no near-ties
+    graphdef, params = nnx.split(api.create_model(cfg, seed=3), nnx.Param)
+    return cfg, graphdef, params
+
+
+def _static_greedy(graphdef, params, cfg, prompts, n: int, generations: int) -> np.ndarray:
+    """Today's sampler: the prompts repeated G times in one static batch (rollout.Rollout's old path)."""
+    P = decode.prompt_length(cfg, max(map(len, prompts)))
+    padded = np.zeros((len(prompts), P), np.int32)
+    for r, ids in zip(padded, prompts):
+        r[:len(ids)] = ids
+    lengths = np.array([len(p) for p in prompts], np.int32)
+    fn = jax.jit(functools.partial(decode.generate_tokens, graphdef, max_new_tokens=n, temperature=0.0, top_k=0,
+                                   top_p=1.0, eos_id=-1))
+    return np.asarray(fn(params, jnp.repeat(padded, generations, 0), jnp.repeat(lengths, generations, 0),
+                         jax.random.key(0))[0])
+
+
+def _greedy_equals_static(cfg, graphdef, params, prompts, n: int = 5):
+    done = ContinuousEngine(cfg, graphdef, max_num_seqs=4, max_num_batched_tokens=64).generate(
+        params, prompts, E.Sampling(n, temperature=0.0, generations=G), jax.random.key(0))
+    static = _static_greedy(graphdef, params, cfg, prompts, n, G)
+    assert [t.tolist() for t in done.tokens] == static.tolist()
+    assert done.stops == ["length"] * len(static)
+    assert done.stats["steps"] < len(static) * n  # slots ran side by side; 2 were refilled
+    assert done.stats["prefills"] == 1  # 3 prompts of ≤ 16 padded tokens fit 64
+
+
+def test_greedy_equals_the_static_sampler_with_slots_refilled():
+    _greedy_equals_static(*_small(), PROMPTS, n=8)
+
+
+# every mixer kind: GQA (a global layer and a sliding-window ring), MLA's latent, the gated delta-net's
+# state beside attention, Gemma 4's local/global layers and those sharing K/V
+DEFAULT_LANE = ["llama", "mistral", "deepseek_v3", "qwen3_5_text", "gemma4"]
+
+
+def _hf_families():
+    from tests import hf_models
+    return [pytest.param(name, marks=() if name in DEFAULT_LANE else pytest.mark.slow) for name in hf_models.CONFIGS]
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("name", _hf_families())
+def test_greedy_equals_the_static_sampler_on_every_imported_family(name, tmp_path):
+    from maxlite.bridge import hf, params as P
+    from maxlite.state import abstract_params
+    from tests import hf_models
+
+    hf_models.model(name).save_pretrained(str(tmp_path))
+    cfg, pure = hf.import_hf(str(tmp_path), ["dtype=float32", "max_target_length=32"])
+    params = P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure)))
+    graphdef, _ = abstract_params(cfg)
+    # the windowed families' windows (hf_models.WINDOW = 6) are passed during prefill and decoding
+    _greedy_equals_static(cfg, graphdef, params, [[t % 200 for t in p] for p in PROMPTS], n=5)
+
+
+def test_logps_equal_the_trainers_token_logps():
+    cfg, graphdef, params = _small()
+    done = ContinuousEngine(cfg, graphdef, 4, 64).generate(params, PROMPTS, E.Sampling(8, 1.0, G),
+                                                           jax.random.key(1))
+    T = 24
+    rows, sampler = [], []
+    for i, toks in enumerate(done.tokens):
+        prompt = PROMPTS[i // G]
+        ids = np.asarray(prompt + toks.tolist(), np.int32)
+        rows.append(row(ids, np.arange(len(ids)) >= len(prompt), T))
+        sampler.append(sampler_row(done.logps[i], len(prompt), T))
+    rows = {k: jnp.asarray(np.stack([r[k] for r in rows])) for k in rows[0]}
+    theirs = np.asarray(token_logps(params, graphdef, rows))
+    w = np.asarray(rows["weights"]) > 0
+    assert w.sum() == sum(map(len, done.tokens))
+    np.testing.assert_allclose(np.stack(sampler)[w], theirs[w], rtol=1e-5, atol=2e-5)
+    assert not np.stack(sampler)[~w].any()  # zeros off the completion
+
+
+def test_what_is_sampled_does_not_depend_on_the_slots():
+    cfg, graphdef, params = _small()
+    prompts = PROMPTS + [[7, 8]]
+    got = [ContinuousEngine(cfg, graphdef, slots, 32).generate(params, prompts, E.Sampling(6, 1.0, 3),
+                                                              jax.random.key(2))
+           for slots in (1, 5, 12)]
+    for other in got[1:]:
+        assert [t.tolist() for t in other.tokens] == [t.tolist() for t in got[0].tokens]
+        # other batch shapes: the same log-probs up to float32 rounding
+        np.testing.assert_allclose(np.concatenate(other.logps), np.concatenate(got[0].logps), atol=1e-4)
+    assert got[2].stats["ended_slot_steps"] == 0 and got[2].stats["steps"] == 6  # all 12 at once, full length
+    assert len({tuple(t.tolist()) for t in got[0].tokens}) > len(prompts)  # a prompt's completions differ
+
+
+def test_each_completion_stops_for_its_reason():
+    cfg, graphdef, params = _small()
+    n = 8
+    free = ContinuousEngine(cfg, graphdef, 4, 64).generate(params, PROMPTS, E.Sampling(n, 0.0, 1),
+                                                           jax.random.key(0))
+    paths = [t.tolist() for t in free.tokens]
+    eos, marker = paths[0][2], paths[1][3]
+    assert eos not in paths[0][:2] and marker not in paths[1][:3] and eos != marker
+    sampling = E.Sampling(n, 0.0, 1, eos_id=eos, marker_ids=(marker,))
+    done = ContinuousEngine(cfg, graphdef, 2, 64).generate(params, PROMPTS, sampling, jax.random.key(0))
+    for path, toks, stop in zip(paths, done.tokens, done.stops):
+        ends = [k for k, t in enumerate(path) if t in (eos, marker)]
+        k = ends[0] + 1 if ends else n
+        assert toks.tolist() == path[:k]  # greedy: the ends only cut the path
+        assert stop == ("length" if not ends else "eos" if path[k - 1] == eos else "marker")
+    assert done.stops[:2] == ["eos", "marker"]
+
+
+def test_every_cache_kind_declares_its_batch_axes():
+    for kind in MIXERS.values():
+        assert kind.cache().BATCH_AXES == (1, 0), kind.name
+
+
+def test_vllm_is_refused_in_one_line_before_any_work():
+    why = E.refusal("vllm")
+    assert why is not None and "\n" not in why and "vllm" in why
+    grpo = [*SMALL, "train_objective=grpo", "dataset_type=prompts", "max_target_length=32",
+            "reward_functions=[maxlite.objectives.rewards:exact_answer]"]
+    assert C.load(grpo).rollout_engine == "maxlite"
+    with pytest.raises(C.ConfigError, match="rollout_engine=vllm"):  # when the recipe is read
+        C.load([*grpo, "rollout_engine=vllm"])
+
+
+def test_errors_are_one_line():
+    cfg, graphdef, params = _small()
+    with pytest.raises(C.ConfigError, match="max_num_batched_tokens=4 is below"):
+        ContinuousEngine(cfg, graphdef, 2, 4).generate(params, PROMPTS, E.Sampling(4), jax.random.key(0))
+    with pytest.raises(C.ConfigError, match="at least one token"):
+        ContinuousEngine(cfg, graphdef, 2, 64).generate(params, [[]], E.Sampling(4), jax.random.key(0))
