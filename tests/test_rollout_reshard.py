@@ -12,12 +12,14 @@ from maxlite.rollout import reshard
 from maxlite.state import abstract_params
 from tests.helpers import SMALL, build
 
+RL = ["base.yml", "train_objective=grpo", "dataset_type=prompts", "reward_functions=[maxlite.objectives.rewards:exact_answer]"]
+
 
 def test_both_shares_one_is_colocated_and_a_split_takes_the_first_and_last_devices():
     devices = list(range(8))
-    together = reshard.split_devices(C.load(["base.yml"]), devices)
+    together = reshard.split_devices(C.load(RL), devices)
     assert together.colocated and together.trainer == devices
-    apart = reshard.split_devices(C.load(["base.yml", "trainer_devices_fraction=0.75",
+    apart = reshard.split_devices(C.load([*RL, "trainer_devices_fraction=0.75",
                                           "sampler_devices_fraction=0.25"]), devices)
     assert (apart.trainer, apart.sampler, apart.colocated) == ([0, 1, 2, 3, 4, 5], [6, 7], False)
 
@@ -27,19 +29,19 @@ def test_both_shares_one_is_colocated_and_a_split_takes_the_first_and_last_devic
     (("1.0", "0.1"), "leave 8 to train and 0 to sample"),
 ])
 def test_shares_that_overlap_or_leave_a_side_empty_are_one_line(shares, message):
-    cfg = C.load(["base.yml", f"trainer_devices_fraction={shares[0]}", f"sampler_devices_fraction={shares[1]}"])
+    cfg = C.load([*RL, f"trainer_devices_fraction={shares[0]}", f"sampler_devices_fraction={shares[1]}"])
     with pytest.raises(C.ConfigError, match=message):
         reshard.split_devices(cfg, list(range(8)))
 
 
 def test_the_rollout_mesh_is_data_times_tensor_over_the_samplers_devices():
-    cfg = C.load(["base.yml", "rollout_tensor_parallelism=2", "ici_fsdp_parallelism=4"])
+    cfg = C.load([*RL, "rollout_tensor_parallelism=2", "ici_fsdp_parallelism=4"])
     shaped = reshard.rollout_config(cfg, 8)
     assert shaped.parallelism("ici") == (4, 1, 1, 1, 1, 2) and shaped.parallelism("dcn") == (1,) * 6
     with pytest.raises(C.ConfigError, match="rollout_data_parallelism=3 × rollout_tensor_parallelism=2"):
-        reshard.rollout_config(C.load(["base.yml", "rollout_tensor_parallelism=2", "rollout_data_parallelism=3"]), 8)
+        reshard.rollout_config(C.load([*RL, "rollout_tensor_parallelism=2", "rollout_data_parallelism=3"]), 8)
     with pytest.raises(C.ConfigError, match="does not divide the sampler's 6 devices"):
-        reshard.rollout_config(C.load(["base.yml", "rollout_tensor_parallelism=4"]), 6)
+        reshard.rollout_config(C.load([*RL, "rollout_tensor_parallelism=4"]), 6)
 
 
 def _logits(graphdef, params, mesh, ids):
@@ -53,13 +55,12 @@ def _logits(graphdef, params, mesh, ids):
 def test_weights_pushed_from_fsdp4_to_data2_tensor2_on_other_devices_compute_the_same_logits():
     """Trainer: devices 0-3, fsdp 4; rollout: devices 4-7, data 2 × tensor 2. The push copies every
     byte (no cast, no host round trip) onto the rollout devices, sharded by the same logical axes."""
-    argv = [*SMALL, "dtype=float32", "ici_fsdp_parallelism=4", "trainer_devices_fraction=0.5",
-            "sampler_devices_fraction=0.5", "rollout_tensor_parallelism=2"]
-    cfg, mesh, state, _, _ = build(argv, 4)
+    cfg, mesh, state, _, _ = build([*SMALL, "dtype=float32", "ici_fsdp_parallelism=4"], 4)  # the trainer's
     graphdef = abstract_params(cfg)[0]
-    placement = reshard.split_devices(cfg, jax.devices())
+    rl = C.load([*RL, "trainer_devices_fraction=0.5", "sampler_devices_fraction=0.5", "rollout_tensor_parallelism=2"])
+    placement = reshard.split_devices(rl, jax.devices())
     assert placement.trainer == list(mesh.devices.flat)
-    target = reshard.rollout_mesh(cfg, placement.sampler)
+    target = reshard.rollout_mesh(rl, placement.sampler)
     assert dict(target.shape) == {"data": 2, "stage": 1, "fsdp": 1, "context": 1, "expert": 1, "tensor": 2}
     pushed, seconds = reshard.WeightPush(state.params, target)(state.params)
     assert seconds >= 0

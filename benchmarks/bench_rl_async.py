@@ -1,0 +1,65 @@
+"""Asynchronous GRPO against synchronous, same placement and batch → benchmarks/results/rl_async.json.
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu python benchmarks/bench_rl_async.py
+
+grpo_math.yml (the tiny model, the bundled word problems, Math-Verify rewards) with the trainer on
+the first quarter of the devices and the rollout engine on the last quarter, run `--steps` GRPO
+steps twice: `off_policy_steps=0` (each step samples, then trains) and `off_policy_steps=1` (the
+next step's prompts sampled while a step trains). The figure is the median of each run's
+`seconds` per step over its steps after the first two (compilation), and their ratio; the rewards
+of both runs are kept to show that learning goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import platform
+import statistics
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks._results import write_result  # noqa: E402
+
+OUT = ROOT / "benchmarks" / "results" / "rl_async.json"
+
+
+def run(argv: list[str], directory: str, name: str) -> list[dict]:
+    from maxlite import config as C
+    from maxlite.train import train
+
+    train(C.load([*argv, f"base_output_directory={directory}", f"run_name={name}"]))
+    return [r for r in map(json.loads, open(f"{directory}/{name}/metrics.jsonl")) if "reward" in r]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--recipe", default="grpo_math.yml")
+    args = p.parse_args()
+    argv = [args.recipe, f"steps={args.steps}", "alignment_sft_steps=0", "checkpoint_period=0", "eval_interval=0",
+            "log_period=1", "per_device_batch_size=4", "trainer_devices_fraction=0.25",
+            "sampler_devices_fraction=0.25", "enable_tensorboard=false", "write_report=false"]
+    out = {"argv": argv}
+    with tempfile.TemporaryDirectory() as directory:
+        for k in (0, 1):
+            rows = run([*argv, f"off_policy_steps={k}"], directory, f"k{k}")
+            timed = [r["seconds"] for r in rows[2:]]
+            out[f"off_policy_{k}"] = {"median_step_seconds": statistics.median(timed),
+                                      "rewards": [round(r["reward"], 4) for r in rows],
+                                      "staleness": [r["rollout_staleness"] for r in rows],
+                                      "sampling_seconds_median": statistics.median(r["sampling_seconds"] for r in rows[2:]),
+                                      "training_seconds_median": statistics.median(r["training_seconds"] for r in rows[2:])}
+    out["ratio_async_to_sync"] = out["off_policy_1"]["median_step_seconds"] / out["off_policy_0"]["median_step_seconds"]
+    out["cpu"] = platform.processor() or platform.machine()
+    out["cpu_flags"] = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
+    with open("/proc/loadavg") as f:
+        out["loadavg"] = f.read().split()[:3]
+    write_result(out, OUT)
+
+
+if __name__ == "__main__":
+    main()
