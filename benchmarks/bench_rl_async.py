@@ -51,6 +51,8 @@ def main() -> None:
             out[f"off_policy_{k}"] = {"median_step_seconds": statistics.median(timed),
                                       "rewards": [round(r["reward"], 4) for r in rows],
                                       "staleness": [r["rollout_staleness"] for r in rows],
+                                      "step_seconds": [round(r["seconds"], 3) for r in rows],
+                                      "rollout_seconds": [round(r["rollout_seconds"], 3) for r in rows],
                                       "sampling_seconds_median": statistics.median(r["sampling_seconds"] for r in rows[2:]),
                                       "training_seconds_median": statistics.median(r["training_seconds"] for r in rows[2:])}
     out["ratio_async_to_sync"] = out["off_policy_1"]["median_step_seconds"] / out["off_policy_0"]["median_step_seconds"]
