@@ -4,7 +4,6 @@ configs, a free port, polling with a deadline, and the matmuls of a jaxpr."""
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -131,32 +130,6 @@ def run_module(module: str, args, processes: int = 1, devices: int = 2, timeout:
         outs.append(log.read())
         log.close()
     return codes, outs
-
-
-def json_lane(module: str, cases: dict, env: dict, timeout_s: float, shards: int = 2) -> dict:
-    """`python -m module '<json of cases>'` (a lane that prints one JSON object, the cases' results under
-    one key) run as `shards` processes at once, the cases dealt round-robin (the lanes compile one
-    program after another, on one core: on two cores two halves take about half the time), their
-    reports merged: XLA_FLAGS (the same in every process) and each case's result."""
-    items = list(cases.items())
-    parts = [dict(items[i::shards]) for i in range(min(shards, len(items)))] or [{}]
-    procs = [subprocess.Popen([sys.executable, "-m", module, json.dumps(part)], cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for part in parts]
-    try:
-        outs = [p.communicate(timeout=timeout_s) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    merged: dict = {}
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-4000:]
-        for key, value in json.loads(out.strip().splitlines()[-1]).items():
-            if isinstance(value, dict):
-                merged.setdefault(key, {}).update(value)
-            else:
-                assert merged.setdefault(key, value) == value, (key, value, merged[key])
-    return merged
 
 
 def free_port(host: str = "127.0.0.1") -> int:

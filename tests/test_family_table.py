@@ -14,7 +14,7 @@ scanned, 66 s unrolled on the loaded 2-core machine). The Qwen MoE hybrids run t
 own pattern (OVERRIDES). Update the table ONLY when a change is meant to alter a family's parameters
 or numerics, by running `MAXLITE_WRITE_TABLE=1 pytest tests/test_family_table.py`, and say why in
 the commit: the write keeps every entry whose numbers still pass (its bytes unchanged) and writes the
-new and the changed ones. The subprocesses compute only the cases selected (`-k deepseek` computes
+new and the changed ones. The one subprocess computes only the cases selected (`-k deepseek` computes
 deepseek's; with the write, writes only its entry).
 
 Tree and parameter bytes must be identical on every CPU (the initialisation is counter-based random
@@ -26,6 +26,8 @@ terms in float32 (epsilon 1.2e-7) stay well inside that; a changed layer moves t
 import json
 import os
 import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -33,11 +35,11 @@ import pytest
 from maxlite import config as C
 from maxlite.models.families import FAMILIES
 from maxlite.models.kinds import layer_kinds
-from tests.helpers import json_lane, process_env, selected_params, shrunk
+from tests.helpers import ROOT, process_env, selected_params, shrunk
 from tests.xla_flags import CHEAP_COMPILE
 
 TABLE = pathlib.Path(__file__).parent / "data" / "family_table.json"
-# every test waits for the subprocesses (the fixture's time counts as the first test's): 23 compiles
+# every test waits for the one subprocess (the fixture's time counts as the first test's): 23 compiles
 # with XLA's default code generation took over 600 s (pytest's default limit) with the 2 cores loaded 12×
 TIMEOUT_S = 1800
 pytestmark = pytest.mark.timeout(TIMEOUT_S)
@@ -98,12 +100,15 @@ def _passes(got: dict, expected: dict) -> bool:
 
 @pytest.fixture(scope="module")
 def computed(request) -> dict:
-    """The subprocesses' report (tests/family_numbers.py, two processes with XLA's default code
-    generation, half the cases each: the table holds XLA's output bytes, which the tests' cheaper
-    compile would compute in other last bits): their XLA_FLAGS and the numbers of the selected cases
-    (all, unless `pytest -k`)."""
+    """The subprocess's report (tests/family_numbers.py, one process with XLA's default code
+    generation: the table holds XLA's output bytes, which the tests' cheaper compile would compute in
+    other last bits): its XLA_FLAGS and the numbers of the selected cases (all, unless `pytest -k`)."""
     cases = {key: _argv(key.split("/")[0]) for key in selected_params(request, "case")}
-    return json_lane("tests.family_numbers", cases, process_env(8, cheap_compile=False), TIMEOUT_S - 60)
+    done = subprocess.run([sys.executable, "-m", "tests.family_numbers", json.dumps(cases)], cwd=ROOT,
+                          env=process_env(8, cheap_compile=False), capture_output=True, text=True,
+                          timeout=TIMEOUT_S - 60)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.skipif(os.environ.get("MAXLITE_WRITE_TABLE") != "1", reason="writes the table")

@@ -1,17 +1,21 @@
 """Every family the bridge imports, on the compiler users run: a random Hugging Face model of each
 (tests/hf_models.py, the ones the bridge tests import) imported by maxlite's bridge, its float32
-logits equal transformers' (relative error ≤ 1e-5, the bridge tests' bound), computed in two
-subprocesses (tests/hf_parity.py; torch and JAX started once in each) with XLA's default CPU code generation.
+logits equal transformers' (relative error ≤ 1e-5, the bridge tests' bound), computed in one
+subprocess (tests/hf_parity.py; torch and JAX started once) with XLA's default CPU code generation.
 The bridge tests themselves run under the tests' cheaper compile (tests/xla_flags.py), which computes
 some functions in other last bits; this lane is what a user's import computes."""
+
+import json
+import subprocess
+import sys
 
 import pytest
 
 from maxlite.models.families import FAMILIES
-from tests.helpers import json_lane, process_env, selected_params
+from tests.helpers import ROOT, process_env, selected_params
 from tests.xla_flags import CHEAP_COMPILE
 
-# every test waits for the subprocesses (the fixture's time counts as the first test's): 428 s with
+# every test waits for the one subprocess (the fixture's time counts as the first test's): 428 s with
 # the 2 cores loaded 12× (pytest's default limit is 600 s)
 TIMEOUT_S = 1800
 pytestmark = pytest.mark.timeout(TIMEOUT_S)
@@ -25,9 +29,13 @@ FAMILY_MODELS = {"llama2": "llama", "gpt3": "gpt2", "qwen2": "qwen2", "qwen3": "
 
 @pytest.fixture(scope="module")
 def computed(request) -> dict:
-    """The subprocesses' report (tests/hf_parity.py, half the families each): its XLA_FLAGS and each selected family's result."""
+    """The subprocess's report (tests/hf_parity.py): its XLA_FLAGS and each selected family's result."""
     families = {fam: FAMILY_MODELS[fam] for fam in selected_params(request, "family")}
-    return json_lane("tests.hf_parity", families, process_env(1, cheap_compile=False), TIMEOUT_S - 60)
+    done = subprocess.run([sys.executable, "-m", "tests.hf_parity", json.dumps(families)], cwd=ROOT,
+                          env=process_env(1, cheap_compile=False), capture_output=True, text=True,
+                          timeout=TIMEOUT_S - 60)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def test_every_family_with_an_hf_adapter_is_in_the_lane():
@@ -35,7 +43,7 @@ def test_every_family_with_an_hf_adapter_is_in_the_lane():
 
 
 def test_the_lane_compiles_with_xla_defaults(computed):
-    """The subprocesses saw none of the cheaper compile's flags: the device count only."""
+    """The subprocess saw none of the cheaper compile's flags: the device count only."""
     flags = computed["xla_flags"].split()
     assert not set(flags) & set(CHEAP_COMPILE.split()) and flags == ["--xla_force_host_platform_device_count=1"], flags
 
