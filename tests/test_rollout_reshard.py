@@ -82,3 +82,36 @@ def test_the_push_estimate_grows_with_the_bytes_and_shrinks_with_the_senders():
     assert reshard.push_estimate_seconds(32e9, chip, 16) == pytest.approx(2 * across)
     assert reshard.push_estimate_seconds(16e9, chip, 32) == pytest.approx(across / 2)
     assert reshard.push_estimate_seconds(16e9, chip, 16, across_slices=False) < across
+
+
+def test_the_engines_log_probs_after_a_push_equal_the_trainers():
+    """The trainer (fsdp 2 on devices 0-1) pushes its weights to a tensor-2 rollout mesh (devices
+    6-7); the rollout engine samples there, and the log-probs it reports for its tokens equal what
+    the trainer recomputes on its own mesh (float32 rounding)."""
+    import jax.numpy as jnp
+
+    from maxlite.data.preference import row
+    from maxlite.objectives.rollout import sampler_row
+    from maxlite.rollout.continuous import ContinuousEngine
+    from maxlite.rollout.engine import Sampling
+    from maxlite.step import token_logps
+
+    cfg, mesh, state, _, _ = build([*SMALL, "dtype=float32", "ici_fsdp_parallelism=2", "init_scale=0.5"], 2)
+    graphdef = abstract_params(cfg)[0]
+    rl = C.load([*RL, "trainer_devices_fraction=0.25", "sampler_devices_fraction=0.25", "rollout_tensor_parallelism=2"])
+    target = reshard.rollout_mesh(rl, reshard.split_devices(rl, jax.devices()).sampler)
+    pushed, _ = reshard.WeightPush(state.params, target)(state.params)
+    prompts, G, T = [[5, 17, 100, 3, 9], [40, 41, 42]], 2, 16
+    with jax.set_mesh(target), nnx.logical_axis_rules(mesh_lib.RULES):
+        done = ContinuousEngine(cfg, graphdef, 2, 32).generate(pushed, prompts, Sampling(6, 1.0, G), jax.random.key(1))
+    rows, sampler = [], []
+    for i, toks in enumerate(done.tokens):
+        ids = np.asarray(prompts[i // G] + toks.tolist(), np.int32)
+        rows.append(row(ids, np.arange(len(ids)) >= len(prompts[i // G]), T))
+        sampler.append(sampler_row(done.logps[i], len(prompts[i // G]), T))
+    with jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.RULES):
+        theirs = np.asarray(token_logps(state.params, graphdef, {k: jnp.asarray(np.stack([r[k] for r in rows]))
+                                                                  for k in rows[0]}))
+    w = np.stack([r["weights"] for r in rows]) > 0
+    assert w.sum() == sum(map(len, done.tokens)) > 0
+    np.testing.assert_allclose(np.stack(sampler)[w], theirs[w], rtol=1e-5, atol=2e-5)
