@@ -156,7 +156,8 @@ def _validate_objective(c: Config) -> None:
                           "with: set alignment_sft_steps=0 and start from an SFT checkpoint (load_parameters_path)")
     if c.train_objective != "grpo":
         placement = [k for k in ("trainer_devices_fraction", "sampler_devices_fraction", "rollout_data_parallelism",
-                                 "rollout_tensor_parallelism", "off_policy_steps") if getattr(c, k) != FIELDS[k].default]
+                                 "rollout_tensor_parallelism", "off_policy_steps", "rollout_workers",
+                                 "rollout_worker_cpus", "rollout_worker_gpus") if getattr(c, k) != FIELDS[k].default]
         if placement:
             raise ConfigError(f"{placement[0]} places GRPO's rollouts: it is for train_objective=grpo")
         return
@@ -174,9 +175,14 @@ def _validate_objective(c: Config) -> None:
                           f"max_target_length={c.max_target_length}")
     if c.grpo_num_generations < 2:
         raise ConfigError("grpo_num_generations must be at least 2 (advantages are relative to the group)")
-    if c.off_policy_steps and (c.trainer_devices_fraction, c.sampler_devices_fraction) == (1.0, 1.0):
+    colocated = (c.trainer_devices_fraction, c.sampler_devices_fraction) == (1.0, 1.0)
+    if c.off_policy_steps and colocated and not c.rollout_workers:
         raise ConfigError(f"off_policy_steps={c.off_policy_steps} samples while the trainer trains: give the sampler "
-                          "devices of its own (trainer_devices_fraction + sampler_devices_fraction ≤ 1)")
+                          "devices of its own (trainer_devices_fraction + sampler_devices_fraction ≤ 1) or "
+                          "rollout_workers ≥ 1")
+    if c.rollout_workers and not colocated:
+        raise ConfigError(f"rollout_workers={c.rollout_workers} generates in Ray actors of its own: leave "
+                          "trainer_devices_fraction and sampler_devices_fraction at 1 (the trainer keeps every device)")
     for key in ("grpo_beta", "epsilon_high"):
         if -1 < getattr(c, key) < 0:
             raise ConfigError(f"{key}={getattr(c, key)}: give a value ≥ 0, or -1 for the loss_algo's own")

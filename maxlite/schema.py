@@ -622,6 +622,16 @@ class Keys:
     off_policy_steps: int = key(0,
         "grpo: sample the prompts of the next this many steps while a step trains (MaxText's name; NeMo-RL's "
         "max_trajectory_age_steps); needs separate placement; 0: synchronous", bounds=(0, None))
+    rollout_workers: int = key(0,
+        "grpo: rollout workers as Ray actors of their own, each generating a share of the prompts on its own "
+        "devices (NeMo-RL's separate generation cluster, policy.generation.colocated.enabled=false); weights "
+        "pushed through Ray's object store each step, a dead worker replaced; 0: in-process", bounds=(0, None))
+    rollout_worker_cpus: float = key(1.0,
+        "grpo: CPUs Ray reserves for each rollout worker (NeMo-RL: generation resources.num_nodes × "
+        "gpus_per_node, here per actor)", bounds=(0.0, None))
+    rollout_worker_gpus: float = key(0.0,
+        "grpo: GPUs Ray reserves for each rollout worker (NeMo-RL's generation resources.gpus_per_node; "
+        "0 on CPU)", bounds=(0.0, None))
     # RL rewards
     reward_timeout_seconds: float = key(5.0,
         "grpo: time limit of one reward call (a batch, or one completion of a per-completion function such as "

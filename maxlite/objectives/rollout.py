@@ -3,7 +3,8 @@ template's end of turn (or EOS), decoded, scored by the recipe's reward function
 worker processes: rewards.Scorer, whose failures are counted, not fatal), and laid out as training
 rows (prompt + completion, the loss on the completion's tokens).
 
-One process: the rollout engine `rollout_engine` names samples (maxlite/rollout/: continuous
+One process: the rollout engine `rollout_engine` names samples (in this process, or with
+`rollout_workers` in Ray actors of its own: maxlite/rollout/actors.py) (maxlite/rollout/: continuous
 batching, each prompt prefilled once for its G completions) and reports each token's log-prob
 under the sampling policy, laid out as `sampler_logps` [R, T] like the rows' targets. Several
 processes: the static sampler (decode.generate_tokens over prompts repeated G times, `sample_static`):
@@ -108,7 +109,11 @@ class Rollout:
                                      cfg.reward_workers)
         eos = -1 if self.tok.eos_id is None else int(self.tok.eos_id)
         self.markers = marker_ids(self.tok, self.marker)
-        self.engine = make_engine(cfg, graphdef) if jax.process_count() == 1 else None
+        if cfg.rollout_workers:  # Ray actors of their own (maxlite/rollout/actors.py), behind the same interface
+            from maxlite.rollout.actors import WorkerPool
+            self.engine = WorkerPool(cfg)
+        else:
+            self.engine = make_engine(cfg, graphdef) if jax.process_count() == 1 else None
 
         def sample(params, prompt_ids, lengths, key, temperature, generations):
             return decode.generate_tokens(

@@ -129,13 +129,13 @@ class ContinuousEngine:
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self._compiled: dict = {}
 
-    def _shapes(self, prompts, sampling: Sampling) -> tuple[int, int]:
+    def _shapes(self, prompts, sampling: Sampling, pad_to: int = 0) -> tuple[int, int]:
         """(the padded prompt length P, the prompts per prefill Bp), or the one line saying what is wrong."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ConfigError("every prompt needs at least one token")
         if sampling.max_new_tokens < 1 or sampling.temperature < 0 or sampling.generations < 1:
             raise ConfigError("max_new_tokens and generations must be at least 1, temperature >= 0")
-        longest = max(map(len, prompts))
+        longest = max(pad_to, *map(len, prompts))
         P = decode.prompt_length(self.cfg, longest, context.shards())
         if longest + sampling.max_new_tokens > self.cfg.max_position_embeddings:
             raise ConfigError(f"prompt ({longest} tokens) + max_new_tokens ({sampling.max_new_tokens}) exceeds "
@@ -145,8 +145,10 @@ class ContinuousEngine:
                               f"({P} tokens padded): raise it")
         return P, min(len(prompts), self.max_num_batched_tokens // P)
 
-    def generate(self, params, prompts, sampling: Sampling, key) -> Completions:
-        P, Bp = self._shapes(prompts, sampling)
+    def generate(self, params, prompts, sampling: Sampling, key, first_prompt: int = 0, pad_to: int = 0) -> Completions:
+        """`first_prompt`, `pad_to`: for a share of a larger batch (maxlite/rollout/actors.py): the
+        index of its first prompt there (the RNG stream) and the batch's longest prompt (the padding)."""
+        P, Bp = self._shapes(prompts, sampling, pad_to)
         S, G, N = self.max_num_seqs, sampling.generations, len(prompts)
         fns = self._functions(P, Bp, S, sampling)
         lengths = np.array([len(p) for p in prompts], np.int32)
@@ -176,7 +178,7 @@ class ContinuousEngine:
                 waiting.popleft()
                 slot = free.pop()
                 owner[slot] = p * G + g
-                inserts.append((p - chunk, slot, p, g, lengths[p]))
+                inserts.append((p - chunk, slot, first_prompt + p, g, lengths[p]))
             state = self._insert(fns, state, prefilled, inserts)
             live = [s for s in range(len(owner)) if owner[s] is not None]
             if not live:

@@ -11,6 +11,10 @@ completions of weights at most k updates old: version v(u) = max(u − k, r(u)),
 last restart at or before u. The loss corrects for the lag with the sampler's log-probabilities
 (truncated importance sampling, objectives/rl_loss.py); `rollout_staleness` logs u − v(u).
 
+Rollout workers (`rollout_workers: N`, maxlite/rollout/actors.py): the sampler is N Ray actors; the
+push is one `ray.put` of the weights on the loop's thread, and the background thread waits on the
+actors while the trainer keeps every device.
+
 Restarts, r: the run's first step (fresh, resumed or rolled back) and every checkpoint step
 (multiples of `checkpoint_period`): no rollout for a step at or past the next checkpoint step is
 started before that step, so the steps after a checkpoint sample with the weights saved in it, and a
@@ -41,10 +45,12 @@ class RolloutPipeline:
         self.cfg, self.rollout, self.key = cfg, rollout, sampling_key
         self.k = cfg.off_policy_steps
         placement = reshard.split_devices(cfg, jax.devices())
-        if jax.process_count() > 1 and (self.k or not placement.colocated):
-            raise ConfigError("separate rollout placement and off_policy_steps run in one process for now "
-                              f"(this run has {jax.process_count()}): use one process, or the colocated default")
-        if self.k and placement.trainer[0].platform == "cpu" and \
+        self.workers = rollout.engine if cfg.rollout_workers else None  # actors.WorkerPool: the actors are the sampler
+        if jax.process_count() > 1 and (self.k or not placement.colocated or self.workers):
+            raise ConfigError("separate rollout placement, rollout_workers and off_policy_steps run in one "
+                              f"process for now (this run has {jax.process_count()}): use one process, or the "
+                              "colocated default")
+        if self.k and not self.workers and placement.trainer[0].platform == "cpu" and \
                 2 * (len(placement.trainer) + len(placement.sampler)) > len(jax.devices()):
             # XLA:CPU runs every device's share of a program on one pool of max(cores, devices) threads:
             # two programs with collectives at once (4 + 4 of 8 devices, seen) can each hold threads
@@ -80,8 +86,11 @@ class RolloutPipeline:
         started = time.perf_counter()
         with self._on_sampler():
             got = self.rollout(params, batch, self.key(step))
-        return got, {"rollout_staleness": step - version, "weight_push_seconds": pushed_seconds,
-                     "rollout_seconds": time.perf_counter() - started}
+        figures = {"rollout_staleness": step - version, "weight_push_seconds": pushed_seconds,
+                   "rollout_seconds": time.perf_counter() - started}
+        if self.workers is not None:
+            figures["rollout_worker_restarts"] = self.workers.restarts  # actors replaced so far
+        return got, figures
 
     def _on_sampler(self):
         """The sampler's mesh and the logical rules (JAX's and Flax's contexts are per thread: the
@@ -98,6 +107,9 @@ class RolloutPipeline:
         return stack
 
     def _pushed(self, params):
+        """The weights where the sampler reads them; on the loop's thread, before the update donates them."""
+        if self.workers is not None:  # one host copy into Ray's object store
+            return self.workers.push(params)
         return (params, 0.0) if self.push is None else self.push(params)
 
     def take(self, params, batch: dict, step: int):

@@ -1,0 +1,114 @@
+"""Rollout workers as Ray actors (maxlite/rollout/actors.py) on a real local Ray cluster: a pool of two
+generates what the in-process engine generates for the same weights and key; a worker killed inside
+generate is replaced and the step's completions are unchanged; GRPO trains with a worker one step
+off-policy; bad values are refused in one line."""
+
+import concurrent.futures
+import json
+import os
+import signal
+import tempfile
+import time
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from maxlite import api, config as C
+from maxlite.rollout import actors
+from maxlite.rollout.engine import Sampling, make_engine
+from maxlite.train import train
+from tests.test_rollout_async import GRPO as SEPARATE
+
+pytestmark = pytest.mark.ray
+
+GRPO = [a for a in SEPARATE if "devices_fraction" not in a]  # colocated: the actors are the sampler
+PROMPTS = [[5, 17, 100, 3, 9], [40, 41, 42, 43, 44, 45, 46, 47, 48], [150, 1, 2], [7, 8]]
+SAMPLING = Sampling(6, temperature=1.0, generations=2)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A private local cluster (GOTCHAS: no auth token, its own temp dir), stopped after the module."""
+    import ray
+
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED")}
+    os.environ.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    temp = tempfile.mkdtemp(prefix="ray_mla_", dir="/tmp")  # short: holds unix sockets
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, _temp_dir=temp)
+    yield ray
+    ray.shutdown()
+    for k, v in saved.items():
+        os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+@pytest.fixture(scope="module")
+def model():
+    cfg = C.load([*GRPO, "rollout_workers=2", "init_scale=0.5"])
+    graphdef, params = nnx.split(api.create_model(cfg, seed=3), nnx.Param)
+    expected = make_engine(cfg, graphdef).generate(params, PROMPTS, SAMPLING, jax.random.key(7))
+    return cfg, params, expected
+
+
+def _equal(done, expected):
+    assert [t.tolist() for t in done.tokens] == [t.tolist() for t in expected.tokens]
+    for a, b in zip(done.logps, expected.logps):
+        np.testing.assert_array_equal(a, b)
+    assert done.stops == expected.stops
+
+
+def test_two_workers_generate_what_the_in_process_engine_does(local_ray, model):
+    cfg, params, expected = model
+    pool = actors.WorkerPool(cfg)
+    try:
+        _equal(pool.generate(params, PROMPTS, SAMPLING, jax.random.key(7)), expected)
+        first = pool.pushed
+        pool.generate(params, PROMPTS, SAMPLING, jax.random.key(7))
+        assert pool.pushed is first  # the same weights: no second push
+        assert pool.restarts == 0
+    finally:
+        pool.close()
+
+
+def test_a_worker_killed_inside_generate_is_replaced_and_the_completions_are_unchanged(local_ray, model, tmp_path):
+    """Both workers pause inside generate (the test hook) until the file `go`; worker 0's process is
+    SIGKILLed while it is there; the pool starts another, pushes it the weights and runs that share again."""
+    cfg, params, expected = model
+    pool = actors.WorkerPool(cfg, hold_dir=str(tmp_path))
+    try:
+        pool.push(params)
+        pids = [local_ray.get(a.pid.remote()) for a in pool.actors]
+        with concurrent.futures.ThreadPoolExecutor(1) as runner:
+            running = runner.submit(pool.generate, params, PROMPTS, SAMPLING, jax.random.key(7))
+            started = tmp_path / f"{pids[0]}.started"
+            deadline = time.monotonic() + 300  # a bound on the wait, not a timing assertion
+            while not started.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert started.exists(), "worker 0 never entered generate"
+            os.kill(pids[0], signal.SIGKILL)
+            (tmp_path / "go").touch()
+            done = running.result()
+        _equal(done, expected)
+        assert pool.restarts == 1
+        assert local_ray.get(pool.actors[0].pid.remote()) not in pids
+    finally:
+        pool.close()
+
+
+def test_grpo_trains_with_a_worker_one_step_off_policy(local_ray, tmp_path):
+    train(C.load([*GRPO, "rollout_workers=1", "off_policy_steps=1", "steps=3", "checkpoint_period=0",
+                  f"base_output_directory={tmp_path}", "run_name=actors"]))
+    rows = [r for r in map(json.loads, open(f"{tmp_path}/actors/metrics.jsonl")) if "reward" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["rollout_staleness"] for r in rows] == [0, 1, 1]
+    assert all(r["rollout_worker_restarts"] == 0 and np.isfinite(r["loss"]) for r in rows)
+
+
+def test_bad_values_are_refused_in_one_line():
+    with pytest.raises(C.ConfigError, match="rollout_workers"):
+        C.load([*GRPO, "rollout_workers=-1"])
+    with pytest.raises(C.ConfigError, match="rollout_workers=1 generates in Ray actors of its own"):
+        C.load([*SEPARATE, "rollout_workers=1"])
+    with pytest.raises(C.ConfigError, match="rollout_workers places GRPO's rollouts"):
+        C.load(["base.yml", "rollout_workers=1"])
