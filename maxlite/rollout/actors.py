@@ -115,8 +115,11 @@ class WorkerPool:
     def _start(self):
         import ray
 
-        gpus = self.cfg.rollout_worker_gpus
-        remote = ray.remote(num_cpus=self.cfg.rollout_worker_cpus, num_gpus=gpus, max_restarts=0)(RolloutWorker)
+        # the trainer's JAX platform and XLA flags: same compiler settings, same numbers (a Ray Train
+        # worker's own env reaches neither the cluster's default workers nor their actors: GOTCHAS)
+        env = {k: os.environ[k] for k in ("JAX_PLATFORMS", "XLA_FLAGS") if k in os.environ}
+        remote = ray.remote(num_cpus=self.cfg.rollout_worker_cpus, num_gpus=self.cfg.rollout_worker_gpus,
+                            max_restarts=0, runtime_env={"env_vars": env})(RolloutWorker)
         return remote.remote(self.cfg, self.hold_dir)
 
     def _ready(self) -> None:
