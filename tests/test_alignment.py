@@ -332,15 +332,17 @@ def test_rollout_rows_train_on_exactly_the_sampled_tokens():
 
 
 def _recipe_run(recipe, cwd):
-    """`python -m maxlite.train RECIPE` in an empty directory as a user runs it: one CPU device, the
-    default (relative) output directory and run name. Its run directory."""
+    """`python -m maxlite.train RECIPE` in an empty directory as a user runs it: one CPU device, XLA's
+    default code generation (the tests' cheaper compile makes the rollout engine's many small decode
+    steps about 4× slower: grpo.yml took over 600 s), the default (relative) output directory and run
+    name. Its run directory."""
     import os
     import pathlib
     import subprocess
     import sys
 
     root = str(pathlib.Path(__file__).parents[1])
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_xla_flags(1),
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_xla_flags(1, cheap_compile=False),
                PYTHONPATH=root)
     subprocess.run([sys.executable, "-m", "maxlite.train", recipe], cwd=cwd, env=env, check=True,
                    stdout=subprocess.DEVNULL)
