@@ -1,6 +1,11 @@
-"""Asynchronous GRPO against synchronous, same placement and batch → benchmarks/results/rl_async.json.
+"""Asynchronous GRPO against synchronous, same placement and batch → benchmarks/results/rl_async.json
+(in one process) or rl_async_ray.json (`--ray`).
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu python benchmarks/bench_rl_async.py
+    JAX_PLATFORMS=cpu python benchmarks/bench_rl_async.py --ray
+
+`--ray`: `python -m ray_entry.train` on the launcher's local Ray cluster, one training worker and one
+rollout worker (a Ray actor, `rollout_workers=1`), each run in a fresh directory.
 
 grpo_math.yml (the tiny model, the bundled word problems, Math-Verify rewards) with the trainer on
 the first quarter of the devices and the rollout engine on the last quarter, run `--steps` GRPO
@@ -27,11 +32,16 @@ from benchmarks._results import write_result  # noqa: E402
 OUT = ROOT / "benchmarks" / "results" / "rl_async.json"
 
 
-def run(argv: list[str], directory: str, name: str) -> list[dict]:
-    from maxlite import config as C
-    from maxlite.train import train
+def run(argv: list[str], directory: str, name: str, ray: bool = False) -> list[dict]:
+    if ray:
+        import subprocess
+        subprocess.run([sys.executable, "-m", "ray_entry.train", *argv, f"base_output_directory={directory}",
+                        f"run_name={name}"], check=True, cwd=directory, stdout=subprocess.DEVNULL)
+    else:
+        from maxlite import config as C
+        from maxlite.train import train
 
-    train(C.load([*argv, f"base_output_directory={directory}", f"run_name={name}"]))
+        train(C.load([*argv, f"base_output_directory={directory}", f"run_name={name}"]))
     return [r for r in map(json.loads, open(f"{directory}/{name}/metrics.jsonl")) if "reward" in r]
 
 
@@ -39,14 +49,16 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--recipe", default="grpo_math.yml")
+    p.add_argument("--ray", action="store_true")
     args = p.parse_args()
     argv = [args.recipe, f"steps={args.steps}", "alignment_sft_steps=0", "checkpoint_period=0", "eval_interval=0",
-            "log_period=1", "per_device_batch_size=4", "trainer_devices_fraction=0.25",
-            "sampler_devices_fraction=0.25", "enable_tensorboard=false", "write_report=false"]
+            "log_period=1", "per_device_batch_size=4", "enable_tensorboard=false", "write_report=false"]
+    argv += (["ray_num_workers=1", "rollout_workers=1"] if args.ray else
+             ["trainer_devices_fraction=0.25", "sampler_devices_fraction=0.25"])
     out = {"argv": argv}
     with tempfile.TemporaryDirectory() as directory:
         for k in (0, 1):
-            rows = run([*argv, f"off_policy_steps={k}"], directory, f"k{k}")
+            rows = run([*argv, f"off_policy_steps={k}"], directory, f"k{k}", args.ray)
             timed = [r["seconds"] for r in rows[2:]]
             out[f"off_policy_{k}"] = {"median_step_seconds": statistics.median(timed),
                                       "rewards": [round(r["reward"], 4) for r in rows],
@@ -60,7 +72,7 @@ def main() -> None:
     out["cpu_flags"] = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
     with open("/proc/loadavg") as f:
         out["loadavg"] = f.read().split()[:3]
-    write_result(out, OUT)
+    write_result(out, OUT.with_name("rl_async_ray.json") if args.ray else OUT)
 
 
 if __name__ == "__main__":
