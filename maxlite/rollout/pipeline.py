@@ -133,8 +133,3 @@ class RolloutPipeline:
                     break
                 self.pending[u] = self.pool.submit(self._sample, there, ahead, u, step, seconds)
         return got
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.restart()
-            self.pool.shutdown(wait=True)
