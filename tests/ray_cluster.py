@@ -68,7 +68,17 @@ def _state(proc: pathlib.Path) -> str:
 
 def stop_session(sid: int, grace_s: float = 20.0) -> None:
     """SIGTERM every process of that session (ours), then SIGKILL what is left after grace_s."""
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+    _signal_session(sid, ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)))
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of that session at once: a machine that is gone. No SIGTERM first, which
+    a trainer answers with a final save (a race with the kill that would decide where it resumes)."""
+    _signal_session(sid, ((signal.SIGKILL, 5.0),))
+
+
+def _signal_session(sid: int, steps) -> None:
+    for sig, wait in steps:
         for pid in _session_pids(sid):
             try:
                 os.kill(pid, sig)

@@ -21,7 +21,7 @@ import pytest
 from maxlite import config as C
 from maxlite.launch import ray_trainer as RT
 from tests.helpers import wait_until
-from tests.ray_cluster import REPO, RayHead, ray_env, stop_session
+from tests.ray_cluster import REPO, RayHead, kill_session, ray_env, stop_session
 from tests.xla_flags import cpu_xla_flags
 
 # One recipe for every real run here: two processes × two devices, checkpoints every 3 steps.
@@ -361,7 +361,7 @@ def test_drained_node_saves_at_once_and_the_restarted_group_repeats_the_same_los
             head.drain_for_preemption(node_a, deadline_s=3600)  # the deadline is ours: below
             saved = int(wait_for(lambda: re.search(r"preemption notice: saving step (\d+)", log.read_text())).group(1))
             wait_for(lambda: max(_attempts(metrics)[0]) >= saved + 2)  # it trained on after its save
-            stop_session(head.nodes["a"].pid, grace_s=0.5)  # the drain deadline: the node is gone
+            kill_session(head.nodes["a"].pid)  # the drain deadline: the node is gone
             wait_for(lambda: (_resumed(tmp_path / "drained") or {}).get("step") == saved)
             # the new group trains over what the drained one did after its save (4 steps of it at most)
             wait_for(lambda: len(_attempts(metrics)) == 2 and
@@ -418,7 +418,7 @@ def test_lost_host_continues_on_the_one_left_with_the_same_global_batch(uninterr
         try:
             wait_until(lambda: (tmp_path / "el" / ".fault_pause_5_p0").exists(), 300, alive=alive,
                        context=lambda: log.read_text()[-4000:])
-            stop_session(head.nodes["b"].pid, grace_s=0.5)  # the node is gone, with its worker
+            kill_session(head.nodes["b"].pid)  # the node is gone, with its worker
             driver.wait(timeout=400)
         finally:
             stop_session(driver.pid)
