@@ -5,14 +5,16 @@
     JAX_PLATFORMS=cpu python benchmarks/bench_rl_async.py --ray
 
 `--ray`: `python -m ray_entry.train` on the launcher's local Ray cluster, one training worker and one
-rollout worker (a Ray actor, `rollout_workers=1`), each run in a fresh directory.
+rollout worker (a Ray actor, `rollout_workers=1`), each run in a fresh directory, each pinned to a
+core of its own (`ray_cpu_affinity=true`: the separate placement a GPU or TPU run has; `--no-affinity`
+leaves both on every core, where they take turns rather than overlap).
 
 grpo_math.yml (the tiny model, the bundled word problems, Math-Verify rewards) with the trainer on
 the first quarter of the devices and the rollout engine on the last quarter, run `--steps` GRPO
 steps twice: `off_policy_steps=0` (each step samples, then trains) and `off_policy_steps=1` (the
-next step's prompts sampled while a step trains). The figure is the median of each run's
-`seconds` per step over its steps after the first two (compilation), and their ratio; the rewards
-of both runs are kept to show that learning goes on.
+next step's prompts sampled while a step trains). The figure is the mean of each run's `seconds`
+per step over its steps after the first two (compilation; the median beside it), and their ratio;
+the rewards of both runs are kept to show that learning goes on.
 """
 
 from __future__ import annotations
@@ -50,29 +52,32 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--recipe", default="grpo_math.yml")
     p.add_argument("--ray", action="store_true")
+    p.add_argument("--no-affinity", action="store_true", help="--ray: the workers unpinned (ray_cpu_affinity=false)")
     args = p.parse_args()
     argv = [args.recipe, f"steps={args.steps}", "alignment_sft_steps=0", "checkpoint_period=0", "eval_interval=0",
             "log_period=1", "per_device_batch_size=4", "enable_tensorboard=false", "write_report=false"]
-    argv += (["ray_num_workers=1", "rollout_workers=1"] if args.ray else
+    argv += (["ray_num_workers=1", "rollout_workers=1", f"ray_cpu_affinity={str(not args.no_affinity).lower()}"] if args.ray else
              ["trainer_devices_fraction=0.25", "sampler_devices_fraction=0.25"])
     out = {"argv": argv}
     with tempfile.TemporaryDirectory() as directory:
         for k in (0, 1):
             rows = run([*argv, f"off_policy_steps={k}"], directory, f"k{k}", args.ray)
             timed = [r["seconds"] for r in rows[2:]]
-            out[f"off_policy_{k}"] = {"median_step_seconds": statistics.median(timed),
+            out[f"off_policy_{k}"] = {"mean_step_seconds": statistics.mean(timed),
+                                      "median_step_seconds": statistics.median(timed),
                                       "rewards": [round(r["reward"], 4) for r in rows],
                                       "staleness": [r["rollout_staleness"] for r in rows],
                                       "step_seconds": [round(r["seconds"], 3) for r in rows],
                                       "rollout_seconds": [round(r["rollout_seconds"], 3) for r in rows],
                                       "sampling_seconds_median": statistics.median(r["sampling_seconds"] for r in rows[2:]),
                                       "training_seconds_median": statistics.median(r["training_seconds"] for r in rows[2:])}
-    out["ratio_async_to_sync"] = out["off_policy_1"]["median_step_seconds"] / out["off_policy_0"]["median_step_seconds"]
+    out["ratio_async_to_sync"] = out["off_policy_1"]["mean_step_seconds"] / out["off_policy_0"]["mean_step_seconds"]
     out["cpu"] = platform.processor() or platform.machine()
     out["cpu_flags"] = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
     with open("/proc/loadavg") as f:
         out["loadavg"] = f.read().split()[:3]
-    write_result(out, OUT.with_name("rl_async_ray.json") if args.ray else OUT)
+    name = ("rl_async_ray_unpinned.json" if args.no_affinity else "rl_async_ray.json") if args.ray else OUT.name
+    write_result(out, OUT.with_name(name))
 
 
 if __name__ == "__main__":

@@ -497,6 +497,9 @@ class Keys:
     ray_gpus_per_worker: int = key(8, "GPUs per worker when ray_use_gpu")
     ray_cpus_per_worker: int = key(1, "CPUs reserved per worker (CPU runs)")
     ray_simulated_devices_per_worker: int = key(2, "CPU runs: XLA host devices per worker process")
+    ray_cpu_affinity: bool = key(False,
+        "CPU runs: pin each training worker and rollout worker to as many of its machine's cores as it reserved "
+        "(ray_cpus_per_worker, rollout_worker_cpus), cores no other pinned process holds")
     ray_min_workers: int = key(0,
         "elastic (1 ≤ this < workers): a group that lost a host restarts on the hosts left (at least this "
         "many), the same global batch through more gradient accumulation; 0: fixed size", bounds=(0, None))
