@@ -134,9 +134,20 @@ def run_module(module: str, args, processes: int = 1, devices: int = 2, timeout:
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A free TCP port on this machine (for test servers: emulator, Ray, Slurm)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    return free_ports(1, host)[0]
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """n different free TCP ports: all held open until all are picked (one at a time, the system
+    may hand the port it just freed out again: a Ray start given one port twice refuses to start)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 T = TypeVar("T")

@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from tests.helpers import free_port
+from tests.helpers import free_ports
 from tests.xla_flags import CHEAP_COMPILE
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -92,7 +92,7 @@ def _signal_session(sid: int, steps) -> None:
 
 
 def _ports(*flags: str) -> list[str]:
-    return [f"{flag}={free_port('')}" for flag in flags]
+    return [f"{flag}={port}" for flag, port in zip(flags, free_ports(len(flags), ''))]
 
 
 _NODE_PORTS = ("--node-manager-port", "--object-manager-port", "--metrics-export-port",
@@ -108,15 +108,17 @@ class RayHead:
         self.nodes: dict[str, subprocess.Popen] = {}
         self._node_logs: list = []
         self.temp_dir = tempfile.mkdtemp(prefix="ray_mlt_", dir="/tmp")  # short: holds unix sockets
-        self.dashboard_port = free_port('')
+        # every port the head is given, different from each other (tests.helpers.free_ports)
+        self.dashboard_port, self.gcs_port, *self._head_ports = free_ports(3 + len(_NODE_PORTS), '')
         self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> "RayHead":
-        self.gcs_port = free_port('')
+        flags = ("--ray-client-server-port", *_NODE_PORTS)
         cmd = [str(VENV_BIN / "ray"), "start", "--head", "--block", f"--num-cpus={self.num_cpus}",
                f"--temp-dir={self.temp_dir}", "--disable-usage-stats", f"--port={self.gcs_port}",
-               f"--dashboard-port={self.dashboard_port}", *_ports("--ray-client-server-port", *_NODE_PORTS)]
+               f"--dashboard-port={self.dashboard_port}",
+               *(f"{flag}={port}" for flag, port in zip(flags, self._head_ports))]
         self.log = open(f"{self.temp_dir}/ray_start.log", "w")
         # An empty TPU_LOG_DIR: else Ray streams any /tmp/tpu_logs on the machine into job logs.
         os.makedirs(f"{self.temp_dir}/tpu_logs", exist_ok=True)
