@@ -102,25 +102,17 @@ PIPELINED_405B = ["base.yml", "model_name=llama3.1-405b", "base_emb_dim=64", "ba
                   "enable_tensorboard=false", "write_report=false"]
 
 
-def _head_gradient(argv: list):
-    """(built, jitted (params, batch) → (loss sum, the output head's gradient), abstract batch): the
-    head's gradient through the whole pipelined model, with no output sharding asked for (what
-    the loss's backward gives, not what the optimizer's shardings pull it to)."""
-    import functools
-
+def _pipelined(argv: list):
+    """(the recipe wired onto 8 CPU devices, its global batch as abstract arrays, the gradient of
+    its loss sum w.r.t. the parameters: (params, batch) → (loss sum, gradients))."""
     from maxlite.build import build
 
     built = build(C.load(argv), jax.devices()[:8], num_processes=1)
     B, T = built.cfg.global_batch_size, built.cfg.max_target_length
-    batch = {k: jax.ShapeDtypeStruct((B, T), jnp.float32 if k == "weights" else jnp.int32, sharding=built.batch_sharding)
+    batch = {k: jax.ShapeDtypeStruct((B, T), jnp.float32 if k == "weights" else jnp.int32,
+                                     sharding=built.batch_sharding)
              for k in ("inputs", "targets", "positions", "segment_ids", "weights")}
-    grad = jax.value_and_grad(lambda p, b: step_lib.loss_sums(p, built.graphdef, b)[0])
-
-    @functools.partial(jax.jit)
-    def head_gradient(params, batch):
-        loss, grads = grad(params, batch)
-        return loss, grads["unembedding"][...]
-    return built, head_gradient, batch
+    return built, batch, jax.value_and_grad(lambda p, b: step_lib.loss_sums(p, built.graphdef, b)[0])
 
 
 def test_pipelined_405b_head_gradient_is_never_whole_on_a_device():
@@ -137,13 +129,20 @@ def test_pipelined_405b_head_gradient_is_never_whole_on_a_device():
 
     from maxlite import mesh as mesh_lib
 
-    built, head_gradient, batch = _head_gradient([*PIPELINED_405B, "num_vocab_tiling=4"])
+    built, batch, grad = _pipelined([*PIPELINED_405B, "num_vocab_tiling=4"])
     D, V = built.cfg.base_emb_dim, built.cfg.vocab_size
     params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), built.abstract.params,
                           built.shardings.params)
+
+    @jax.jit
+    def head_gradient(params, batch):  # no output sharding asked for: what the loss's backward gives
+        loss, grads = grad(params, batch)
+        return loss, grads["unembedding"][...]
+
     with jax.set_mesh(built.mesh), nnx.logical_axis_rules(mesh_lib.RULES):
         compiled = head_gradient.lower(params, batch).compile()
-    whole = {(name, dims) for name, dims, op in re.findall(r"%(\S+) = f32\[([\d,]+)\]\S* ([\w-]+)\(", compiled.as_text())
+    values = re.findall(r"%(\S+) = f32\[([\d,]+)\]\S* ([\w-]+)\(", compiled.as_text())  # name, dims, op
+    whole = {(name, dims) for name, dims, op in values
              if math.prod(map(int, dims.split(","))) >= D * V and op != "all-gather"}
     assert not whole, whole
     head_sharding = built.shardings.params["unembedding"].get_value()  # and it leaves split like the head
@@ -161,7 +160,7 @@ def test_pipelined_405b_vocab_tiled_loss_and_gradients_equal_untiled():
     argv = [*PIPELINED_405B, "dtype=float32", "vocab_size=500"]  # 500 = 4 tiles of 125 words
     results = []
     for n in (4, 1):
-        built, _, batch = _head_gradient([*argv, f"num_vocab_tiling={n}"])
+        built, batch, grad = _pipelined([*argv, f"num_vocab_tiling={n}"])
         rng = np.random.default_rng(0)
         params = jax.tree.map(lambda a, s: jax.device_put(rng.normal(0, 0.05, a.shape).astype(a.dtype), s),
                               built.abstract.params, built.shardings.params)
@@ -170,7 +169,6 @@ def test_pipelined_405b_vocab_tiled_loss_and_gradients_equal_untiled():
         data = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "positions": np.broadcast_to(np.arange(T), (B, T)),
                 "segment_ids": np.ones((B, T), np.int32), "weights": (rng.random((B, T)) > 0.1).astype(np.float32)}
         data = {k: jax.device_put(v.astype(batch[k].dtype), built.batch_sharding) for k, v in data.items()}
-        grad = jax.value_and_grad(lambda p, b: step_lib.loss_sums(p, built.graphdef, b)[0])
         with jax.set_mesh(built.mesh), nnx.logical_axis_rules(mesh_lib.RULES):
             results.append(jax.device_get(jax.jit(grad)(params, data)))
     (loss4, grads4), (loss1, grads1) = results
