@@ -318,7 +318,8 @@ class Keys:
         positive=True)
     sa_use_fused_bwd_kernel: bool = key(False, "flash: one backward kernel for dQ, dK, dV")
     num_vocab_tiling: int = key(-1,
-        "loss over this many sequence chunks, never holding [B, T, V] logits (1 = unchunked; -1 = auto: "
+        "loss over this many sequence chunks, never holding [B, T, V] logits, and its backward over (at most) as many "
+        "vocabulary tiles, never holding the head's whole gradient on a device (1 = unchunked; -1 = auto: "
         "chunks of 512 tokens when T·V ≥ 2^27)")
     quantization: str = key("",
         "\"\" (none) | int8 | fp8 | fp8_full | fp8_gpu (GPUs only): the decoder layers' projections quantized "

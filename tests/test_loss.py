@@ -84,3 +84,94 @@ def test_train_loss_uses_the_chunked_head_and_matches_unchunked():
         assert np.linalg.norm(a - b) <= 1e-4 * np.linalg.norm(b)
     hlo = jax.jit(lambda p: step_lib.loss_sums(p, graph4, batch)[0]).lower(params).as_text()
     assert f"2x64x{cfg1.vocab_size}" not in hlo.replace(",", "x")  # no [B, T, V] logits
+
+
+def test_vocab_tiles_are_the_largest_divisor_of_the_vocabulary_not_above_the_chunks():
+    assert loss_lib.num_vocab_tiles(128256, 16) == 16  # Llama 3's vocabulary, 8192 tokens (auto)
+    assert loss_lib.num_vocab_tiles(100278, 16) == 9
+    assert loss_lib.num_vocab_tiles(50, 8) == 5 and loss_lib.num_vocab_tiles(50, 4) == 2
+    assert loss_lib.num_vocab_tiles(7, 4) == 1  # nothing to tile by: the backward runs untiled
+
+
+# Llama 3.1-405B as the pipelined plan lays it out (python -m maxlite.plan ... model_name=llama3.1-405b
+# dcn_pipeline_parallelism=2: stage 2 × fsdp 256), shrunk to 8 CPU devices: stage 2 × fsdp 4.
+PIPELINED_405B = ["base.yml", "model_name=llama3.1-405b", "base_emb_dim=64", "base_mlp_dim=64",
+                  "base_num_query_heads=2", "base_num_kv_heads=1", "head_dim=16", "base_num_decoder_layers=2",
+                  "vocab_size=2048", "max_target_length=64", "per_device_batch_size=1",
+                  "ici_pipeline_parallelism=2", "ici_fsdp_parallelism=4", "cpu_matmul=bf16",
+                  "enable_tensorboard=false", "write_report=false"]
+
+
+def _pipelined(argv: list):
+    """(the recipe wired onto 8 CPU devices, its global batch as abstract arrays, the gradient of
+    its loss sum w.r.t. the parameters: (params, batch) → (loss sum, gradients))."""
+    from maxlite.build import build
+
+    built = build(C.load(argv), jax.devices()[:8], num_processes=1)
+    B, T = built.cfg.global_batch_size, built.cfg.max_target_length
+    batch = {k: jax.ShapeDtypeStruct((B, T), jnp.float32 if k == "weights" else jnp.int32,
+                                     sharding=built.batch_sharding)
+             for k in ("inputs", "targets", "positions", "segment_ids", "weights")}
+    return built, batch, jax.value_and_grad(lambda p, b: step_lib.loss_sums(p, built.graphdef, b)[0])
+
+
+def test_pipelined_405b_head_gradient_is_never_whole_on_a_device():
+    """The backward pass cuts the vocabulary into tiles and reduces each tile's share of the head's
+    gradient into the head's own sharding at once. Before, every device summed its tokens' share of
+    the whole [D, V] float32 gradient (7.8 GiB per chip at 405B) before reducing it: here that is an
+    f32 value of D·V elements in the compiled program. The only ones left are the forward pass's
+    all-gather of the head's weights (XLA's CPU dot gathers the bf16-rounded head in float32; a TPU
+    gathers bf16), never a product, a sum or the tiles stacked. Compile only."""
+    import math
+    import re
+
+    from flax import nnx
+
+    from maxlite import mesh as mesh_lib
+
+    built, batch, grad = _pipelined([*PIPELINED_405B, "num_vocab_tiling=4"])
+    D, V = built.cfg.base_emb_dim, built.cfg.vocab_size
+    params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), built.abstract.params,
+                          built.shardings.params)
+
+    @jax.jit
+    def head_gradient(params, batch):  # no output sharding asked for: what the loss's backward gives
+        loss, grads = grad(params, batch)
+        return loss, grads["unembedding"][...]
+
+    with jax.set_mesh(built.mesh), nnx.logical_axis_rules(mesh_lib.RULES):
+        compiled = head_gradient.lower(params, batch).compile()
+    values = re.findall(r"%(\S+) = f32\[([\d,]+)\]\S* ([\w-]+)\(", compiled.as_text())  # name, dims, op
+    whole = {(name, dims) for name, dims, op in values
+             if math.prod(map(int, dims.split(","))) >= D * V and op != "all-gather"}
+    assert not whole, whole
+    head_sharding = built.shardings.params["unembedding"].get_value()  # and it leaves split like the head
+    assert compiled.output_shardings[1].is_equivalent_to(head_sharding, 2), compiled.output_shardings[1]
+
+
+def test_pipelined_405b_vocab_tiled_loss_and_gradients_equal_untiled():
+    """The same pipelined layout on 8 devices in float32: num_vocab_tiling=4 (sequence chunks forward,
+    vocabulary tiles backward) against 1 (plain autodiff), same weights and tokens: the same loss
+    and every parameter's gradient (the head's, and through the input gradient the layers')."""
+    from flax import nnx
+
+    from maxlite import mesh as mesh_lib
+
+    argv = [*PIPELINED_405B, "dtype=float32", "vocab_size=500"]  # 500 = 4 tiles of 125 words
+    results = []
+    for n in (4, 1):
+        built, batch, grad = _pipelined([*argv, f"num_vocab_tiling={n}"])
+        rng = np.random.default_rng(0)
+        params = jax.tree.map(lambda a, s: jax.device_put(rng.normal(0, 0.05, a.shape).astype(a.dtype), s),
+                              built.abstract.params, built.shardings.params)
+        tokens = rng.integers(0, built.cfg.vocab_size, (batch["inputs"].shape[0], batch["inputs"].shape[1] + 1))
+        B, T = batch["inputs"].shape
+        data = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "positions": np.broadcast_to(np.arange(T), (B, T)),
+                "segment_ids": np.ones((B, T), np.int32), "weights": (rng.random((B, T)) > 0.1).astype(np.float32)}
+        data = {k: jax.device_put(v.astype(batch[k].dtype), built.batch_sharding) for k, v in data.items()}
+        with jax.set_mesh(built.mesh), nnx.logical_axis_rules(mesh_lib.RULES):
+            results.append(jax.device_get(jax.jit(grad)(params, data)))
+    (loss4, grads4), (loss1, grads1) = results
+    np.testing.assert_allclose(loss4, loss1, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(grads4), jax.tree.leaves(grads1)):  # f32 summation order only
+        assert np.linalg.norm(a - b) <= 1e-4 * np.linalg.norm(b)

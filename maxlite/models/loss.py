@@ -1,16 +1,29 @@
-"""Cross-entropy (+ z-loss) of the output head without ever holding the [B, T, V] logits.
+"""Cross-entropy (+ z-loss) of the output head without ever holding the [B, T, V] logits, nor the
+head's whole float32 gradient on one device.
 
-The sequence is cut into `num_vocab_tiling` chunks (MaxText's key); a scan computes each chunk's
-logits [B, C, V], its log-partition and target logit, and keeps only sums. A chunk takes every
-n-th token (chunk k: tokens k, k + n, k + 2n, …): the sums do not care about order, and a
-sequence split over context shards stays split the same way inside every chunk (each device
-computes its own tokens' logits, none gathers another's hidden states). The backward pass (a
-custom VJP) recomputes each chunk's logits and turns them into the chunk's input gradient and its
-share of the head's gradient, so peak memory holds one chunk of logits, never T·V per sequence.
+Forward: the sequence is cut into n = `num_vocab_tiling` chunks (MaxText's key); a scan computes
+each chunk's logits [B, C, V], its log-partition and target logit, and keeps only sums and the
+log-partitions. A chunk takes every n-th token (chunk k: tokens k, k + n, k + 2n, …): the sums do
+not care about order, and a sequence split over context shards stays split the same way inside
+every chunk (each device computes its own tokens' logits, none gathers another's hidden states).
+
+Backward (a custom VJP): the VOCABULARY is cut into m tiles (m the largest divisor of V not above
+n), tile j holding words j, j + m, j + 2m, … (so a vocabulary split over `tensor` stays split the
+same way inside every tile). A scan over the tiles recomputes each tile's logits [B, T, V/m] from
+the saved log-partitions, adds its share to the input gradient (a float32 carry [B, T, D]) and
+returns the tile's share of the head's gradient, [D, V/m], constrained to the head's own sharding
+(`embed` × `vocab`, mesh.RULES). The head's gradient is a sum over every token of the batch: a
+device's partial sum covers the whole head, and a sequence-chunked backward held that partial,
+[D, V] float32, whole on every device (7.8 GiB per chip for Llama 3.1-405B) before reducing it.
+Tiled, a device holds one tile's partial [D, V/m] at a time, reduced at once into the head's
+layout; the price is the input gradient's float32 carry [B, T, D] per device. Peak memory holds
+one tile's logits [B, T, V/m] (as many values as a forward chunk's), never T·V per sequence.
+
 The head comes as stored (`Transformer.head()`: the embedding table [V, D], spec "vd", when tied,
 else [D, V], "dv") and its gradient leaves in that layout and dtype, accumulated in float32: never
 a transposed bf16 dot result (XLA's CPU dot cannot produce one) nor a bf16-rounded sum.
-Shape legend as in layers.py; C chunk length, n number of chunks.
+Shape legend as in layers.py; C chunk length, n number of chunks, m number of vocabulary tiles,
+U = V/m words per tile.
 """
 
 from __future__ import annotations
@@ -21,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maxlite.models.layers import constrain
+from maxlite.models.layers import BTD, constrain
 from maxlite.models.matmul import project
 
 AUTO_CHUNK = 512               # tokens per chunk when num_vocab_tiling = -1 ...
@@ -93,34 +106,62 @@ def _fwd(x_BTD, head, targets_BT, weights_BT, z_loss_weight, n, spec, softcap):
     return sums, (x_BTD, head, targets_BT, weights_BT, log_z_nBC)
 
 
+def num_vocab_tiles(vocab_size: int, n: int) -> int:
+    """Vocabulary tiles of the backward pass: the largest divisor of V not above n."""
+    return max(m for m in range(1, min(n, vocab_size) + 1) if vocab_size % m == 0)
+
+
+def _vocab_tiles(head, spec: str, m: int):
+    """The head [D, V] ("dv") or [V, D] ("vd") as m tiles [m, D, U] / [m, U, D], tile j holding
+    words j, j + m, …: a vocabulary split over `tensor` keeps its split inside every tile."""
+    axis = spec.index("v")
+    shape = head.shape[:axis] + (head.shape[axis] // m, m) + head.shape[axis + 1:]
+    return jnp.moveaxis(head.reshape(shape), axis + 1, 0)
+
+
+def _vocab_untiles(tiles, spec: str):
+    axis = spec.index("v")
+    x = jnp.moveaxis(tiles, 0, axis + 1)
+    return x.reshape(x.shape[:axis] + (x.shape[axis] * x.shape[axis + 1],) + x.shape[axis + 2:])
+
+
 def _bwd(z_loss_weight, n, spec, softcap, res, cotangents):
     x_BTD, head, targets_BT, weights_BT, log_z_nBC = res
     g_loss, g_xent = cotangents
-    V = head.shape[spec.index("v")]
-    head_c = head.astype(x_BTD.dtype)  # the forward products ran in x's dtype
+    m = num_vocab_tiles(head.shape[spec.index("v")], n)
+    head_axes = tuple({"d": "embed", "v": "vocab"}[c] for c in spec)  # the head's own (mesh.RULES)
+    log_z_BT = _unchunk(log_z_nBC)
+    # d/dlogits of w·xent is w·(softmax − onehot); of w·log_z² it is 2·w·log_z·softmax
+    scale_BT = weights_BT * (g_loss + g_xent + 2 * z_loss_weight * g_loss * log_z_BT)
+    hit_BT = weights_BT * (g_loss + g_xent)
+    tile_BT, word_BT = targets_BT % m, targets_BT // m  # the target's tile and its place in it
+    dtype = x_BTD.dtype  # the forward products ran in x's dtype
 
-    def body(dhead, xs):
-        x_BCD, targets_BC, weights_BC, log_z_BC = xs
-        logits_BCV = _logits(x_BCD, head, spec, softcap)
-        probs_BCV = jnp.exp(logits_BCV - log_z_BC[..., None])
-        # d/dlogits of w·xent is w·(softmax − onehot); of w·log_z² it is 2·w·log_z·softmax
-        scale_BC = weights_BC * (g_loss + g_xent + 2 * z_loss_weight * g_loss * log_z_BC)
-        onehot_BCV = jax.nn.one_hot(targets_BC, V, dtype=jnp.float32)
-        dlogits_BCV = (probs_BCV * scale_BC[..., None]
-                       - onehot_BCV * (weights_BC * (g_loss + g_xent))[..., None])
+    def body(dx_BTD, xs):
+        j, head_tile = xs
+        logits_BTU = _logits(x_BTD, head_tile, spec, softcap)
+        probs_BTU = jnp.exp(logits_BTU - log_z_BT[..., None])
+        onehot_BTU = jax.nn.one_hot(jnp.where(tile_BT == j, word_BT, -1), logits_BTU.shape[-1],
+                                    dtype=jnp.float32)
+        dlogits_BTU = probs_BTU * scale_BT[..., None] - onehot_BTU * hit_BT[..., None]
         if softcap:  # through c·tanh(z/c): d/dz = 1 − tanh²
-            dlogits_BCV = dlogits_BCV * (1 - jnp.square(logits_BCV / softcap))
-        dlogits_BCV = dlogits_BCV.astype(head_c.dtype)
-        dx_BCD = jnp.einsum(f"bcv,{spec}->bcd", dlogits_BCV, head_c,
-                            preferred_element_type=jnp.float32).astype(x_BCD.dtype)
-        dhead = dhead + jnp.einsum(f"bcd,bcv->{spec}", x_BCD, dlogits_BCV,
-                                   preferred_element_type=jnp.float32)
-        return dhead, dx_BCD
+            dlogits_BTU = dlogits_BTU * (1 - jnp.square(logits_BTU / softcap))
+        dlogits_BTU = dlogits_BTU.astype(dtype)
+        dx_BTD = dx_BTD + jnp.einsum(f"btv,{spec}->btd", dlogits_BTU,
+                                     head_tile.astype(dtype), preferred_element_type=jnp.float32)
+        # this tile's share of the head's gradient, summed over the batch's tokens and split like
+        # the head at once: no device ever holds the whole [D, V] sum
+        dhead_tile = jnp.einsum(f"btd,btv->{spec}", x_BTD, dlogits_BTU,
+                                preferred_element_type=jnp.float32)
+        return constrain(dx_BTD, BTD), constrain(dhead_tile, head_axes)
 
-    xs = (_chunks(x_BTD, n), _chunks(targets_BT, n), _chunks(weights_BT, n), log_z_nBC)
-    dhead, dx_nBCD = jax.lax.scan(body, jnp.zeros(head.shape, jnp.float32), xs)
+    dx0_BTD = constrain(jnp.zeros(x_BTD.shape, jnp.float32), BTD)
+    dx_BTD, dhead_tiles = jax.lax.scan(body, dx0_BTD, (jnp.arange(m), _vocab_tiles(head, spec, m)))
     zeros_int = np.zeros(targets_BT.shape, jax.dtypes.float0)  # integer inputs: no gradient
-    return (_unchunk(dx_nBCD).astype(x_BTD.dtype), dhead.astype(head.dtype), zeros_int,
+    # rounded here, once: left to its consumers, the convert was fused into the layers' backward
+    # pass, which then kept the float32 carry alive (0.25 GiB more in the pipelined 405B plan)
+    dx_BTD = jax.lax.optimization_barrier(dx_BTD.astype(x_BTD.dtype))
+    return (dx_BTD, _vocab_untiles(dhead_tiles, spec).astype(head.dtype), zeros_int,
             jnp.zeros_like(weights_BT))
 
 
