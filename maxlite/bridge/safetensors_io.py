@@ -143,6 +143,10 @@ class SafetensorsDir:
     def __contains__(self, name: str) -> bool:
         return name in self._where
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        """A tensor's shape, from its file's header (nothing read)."""
+        return tuple(self._where[name][1]["shape"])
+
     def get(self, name: str) -> np.ndarray:
         """A read-only memory-mapped view; copy or convert it to keep it past the file."""
         if name not in self._where:
