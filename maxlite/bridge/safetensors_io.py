@@ -130,6 +130,8 @@ class SafetensorsDir:
         self._where: dict[str, tuple[pathlib.Path, dict, int]] = {}
         for name in files:
             file = self.path / name
+            if not file.is_file():
+                raise FileNotFoundError(f"{self.path}: {name}, named by {INDEX_NAME}, is missing")
             with open(file, "rb") as f:
                 n = int.from_bytes(f.read(8), "little")
                 header = json.loads(f.read(n))
