@@ -3,7 +3,7 @@
     python benchmarks/bench_hf_stream.py [--dir /tmp/hf_stream] [--sizes 1,5] [--weight-dtype float32]
 
 For each size a random Llama (TinyLlama-1.1B's width: hidden 2048, 32 heads / 4 kv heads, MLP 5632,
-vocabulary 32000, 22 layers; "5" is the same width with 5x the layers, 110: ~5.2B parameters) is
+vocabulary 32000, 22 layers; "5" is the same width with 5x the layers, 110: 5.0B parameters) is
 written straight to sharded bfloat16 safetensors from random tensors, one tensor at a time (no
 transformers model in memory), then imported with the CLI into an Orbax checkpoint and exported back,
 each in a fresh process whose peak resident memory (ru_maxrss of the child) and wall time are
