@@ -199,7 +199,7 @@ def test_a_converter_bug_keeps_its_traceback(tmp_path, monkeypatch):
     def bug(*args, **kwargs):
         raise ValueError("cannot reshape array of size 12 into shape (5,)")  # what a slip in a map raises
 
-    monkeypatch.setattr(hf.hf_convert, "import_params", bug)
+    monkeypatch.setattr(hf.hf_convert, "pieces", bug)  # raised inside Orbax's writer thread
     with pytest.raises(ValueError, match="cannot reshape") as e:
         hf.main(["import", str(tmp_path / "hf"), str(tmp_path / "back")])
     assert not isinstance(e.value, C.ConfigError)

@@ -3,15 +3,18 @@ imports as which family is the registry's `Family.hf_model_types`), maxlite/fami
 llama2 ↔ Llama (Mistral with a sliding window), qwen2/qwen3 ↔ Qwen2/Qwen3, gemma3 ↔ Gemma3ForCausalLM,
 gpt3 ↔ GPT-2, mixtral/qwen3_moe ↔ Mixtral/Qwen3-MoE, and the newer families beside them.
 
-    python -m maxlite.bridge.hf export CKPT OUT_DIR [--step N] [--dtype float32|bfloat16|mxfp4]
-                                        [--max-shard-size 5GB] [--tokenizer auto|none|PATH]
+    python -m maxlite.bridge.hf export CKPT OUT_DIR [--step N] [--dtype float32|bfloat16|float16|mxfp4]
+                                        [--max-shard-size 50GB] [--tokenizer auto|none|PATH]
     python -m maxlite.bridge.hf import HF_DIR CKPT [RECIPE.yml] [key=value ...]
 
-Numpy only: torch is not needed to convert. Tensors are converted one at a time (a layer is
-sliced out of the stacked [L, ...] arrays, cast, written, freed), so the converter needs the
-parameters plus about one tensor of memory. The layout conventions are in hf_llama.py and families/gpt3/hf.py.
+Numpy only: torch is not needed to convert. Both directions stream, one HF tensor at a time: an
+import reads a tensor from the safetensors files, converts it to weight_dtype and writes it into
+its layer's slice of the checkpoint (checkpoints/streamed.py) before reading the next; an export
+reads one layer's slice from the checkpoint, converts and writes it. Host memory holds a few
+tensors, not the model. The layout conventions are in hf_llama.py and families/gpt3/hf.py.
 An import records the compute dtype config.json states (float32 stays float32; float16 computes in
-float32), unless the recipe or key=value sets `dtype`.
+float32), unless the recipe or key=value sets `dtype`, and the dtype the tensors were stored in,
+which an export writes again unless --dtype says otherwise.
 """
 
 from __future__ import annotations
@@ -45,11 +48,14 @@ def adapter(module: str):
 def model_types() -> dict[str, str]:
     """HF config.json `model_type` → the adapter module that imports it, from the family registry."""
     return {t: f.hf_module for f in FAMILIES.values() for t in f.hf_model_types}
+# save_pretrained's default max_shard_size in the transformers this was built against (5.25: "50GB";
+# 4.x had "5GB"): an export's shards are as big as transformers' own.
+MAX_SHARD_SIZE = "50GB"
 # config.json's dtype → the compute dtype an import records (float16 is not a maxlite compute dtype:
 # float32 computes its values exactly)
 COMPUTE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float32"}
 EXPORT_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16),
-                 "mxfp4": np.dtype(np.float32)}  # mxfp4: the adapter's MXFP4 tensors from float32, bfloat16 the rest
+                 "float16": np.dtype(np.float16), "mxfp4": np.dtype(np.float32)}  # mxfp4: the adapter's MXFP4 tensors from float32, bfloat16 the rest
 
 
 def _progress(total: int, every: int = 50):
@@ -87,14 +93,14 @@ def check_vocab(tok, vocab_size: int, escape: str) -> None:
 TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json")
 
 
-def export_hf(cfg, params, out_dir: str, dtype: str = "float32", max_shard_size: str | int = "5GB",
+def export_hf(cfg, params, out_dir: str, dtype: str = "float32", max_shard_size: str | int = MAX_SHARD_SIZE,
               tokenizer: str = "auto", verbose: bool = False) -> list[str]:
     """maxlite params (nnx.State or nested dict) → an HF directory (the family's architecture); returns
     the shard names."""
     arch = adapter(family(cfg).hf_module)
     maps = arch.tensor_maps(cfg)  # refuses what the architecture cannot hold, before writing
     if dtype not in EXPORT_DTYPES:
-        raise ValueError(f"--dtype {dtype}: choose float32, bfloat16 or mxfp4")
+        raise ValueError(f"--dtype {dtype}: choose float32, bfloat16, float16 or mxfp4")
     if dtype == "mxfp4" and not hasattr(arch, "MXFP4_TENSORS"):
         raise ValueError(f"--dtype mxfp4: {cfg.decoder_block} has no MXFP4 form (gpt_oss's experts have); choose "
                          f"float32 or bfloat16")
@@ -168,8 +174,20 @@ def stored_dtype(hf_cfg: dict) -> str | None:
     return None
 
 
-def import_hf(hf_dir: str, argv: Sequence[str] = (), verbose: bool = False):
-    """HF directory (any of MODEL_TYPES) → (maxlite Config, nested numpy params in weight_dtype).
+@dataclasses.dataclass
+class Import:
+    """What an import reads, resolved before any tensor is: the model's Config, its tensor table,
+    the tensors, which of them to leave out, and the dtype config.json says they are stored in."""
+    cfg: object
+    maps: list
+    source: object
+    ignore: object
+    stored_dtype: str | None
+
+
+def prepare_import(hf_dir: str, argv: Sequence[str] = ()) -> Import:
+    """HF directory (any of MODEL_TYPES) → what to convert, every name and shape checked (one line
+    for a missing tensor, one the model has no place for, or a wrong shape).
 
     `argv` is a maxlite recipe and/or key=value (training keys); the model keys come from config.json,
     and so does the compute dtype unless `argv` sets it.
@@ -210,10 +228,44 @@ def import_hf(hf_dir: str, argv: Sequence[str] = (), verbose: bool = False):
     maps = arch.import_maps(cfg, set(source.names())) if hasattr(arch, "import_maps") else arch.tensor_maps(cfg)
     # tensors an adapter leaves out knowingly (GLM's multi-token-prediction layer), said by the adapter
     skipped = arch.skipped(cfg, set(source.names())) if hasattr(arch, "skipped") else set()
-    pure = hf_convert.import_params(cfg, maps, source, np.dtype(cfg.weight_dtype),
-                                    lambda name: name in skipped or arch.ignore(name),
-                                    _progress(len(source.names())) if verbose else None)
-    return cfg, pure
+    ignore = lambda name: name in skipped or arch.ignore(name)  # noqa: E731
+    hf_convert.check_tensors(cfg, maps, source, ignore)
+    stored = stored_dtype(hf_cfg)
+    return Import(cfg, maps, source, ignore, stored if stored in EXPORT_DTYPES else None)
+
+
+def import_hf(hf_dir: str, argv: Sequence[str] = (), verbose: bool = False):
+    """HF directory → (maxlite Config, nested numpy params in weight_dtype), in memory (for Python
+    users and tests; the CLI streams into a checkpoint: import_to_checkpoint)."""
+    im = prepare_import(hf_dir, argv)
+    pure = hf_convert.import_params(im.cfg, im.maps, im.source, np.dtype(im.cfg.weight_dtype), im.ignore,
+                                    _progress(len(im.source.names())) if verbose else None)
+    return im.cfg, pure
+
+
+def import_to_checkpoint(hf_dir: str, checkpoint: str, argv: Sequence[str] = (), verbose: bool = False):
+    """HF directory → a params-only maxlite checkpoint (local or gs://) and its recipe.yml, streamed:
+    one HF tensor is read, converted to weight_dtype and written at a time, so host memory holds a
+    few tensors, never the model. In a multi-process JAX run each process converts every n-th
+    tensor (collective: every process calls it). Returns (cfg, the recipe's path)."""
+    import jax
+
+    from maxlite.checkpoints.streamed import Streamed, save_streamed
+
+    im = prepare_import(hf_dir, argv)
+    cfg = im.cfg
+    base = dataclasses.replace(cfg, lora_rank=0)  # the imported weights; LoRA keys go to the recipe
+    dtype = np.dtype(cfg.weight_dtype)
+    leaves = [Streamed(path, shape, dtype, (1,) * lead + shape[lead:])
+              for path, (shape, lead) in hf_convert.leaf_shapes(cfg, im.maps).items()]
+    share = (jax.process_index(), jax.process_count())
+    total = -(-len(list(hf_convert.expand(cfg, im.maps))) // share[1])
+    pieces = lambda: hf_convert.pieces(cfg, im.maps, im.source, dtype, share,  # noqa: E731
+                                       _progress(total) if verbose else None)
+    extra = {"hf_import": {"source": C.resolve_path(hf_dir), "dtype": im.stored_dtype}}
+    save_streamed(checkpoint, base, leaves, pieces, extra)
+    recipe = write_recipe(cfg, checkpoint, argv) if jax.process_index() == 0 else f"{checkpoint}/recipe.yml"
+    return cfg, recipe
 
 
 def write_recipe(cfg, checkpoint: str, argv: Sequence[str] = ()) -> str:
@@ -238,9 +290,48 @@ def write_recipe(cfg, checkpoint: str, argv: Sequence[str] = ()) -> str:
     return path
 
 
-def _checkpoints():
+def source_dtype(meta: dict, cfg) -> str:
+    """The dtype an export writes unless told: the one the model came in with (its import's record,
+    or that of the imported checkpoint it was trained from: `load_parameters_path`), else the
+    dtype its weights are kept in."""
     from maxlite import checkpoints
-    return checkpoints.load_params, checkpoints.save_params
+
+    stated = (meta.get("hf_import") or {}).get("dtype")
+    parent = (meta.get("config") or {}).get("load_parameters_path")
+    if not stated and parent:
+        try:
+            stated = (checkpoints.read_meta(*checkpoints.resolve_step_dir(parent)).get("hf_import") or {}).get("dtype")
+        except C.ConfigError:  # moved or gone: the weights' own dtype
+            stated = None
+    return stated if stated in EXPORT_DTYPES else cfg.weight_dtype
+
+
+def export_checkpoint(checkpoint: str, out_dir: str, step: int | None = None, dtype: str | None = None,
+                      max_shard_size: str | int = MAX_SHARD_SIZE, tokenizer: str = "auto",
+                      verbose: bool = False) -> tuple[str, list[str]]:
+    """A checkpoint → an HF directory, streamed: each HF tensor is read from the checkpoint (its layer's
+    slice), converted, written and freed before the next; what was read is checked against the
+    checkpoint's checksums (a corrupt checkpoint leaves no export). A LoRA run's adapters are merged
+    in memory. Returns (the dtype written, the shard names)."""
+    from maxlite import checkpoints
+    from maxlite.checkpoints.streamed import ParamsReader, lazy_params
+
+    reader = ParamsReader(checkpoint, step)
+    cfg = reader.config()
+    dtype = dtype or source_dtype(reader.meta, cfg)
+    if cfg.lora_rank:
+        params = checkpoints.load_params(checkpoint, step=reader.step)[1]
+    else:
+        params = lazy_params(reader, cfg)
+    try:
+        names = export_hf(cfg, params, out_dir, dtype, max_shard_size, tokenizer, verbose)
+        reader.check()
+    except checkpoints.CheckpointCorrupt:
+        out = pathlib.Path(C.resolve_path(out_dir))
+        for p in [*out.glob("*.safetensors*"), out / "config.json"]:
+            p.unlink(missing_ok=True)
+        raise
+    return dtype, names
 
 
 # a file the user named that is not there is theirs; any other error of the import (the converter)
@@ -253,8 +344,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ex.add_argument("checkpoint")
     ex.add_argument("out_dir")
     ex.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
-    ex.add_argument("--dtype", choices=sorted(EXPORT_DTYPES), default="float32")
-    ex.add_argument("--max-shard-size", default="5GB")
+    ex.add_argument("--dtype", choices=sorted(EXPORT_DTYPES), default=None,
+                    help="default: the dtype the model was imported in, else its weights' (weight_dtype)")
+    ex.add_argument("--max-shard-size", default=MAX_SHARD_SIZE, help=f"largest safetensors file (default {MAX_SHARD_SIZE}: save_pretrained's in transformers 5.25)")
     ex.add_argument("--tokenizer", default="auto", help="auto | none | a tokenizer path to ship along")
     pe = sub.add_parser("export-peft", help="a LoRA run's checkpoint → PEFT adapter directory (unmerged)")
     pe.add_argument("checkpoint")
@@ -266,27 +358,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     im.add_argument("checkpoint")
     im.add_argument("recipe", nargs="*", help="[RECIPE.yml] [key=value ...] training keys to store")
     args = parser.parse_args(argv)
-    load_params, save_params = _checkpoints()
     if args.command == "import":
         args.checkpoint = C.resolve_path(args.checkpoint)
     try:
         if args.command == "export":
-            cfg, params = load_params(args.checkpoint, step=args.step)
-            names = export_hf(cfg, params, args.out_dir, args.dtype, args.max_shard_size,
-                              args.tokenizer, verbose=True)
-            print(f"wrote {args.out_dir} ({len(names)} safetensors file(s), {args.dtype})")
+            dtype, names = export_checkpoint(args.checkpoint, args.out_dir, args.step, args.dtype,
+                                             args.max_shard_size, args.tokenizer, verbose=True)
+            print(f"wrote {args.out_dir} ({len(names)} safetensors file(s), {dtype})")
         elif args.command == "export-peft":
             from maxlite.bridge.peft import export_peft
+            from maxlite.checkpoints import load_params
             cfg, params = load_params(args.checkpoint, step=args.step)
             out = export_peft(cfg, params, args.out_dir, args.base_model)
             print(f"wrote {out} (PEFT LoRA adapter: r={cfg.lora_rank}, {', '.join(cfg.lora_targets)})")
     except ValueError as e:  # what an export cannot write: one line, as before
         raise C.ConfigError(str(e)) from None
     if args.command == "import":
-        cfg, pure = import_hf(args.hf_dir, args.recipe, verbose=True)
-        base = dataclasses.replace(cfg, lora_rank=0)  # the imported weights; LoRA keys go to the recipe
-        save_params(args.checkpoint, base, P.to_state(base, P.to_jax_inplace(pure)))
-        recipe = write_recipe(cfg, args.checkpoint, args.recipe)
+        _, recipe = import_to_checkpoint(args.hf_dir, args.checkpoint, args.recipe, verbose=True)
         print(f"wrote {args.checkpoint}; train from it with: python -m maxlite.train {recipe} [key=value ...]")
     return 0
 

@@ -16,7 +16,7 @@ import numpy as np
 from maxlite.bridge import params as P
 from maxlite.schema import ConfigError
 from maxlite.bridge.safetensors_io import Entry, SafetensorsDir
-from maxlite.models.layout import layer_kinds
+from maxlite.models.layout import layer_kinds, layer_place, layer_stacks
 
 Array = np.ndarray
 
@@ -84,12 +84,15 @@ def _in_layer(t: TensorMap, kind) -> bool:
 
 
 def export_entries(cfg, maps: list[TensorMap], pure: P.Tree, dtype) -> list[Entry]:
-    """Lazy HF tensors: each is built from its (sliced) maxlite leaves only when written."""
+    """Lazy HF tensors: each is built from its (sliced) maxlite leaves only when written. The leaves
+    are numpy arrays or lazy ones (checkpoints.streamed.LazyLeaf: a slice is read when asked for)."""
     def producer(t: TensorMap, i: int | None):
         def produce():
-            leaves = [np.asarray(P.get(pure, p) if i is None else P.layer_leaf(pure, cfg, i, p))
-                      for p in t.paths]
-            leaves = leaves if t.expert is None else [leaf[t.expert] for leaf in leaves]
+            leaves = []
+            for p in t.paths:  # only this layer's (and expert's) slice is read: a lazy leaf reads no more
+                where, index = _place(cfg, p, t, i)
+                leaf = P.get(pure, where)
+                leaves.append(np.asarray(leaf[index] if index else leaf))
             return np.ascontiguousarray(t.to_hf(*leaves), dtype=dtype)  # the one copy
         return produce
 
@@ -97,42 +100,82 @@ def export_entries(cfg, maps: list[TensorMap], pure: P.Tree, dtype) -> list[Entr
             for name, t, i in expand(cfg, maps)]
 
 
-def import_params(cfg, maps: list[TensorMap], source: SafetensorsDir, dtype,
-                  ignore: Callable[[str], bool] = lambda name: False,
-                  progress: Callable[[str], None] | None = None) -> P.Tree:
-    """HF tensors → maxlite nested numpy dict, filling preallocated arrays one tensor at a time. A
-    checkpoint whose tensors do not match its config.json is the user's input: one line, exit 2."""
+def _place(cfg, path: tuple, t: TensorMap, i: int | None) -> tuple[tuple, tuple[int, ...]]:
+    """(the leaf's path in the whole tree, the leading indices of this HF tensor's slice of it)."""
+    expert = () if t.expert is None else (t.expert,)
+    if i is None:
+        return path, expert
+    block, index = layer_place(cfg, i)
+    return (*block, *path), (() if index is None else (index,)) + expert
+
+
+def leaf_shapes(cfg, maps: list[TensorMap]) -> dict[tuple, tuple[tuple[int, ...], int]]:
+    """{leaf path: (its shape, how many leading axes its HF tensors are slices of)} of every leaf
+    the maps fill: a stacked layer leaf [n, ...] is filled one layer (and expert) at a time."""
+    counts = {stack.name: stack.count for stack in layer_stacks(cfg)}
+    out: dict = {}
+    for _, t, i in expand(cfg, maps):
+        for path, shape in zip(t.paths, t.ml_shapes):
+            where, index = _place(cfg, path, t, i)
+            if where in out:
+                continue
+            stacked = i is not None and layer_place(cfg, i)[1] is not None
+            lead = ([counts[where[0]]] if stacked else []) + ([cfg.num_experts] if t.expert is not None else [])
+            out[where] = ((*lead, *shape), len(lead))
+    return out
+
+
+def check_tensors(cfg, maps: list[TensorMap], source, ignore: Callable[[str], bool] = lambda name: False) -> None:
+    """Before anything is written: every tensor the model needs is there, in the shape config.json
+    implies (where the source knows shapes without reading), and no tensor is left over. A checkpoint
+    that does not match its config.json is the user's input: one line, exit 2."""
     names = set(source.names())
-    kinds = layer_kinds(cfg)
-
-    def shapes_of(i: int) -> dict:
-        return {p: (cfg.num_experts, *s) if t.expert is not None else s for t in maps
-                if t.layer and _in_layer(t, kinds[i]) for p, s in zip(t.paths, t.ml_shapes)}
-
-    pure: P.Tree = P.empty_layers(cfg, shapes_of, dtype)
-    for name, t, i in expand(cfg, maps):
+    shape_of = getattr(source, "shape", None)
+    for name, t, _ in expand(cfg, maps):
         if name not in names:
             hint = " but tie_word_embeddings is false" if name == "lm_head.weight" else \
                 " (does config.json match the weights?)"
             raise ConfigError(f"{source.path}: tensor {name} missing{hint}")
-        raw = source.get(name)
-        if tuple(raw.shape) != t.hf_shape:
-            raise ConfigError(f"{source.path}: {name} has shape {tuple(raw.shape)}, config.json implies {t.hf_shape}")
+        if shape_of is not None and shape_of(name) != t.hf_shape:
+            raise ConfigError(f"{source.path}: {name} has shape {shape_of(name)}, config.json implies {t.hf_shape}")
         names.discard(name)
-        for path, value in zip(t.paths, t.from_hf(raw)):
-            if i is None and t.expert is not None:  # one expert's slice of a leaf outside the layers (MTP's)
-                if t.expert == 0:
-                    P.put(pure, path, np.empty((cfg.num_experts, *value.shape), dtype))
-                P.get(pure, path)[t.expert] = value
-            elif i is None:
-                P.put(pure, path, np.array(value, dtype=dtype, order="C"))  # own copy, not the mmap
-            else:  # straight into the preallocated layer slot (numpy casts on assignment)
-                P.set_layer_leaf(pure, cfg, i, path, value, t.expert)
-        if progress:
-            progress(name)
     if cfg.logits_via_embedding:
         names.discard("lm_head.weight")  # tied: some writers store the shared matrix twice
     unused = sorted(n for n in names if not ignore(n))
     if unused:
-        raise ConfigError(f"{source.path}: {len(unused)} tensors not mapped, e.g. {unused[0]}")
+        raise ConfigError(f"{source.path}: {len(unused)} tensors not mapped, e.g. {unused[0]} (a tensor this "
+                          f"model has no place for: is config.json this checkpoint's?)")
+
+
+def pieces(cfg, maps: list[TensorMap], source, dtype, share: tuple[int, int] = (0, 1),
+           progress: Callable[[str], None] | None = None) -> Iterator[tuple[tuple, tuple[int, ...], Array]]:
+    """(leaf path, leading indices, values in `dtype`) of every slice the HF tensors fill, one HF
+    tensor read at a time, in file order; `share` = (k, n): only every n-th tensor from the k-th
+    (a process's part of a multi-process import)."""
+    k, n = share
+    for number, (name, t, i) in enumerate(expand(cfg, maps)):
+        if number % n != k:
+            continue
+        raw = source.get(name)
+        if tuple(raw.shape) != t.hf_shape:
+            raise ConfigError(f"{source.path}: {name} has shape {tuple(raw.shape)}, config.json implies {t.hf_shape}")
+        for path, value in zip(t.paths, t.from_hf(raw)):
+            where, index = _place(cfg, path, t, i)
+            yield where, index, np.ascontiguousarray(value, dtype=dtype)  # own copy, not the mmap
+        del raw
+        if progress:
+            progress(name)
+
+
+def import_params(cfg, maps: list[TensorMap], source: SafetensorsDir, dtype,
+                  ignore: Callable[[str], bool] = lambda name: False,
+                  progress: Callable[[str], None] | None = None) -> P.Tree:
+    """HF tensors → maxlite nested numpy dict in memory (the streaming import to a checkpoint is
+    hf.import_to_checkpoint), filling preallocated arrays one tensor at a time."""
+    check_tensors(cfg, maps, source, ignore)
+    pure: P.Tree = {}
+    for path, (shape, _) in leaf_shapes(cfg, maps).items():
+        P.put(pure, path, np.empty(shape, dtype))
+    for path, index, value in pieces(cfg, maps, source, dtype, progress=progress):
+        P.get(pure, path)[index if index else ...] = value
     return pure

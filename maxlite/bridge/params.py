@@ -17,11 +17,12 @@ Tree = dict[str, Any]
 
 
 def to_pure(params) -> Tree:
-    """nnx.State or nested dict (of jax or numpy arrays) → nested dict of numpy arrays."""
+    """nnx.State or nested dict (of jax or numpy arrays) → nested dict of numpy arrays; lazy leaves
+    (checkpoints.streamed.LazyLeaf, read a slice at a time) stay lazy."""
     if hasattr(params, "to_pure_dict"):  # an nnx.State
         from flax import nnx
         params = nnx.to_pure_dict(params)
-    return _map(params, np.asarray)
+    return _map(params, lambda x: x if getattr(x, "lazy", False) else np.asarray(x))
 
 
 def _map(tree, fn):

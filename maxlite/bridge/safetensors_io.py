@@ -130,6 +130,8 @@ class SafetensorsDir:
         self._where: dict[str, tuple[pathlib.Path, dict, int]] = {}
         for name in files:
             file = self.path / name
+            if not file.is_file():
+                raise FileNotFoundError(f"{self.path}: {name}, named by {INDEX_NAME}, is missing")
             with open(file, "rb") as f:
                 n = int.from_bytes(f.read(8), "little")
                 header = json.loads(f.read(n))
@@ -142,6 +144,10 @@ class SafetensorsDir:
 
     def __contains__(self, name: str) -> bool:
         return name in self._where
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """A tensor's shape, from its file's header (nothing read)."""
+        return tuple(self._where[name][1]["shape"])
 
     def get(self, name: str) -> np.ndarray:
         """A read-only memory-mapped view; copy or convert it to keep it past the file."""
