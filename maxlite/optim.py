@@ -131,11 +131,17 @@ def _muon(cfg, schedule, split) -> optax.GradientTransformation:
 
     return optax.partition({
         "muon": optax.contrib.muon(schedule, beta=cfg.muon_beta, weight_decay=cfg.muon_weight_decay,
-                                   consistent_rms=cfg.muon_consistent_rms or None,
+                                   consistent_rms=cfg.muon_consistent_rms or None, mu_dtype=cfg.first_moment_dtype,
                                    muon_weight_dimension_numbers=dimensions),
-        "adamw": optax.adamw(schedule, b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps,
-                             weight_decay=cfg.adam_weight_decay, mask=_decay_mask),
+        "adamw": _adamw(cfg, schedule),
     }, labels)
+
+
+def _adamw(cfg, schedule) -> optax.GradientTransformation:
+    """optax's AdamW, no decay on norms and biases; the first moment kept in `first_moment_dtype`
+    (MaxText's mu_dtype: weight_dtype unless set), the second in the weights' dtype."""
+    return optax.adamw(schedule, b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps,
+                       weight_decay=cfg.adam_weight_decay, mask=_decay_mask, mu_dtype=cfg.first_moment_dtype)
 
 
 def make_optimizer(cfg) -> optax.GradientTransformation:
@@ -147,8 +153,7 @@ def make_optimizer(cfg) -> optax.GradientTransformation:
     if cfg.opt_type == "muon":
         parts.append(_muon(cfg, schedule, muon_split(_trainable(cfg))))
     else:
-        parts.append(optax.adamw(schedule, b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps,
-                                 weight_decay=cfg.adam_weight_decay, mask=_decay_mask))
+        parts.append(_adamw(cfg, schedule))
     tx = optax.chain(*parts)
     return with_reference(tx) if keeps_reference(cfg) else tx
 

@@ -123,6 +123,11 @@ class Config(Keys):
         return int(self.warmup_steps_fraction * self.schedule_steps)
 
     @property
+    def first_moment_dtype(self) -> str:
+        """The optimizer's first moment's dtype: mu_dtype, or weight_dtype when it is "" (MaxText's rule)."""
+        return self.mu_dtype or self.weight_dtype
+
+    @property
     def wsd_decay_steps(self) -> int:
         """lr_schedule_type=wsd: the decay's length, at the schedule's end."""
         return int(self.wsd_decay_steps_fraction * self.schedule_steps)

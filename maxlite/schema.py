@@ -210,6 +210,10 @@ class Keys:
     init_scale: float = key(0.02, "stddev of normal initialisation", positive=True)
     dtype: str = key("bfloat16", "activation / compute dtype: float32 | bfloat16", choices=("float32", "bfloat16"))
     weight_dtype: str = key("float32", "parameter and optimizer-state dtype", choices=("float32", "bfloat16"))
+    grad_dtype: str = key("float32",
+        "the gradients' dtype from the backward pass to the optimizer (MaxText's grad_dtype): float32 gradients are "
+        "cast to it before clipping and the update; a bfloat16 weight's gradient stays bfloat16",
+        choices=("float32", "bfloat16"))
     scan_layers: bool = key(True, "stack layers and run them with scan (faster compiles for deep models)", model=True)
     remat_policy: str = key("full",
         "none | full | minimal | save_dots | save_qkv_proj | save_dot_except_mlp | save_attn_mlp_proj | "
@@ -359,6 +363,10 @@ class Keys:
     adam_b2: float = key(0.95, "AdamW beta2", bounds=(0, 1))
     adam_eps: float = key(1e-08, "AdamW epsilon", positive=True)
     adam_weight_decay: float = key(0.1, "AdamW decoupled weight decay", bounds=(0, None))
+    mu_dtype: str = key("",
+        "dtype of the optimizer's first moment (Adam's mu, Muon's momentum; MaxText's mu_dtype); \"\": weight_dtype. "
+        "The second moment stays in weight_dtype. A checkpoint resumes across a change (its moments are cast)",
+        choices=("", "float32", "bfloat16"))
     opt_type: str = key("adamw",
         "adamw | muon: optax's Muon on the decoder layers' weight matrices (each layer's, each expert's), AdamW "
         "(adam_*) on embeddings, the output head, norms and biases (docs/optimizers.md)", choices=("adamw", "muon"))

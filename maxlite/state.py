@@ -109,6 +109,14 @@ def nbytes(tree: Any) -> int:
     return sum(x.size * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
+def grad_nbytes(cfg, params: Any) -> int:
+    """The gradients' bytes, as step.gradients hands them to the optimizer: a float32 weight's in
+    grad_dtype, any other in the weight's own dtype."""
+    def size(x):
+        return jnp.dtype(cfg.grad_dtype if x.dtype == jnp.float32 else x.dtype).itemsize
+    return sum(x.size * size(x) for x in jax.tree.leaves(params))
+
+
 def check_fits(cfg, abstract: TrainState, share: float | None = None) -> None:
     """Refuse to allocate a state (params + grads + optimizer) that cannot fit; before any allocation.
     Host memory is what this process may use: the machine's, or its container's cgroup limit.
@@ -119,7 +127,7 @@ def check_fits(cfg, abstract: TrainState, share: float | None = None) -> None:
     devices = jax.local_devices()
     if share is None:
         share = len(devices) / jax.device_count()  # this host's part of every sharded array
-    state_bytes = nbytes(abstract) + nbytes(abstract.params)  # + gradients, same shapes as params
+    state_bytes = nbytes(abstract) + grad_nbytes(cfg, abstract.params)  # + gradients, shaped as the params
     copy = nbytes(abstract) if cfg.enable_checkpointing and cfg.async_checkpointing else 0  # offload.py
     what = "parameters, gradients and optimizer state"
     if devices[0].platform == "cpu":  # device memory is host memory

@@ -126,10 +126,12 @@ def per_microbatch(fn, batch: Batch, num: int) -> Batch:
 
 
 def gradients(params, graphdef, batch: Batch, accumulation_steps: int, loss_fn, frozen=None,
-              dropout_key=None):
+              dropout_key=None, grad_dtype: str = "float32"):
     """(gradient w.r.t. `params` of the (possibly accumulated) batch's summed loss / its denominator,
     {metric: sum / denominator}, denominator). `frozen` (LoRA's base weights) takes part in the
-    loss and gets no gradient; `dropout_key` (LoRA dropout) is folded with each micro-batch's index."""
+    loss and gets no gradient; `dropout_key` (LoRA dropout) is folded with each micro-batch's index.
+    Micro-batches' gradients are summed in float32; the result is in `grad_dtype` for a float32
+    weight (MaxText's grad_dtype), in the weight's own dtype otherwise."""
     if frozen is None:
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     else:  # both differentiated (NNX wants one trace level); the base's gradient is unused and XLA drops it
@@ -158,7 +160,7 @@ def gradients(params, graphdef, batch: Batch, accumulation_steps: int, loss_fn, 
         init = (zeros, jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), shapes), jnp.zeros((), jnp.float32))
         (grads, sums, denominator), _ = jax.lax.scan(body, init, micro_i)
     d = jnp.maximum(denominator, 1.0)
-    grads = jax.tree.map(lambda g, p: (g / d).astype(p.dtype), grads, params)
+    grads = jax.tree.map(lambda g, p: (g / d).astype(grad_dtype if p.dtype == jnp.float32 else p.dtype), grads, params)
     return grads, jax.tree.map(lambda x: x / d, sums), denominator
 
 
@@ -186,24 +188,25 @@ def dropout_key(seed: int | None, step: jax.Array):
 
 def train_step(state: TrainState, batch: Batch, *, graphdef, tx, schedule, accumulation_steps: int,
                loss_fn, dropout_seed: int | None = None, set_reference: bool = False,
-               advance=1, balance=None) -> tuple[TrainState, dict[str, jax.Array]]:
+               advance=1, balance=None, grad_dtype: str = "float32") -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer update. The alignment objectives' reference policy lives in the optimizer
     state (optim.with_reference): `set_reference` makes the updated weights the reference
     (warm-up steps); `advance` is what the step counter moves by (GRPO's inner iterations: 0).
     `balance` (the config, when routed_bias_update_rate > 0): after the update the MoE routing
-    biases move toward balance by the step's expert load (moe.update_routed_bias)."""
+    biases move toward balance by the step's expert load (moe.update_routed_bias). `grad_dtype`:
+    what `gradients` casts a float32 weight's gradient to before the optimizer sees it."""
     trainable, frozen = split_trainable(state.params)
     reference = optim.reference_policy(state.opt_state, frozen)
     if getattr(loss_fn, "prepare", None) is not None and reference is not None:
         batch = {**batch, **per_microbatch(lambda b: loss_fn.prepare(reference, graphdef, b), batch,
                                            accumulation_steps)}
     grads, means, weights = gradients(trainable, graphdef, batch, accumulation_steps, loss_fn, frozen,
-                                      dropout_key(dropout_seed, state.step))
+                                      dropout_key(dropout_seed, state.step), grad_dtype)
     updates, opt_state = tx.update(grads, state.opt_state, trainable)
     trainable = optax.apply_updates(trainable, updates)
     if set_reference:
         opt_state = optim.set_reference(opt_state, trainable)
-    grad_norm = optax.tree.norm(grads)
+    grad_norm = optax.tree.norm(jax.tree.map(lambda g: g.astype(jnp.float32), grads))  # summed in float32
     params = join(trainable, frozen)
     if balance is not None:  # outside the gradient: the bias only chooses experts
         load_LE = means.pop("moe_expert_load")
@@ -235,7 +238,8 @@ def jit_step(cfg, graphdef, tx, schedule, state_shardings, batch_sharding, loss_
     fn = functools.partial(train_step, graphdef=graphdef, tx=tx, schedule=schedule,
                            accumulation_steps=cfg.gradient_accumulation_steps, loss_fn=loss_fn,
                            dropout_seed=cfg.seed if cfg.lora_rank and cfg.lora_dropout > 0 else None,
-                           balance=cfg if cfg.routed_bias_update_rate else None, **kwargs)
+                           balance=cfg if cfg.routed_bias_update_rate else None, grad_dtype=cfg.grad_dtype,
+                           **kwargs)
     return jax.jit(fn, in_shardings=(state_shardings, batch_sharding),
                    out_shardings=(state_shardings, None), donate_argnums=0)
 

@@ -171,6 +171,11 @@ def _optimizer(cfg, notes: list[str]) -> tuple[list[tuple[str, Any]], list[tuple
     if cfg.weight_dtype == "bfloat16":
         notes.append("weight_dtype=bfloat16: Megatron keeps float32 main weights and Adam state with "
                      "--bf16; pure bfloat16 parameters have no direct flag")
+    low = [f"{k}=bfloat16" for k, v in (("mu_dtype", cfg.first_moment_dtype), ("grad_dtype", cfg.grad_dtype))
+           if v == "bfloat16" and cfg.weight_dtype == "float32"]
+    if low:
+        notes.append(f"{' '.join(low)}: not exported; Megatron's counterparts are --use-precision-aware-optimizer "
+                     "with --exp-avg-dtype bf16 and --main-grads-dtype bf16")
     if cfg.z_loss_weight > 0:
         notes.append(f"z_loss_weight={cfg.z_loss_weight}: Megatron's GPT loss has no z-loss "
                      "(only the MoE router has one); dropped")

@@ -296,6 +296,9 @@ def make_optimizer(model: TorchTransformer, cfg):
     """AdamW with maxlite's hyper-parameters (no decay on norm scales and biases) + LR schedule."""
     if cfg.opt_type != "adamw":
         raise ValueError(f"opt_type={cfg.opt_type}: the torch twin trains with AdamW only; use opt_type=adamw")
+    if cfg.first_moment_dtype != cfg.weight_dtype or (cfg.weight_dtype == "float32" and cfg.grad_dtype != "float32"):
+        raise ValueError(f"mu_dtype={cfg.mu_dtype or '(weight_dtype)'} grad_dtype={cfg.grad_dtype}: the torch twin keeps "
+                         f"Adam's moments and the gradients in weight_dtype={cfg.weight_dtype}; unset them")
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         leaf = name.split(".")[-1]

@@ -17,7 +17,7 @@ from maxlite.plan import estimate as estimate_lib, hlo
 from maxlite.plan.topology import Topology, devices as topology_devices
 
 _RECIPE_KEYS = ("model_name", "per_device_batch_size", "max_target_length", "gradient_accumulation_steps",
-                "remat_policy", "weight_dtype", "dtype", "scan_layers", "attention", "num_vocab_tiling",
+                "remat_policy", "weight_dtype", "grad_dtype", "dtype", "scan_layers", "attention", "num_vocab_tiling",
                 "quantization")
 _BATCH_KEYS = ("inputs", "targets", "positions", "segment_ids", "weights")
 # libtpu 0.0.42: "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO
@@ -144,14 +144,15 @@ def compile_plan(args: list[str], topology: Topology, overrides: list[str] = ())
         recipe={k: getattr(cfg, k) for k in _RECIPE_KEYS} | {"global_batch_size": cfg.global_batch_size,
                                                              "loss_chunks": num_chunks(cfg, T, cfg.axis_size("context")),
                                                              "attention_requested": requested.attention,
-                                                             "pipeline": cfg.pipeline_schedule},
+                                                             "pipeline": cfg.pipeline_schedule,
+                                                             "mu_dtype": cfg.first_moment_dtype},
         fits=False,
         param_count=param_count(abstract.params),
         param_bytes_total=param_total,
         param_bytes=_shard_bytes(abstract.params, shardings.params),
         optimizer_bytes=_shard_bytes(abstract.opt_state, shardings.opt_state),
         batch_bytes=sum(math.prod(batch_sharding.shard_shape((B, T))) * 4 for _ in _BATCH_KEYS),
-        state_bytes_total=2 * param_total + state_lib.nbytes(abstract.opt_state),
+        state_bytes_total=param_total + state_lib.grad_nbytes(cfg, abstract.params) + state_lib.nbytes(abstract.opt_state),
         peak_bytes=None, usable_bytes=None, temp_bytes=None,
         flops_formula=train_flops_per_step(cfg), flops_compiler=None, bytes_accessed=None,
         param_shardings=_spec_table(abstract.params, shardings.params),

@@ -59,6 +59,14 @@ def _attention(r: dict) -> str:
     return r["attention"] if asked == r["attention"] else f"{r['attention']} ({asked})"
 
 
+def _optimizer_dtypes(r: dict) -> str:
+    """The first moment's and the gradients' dtypes where they are not the weights' (mu_dtype; grad_dtype
+    casts only a float32 weight's gradient)."""
+    weights = r["weight_dtype"]
+    mu, grads = r.get("mu_dtype", weights), r.get("grad_dtype", weights) if weights == "float32" else weights
+    return (f", first moment {mu}" if mu != weights else "") + (f", gradients {grads}" if grads != weights else "")
+
+
 def text(plan: Plan, chip: Chip, shardings: bool = False) -> str:
     r = plan.recipe
     verdict = "FITS" if plan.fits else "DOES NOT FIT"
@@ -67,7 +75,7 @@ def text(plan: Plan, chip: Chip, shardings: bool = False) -> str:
              f"  batch              {r['global_batch_size']} sequences × {r['max_target_length']} tokens "
              f"(per_device_batch_size={r['per_device_batch_size']:g}, gradient_accumulation_steps="
              f"{r['gradient_accumulation_steps']}); remat_policy={r['remat_policy']}, "
-             f"weights {r['weight_dtype']}, compute {r['dtype']}"
+             f"weights {r['weight_dtype']}, compute {r['dtype']}" + _optimizer_dtypes(r)
              + (f", quantization={r['quantization']}" if r.get("quantization") else ""),
              f"  attention          {_attention(r)}; loss over {r['loss_chunks']} sequence chunk(s) "
              f"(num_vocab_tiling={r['num_vocab_tiling']})",
