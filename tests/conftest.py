@@ -87,29 +87,13 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
-# Three pytest-xdist workers (addopts; pytest_runtest_setup). A file's tests stay on one worker, so its module fixtures are
+# Two pytest-xdist workers (addopts). A file's tests stay on one worker, so its module fixtures are
 # built once. The files whose tests start several training processes at once (multi-process JAX
 # over gloo, Ray clusters) share one worker and never run beside each other: two such runs on the
 # two cores starved a gloo collective past the 60 s hang watchdog. (xdist's own `loadgroup` cannot
 # do this with pytest 9.2: the group suffix it writes to `item._nodeid` is no longer read.)
 MULTI_PROCESS_FILES = {"test_ray.py", "test_resilience_procs.py", "test_checkpoints_procs.py", "test_context_procs.py",
                        "test_compile_cache_procs.py", "test_rollout_actors.py"}
-
-
-def pytest_runtest_setup(item):
-    """Three xdist workers on two cores: the multi-process group's worker mostly waits (on Ray's
-    polls, on its subprocesses' rendezvous), so two workers run the other files beside it. Those
-    step aside for it: a worker's first test outside the group lowers that worker's priority (and
-    its subprocesses'), for good, so a gloo collective or a Ray worker is never starved past its
-    watchdog by compiles that can wait. Niceness only rises; the group's worker gets there after
-    its last group test (the group runs first: pytest_collection_modifyitems)."""
-    if os.environ.get("PYTEST_XDIST_WORKER") and item.path.name not in MULTI_PROCESS_FILES and not _niced:
-        os.nice(GENERAL_NICENESS)
-        _niced.append(True)
-
-
-GENERAL_NICENESS = 10  # CFS weight 110 against 1024: the group's processes get ~90% of a contested core
-_niced: list = []
 
 
 def pytest_xdist_make_scheduler(config, log):
