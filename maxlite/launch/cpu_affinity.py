@@ -23,6 +23,15 @@ def claims_dir() -> str:
     return os.path.join(tempfile.gettempdir(), "maxlite_cpu_claims")
 
 
+def pin_if_asked(cfg, num_cpus: float, what: str) -> list[int]:
+    """`pin` where the recipe asks (ray_cpu_affinity) and this is a CPU process: a Ray Train CPU
+    worker (its env says JAX_PLATFORMS=cpu: ray_trainer.worker_env) or a rollout actor (which gets
+    its trainer's). Called by both before JAX starts."""
+    if cfg.ray_cpu_affinity and os.environ.get("JAX_PLATFORMS") == "cpu":
+        return pin(num_cpus, what)
+    return []
+
+
 def pin(num_cpus: float, what: str, directory: str | None = None) -> list[int]:
     """Pin this process to `num_cpus` (rounded up, at least 1) cores no other pinned process holds;
     returns them. With too few free cores it says so in one line and stays unpinned ([])."""

@@ -234,9 +234,8 @@ def _worker_loop(loop_config: dict[str, Any]) -> dict[str, Any]:
                   f"back within elastic_wait_seconds={cfg.elastic_wait_seconds:g}); gradient_accumulation_steps "
                   f"{cfg.gradient_accumulation_steps} keeps the global batch; the group grows back at its next restart",
                   flush=True)
-    if cfg.ray_cpu_affinity and not (cfg.ray_use_tpu or cfg.ray_use_gpu):  # before JAX sizes its thread pools
-        from maxlite.launch.cpu_affinity import pin
-        pin(cfg.ray_cpus_per_worker, f"training worker {rank}")
+    from maxlite.launch.cpu_affinity import pin_if_asked
+    pin_if_asked(cfg, cfg.ray_cpus_per_worker, f"training worker {rank}")  # before JAX sizes its thread pools
     if world > 1 and not (cfg.ray_use_tpu or cfg.ray_use_gpu):
         _setup_cpu_distributed(rank, world)
 

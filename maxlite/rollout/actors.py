@@ -47,9 +47,8 @@ class RolloutWorker:
         from maxlite.state import abstract_params
 
         self.cfg, self.hold_dir = cfg, hold_dir
-        if cfg.ray_cpu_affinity and os.environ.get("JAX_PLATFORMS") == "cpu":  # before JAX starts
-            from maxlite.launch.cpu_affinity import pin
-            pin(cfg.rollout_worker_cpus, "rollout worker")
+        from maxlite.launch.cpu_affinity import pin_if_asked
+        pin_if_asked(cfg, cfg.rollout_worker_cpus, "rollout worker")  # before JAX starts
         self.graphdef, _ = abstract_params(cfg)
         self.engine = make_engine(cfg, self.graphdef)
         self.params = None
