@@ -119,6 +119,12 @@ CONFIGS = {
         n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1,
         n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5}),
+    # DeepSeek's MLA and MoE (one dense layer, then MoE): softmax routing, renormalised, weights × 1.5;
+    # YaRN with the published mscale = mscale_all_dim, no Llama 4 query scale (β = 0: maxlite has none)
+    "mistral4": lambda: transformers.Mistral4Config(
+        **{**_DEEPSEEK, "num_hidden_layers": 2, "vocab_size": 4096}, num_key_value_heads=4, q_lora_rank=16,
+        n_shared_experts=1, routed_scaling_factor=1.5,
+        rope_parameters={**_yarn(1.0, 1.0), "llama_4_scaling_beta": 0.0}),
     "qwen3_5_text": lambda: transformers.Qwen3_5TextConfig(**_HYBRID),
     # Qwen3-Next's first layer dense (mlp_only_layers)
     "qwen3_next": lambda: transformers.Qwen3NextConfig(**{**_HYBRID, **HYBRID_TWO}, **_HYBRID_MOE, mlp_only_layers=[0]),
@@ -188,11 +194,18 @@ PERTURB = {"llama": lambda m, seed: _perturbed(m, seed, 0.3),
 # Gemma 4's MoE at seed 0 puts a router near-tie (2nd and 3rd expert 9e-8 apart) on a greedy path,
 # where float32 rounding picks either: seed 1 has none
 SEEDS = {"gemma4_moe": 1}
+# transformers 5.25 registers Mistral4ForCausalLM with AutoModelForPreTraining, not AutoModelForCausalLM
+AUTO = {"mistral4": transformers.AutoModelForPreTraining}
+
+
+def auto_class(name: str):
+    """The transformers auto class that builds and loads the CONFIGS model `name` from its config."""
+    return AUTO.get(name, transformers.AutoModelForCausalLM)
 
 
 def model(name: str):
     """The random CONFIGS model `name` (float32, eval mode), perturbed."""
     seed = SEEDS.get(name, 0)
     torch.manual_seed(seed)
-    built = transformers.AutoModelForCausalLM.from_config(config(name)).eval()
+    built = auto_class(name).from_config(config(name)).eval()
     return PERTURB.get(name, _perturbed)(built, seed)

@@ -1,9 +1,9 @@
 """Qwen2, Qwen3, Gemma 3 (text; also with a layer pattern of its own), Mistral with a sliding window, OLMo
-3 and gpt-oss, each built small and random by transformers (tests/hf_models.py): import → float32 logits
-equal transformers' over a batch longer than the window (relative error ≤ 1e-5), greedy decoding of 32
-tokens identical to `generate`, export → transformers loads it and its logits equal ours, the tokenizer
-and chat template come back unchanged, and the compute dtype config.json states is the one the import
-records."""
+3, gpt-oss and Mistral 4 (latent attention + DeepSeekMoE), each built small and random by transformers
+(tests/hf_models.py): import → float32 logits equal transformers' over a batch longer than the window
+(relative error ≤ 1e-5), greedy decoding of 32 tokens identical to `generate`, export → transformers
+loads it and its logits equal ours, the tokenizer and chat template come back unchanged, and the
+compute dtype config.json states is the one the import records."""
 
 import json
 
@@ -26,9 +26,9 @@ V, T = 4096, 40  # the bundled tokenizer's vocabulary; sequences well past the w
 TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
 
 
-FAMILIES = ["qwen2", "qwen3", "gemma3", "gemma3-own-pattern", "mistral", "olmo3", "gpt_oss"]
+FAMILIES = ["qwen2", "qwen3", "gemma3", "gemma3-own-pattern", "mistral", "olmo3", "gpt_oss", "mistral4"]
 DECODER_BLOCK = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3", "gemma3-own-pattern": "gemma3",
-                 "mistral": "llama2", "olmo3": "olmo3", "gpt_oss": "gpt_oss"}
+                 "mistral": "llama2", "olmo3": "olmo3", "gpt_oss": "gpt_oss", "mistral4": "mistral4"}
 
 
 def _hf_model(family, path, dtype=torch.float32):
@@ -69,7 +69,7 @@ def test_import_logits_greedy_export_and_tokenizer_round_trip(family, tmp_path):
 
     # export: transformers loads it as the same architecture and computes our logits
     hf.export_hf(cfg, pure, str(tmp_path / "back"))
-    back = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "back"), dtype=torch.float32)
+    back = hf_models.auto_class(family).from_pretrained(str(tmp_path / "back"), dtype=torch.float32)
     assert type(back) is type(model)
     assert back.config.to_dict().get("layer_types") == model.config.to_dict().get("layer_types")
     assert _relative(_logits(back, ids), theirs) <= 1e-5
@@ -130,6 +130,10 @@ def test_a_multimodal_gemma3_checkpoint_imports_its_text_model(tmp_path):
      "sliding-window layers with yarn RoPE scaling are not modelled"),
     (dict(model_type="qwen3", rope_parameters={"rope_type": "longrope", "factor": 4.0, "rope_theta": 1e6}),
      "rope type 'longrope' is not supported"),
+    (dict(model_type="mistral4", max_position_embeddings=1048576, rope_parameters={
+        "rope_type": "yarn", "factor": 128.0, "rope_theta": 1e4, "original_max_position_embeddings": 8192,
+        "llama_4_scaling_beta": 0.1}), "llama_4_scaling_beta=0.1 scales queries past position 8192"),
+    (dict(model_type="mistral4", n_group=4, topk_group=2), "groups scored by their best two softmax scores"),
 ])
 def test_what_maxlite_does_not_model_is_refused_in_one_line(config, message, tmp_path, capsys):
     base = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=V)
