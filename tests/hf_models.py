@@ -194,12 +194,14 @@ PERTURB = {"llama": lambda m, seed: _perturbed(m, seed, 0.3),
 # Gemma 4's MoE at seed 0 puts a router near-tie (2nd and 3rd expert 9e-8 apart) on a greedy path,
 # where float32 rounding picks either: seed 1 has none
 SEEDS = {"gemma4_moe": 1}
-# transformers 5.25 registers Mistral4ForCausalLM with AutoModelForPreTraining, not AutoModelForCausalLM
+# transformers 5.25 registers Mistral4ForCausalLM with AutoModelForPreTraining, not AutoModelForCausalLM;
+# keyed by model type (the CONFIGS names of these models are their model types)
 AUTO = {"mistral4": transformers.AutoModelForPreTraining}
 
 
 def auto_class(name: str):
-    """The transformers auto class that builds and loads the CONFIGS model `name` from its config."""
+    """The transformers auto class that builds and loads a model of type `name` (or the CONFIGS model
+    `name`) from its config."""
     return AUTO.get(name, transformers.AutoModelForCausalLM)
 
 

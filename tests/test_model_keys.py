@@ -48,7 +48,7 @@ def _hf_dir(case: str, path) -> str:
         hf.export_hf(cfg, zeros, str(path), tokenizer="none")
     else:
         torch.manual_seed(0)
-        transformers.AutoModelForCausalLM.from_config(hf_models.config(name)).save_pretrained(str(path))
+        hf_models.auto_class(name).from_config(hf_models.config(name)).save_pretrained(str(path))
     return str(path)
 
 

@@ -89,11 +89,12 @@ def test_parameter_count_equals_the_hugging_face_model_of_the_same_config(name):
     from maxlite.models.families import family
     from maxlite.models.flops import param_count
     from maxlite.state import abstract_params
+    from tests import hf_models
 
     cfg = C.load(["base.yml", f"model_name={name}"])
     config = transformers.AutoConfig.for_model(**adapter(family(cfg).hf_module).hf_config(cfg))
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config)
+        model = hf_models.auto_class(config.model_type).from_config(config)
     assert type(model).__name__ == config.architectures[0]
     params = abstract_params(cfg)[1]
     # transformers builds no multi-token-prediction depths (DeepSeek-V3's: it skips their weights)
