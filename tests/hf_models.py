@@ -125,6 +125,13 @@ CONFIGS = {
         **{**_DEEPSEEK, "num_hidden_layers": 2, "vocab_size": 4096}, num_key_value_heads=4, q_lora_rank=16,
         n_shared_experts=1, routed_scaling_factor=1.5,
         rope_parameters={**_yarn(1.0, 1.0), "llama_4_scaling_beta": 0.0}),
+    # q/k norms over every head at once, half-rotary RoPE, 6 experts in every layer routed by sigmoid
+    # with a nonzero choice bias (the bundled tokenizer's vocabulary: the bridge family tests export it)
+    "minimax_m2": lambda: transformers.MiniMaxM2Config(
+        vocab_size=4096, hidden_size=64, intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_local_experts=6, num_experts_per_tok=2, max_position_embeddings=256,
+        initializer_range=0.3, tie_word_embeddings=False, bos_token_id=None, eos_token_id=1,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5}),
     "qwen3_5_text": lambda: transformers.Qwen3_5TextConfig(**_HYBRID),
     # Qwen3-Next's first layer dense (mlp_only_layers)
     "qwen3_next": lambda: transformers.Qwen3NextConfig(**{**_HYBRID, **HYBRID_TWO}, **_HYBRID_MOE, mlp_only_layers=[0]),
@@ -187,10 +194,20 @@ def _glm_perturbed(model, seed: int = 0):
     return model
 
 
+def _minimax_perturbed(model, seed: int = 0):
+    """As _perturbed, and a nonzero expert-choice bias (a buffer, starting at 0) in every layer: it changes
+    the choices (the logits move by 0.47 relative without it)."""
+    _perturbed(model)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.e_score_correction_bias.copy_(0.1 * torch.randn(model.config.num_local_experts))
+    return model
+
+
 PERTURB = {"llama": lambda m, seed: _perturbed(m, seed, 0.3),
            "gemma3": _gemma3_perturbed, "gemma3-own-pattern": _gemma3_perturbed, "deepseek_v2": _deepseek_perturbed,
            "deepseek_v3": _deepseek_perturbed, "gemma4": gemma4_perturbed, "gemma4_moe": gemma4_perturbed,
-           "glm4_moe": _glm_perturbed}
+           "glm4_moe": _glm_perturbed, "minimax_m2": _minimax_perturbed}
 # Gemma 4's MoE at seed 0 puts a router near-tie (2nd and 3rd expert 9e-8 apart) on a greedy path,
 # where float32 rounding picks either: seed 1 has none
 SEEDS = {"gemma4_moe": 1}

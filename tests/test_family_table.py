@@ -49,7 +49,7 @@ pytestmark = pytest.mark.timeout(TIMEOUT_S)
 PRESETS = {"llama2": "tiny", "gpt3": "gpt3-126m", "qwen2": "qwen2.5-0.5b", "qwen3": "qwen3-0.6b",
            "gemma3": "gemma3-1b", "mixtral": "tiny-moe", "qwen3_moe": "qwen3-30b-a3b",
            "deepseek": "deepseek-v3", "gpt_oss": "gpt-oss-20b", "gemma4": "gemma4-tiny",
-           "gemma4_moe": "gemma4-26b-a4b", "glm4_moe": "glm-4.5", "olmo3": "olmo3-7b", "mistral4": "mistral-small-4-119b", "qwen3_5": "qwen3.5-27b",
+           "gemma4_moe": "gemma4-26b-a4b", "glm4_moe": "glm-4.5", "olmo3": "olmo3-7b", "mistral4": "mistral-small-4-119b", "minimax_m2": "minimax-m2", "qwen3_5": "qwen3.5-27b",
            "qwen3_5_moe": "qwen3.5-35b-a3b", "qwen3_next": "qwen3-next-80b-a3b"}
 # the MoE hybrids: two layers of their own pattern (as their checkpoints' `layer_types` state it, and
 # as tests/hf_models.py builds them): one delta-net layer compiles for the MoE feed-forward what
@@ -73,6 +73,8 @@ TRAITS = {
     "olmo3": lambda c, kinds: {k.variant for k in kinds} == {"local", "global"},
     "mistral4": lambda c, kinds: c.attention_type == "mla" and c.q_lora_rank > 0 and c.routed_score_func == "softmax"
     and not c.routed_bias and c.shared_experts > 0 and {k.ffn for k in kinds} == {"moe"},
+    "minimax_m2": lambda c, kinds: c.routed_score_func == "sigmoid" and c.routed_bias and c.partial_rotary_factor < 1
+    and c.shared_experts == 0 and {k.ffn for k in kinds} == {"moe"},
     "qwen3_5": lambda c, kinds: [k.mixer for k in kinds] == ["gated_deltanet"] * 3 + ["attention"],
     "qwen3_5_moe": lambda c, kinds: c.shared_expert_gate and c.num_experts > 0
     and [k.mixer for k in kinds] == ["gated_deltanet", "attention"],
