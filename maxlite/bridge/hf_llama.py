@@ -20,6 +20,9 @@ Conventions (checked against transformers by tests/test_bridge_hf*.py, not assum
 
 from __future__ import annotations
 
+import re
+import sys
+
 from maxlite.bridge.hf_convert import TensorMap, config_tail, linear, same
 from maxlite.models.families import family, has_qk_norm
 from maxlite.models.layout import check_layer_types, layer_windows
@@ -235,3 +238,14 @@ def check_mlp(hf: dict, activation: str) -> None:
     if act != activation or hf.get("mlp_bias"):
         raise ValueError(f"config.json: hidden_act={act!r}, mlp_bias={hf.get('mlp_bias', False)}: this family's "
                          f"MLP is {activation}-gated without biases")
+
+
+def layers_past_the_last(cfg, names: set[str], what: str) -> set[str]:
+    """An adapter's `skipped`: the tensors of layers past the last decoder layer (a checkpoint's
+    multi-token-prediction modules, `what`), left out and said in one line."""
+    L = cfg.base_num_decoder_layers
+    extra = {n for n in names if (m := re.match(r"model\.layers\.(\d+)\.", n)) and int(m.group(1)) >= L}
+    if extra:
+        print(f"maxlite: {len(extra)} tensors of {what} (model.layers.{L}+) are not imported: maxlite's model "
+              "predicts the next token only", file=sys.stderr)
+    return extra

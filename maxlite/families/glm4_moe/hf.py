@@ -15,8 +15,6 @@ either: the import leaves its tensors out in one line, and an export writes none
 
 from __future__ import annotations
 
-import re
-import sys
 
 from maxlite.bridge import hf_llama, hf_moe
 from maxlite.bridge.hf_convert import TensorMap, config_tail
@@ -47,12 +45,7 @@ def import_maps(cfg, names: set[str]) -> list[TensorMap]:
 
 def skipped(cfg, names: set[str]) -> set[str]:
     """The multi-token-prediction layer(s) past the last decoder layer: left out, said in one line."""
-    L = cfg.base_num_decoder_layers
-    extra = {n for n in names if (m := re.match(r"model\.layers\.(\d+)\.", n)) and int(m.group(1)) >= L}
-    if extra:
-        print(f"maxlite: {len(extra)} tensors of GLM's multi-token-prediction layer (model.layers.{L}+) are not "
-              f"imported: maxlite's GLM predicts the next token only", file=sys.stderr)
-    return extra
+    return hf_llama.layers_past_the_last(cfg, names, "GLM's multi-token-prediction layer")
 
 
 ignore = hf_llama.ignore

@@ -23,8 +23,6 @@ computes is refused in one line. The published checkpoints carry multi-token-pre
 from __future__ import annotations
 
 import dataclasses
-import re
-import sys
 
 from maxlite.bridge import hf_llama, hf_moe
 from maxlite.bridge.hf_convert import TensorMap, config_tail, linear, of_expert, same
@@ -68,12 +66,7 @@ def import_maps(cfg, names: set[str]) -> list[TensorMap]:
 
 def skipped(cfg, names: set[str]) -> set[str]:
     """The multi-token-prediction modules past the last decoder layer: left out, said in one line."""
-    L = cfg.base_num_decoder_layers
-    extra = {n for n in names if (m := re.match(r"model\.layers\.(\d+)\.", n)) and int(m.group(1)) >= L}
-    if extra:
-        print(f"maxlite: {len(extra)} tensors of MiniMax-M2's multi-token-prediction modules (model.layers.{L}+) "
-              f"are not imported: maxlite's MiniMax-M2 predicts the next token only", file=sys.stderr)
-    return extra
+    return hf_llama.layers_past_the_last(cfg, names, "MiniMax-M2's multi-token-prediction modules")
 
 
 ignore = hf_llama.ignore
