@@ -114,10 +114,10 @@ def attention_maps(cfg, interleaved: bool, prefix: str = "model.layers.{i}.self_
         linear(a + "o_proj.weight", ("attn", "o"), (N, V), (D,))]
 
 
-def tensor_maps(cfg, interleaved: bool = True) -> list[TensorMap]:
-    check_supported(cfg)
-    D, V, E, F, Fm = cfg.base_emb_dim, cfg.vocab_size, cfg.num_experts, cfg.base_mlp_dim, cfg.base_moe_mlp_dim
-    Fs = cfg.shared_experts * Fm
+def skeleton_maps(cfg, interleaved: bool) -> tuple[list[TensorMap], list[TensorMap]]:
+    """(embedding, final norm, head, the layer norms and latent attention; the dense MLP): the names
+    DeepSeek's checkpoints and Mistral 4's share; each adds its own experts."""
+    D, V, F = cfg.base_emb_dim, cfg.vocab_size, cfg.base_mlp_dim
     layer = "model.layers.{i}."
     m = layer + "mlp."
     maps = [same("model.embed_tokens.weight", ("embedding",), (V, D), layer=False),
@@ -130,6 +130,15 @@ def tensor_maps(cfg, interleaved: bool = True) -> list[TensorMap]:
     dense = [linear(m + "gate_proj.weight", ("mlp", "gate"), (D,), (F,)),
              linear(m + "up_proj.weight", ("mlp", "up"), (D,), (F,)),
              linear(m + "down_proj.weight", ("mlp", "down"), (F,), (D,))]
+    return maps, dense
+
+
+def tensor_maps(cfg, interleaved: bool = True) -> list[TensorMap]:
+    check_supported(cfg)
+    D, E, Fm = cfg.base_emb_dim, cfg.num_experts, cfg.base_moe_mlp_dim
+    Fs = cfg.shared_experts * Fm
+    m = "model.layers.{i}.mlp."
+    maps, dense = skeleton_maps(cfg, interleaved)
     moe = [linear(m + "gate.weight", ("mlp", "router"), (D,), (E,)),
            linear(m + "shared_experts.gate_proj.weight", ("mlp", "shared", "gate"), (D,), (Fs,)),
            linear(m + "shared_experts.up_proj.weight", ("mlp", "shared", "up"), (D,), (Fs,)),

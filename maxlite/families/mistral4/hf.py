@@ -27,8 +27,8 @@ import dataclasses
 import numpy as np
 
 from maxlite.bridge import hf_llama, hf_moe
-from maxlite.bridge.hf_convert import TensorMap, linear, same
-from maxlite.families.deepseek.hf import attention_maps
+from maxlite.bridge.hf_convert import TensorMap
+from maxlite.families.deepseek.hf import skeleton_maps
 from maxlite.families.mistral4 import FAMILY
 
 
@@ -66,18 +66,8 @@ def _fused_experts(cfg, m: str) -> list[TensorMap]:
 
 def tensor_maps(cfg) -> list[TensorMap]:
     check_supported(cfg)
-    D, V, F = cfg.base_emb_dim, cfg.vocab_size, cfg.base_mlp_dim
-    layer, m = "model.layers.{i}.", "model.layers.{i}.mlp."
-    maps = [same("model.embed_tokens.weight", ("embedding",), (V, D), layer=False),
-            same("model.norm.weight", ("final_norm", "scale"), (D,), layer=False)]
-    if not cfg.logits_via_embedding:
-        maps.append(linear("lm_head.weight", ("unembedding",), (D,), (V,), layer=False))
-    maps += [same(layer + "input_layernorm.weight", ("attn_norm", "scale"), (D,)),
-             same(layer + "post_attention_layernorm.weight", ("mlp_norm", "scale"), (D,)),
-             *attention_maps(cfg, interleaved=True)]
-    dense = [linear(m + "gate_proj.weight", ("mlp", "gate"), (D,), (F,)),
-             linear(m + "up_proj.weight", ("mlp", "up"), (D,), (F,)),
-             linear(m + "down_proj.weight", ("mlp", "down"), (F,), (D,))]
+    m = "model.layers.{i}.mlp."
+    maps, dense = skeleton_maps(cfg, interleaved=True)
     routed_and_shared = [t for t in hf_moe.deepseek_moe_maps(cfg, m) if t.expert is None]  # router, shared experts
     return (maps + [dataclasses.replace(t, mlp="dense") for t in dense] + routed_and_shared
             + _fused_experts(cfg, m))
