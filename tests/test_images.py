@@ -104,6 +104,32 @@ def test_load_image_from_every_kind_of_reference(tmp_path, monkeypatch):
         np.testing.assert_array_equal(np.asarray(loaded), pixels, err_msg=name)
 
 
+def test_load_image_from_a_url():
+    """Served from this machine's loopback: the tests never reach the network."""
+    import http.server
+    import threading
+    data = _png(_random_image(9, 7, seed=7))
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/x.png"
+        loaded = images.load_image(url, base_dir="/nonexistent", where="r")
+    finally:
+        server.shutdown()
+    np.testing.assert_array_equal(np.asarray(loaded), np.asarray(Image.open(io.BytesIO(data))))
+
+
 def test_load_image_converts_to_rgb_as_the_hf_processors_do():
     from transformers.image_transforms import convert_to_rgb
     rgb = _random_image(17, 11, seed=4)
@@ -144,6 +170,9 @@ def test_load_image_applies_exif_orientation():
     ("data:image/png;base64,@@not base64@@", "image data URI is not valid base64"),
     ("data:image/png,rawbytes", "image data URI is not of the form data:image/...;base64,<data>"),
     (12, "image is a int, not a path"),
+    ({"bytes": None, "path": None}, "image {'bytes', 'path'} holds neither bytes nor a path"),
+    ({"bytes": b"GIF89a-cut", "path": "a/b.gif"}, "image 'a/b.gif' (of 10 bytes) is not a readable image"),
+    ("http://127.0.0.1:9/x.png", "image 'http://127.0.0.1:9/x.png' could not be fetched ("),  # nothing listens
 ])
 def test_bad_image_is_one_line_naming_the_record(tmp_path, ref, message):
     with pytest.raises(ValueError) as err:

@@ -69,9 +69,11 @@ def _bytes_of(ref: Any, base_dir: str | pathlib.Path, where: str) -> tuple[bytes
         return bytes(ref), f"of {len(ref)} bytes"
     if isinstance(ref, dict) and ("bytes" in ref or "path" in ref):
         if ref.get("bytes") is not None:  # HF datasets keep the path beside the bytes only as a name
-            return _bytes_of(ref["bytes"], base_dir, where)
-        if isinstance(ref.get("path"), str):
+            data, name = _bytes_of(ref["bytes"], base_dir, where)
+            return data, (f"{ref['path']!r} ({name})" if ref.get("path") else name)
+        if ref.get("path"):
             return _bytes_of(ref["path"], base_dir, where)
+        raise ValueError(f"{where}: image {{'bytes', 'path'}} holds neither bytes nor a path")
     if isinstance(ref, str):
         if ref.startswith("data:"):
             return _data_uri_bytes(ref, where), "data URI"
