@@ -55,7 +55,8 @@ def _pixels(*sizes) -> np.ndarray:
     """RGB noise images of odd sizes (w, h), resized and normalized by Gemma 3's image processor."""
     rng = np.random.default_rng(0)
     images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for w, h in sizes]
-    processor = transformers.Gemma3ImageProcessorPil(size={"height": VISION["image_size"], "width": VISION["image_size"]})
+    side = VISION["image_size"]
+    processor = transformers.Gemma3ImageProcessorPil(size={"height": side, "width": side})
     return processor(images=images, return_tensors="np")["pixel_values"]
 
 
@@ -143,3 +144,32 @@ def test_flops_per_image_counts_the_traced_matmuls(hf):
     graph, state = nnx.split(tower)
     jaxpr = jax.make_jaxpr(lambda s, x: nnx.merge(graph, s)(x))(state, pixels)
     assert _matmul_flops(jaxpr.jaxpr) == flops_per_image(tower.spec)
+
+
+def test_sharded_params_give_the_same_tokens(hf):
+    """The params split by their logical axes (mesh.RULES) over fsdp × tensor: the same soft tokens."""
+    from jax.sharding import Mesh
+
+    from maxlite.config import MESH_AXES
+    from maxlite.state import param_shardings
+    tower = _tower(hf)
+    pixels = jnp.asarray(_pixels((45, 70), (70, 45)))
+    graph, params = nnx.split(tower)
+    shape = {"fsdp": 2, "tensor": 4}
+    mesh = Mesh(np.asarray(jax.devices()).reshape([shape.get(a, 1) for a in MESH_AXES]), MESH_AXES)
+    sharded = jax.device_put(params, param_shardings(params, mesh))
+    assert sharded["layers"]["q"].sharding.spec == jax.sharding.PartitionSpec(None, ("fsdp", "context"), "tensor", None)
+    got = jax.jit(lambda p, x: nnx.merge(graph, p)(x))(sharded, pixels)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(tower(pixels)), rtol=1e-5, atol=1e-6)
+
+
+def test_bfloat16_compute_stays_near_float32(hf):
+    pixels = jnp.asarray(_pixels((45, 70)))
+    want = np.asarray(_tower(hf)(pixels))
+    spec = SiglipSpec.from_hf(hf.config)
+    with nnx.use_eager_sharding(False):
+        tower = SiglipTower(spec, rngs=nnx.Rngs(0), dtype=jnp.bfloat16)
+    nnx.update(tower, siglip_hf.from_hf(_state(hf), spec))
+    got = tower(pixels)
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=0, atol=0.02 * np.abs(want).max())
