@@ -124,6 +124,25 @@ def test_tokens_and_deepstack_equal_transformers(hf):
         np.testing.assert_allclose(deepstack[:, 0, :M], want_deepstack, rtol=1e-5, atol=1e-6)
 
 
+def test_video_frames_equal_transformers(hf):
+    """A two-frame grid (a video: HF attends within each frame) from seeded pixel rows, then an image."""
+    _, model = hf
+    spec, _, run = loaded_tower(model)
+    video = (2, 4, 6)
+    rows = np.random.default_rng(1).standard_normal((math.prod(video), spec.patch_dim)).astype(np.float32)
+    image_rows, image = pixels("B")
+    want_tokens, want_deepstack = hf_outputs(model, rows, video)
+    max_patches = len(rows) + len(image_rows) + 4
+    layout = stack_layouts([patch_layout([video, image], spec, max_patches)])
+    tokens, deepstack = run(padded([rows, image_rows], max_patches)[None], layout)
+    M = len(want_tokens)
+    np.testing.assert_allclose(tokens[0, :M], want_tokens, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(tokens[0, M:M + len(image_rows) // 4], hf_outputs(model, image_rows, image)[0],
+                               rtol=1e-5, atol=1e-6)
+    if deepstack.shape[0]:
+        np.testing.assert_allclose(deepstack[:, 0, :M], want_deepstack, rtol=1e-5, atol=1e-6)
+
+
 def test_images_in_one_row_and_a_padded_batch_equal_each_alone(hf):
     _, model = hf
     spec, _, run = loaded_tower(model)
@@ -152,10 +171,10 @@ def test_hf_weights_round_trip_exactly_and_all_are_consumed(hf):
     vision = {k: v for k, v in state.items() if k.startswith(prefix)}
     ours = qwen_vit_hf.from_hf(state, spec, prefix)
     with jax.set_mesh(mesh()), nnx.logical_axis_rules(RULES):
-        abstract = nnx.state(nnx.eval_shape(lambda: QwenVisionTower(spec, rngs=nnx.Rngs(0))))
-    shapes = jax.tree.map(lambda v: v.shape, nnx.to_pure_dict(abstract))
-    assert jax.tree.map(np.shape, ours) == shapes  # the same tree: nnx.update loads it
-    back = qwen_vit_hf.to_hf(ours, spec, prefix)
+        tower = QwenVisionTower(spec, rngs=nnx.Rngs(0))
+    assert jax.tree.map(np.shape, ours) == jax.tree.map(np.shape, nnx.to_pure_dict(nnx.state(tower)))
+    nnx.update(tower, ours)
+    back = qwen_vit_hf.to_hf(nnx.state(tower), spec, prefix)
     assert back.keys() == vision.keys()
     for name, value in vision.items():
         assert back[name].dtype == value.dtype and np.array_equal(back[name], value), name

@@ -252,7 +252,8 @@ class PatchMerger(nnx.Module):
 
 class QwenVisionTower(nnx.Module):
     """pixels [B, N, C] (HF's pixel_values rows, several images per row, padded) and their layout
-    (patch_layout, stacked) → (tokens [B, M, O], DeepStack features [K, B, M, O])."""
+    (patch_layout, stacked) → (tokens [B, M, O], DeepStack features [K, B, M, O]). An image whose
+    patches start at row n has its t·h·w / merge² tokens from n / merge² on; padding's are noise."""
 
     def __init__(self, spec: QwenVisionSpec, *, rngs: nnx.Rngs, dtype=jnp.float32, weight_dtype=jnp.float32):
         D = spec.hidden_size

@@ -21,12 +21,8 @@ PREFIXES = {"Qwen3VLForConditionalGeneration": "model.visual.", "Qwen3VLModel": 
             "Qwen3_5ForConditionalGeneration": "model.visual.", "Qwen3_5Model": "visual."}
 
 
-def _linear(w_OI: np.ndarray, spec) -> np.ndarray:
-    return w_OI.T
-
-
-def _linear_back(w_IO: np.ndarray, spec) -> np.ndarray:
-    return w_IO.T
+def _transpose(w: np.ndarray, spec) -> np.ndarray:  # HF's [out, in] ↔ our [in, out]
+    return w.T
 
 
 def _qkv(w: np.ndarray, spec) -> np.ndarray:  # [3D, D] → [D, 3, A, H]
@@ -66,7 +62,7 @@ def _same(x: np.ndarray, spec) -> np.ndarray:
     return x
 
 
-LINEAR, QKV, HEADS, OUT, PATCH, SAME = ((_linear, _linear_back), (_qkv, _qkv_back), (_heads, _heads_back),
+LINEAR, QKV, HEADS, OUT, PATCH, SAME = ((_transpose, _transpose), (_qkv, _qkv_back), (_heads, _heads_back),
                                         (_out, _out_back), (_patch, _patch_back), (_same, _same))
 
 
