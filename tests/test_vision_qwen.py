@@ -220,3 +220,19 @@ def test_patch_layout_refuses_what_does_not_fit():
         patch_layout([(1, 6, 8), (1, 6, 8)], spec, 64)
     with pytest.raises(ValueError, match="multiple of spatial_merge_size"):
         patch_layout([(1, 6, 8)], spec, 50)
+
+
+def test_bfloat16_compute_stays_near_float32_and_padding_keeps_gradients_finite():
+    """Padding rows attend only padding: no row of scores is all masked, so no NaN reaches a gradient."""
+    spec = QwenVisionSpec(**VISION, in_channels=3, deepstack_visual_indexes=(0,))
+    layout = {k: jnp.asarray(v) for k, v in stack_layouts([patch_layout([(1, 6, 8)], spec, 64)]).items()}
+    pixels_BNC = jax.random.normal(jax.random.key(0), (1, 64, spec.patch_dim))
+    with jax.set_mesh(mesh()), nnx.logical_axis_rules(RULES):
+        towers = [QwenVisionTower(spec, rngs=nnx.Rngs(0), dtype=dt) for dt in (jnp.float32, jnp.bfloat16)]
+        (tokens32, _), (tokens16, deep16) = (nnx.jit(lambda t: t(pixels_BNC, layout))(t) for t in towers)
+        graph, state = nnx.split(towers[1])
+        loss = lambda s: nnx.merge(graph, s)(pixels_BNC, layout)[0].astype(jnp.float32).sum()  # noqa: E731
+        grads = jax.jit(jax.grad(loss))(state)
+    assert tokens16.dtype == deep16.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(tokens16, np.float32), tokens32, atol=0.02 * float(jnp.abs(tokens32).max()))
+    assert all(bool(jnp.isfinite(g).all()) for g in jax.tree.leaves(grads))
