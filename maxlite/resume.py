@@ -220,16 +220,14 @@ def _restore_full(root: str, step: int, built, data_iterator=None, process_index
 
 
 def _params_only(root: str, step: int, built):
-    from maxlite.state import fresh_adapters, join, split_trainable
+    from maxlite.state import fresh_adapters, join, split_adapters
 
     cfg, mesh, abstract, shardings = built.cfg, built.mesh, built.abstract, built.shardings
-    base, base_shardings = split_trainable(abstract.params)[1], split_trainable(shardings.params)[1]
-    if base is None:  # no LoRA: every parameter comes from the checkpoint
-        base, base_shardings = abstract.params, shardings.params
+    (adapters, base), base_shardings = split_adapters(abstract.params), split_adapters(shardings.params)[1]
     params = ck.restore_items(root, step, {"params": ck.sharded_target(base, base_shardings)},
                               model=C.to_plain_dict(cfg))["params"]
-    if base is not abstract.params:  # LoRA on a base model: fresh adapters (B = 0: step 0 is the base)
-        params = join(fresh_adapters(cfg, mesh, split_trainable(shardings.params)[0]), params)
+    if adapters is not None:  # LoRA on a base model: fresh adapters (B = 0: step 0 is the base)
+        params = join(fresh_adapters(cfg, mesh, split_adapters(shardings.params)[0]), params)
     return _fresh_optimizer(params, 0, built)
 
 

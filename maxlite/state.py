@@ -31,12 +31,27 @@ def abstract_params(cfg) -> tuple[nnx.GraphDef, nnx.State]:
     return graphdef, params
 
 
+def frozen(path, variable) -> bool:
+    """An NNX filter: a parameter tagged to stay as it is (`frozen` metadata: a vision tower under
+    vision_train=frozen, maxlite/models/vision/towers.py)."""
+    return bool(variable.get_metadata().get("frozen", False))
+
+
 def split_trainable(params) -> tuple[Any, Any]:
-    """(what the optimizer updates, what stays frozen or None): every parameter, or with LoRA
-    (maxlite/models/lora.py) the adapters against the frozen base weights."""
+    """(what the optimizer updates, what stays frozen or None): with LoRA (maxlite/models/lora.py)
+    the adapters against the frozen base weights; else every parameter but those tagged `frozen`."""
+    adapters, base = split_adapters(params)
+    if adapters is not None:
+        return adapters, base
+    still, rest = nnx.split_state(params, frozen, ...)
+    return (rest, still) if jax.tree.leaves(still) else (params, None)
+
+
+def split_adapters(params) -> tuple[Any, Any]:
+    """(the LoRA adapters, the base weights), or (None, params) for a model without adapters."""
     from maxlite.models.lora import LoRAParam
     adapters, base = nnx.split_state(params, LoRAParam, ...)
-    return (adapters, base) if jax.tree.leaves(adapters) else (params, None)
+    return (adapters, base) if jax.tree.leaves(adapters) else (None, params)
 
 
 def join(trainable, frozen):
@@ -48,7 +63,7 @@ def fresh_adapters(cfg, mesh: Mesh, shardings):
     weights' initialisation is dead code XLA drops."""
     def init(key):
         model = Transformer(cfg, rngs=nnx.Rngs(params=key))
-        return split_trainable(nnx.split(model, nnx.Param)[1])[0]
+        return split_adapters(nnx.split(model, nnx.Param)[1])[0]
     with jax.set_mesh(mesh), nnx.logical_axis_rules(RULES):
         return jax.jit(init, out_shardings=shardings)(jax.random.key(cfg.seed))
 

@@ -11,6 +11,7 @@ from flax import nnx
 
 from maxlite import optim
 from maxlite.models import context, loss as loss_lib, moe, mtp
+from maxlite.models.vision.towers import batch_images
 from maxlite.state import TrainState, join, split_trainable
 
 Batch = dict[str, jax.Array]  # inputs, targets, positions, segment_ids: int32 [B, T]; weights: f32
@@ -30,7 +31,8 @@ def loss_sums(params, graphdef, batch: Batch, z_loss_weight: float = 0.0, dropou
         batch = context.balance_batch(batch, shards)
     weights_BT = batch["weights"]
     weights = jnp.sum(weights_BT)
-    x_BTD, stats = model.forward(batch["inputs"], batch["positions"], batch["segment_ids"], dropout_key)
+    x_BTD, stats = model.forward(batch["inputs"], batch["positions"], batch["segment_ids"], dropout_key,
+                                 batch_images(model.cfg, batch))
     n = loss_lib.num_chunks(model.cfg, batch["inputs"].shape[1], shards)
     if n > 1:  # never holds [B, T, V] logits
         spec, head = model.head()
@@ -81,7 +83,8 @@ def token_logps_and_stats(params, graphdef, rows: Batch, dropout_key=None):
     None): what the alignment objectives compare, and what their auxiliary losses need. (It holds
     the [B, T, V] logits: the chunked head of `loss_sums` returns sums only.)"""
     model = nnx.merge(graphdef, params)
-    x_BTD, stats = model.forward(rows["inputs"], rows["positions"], rows["segment_ids"], dropout_key)
+    x_BTD, stats = model.forward(rows["inputs"], rows["positions"], rows["segment_ids"], dropout_key,
+                                 batch_images(model.cfg, rows))
     logits_BTV = model.logits(x_BTD)
     log_z_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
     target_logit_BT = jnp.take_along_axis(logits_BTV, rows["targets"][..., None], axis=-1)[..., 0]

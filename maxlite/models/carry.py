@@ -42,8 +42,10 @@ def start(cfg, x_BTD) -> Carry:
     return Carry(x_BTD, {s.name: s.load("start")(cfg, x_BTD) for s in sides(cfg) if s.start})
 
 
-def layer_inputs(model, inputs_BT, x_BTD) -> dict:
-    """Every layer's inputs, side name → [L, ...] (layer i's at [i]), from the token ids and their
-    embeddings; {} for a model without such sides."""
-    return {s.name: s.load("inputs")(getattr(model, s.name), inputs_BT, x_BTD)
-            for s in sides(model.cfg) if s.inputs}
+def layer_inputs(model, inputs_BT, x_BTD, seen: dict | None = None) -> dict:
+    """Every layer's inputs, side name → [L, ...] (layer i's at [i]), from the token ids, their
+    embeddings and what the model saw in the prompt's images (`seen`: maxlite/models/vision/merge.py);
+    {} for a model without such sides. A side with nothing for these tokens (DeepStack without images)
+    has no entry."""
+    out = {s.name: s.load("inputs")(model, inputs_BT, x_BTD, seen or {}) for s in sides(model.cfg) if s.inputs}
+    return {name: value for name, value in out.items() if value is not None}

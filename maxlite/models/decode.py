@@ -73,15 +73,18 @@ def prefill_config(cfg, length: int, shards: int = 1):
 
 
 def _block(layer, key, x_BTD, positions_BT, lengths_B, stack, j, shared, prefill_cfg=None, context=None,
-           inputs=None):
+           inputs=None, rope_BT=None):
     """One layer over T new tokens: its mixer through its own cache, layer j of its stack (`key` its
     (mixer, variant); a cache module with CONTEXT also reads and writes `context`, what earlier
     layers of this forward left: key/value sharing), then the feed-forward and the sides' steps
     (`inputs`: this layer's, side name → array, as training's carry holds them). A cache module
     with `step_in_stack` updates the stack where it lies (the decode loop's carried buffer: no copy
-    of it per step); the others step on layer j's slice, set back. Returns (x_BTD, the stack)."""
+    of it per step); the others step on layer j's slice, set back. `rope_BT`: multimodal RoPE's
+    positions (grouped-query attention's cache reads them). Returns (x_BTD, the stack)."""
     cache = MIXERS[key[0]].cache()
     extra = {"context": context} if getattr(cache, "CONTEXT", False) else {}
+    if rope_BT is not None:
+        extra["rope_BT"] = rope_BT
     args = (layer.attn, layer.mixer_input(x_BTD), positions_BT, lengths_B)
     if hasattr(cache, "step_in_stack"):
         mixed_BTD, stack = cache.step_in_stack(*args, stack, j, shared, key[1], prefill_cfg, **extra)
@@ -93,19 +96,23 @@ def _block(layer, key, x_BTD, positions_BT, lengths_B, stack, j, shared, prefill
     return layer.finish(x_BTD, Carry(x_BTD, inputs=inputs or {})), stack
 
 
-def forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache, prefill_cfg=None) -> tuple[jax.Array, Cache]:
+def forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache, prefill_cfg=None, images=None,
+            rope_BT=None) -> tuple[jax.Array, Cache]:
     """(final-normed hidden states x_BTD, the cache with these T tokens written in); `lengths_B`
     is each row's count of real tokens once these are in (tokens at positions ≥ it are padding).
     With `prefill_cfg` (`prefill_config`) the cache is empty and the tokens attend to each other
-    through the training attention."""
+    through the training attention. A multimodal prompt: `images` (the batch's image arrays,
+    maxlite/models/vision/towers.py) and multimodal RoPE's positions `rope_BT` [B, T, 3] (the
+    slots stay `positions_BT`)."""
     with matmul.quantization(model.cfg.quantization):  # as training runs the layers
-        return _forward(model, tokens_BT, positions_BT, lengths_B, cache, prefill_cfg)
+        return _forward(model, tokens_BT, positions_BT, lengths_B, cache, prefill_cfg, images, rope_BT)
 
 
-def _forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache, prefill_cfg) -> tuple[jax.Array, Cache]:
+def _forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache, prefill_cfg, images=None,
+             rope_BT=None) -> tuple[jax.Array, Cache]:
     cfg = model.cfg
-    x_BTD = model.embed(tokens_BT, positions_BT)
-    inputs_L = layer_inputs(model, tokens_BT, x_BTD)  # side name → [L, ...] (per-layer embeddings)
+    x_BTD, seen = model.embed_prompt(tokens_BT, positions_BT, images)
+    inputs_L = layer_inputs(model, tokens_BT, x_BTD, seen)  # side name → [L, ...] (per-layer embeddings, DeepStack)
     groups, stacks = cache_groups(cfg), layer_stacks(cfg)
     if cfg.scan_layers and len(groups) == 1 and len(stacks) == 1 and len(stacks[0].unit) == 1:
         # every layer alike and in one stack: scan them as training does, the cache stack carried
@@ -113,7 +120,7 @@ def _forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache, prefill_cf
 
         def body(carry, layer, inputs):
             x, stack, j = carry
-            x, stack = _block(layer, key, x, positions_BT, lengths_B, stack, j, shared, prefill_cfg, {}, inputs)
+            x, stack = _block(layer, key, x, positions_BT, lengths_B, stack, j, shared, prefill_cfg, {}, inputs, rope_BT)
             return x, stack, j + 1
         scan = nnx.scan(body, in_axes=(nnx.Carry, 0, 0 if inputs_L else None), out_axes=nnx.Carry,
                         transform_metadata={nnx.PARTITION_NAME: "layers"})
@@ -126,7 +133,7 @@ def _forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache, prefill_cf
             key = (kind.mixer, kind.variant)
             x_BTD, new[key] = _block(layer, key, x_BTD, positions_BT, lengths_B, new[key], count[key],
                                      cache.stacks[key][1], prefill_cfg, context,
-                                     jax.tree.map(lambda a, i=i: a[i], inputs_L))
+                                     jax.tree.map(lambda a, i=i: a[i], inputs_L), rope_BT)
             count[key] += 1
     stacks = {key: (new[key], MIXERS[key[0]].cache().advance(shared, positions_BT, lengths_B))
               for key, (_, shared) in cache.stacks.items()}
@@ -152,16 +159,30 @@ def sample(logits_BV, key, temperature: float, top_k: int, top_p: float):
     return jax.random.categorical(key, logits_BV, axis=-1).astype(jnp.int32)
 
 
-def generate_tokens(graphdef, params, prompt_BP, lengths_B, key, *, max_new_tokens: int,
-                    temperature: float, top_k: int, top_p: float, eos_id: int):
-    """(new tokens [B, max_new_tokens] — `eos_id` after a row's end —, number of decode steps run).
+def rope_after_prompt(rope_BP3, lengths_B):
+    """Multimodal RoPE past the prompt: a new token at slot s turns by s + delta_B on every axis, where
+    delta_B = (the prompt's largest position + 1) − its length (an image's tokens take fewer
+    positions than slots), as transformers' `rope_deltas`."""
+    real_BP = jnp.arange(rope_BP3.shape[1])[None] < lengths_B[:, None]
+    top_B = jnp.max(jnp.where(real_BP[..., None], rope_BP3, -1), axis=(1, 2))
+    return top_B + 1 - lengths_B
 
-    Jit it with everything after `key` static; the loop stops when every row has ended."""
+
+def generate_tokens(graphdef, params, prompt_BP, lengths_B, key, vision: dict | None = None, *,
+                    max_new_tokens: int, temperature: float, top_k: int, top_p: float, eos_id: int):
+    """(new tokens [B, max_new_tokens] — `eos_id` after a row's end —, number of decode steps run).
+    `vision`: a multimodal prompt's {"images": the image arrays, "rope": [B, P, 3] positions}; the
+    images are encoded once, in the prefill.
+
+    Jit it with everything after `vision` static; the loop stops when every row has ended."""
     model = nnx.merge(graphdef, params)
     B, P = prompt_BP.shape
     cache = empty_cache(model.cfg, B, P + max_new_tokens)
+    vision = vision or {}
+    rope_BP = vision.get("rope")
+    delta_B = None if rope_BP is None else rope_after_prompt(rope_BP, lengths_B)
     x_BPD, cache = forward(model, prompt_BP, jnp.broadcast_to(jnp.arange(P), (B, P)), lengths_B, cache,
-                           prefill_config(model.cfg, P, context.shards()))
+                           prefill_config(model.cfg, P, context.shards()), vision.get("images"), rope_BP)
     x_B1D = jnp.take_along_axis(x_BPD, (lengths_B - 1)[:, None, None], axis=1)
     key, sub = jax.random.split(key)
     token_B = sample(model.logits(x_B1D)[:, 0], sub, temperature, top_k, top_p)
@@ -176,7 +197,8 @@ def generate_tokens(graphdef, params, prompt_BP, lengths_B, key, *, max_new_toke
     def step(s):
         i, token_B, pos_B, done_B, cache, out_BN, key, params = s
         model = nnx.merge(graphdef, params)
-        x_B1D, cache = forward(model, token_B[:, None], pos_B[:, None], pos_B + 1, cache)
+        rope = None if delta_B is None else jnp.broadcast_to((pos_B + delta_B)[:, None, None], (B, 1, 3))
+        x_B1D, cache = forward(model, token_B[:, None], pos_B[:, None], pos_B + 1, cache, rope_BT=rope)
         key, sub = jax.random.split(key)
         nxt_B = sample(model.logits(x_B1D)[:, 0], sub, temperature, top_k, top_p)
         nxt_B = jnp.where(done_B, eos_id, nxt_B)

@@ -129,9 +129,10 @@ def shared_kv_start(cfg, x_BTD) -> dict:
     return out
 
 
-def per_layer_inputs(part: "PerLayerInputs", inputs_BT, x_BTD):
-    """The "per_layer" side's inputs: each layer's per-layer embeddings [L, B, T, P]."""
-    return jnp.moveaxis(part(inputs_BT, x_BTD), 2, 0)
+def per_layer_inputs(model, inputs_BT, x_BTD, seen: dict):
+    """The "per_layer" side's inputs: each layer's per-layer embeddings [L, B, T, P] (the model's
+    PerLayerInputs part, `per_layer`)."""
+    return jnp.moveaxis(model.per_layer(inputs_BT, x_BTD), 2, 0)
 
 
 def per_layer_finish(part: "PerLayerBranch", x_BTD, carry):

@@ -77,12 +77,14 @@ def _attend(q_BTNH, k_BSKH, v_BSKH, kpos_BS, qpos_BT, w: int, scale: float, sink
     return jnp.einsum("bkgts,bskh->btkgh", probs_BKGTS, v_BSKH).reshape(B, T, N, H)
 
 
-def step(attn, x_BTD, positions_BT, lengths_B, kv: KV, pos_BS, variant: str, prefill_cfg=None):
+def step(attn, x_BTD, positions_BT, lengths_B, kv: KV, pos_BS, variant: str, prefill_cfg=None, rope_BT=None):
     """One layer's attention over T new tokens (`kv` this layer's [B, S, K, H]): to (cache, new
     keys) — in the prefill, to the new keys alone (the cache is empty) through the training
-    attention —, then the new keys written. Returns (the attention's output x_BTD, the new KV)."""
+    attention —, then the new keys written. Returns (the attention's output x_BTD, the new KV).
+    `rope_BT`: the positions RoPE turns by where they are not the slots' (multimodal RoPE's
+    [B, T, 3]; decode.forward)."""
     w = window(attn.cfg, variant)
-    q_BTNH, k_new, v_new = attn.qkv(x_BTD, positions_BT, local=bool(w))
+    q_BTNH, k_new, v_new = attn.qkv(x_BTD, positions_BT if rope_BT is None else rope_BT, local=bool(w))
     scale = attn.query_scale or 1.0 / math.sqrt(q_BTNH.shape[-1])
     if prefill_cfg is not None:
         # right-padded rows: padding sits after every real token, so no real query sees it
@@ -106,7 +108,8 @@ def _write_at(stack_LBS, j, new_BT, slots_BT):
     return stack_LBS.at[j, rows_B1, slots_BT].set(new_BT.astype(stack_LBS.dtype), mode="drop")
 
 
-def step_in_stack(attn, x_BTD, positions_BT, lengths_B, kv: KV, j, pos_BS, variant: str, prefill_cfg=None):
+def step_in_stack(attn, x_BTD, positions_BT, lengths_B, kv: KV, j, pos_BS, variant: str, prefill_cfg=None,
+                  rope_BT=None):
     """`step` on layer j of the variant's stack `kv` [L, B, S, K, H], updated where it lies: the new
     keys are written first, then the queries read the filled slots block by block
     (maxlite/models/cache_read.py), so a step copies no slot of the cache. Returns (x_BTD, the stack)."""
@@ -114,9 +117,10 @@ def step_in_stack(attn, x_BTD, positions_BT, lengths_B, kv: KV, j, pos_BS, varia
     T, S = x_BTD.shape[1], pos_BS.shape[1]
     if prefill_cfg is None and w and T > 1:
         # a ring's multi-token step could overwrite keys its own earlier queries still see: read first
-        out_BTD, layer = step(attn, x_BTD, positions_BT, lengths_B, KV(*(a[j] for a in kv)), pos_BS, variant)
+        out_BTD, layer = step(attn, x_BTD, positions_BT, lengths_B, KV(*(a[j] for a in kv)), pos_BS, variant,
+                              rope_BT=rope_BT)
         return out_BTD, KV(*(constrain(a.at[j].set(n), CACHE_AXES) for a, n in zip(kv, layer)))
-    q_BTNH, k_new, v_new = attn.qkv(x_BTD, positions_BT, local=bool(w))
+    q_BTNH, k_new, v_new = attn.qkv(x_BTD, positions_BT if rope_BT is None else rope_BT, local=bool(w))
     slots_BT = _slots(positions_BT, lengths_B, S)
     kv = KV(*(constrain(_write_at(c, j, n, slots_BT), CACHE_AXES) for c, n in zip(kv, (k_new, v_new))))
     if prefill_cfg is not None:

@@ -156,11 +156,37 @@ def yarn_mscale(factor: float, scale: float = 1.0) -> float:
     return 1.0 if factor <= 1 else 0.1 * scale * math.log(factor) + 1.0
 
 
+def mrope_axes(sections: tuple[int, ...], half: int) -> np.ndarray:
+    """Which of a token's (time, height, width) positions turns each of the `half` rotary
+    frequencies under multimodal RoPE with `sections` frequencies per axis, interleaved as Qwen3-VL
+    does: frequency j takes height when j % 3 == 1 and j < 3·sections[1], width when j % 3 == 2
+    and j < 3·sections[2], else time. [half] int32 (0, 1, 2)."""
+    if sum(sections) != half or len(sections) != 3:
+        raise ValueError(f"mrope_sections={list(sections)} must be 3 numbers summing to {half} (the rotated dims / 2)")
+    j = np.arange(half)
+    axes = np.zeros(half, np.int32)
+    axes[(j % 3 == 1) & (j < 3 * sections[1])] = 1
+    axes[(j % 3 == 2) & (j < 3 * sections[2])] = 2
+    return axes
+
+
+def rope_positions(cfg, positions: jax.Array, half: int) -> jax.Array:
+    """The positions RoPE turns each frequency by: [B, T] as they are, or a multimodal model's
+    [B, T, 3] (time, height, width; text tokens have all three equal) → [B, T, half]."""
+    if positions.ndim == 2:
+        return positions
+    return jnp.take(positions, jnp.asarray(mrope_axes(tuple(cfg.mrope_sections), half)), axis=-1)
+
+
 def apply_rope(x_BTNH: jax.Array, positions_BT: jax.Array, inv_freq: jax.Array, scale=1.0) -> jax.Array:
     """Rotary embedding in the split-halves layout (the same layout as Hugging Face Llama) on the
     first 2·len(inv_freq) dimensions of each head (partial rotary: the rest pass unchanged), the
-    rotated part multiplied by `scale` (YaRN's attention factor)."""
-    angles_BTh = positions_BT[..., None].astype(jnp.float32) * inv_freq
+    rotated part multiplied by `scale` (YaRN's attention factor). `positions_BT` may also be
+    per frequency, [B, T, len(inv_freq)] (rope_positions: multimodal RoPE)."""
+    if positions_BT.ndim == 3:
+        angles_BTh = positions_BT.astype(jnp.float32) * inv_freq
+    else:
+        angles_BTh = positions_BT[..., None].astype(jnp.float32) * inv_freq
     sin, cos = jnp.sin(angles_BTh)[:, :, None, :], jnp.cos(angles_BTh)[:, :, None, :]
     if not (isinstance(scale, (int, float)) and scale == 1.0):
         sin, cos = sin * scale, cos * scale
@@ -263,6 +289,7 @@ class Attention(nnx.Module):
                             jnp.asarray(rope_frequencies(self.cfg), jnp.float32))
             factors = rope_attention_factor(self.cfg, local=True), rope_attention_factor(self.cfg)
             scale = factors[0] if factors[0] == factors[1] else pick(local, *factors)
+            positions_BT = rope_positions(self.cfg, positions_BT, inv_freq.shape[-1])
             q_BTNH = apply_rope(q_BTNH, positions_BT, inv_freq, scale)
             k_BSKH = apply_rope(k_BSKH, positions_BT, inv_freq, scale)
         return q_BTNH, k_BSKH, v_BSKH

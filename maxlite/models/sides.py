@@ -28,9 +28,11 @@ class Side:
     wanted: Callable            # (cfg) → whether the model has it
     layer: str = ""             # "module:function(cfg, rngs)": the part each block stores as `name`
     finish: str = ""            # "module:function(part, x_BTD, carry) → x_BTD": after the feed-forward
+                                # (part: the block's `name` attribute, None without a layer part)
     model: str = ""             # "module:Class(cfg, rngs=)": the part the model stores as `name`
-    inputs: str = ""            # "module:function(part, inputs_BT, x_BTD) → [L, ...]": each layer's input
-                                # (the carry's `inputs[name]`, scanned with the layers)
+    inputs: str = ""            # "module:function(model, inputs_BT, x_BTD, seen) → [L, ...] | None": each
+                                # layer's input (the carry's `inputs[name]`, scanned with the layers);
+                                # `seen`: what the vision encoder gave (models/vision/merge.py)
     start: str = ""             # "module:function(cfg, x_BTD) → state": what the carry's `state[name]`
                                 # holds before the first layer (the mixers that read it write it)
 
@@ -53,6 +55,8 @@ SIDES = (
          model="maxlite.models.gemma4:PerLayerInputs", inputs="maxlite.models.gemma4:per_layer_inputs"),
     Side("layer_scalar", "each layer's stored output scale (layer_scalar)", lambda cfg: family(cfg).layer_scalar,
          layer="maxlite.models.gemma4:layer_scalar", finish="maxlite.models.gemma4:scale_finish"),
+    Side("deepstack", "Qwen3-VL's DeepStack (vision_deepstack_layers)", lambda cfg: bool(cfg.vision_deepstack_layers),
+         finish="maxlite.models.vision.merge:deepstack_finish", inputs="maxlite.models.vision.merge:deepstack_inputs"),
 )
 
 

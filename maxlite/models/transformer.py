@@ -31,6 +31,8 @@ from maxlite.models.kinds import FEED_FORWARDS, MIXERS
 from maxlite.models.layers import BTD, constrain, make_norm, param
 from maxlite.models.layout import layer_kinds, layer_place, layer_stacks, layer_windows
 from maxlite.models.sides import sides
+from maxlite.models.vision import towers
+from maxlite.models.vision.merge import merge
 
 _cp = jax.checkpoint_policies
 _QKV = ("query_proj", "key_proj", "value_proj")
@@ -70,9 +72,10 @@ class Block(nnx.Module):
         self.mlp = ffn.make(cfg, rngs)
         if fam.post_norms:
             self.mlp_post_norm = make_norm(cfg, D, rngs)
-        self.layer_sides = tuple(side for side in sides(cfg) if side.layer)
-        for side in self.layer_sides:
-            setattr(self, side.name, side.load("layer")(cfg, rngs=rngs))
+        for side in sides(cfg):
+            if side.layer:
+                setattr(self, side.name, side.load("layer")(cfg, rngs=rngs))
+        self.finishing = tuple(side for side in sides(cfg) if side.finish)
         self.pre_norms, self.post_norms, self.routed = fam.pre_norms, fam.post_norms, ffn.routed
         self.mixer_carries = hasattr(self.attn, "carried")  # it reads or writes the carry's state
         self.ffn_pre_norm = fam.pre_norms and not ffn.raw_input
@@ -98,8 +101,8 @@ class Block(nnx.Module):
     def finish(self, x_BTD, carry: Carry):
         """After the feed-forward: the sides' steps (decoding calls it too), each with its part of this
         block and the carry (this layer's inputs)."""
-        for side in self.layer_sides:
-            x_BTD = side.load("finish")(getattr(self, side.name), x_BTD, carry)
+        for side in self.finishing:
+            x_BTD = side.load("finish")(getattr(self, side.name, None), x_BTD, carry)
         return x_BTD
 
     def __call__(self, carry: Carry, positions_BT, segment_ids_BT, dropout_key=None, local=False):
@@ -204,6 +207,8 @@ class Transformer(nnx.Module):
             self.mtp = nnx.List([MTPLayer(cfg, rngs=rngs) for _ in range(cfg.mtp_num_layers)])
         if not cfg.logits_via_embedding:
             self.unembedding = param(rngs, (D, V), ("embed", "vocab"), wd, scale=cfg.init_scale)
+        if cfg.vision_encoder:  # last: a text model's parameters draw the same random numbers either way
+            self.vision = towers.build(cfg, rngs)
 
     def _run_layers(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None, inputs_L=None):
         """(x_BTD, the MoE layers' routing statistics stacked in layer order [L_moe, ...] or None).
@@ -292,19 +297,29 @@ class Transformer(nnx.Module):
             x_BTD = x_BTD + jnp.take(self.positions[...], positions_BT, axis=0).astype(dt)
         return constrain(x_BTD, BTD)
 
-    def forward(self, inputs_BT, positions_BT, segment_ids_BT, dropout_key=None):
+    def embed_prompt(self, inputs_BT, positions_BT, images: dict | None = None):
+        """(the embedded tokens with each image's tokens in its placeholders' places, what the layers'
+        sides read from the images: maxlite/models/vision/merge.py). `images`: the batch's image
+        arrays (the encoder kind's), or None for text only. Positions are [B, T], or [B, T, 3]
+        (time, height, width) with multimodal RoPE (`mrope_sections`)."""
+        x_BTD = self.embed(inputs_BT, positions_BT if positions_BT.ndim == 2 else positions_BT[..., 0])
+        if images is None:
+            return x_BTD, {}
+        return merge(self, inputs_BT, x_BTD, images)
+
+    def forward(self, inputs_BT, positions_BT, segment_ids_BT, dropout_key=None, images: dict | None = None):
         """(the final-normed hidden states x_BTD, the MoE layers' routing statistics stacked
         [L_moe, ...] or None: maxlite.models.moe.aux_losses turns them into losses and metrics)."""
         with pipeline.feeding(self.cfg):  # with stages: the rows every stage holds, not split over `stage`
-            x_BTD = self.embed(inputs_BT, positions_BT)
+            x_BTD, seen = self.embed_prompt(inputs_BT, positions_BT, images)
         with matmul.quantization(self.cfg.quantization):  # the model's own mode, while its layers trace
             x_BTD, stats = self._run_layers(x_BTD, positions_BT, segment_ids_BT, dropout_key,
-                                            layer_inputs(self, inputs_BT, x_BTD))
+                                            layer_inputs(self, inputs_BT, x_BTD, seen))
         return self.final_norm(x_BTD), stats
 
-    def hidden(self, inputs_BT, positions_BT, segment_ids_BT, dropout_key=None):
+    def hidden(self, inputs_BT, positions_BT, segment_ids_BT, dropout_key=None, images: dict | None = None):
         """The final-normed hidden states x_BTD (what the output head multiplies)."""
-        return self.forward(inputs_BT, positions_BT, segment_ids_BT, dropout_key)[0]
+        return self.forward(inputs_BT, positions_BT, segment_ids_BT, dropout_key, images)[0]
 
     def head(self) -> tuple[str, jax.Array]:
         """The output head as stored, with its einsum operand spec: the embedding table [V, D]
@@ -326,8 +341,8 @@ class Transformer(nnx.Module):
             logits_BTV = cap * jnp.tanh(logits_BTV / cap)
         return constrain(logits_BTV, ("activation_batch", "activation_length", "activation_vocab"))
 
-    def __call__(self, inputs_BT, positions_BT, segment_ids_BT, dropout_key=None):
-        return self.logits(self.hidden(inputs_BT, positions_BT, segment_ids_BT, dropout_key))
+    def __call__(self, inputs_BT, positions_BT, segment_ids_BT, dropout_key=None, images: dict | None = None):
+        return self.logits(self.hidden(inputs_BT, positions_BT, segment_ids_BT, dropout_key, images))
 
 
 def _stack_maker(cfg, unit: tuple[str, ...]):

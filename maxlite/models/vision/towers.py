@@ -1,0 +1,86 @@
+"""The vision encoder kinds (`vision_encoder`): each builds its tower from the recipe's vision keys
+and encodes a batch's image arrays into decoder tokens.
+
+    qwen_vit  Qwen3-VL / Qwen3.5 (qwen_vit.py): a row's images as patches at their own resolution,
+              padded to `max_image_patches`; → [B, M, D] tokens (M = patches / merge²) and DeepStack's
+              [K, B, M, D]
+    siglip    Gemma 3 (siglip.py): a row's images, each resized to vision_image_size, padded to
+              `max_images`; → [B, images · vision_tokens_per_image, D]
+
+The image arrays a batch holds (the keys maxlite/data/images.py writes, all beside the token rows):
+qwen_vit: image_pixels [B, Np, C·tp·p·p], image_segment [B, Np], image_rope_hw [B, Np, 2],
+image_pos_index / image_pos_weight [B, Np, 4]; siglip: image_pixels [B, I, C, S, S].
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from flax import nnx
+
+IMAGE_KEYS = {"qwen_vit": ("image_pixels", "image_segment", "image_rope_hw", "image_pos_index", "image_pos_weight"),
+              "siglip": ("image_pixels",)}
+
+
+def qwen_spec(cfg):
+    from maxlite.models.vision.qwen_vit import QwenVisionSpec
+
+    return QwenVisionSpec(
+        depth=cfg.vision_num_layers, hidden_size=cfg.vision_emb_dim, intermediate_size=cfg.vision_mlp_dim,
+        num_heads=cfg.vision_num_heads, patch_size=cfg.vision_patch_size,
+        temporal_patch_size=cfg.vision_temporal_patch_size, spatial_merge_size=cfg.vision_merge_size,
+        in_channels=3, out_hidden_size=cfg.base_emb_dim, num_position_embeddings=cfg.vision_num_positions,
+        deepstack_visual_indexes=tuple(cfg.vision_deepstack_layers), hidden_act=cfg.vision_act,
+        layer_norm_eps=cfg.vision_norm_epsilon)
+
+
+def siglip_spec(cfg):
+    from maxlite.models.vision.siglip import SiglipSpec
+
+    return SiglipSpec(
+        hidden_size=cfg.vision_emb_dim, intermediate_size=cfg.vision_mlp_dim, depth=cfg.vision_num_layers,
+        num_heads=cfg.vision_num_heads, patch_size=cfg.vision_patch_size, image_size=cfg.vision_image_size,
+        num_channels=3, layer_norm_eps=cfg.vision_norm_epsilon, hidden_act=cfg.vision_act,
+        mm_tokens_per_image=cfg.vision_tokens_per_image, text_hidden_size=cfg.base_emb_dim)
+
+
+# the parts that map the encoder's features to the decoder's width (vision_train=projector trains them)
+PROJECTORS = {"qwen_vit": ("merger", "deepstack"), "siglip": ("mm_norm", "mm_projection")}
+
+
+def build(cfg, rngs):
+    """The recipe's vision tower (the model stores it as `vision`), its parameters that do not train
+    (vision_train) tagged `frozen` (maxlite.state.split_trainable leaves them out of the optimizer)."""
+    dtype, wd = jnp.dtype(cfg.dtype), jnp.dtype(cfg.weight_dtype)
+    if cfg.vision_encoder == "qwen_vit":
+        from maxlite.models.vision.qwen_vit import QwenVisionTower
+
+        tower = QwenVisionTower(qwen_spec(cfg), rngs=rngs, dtype=dtype, weight_dtype=wd)
+    else:
+        from maxlite.models.vision.siglip import SiglipTower
+
+        tower = SiglipTower(siglip_spec(cfg), rngs=rngs, dtype=dtype, weight_dtype=wd)
+    if cfg.vision_train != "all":
+        keep = PROJECTORS[cfg.vision_encoder] if cfg.vision_train == "projector" else ()
+        for path, variable in nnx.iter_graph(tower):
+            if isinstance(variable, nnx.Param) and not any(part in keep for part in path):
+                variable.set_metadata(frozen=True)
+    return tower
+
+
+def encode(tower, cfg, images: dict):
+    """(tokens [B, M, D], DeepStack's [K, B, M, D] or None) of a batch's image arrays."""
+    if cfg.vision_encoder == "qwen_vit":
+        layout = {k[len("image_"):]: images[k] for k in IMAGE_KEYS["qwen_vit"][1:]}
+        tokens_BMD, deep_KBMD = tower(images["image_pixels"], layout)
+        return tokens_BMD, (deep_KBMD if cfg.vision_deepstack_layers else None)
+    pixels = images["image_pixels"]
+    B, I = pixels.shape[:2]
+    tokens = tower(pixels.reshape(B * I, *pixels.shape[2:]))
+    return tokens.reshape(B, I * tokens.shape[1], tokens.shape[2]), None
+
+
+def batch_images(cfg, batch: dict) -> dict | None:
+    """The image arrays of a batch (None for a text-only model)."""
+    if not cfg.vision_encoder:
+        return None
+    return {k: batch[k] for k in IMAGE_KEYS[cfg.vision_encoder] if k in batch} or None
