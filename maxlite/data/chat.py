@@ -55,9 +55,12 @@ def messages_of(record: Any) -> list[dict[str, str]] | str:
             return "'messages' is not a non-empty list"
         out = []
         for i, m in enumerate(msgs):
-            if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-                return f"messages[{i}] is not {{role: system|user|assistant, content: string}}"
-            out.append({"role": m["role"], "content": m["content"]})
+            content = _content(m.get("content")) if isinstance(m, dict) else None
+            if isinstance(content, str) and content.startswith("!"):
+                return f"messages[{i}]: {content[1:]}"
+            if not isinstance(m, dict) or m.get("role") not in ROLES or content is None:
+                return f"messages[{i}] is not {{role: system|user|assistant, content: string or list of parts}}"
+            out.append({"role": m["role"], "content": content})
         return out
     if "prompt" in record and "completion" in record:
         if not (isinstance(record["prompt"], str) and isinstance(record["completion"], str)):
@@ -72,6 +75,33 @@ def messages_of(record: Any) -> list[dict[str, str]] | str:
         prompt = record["instruction"] + (f"\n\n{extra}" if extra else "")
         return head + [{"role": "user", "content": prompt}, {"role": "assistant", "content": record["output"]}]
     return "no 'messages', 'prompt'+'completion' or 'instruction'+'output' fields"
+
+
+def _content(content: Any) -> str | list | None:
+    """A message's content: a string, or a list of parts — {"type": "text", "text": ...} and
+    {"type": "image", "image": path | bytes | {"bytes": ...} | URL} (also under "url" or "path", as
+    transformers' processors take them). Text-only parts are joined into one string (every template
+    renders that); a list with an image stays a list of {"type": "text", "text"} and {"type": "image",
+    "image"} for the model's own template (its image placeholders). None: not content; "!reason": a bad part."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return None
+    parts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind in ("image", "image_url"):
+            ref = next((part[k] for k in ("image", "url", "path", "image_url") if part.get(k) is not None), None)
+            if ref is None:
+                return f"!content[{j}] is an image part without an image"
+            parts.append({"type": "image", "image": ref})
+        else:
+            return f"!content[{j}] is not a text or image part"
+    if all(p["type"] == "text" for p in parts):
+        return "".join(p["text"] for p in parts)
+    return parts
 
 
 def _environment():

@@ -11,12 +11,13 @@ is one more document: the conversation up to that answer (`ChatTemplate.examples
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import grain
 import numpy as np
 
-from maxlite.data import chat, sources
+from maxlite.data import chat, image_docs, sources
 from maxlite.data.text_pipeline import _Records, check_tokenizer, process_batches, text_files
 from maxlite.data.tokenizer import BUNDLED_DIR, Tokenizer
 
@@ -42,19 +43,61 @@ def examples(template: chat.ChatTemplate, messages, length: int, train_on_inputs
 class _RenderAndMask(grain.experimental.FlatMapTransform):
     max_fan_out = 64  # declared by grain's FlatMap; FlatMapIterDataset does not bound it
 
-    def __init__(self, template: chat.ChatTemplate, length: int, train_on_inputs: bool):
+    def __init__(self, template: chat.ChatTemplate, length: int, train_on_inputs: bool, config=None,
+                 bad: sources.BadRecords | None = None):
         self.template, self.length, self.train_on_inputs = template, length, train_on_inputs
+        self.config, self.bad = config, bad
+        self.images = None
+        if config is not None and config.vision_encoder:
+            from maxlite.data.image_docs import QwenImages
+            self.images = QwenImages(config)
 
     def flat_map(self, element: dict[str, Any]) -> list[dict[str, np.ndarray]]:
+        messages = element["texts"]
+        refs = image_docs.image_refs(messages)
+        if refs or self.images is not None:
+            return self._with_images(element, refs)
         return [{k: ex[k] for k in ("inputs", "targets", "weights")}
-                for ex in examples(self.template, element["texts"], self.length, self.train_on_inputs)]
+                for ex in examples(self.template, messages, self.length, self.train_on_inputs)]
+
+    def _with_images(self, element: dict[str, Any], refs: list) -> list[dict[str, np.ndarray]]:
+        """A conversation of a vision model (images or not): its placeholders expanded, its positions
+        [T, 3] and its patch arrays (data/image_docs.py). A record that cannot be one (an image for a
+        text-only model, a missing or unreadable image, images and placeholders that differ in number,
+        more patches than a row holds, image tokens cut by max_target_length) goes to the bad records."""
+        from maxlite.data import images as image_io
+
+        path, number = element["path"], element["record"]
+        where = f"{path}:{number}"
+        try:
+            if self.images is None:
+                raise ValueError("it has an image, but the model has no vision encoder (vision_encoder)")
+            pictures = [image_io.load_image(ref, base_dir=os.path.dirname(path), where=where) for ref in refs]
+            ids, mask = self.template.examples(element["texts"], self.train_on_inputs)[0]
+            ids, mask, rope, arrays = image_docs.doc_arrays(self.images, ids, mask, pictures, where)
+            if len(arrays["image_pixels"]) > self.config.max_image_patches:
+                raise ValueError(f"its images have {len(arrays['image_pixels'])} patches, more than a row holds "
+                                 f"(max_image_patches={self.config.max_image_patches})")
+            if len(ids) > self.length + 1 and np.any(ids[self.length + 1:] == self.config.image_token_id):
+                raise ValueError(f"its image tokens run past max_target_length={self.length} (an image is never cut)")
+        except ValueError as e:
+            self.bad.add(path, number, str(e).removeprefix(where + ": "))
+            return []
+        ids, mask, rope = ids[:self.length + 1], mask[:self.length + 1], rope[:self.length + 1]
+        return [{"inputs": ids[:-1], "targets": ids[1:], "weights": mask[1:].astype(np.float32),
+                 "rope": rope[:-1], **arrays}]
 
 
 def _finish(row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     seg = row["inputs_segment_ids"].astype(np.int32)
-    return {"inputs": row["inputs"].astype(np.int32), "targets": row["targets"].astype(np.int32),
-            "positions": row["inputs_positions"].astype(np.int32), "segment_ids": seg,
-            "weights": row["weights"].astype(np.float32) * (seg != 0)}
+    out = {"inputs": row["inputs"].astype(np.int32), "targets": row["targets"].astype(np.int32),
+           "positions": row["inputs_positions"].astype(np.int32), "segment_ids": seg,
+           "weights": row["weights"].astype(np.float32) * (seg != 0)}
+    if "rope" in row:  # a vision model's row: multimodal positions and its documents' patches
+        out["positions"] = row["rope"].astype(np.int32)
+        out.update({k: row[k] for k in image_docs.PATCH_KEYS})
+        out["image_segment"] = image_docs.relabel(row["image_pixels_segment_ids"], row["image_segment"])
+    return out
 
 
 def make_sft_dataset(config, split: str, process_index: int, process_count: int,
@@ -69,9 +112,12 @@ def make_sft_dataset(config, split: str, process_index: int, process_count: int,
     if shuffle and config.data_shuffle_window > 1:
         ds = grain.experimental.WindowShuffleIterDataset(ds, window_size=config.data_shuffle_window, seed=seed)
     length = config.max_target_length
-    ds = grain.experimental.FlatMapIterDataset(ds, _RenderAndMask(template, length, config.sft_train_on_inputs))
+    ds = grain.experimental.FlatMapIterDataset(ds, _RenderAndMask(template, length, config.sft_train_on_inputs,
+                                                                  config, bad))
     ds = ds.filter(lambda ex: len(ex["inputs"]) > 0)
+    lengths = {"inputs": length, "targets": length, "weights": length}
+    if config.vision_encoder:  # every document's patches packed beside its tokens, never split
+        lengths.update({"rope": length, **{k: config.max_image_patches for k in image_docs.PATCH_KEYS}})
     ds = grain.experimental.FirstFitPackIterDataset(
-        ds, length_struct={"inputs": length, "targets": length, "weights": length},
-        num_packing_bins=config.packing_bins, seed=seed, shuffle_bins=shuffle)
+        ds, length_struct=lengths, num_packing_bins=config.packing_bins, seed=seed, shuffle_bins=shuffle)
     return process_batches(ds.map(_finish), config, process_index, process_count)

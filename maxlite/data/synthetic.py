@@ -21,6 +21,7 @@ class SyntheticIterator:
         rows = config.global_batch_size // process_count
         self.rows = range(process_index * rows, (process_index + 1) * rows)
         self.step = 0
+        self.images = _Images(config) if config.vision_encoder else None
 
     def __iter__(self):
         return self
@@ -32,15 +33,19 @@ class SyntheticIterator:
 
     def __next__(self) -> dict[str, np.ndarray]:
         tokens = np.stack([self._row(r) for r in self.rows]).astype(np.int32)
-        self.step += 1
         shape = (len(self.rows), self.length)
-        return {
+        batch = {
             "inputs": tokens[:, :-1],
             "targets": tokens[:, 1:],
             "positions": np.broadcast_to(np.arange(self.length, dtype=np.int32), shape).copy(),
             "segment_ids": np.ones(shape, np.int32),
             "weights": np.ones(shape, np.float32),
         }
+        if self.images is not None:
+            batch = self.images.add(batch, [np.random.default_rng((self.seed, self.salt, self.step, r, 1))
+                                            for r in self.rows])
+        self.step += 1
+        return batch
 
     @property
     def batches_read(self) -> int:
@@ -54,6 +59,41 @@ class SyntheticIterator:
 
     def close(self) -> None:
         pass
+
+
+class _Images:
+    """A vision model's synthetic rows: one random image per row (a 4 × 4 patch grid, so
+    4 · 4 / merge² image tokens) after the row's first token, between the vision markers, with
+    multimodal positions; the rest of the row as before (data/image_docs.py's rule)."""
+
+    def __init__(self, config):
+        from maxlite.data.image_docs import QwenImages
+
+        if config.vision_encoder != "qwen_vit":
+            raise ValueError(f"dataset_type=synthetic has no images for vision_encoder={config.vision_encoder}")
+        self.kind, self.cfg = QwenImages(config), config
+
+    def add(self, batch: dict, rngs) -> dict:
+        from maxlite.data.image_docs import PATCH_KEYS
+        from maxlite.models.vision.qwen_vit import patch_layout
+
+        cfg, kind = self.cfg, self.kind
+        grid = (1, 4, 4)
+        n_tokens = kind.tokens(grid)
+        width = 3 * cfg.vision_temporal_patch_size * cfg.vision_patch_size ** 2
+        markers = [cfg.vision_start_token_id, *[cfg.image_token_id] * n_tokens, cfg.vision_end_token_id]
+        inputs, positions, arrays = batch["inputs"].copy(), [], {k: [] for k in PATCH_KEYS}
+        for row, rng in zip(inputs, rngs):
+            row[1:1 + len(markers)] = markers
+            positions.append(kind.positions(row, [grid]))
+            layout = patch_layout([grid], kind.spec, 16)
+            arrays["image_pixels"].append(rng.standard_normal((16, width)).astype(np.float32))
+            for k, v in layout.items():
+                arrays[f"image_{k}"].append(np.asarray(v))
+        targets = np.concatenate([inputs[:, 1:], batch["targets"][:, -1:]], axis=1)
+        weights = batch["weights"] * ~np.isin(targets, markers[:-1])  # no loss on predicting the image
+        return {**batch, "inputs": inputs, "targets": targets, "positions": np.stack(positions).astype(np.int32),
+                "weights": weights.astype(np.float32), **{k: np.stack(v) for k, v in arrays.items()}}
 
 
 def make_synthetic_iterator(config, split: str, process_index: int, process_count: int):

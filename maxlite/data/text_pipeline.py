@@ -59,7 +59,7 @@ class _RecordIterator(grain.DatasetIterator):
             if self._gen is None:
                 self._open()
             try:
-                _, texts = next(self._gen)
+                number, texts = next(self._gen)
             except StopIteration:
                 self._gen, self._record = None, 0
                 self._file += 1
@@ -75,7 +75,7 @@ class _RecordIterator(grain.DatasetIterator):
                 continue
             self._record += 1
             self._docs_this_epoch += 1
-            return {"texts": texts}
+            return {"texts": texts, "path": self._path(), "record": number}
 
     def get_state(self) -> dict[str, Any]:
         return {"epoch": self._epoch, "file": self._file, "record": self._record}
