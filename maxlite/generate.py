@@ -23,7 +23,7 @@ import dataclasses
 import json
 import sys
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -53,6 +53,7 @@ class Generated:
     compile_seconds: float
     steps: int  # decode steps run (the loop ends when every row has ended)
     cache_bytes_per_token: float = 0.0  # the decode cache per position of the longest row, every layer
+    prompts: list[list[int]] | None = None  # with images: the prompts as decoded, placeholders expanded
 
     @property
     def tokens_per_second(self) -> float:
@@ -63,10 +64,11 @@ _compiled: dict = {}  # (graphdef, shapes, sampling) → compiled function, reus
 
 
 def generate_ids(cfg, params, prompts: Sequence[Sequence[int]], sampling: Sampling = Sampling(),
-                 eos_id: int | None = None, mesh=None) -> Generated:
+                 eos_id: int | None = None, mesh=None, images: Sequence[Sequence[Any]] | None = None) -> Generated:
     """New token ids for each prompt (lists of ids). `params`: an nnx.State (host arrays, or global
     arrays already sharded, e.g. a TrainState's `.params` on the training `mesh`). With several
-    processes every one of them must call this, with the same prompts."""
+    processes every one of them must call this, with the same prompts. `images`: each prompt's
+    images (PIL), one image placeholder token per image in its ids (a vision model only)."""
     import jax
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
@@ -77,6 +79,9 @@ def generate_ids(cfg, params, prompts: Sequence[Sequence[int]], sampling: Sampli
     sampling.check()
     if not prompts or any(len(p) == 0 for p in prompts):
         raise C.ConfigError("every prompt needs at least one token")
+    vision = None
+    if images is not None and any(images):
+        prompts, vision = _with_images(cfg, prompts, images)
     lengths = np.array([len(p) for p in prompts], np.int32)
     P = int(lengths.max())
     if P + sampling.max_new_tokens > cfg.max_position_embeddings:
@@ -88,16 +93,20 @@ def generate_ids(cfg, params, prompts: Sequence[Sequence[int]], sampling: Sampli
         row[:len(ids)] = ids
     graphdef, _ = abstract_params(cfg)
     eos = -1 if eos_id is None else int(eos_id)
-    args = (params, prompt, lengths, jax.random.key(sampling.seed))
+    if vision is not None:  # [B, P, 3] positions, padded like the prompt
+        vision["rope"] = np.pad(vision["rope"], ((0, 0), (0, prompt.shape[1] - vision["rope"].shape[1]), (0, 0)))
+    args = (params, prompt, lengths, jax.random.key(sampling.seed), vision)
     if mesh is not None:  # the same value on every process: replicated global arrays
         replicated = NamedSharding(mesh, PartitionSpec())
-        args = (params, *(jax.device_put(a, replicated) for a in args[1:3]), args[3])
+        args = (params, *(jax.device_put(a, replicated) for a in args[1:3]), args[3],
+                jax.device_put(vision, replicated) if vision is not None else None)
     static = (sampling.max_new_tokens, sampling.temperature, sampling.top_k, sampling.top_p, eos)
-    key = (repr(cfg), prompt.shape, static, id(mesh))
+    shapes = jax.tree.map(np.shape, vision)
+    key = (repr(cfg), prompt.shape, static, id(mesh), repr(shapes))
     start = time.perf_counter()
     if key not in _compiled:
-        fn = jax.jit(lambda p, x, n, k: decode.generate_tokens(
-            graphdef, p, x, n, k, max_new_tokens=static[0], temperature=static[1], top_k=static[2],
+        fn = jax.jit(lambda p, x, n, k, v: decode.generate_tokens(
+            graphdef, p, x, n, k, v, max_new_tokens=static[0], temperature=static[1], top_k=static[2],
             top_p=static[3], eos_id=static[4]))
         # the training rules but for the batch: a few prompts are not split over the data axes
         with contextlib.ExitStack() as ctx:
@@ -116,7 +125,26 @@ def generate_ids(cfg, params, prompts: Sequence[Sequence[int]], sampling: Sampli
     from maxlite.models.kinds import cache_numbers_per_token
     length = P + sampling.max_new_tokens  # what each layer's cache was sized for
     per_token = cache_numbers_per_token(cfg, length) * np.dtype(jax.numpy.dtype(cfg.dtype)).itemsize
-    return Generated(tokens, seconds, compiled - start, steps, per_token)
+    return Generated(tokens, seconds, compiled - start, steps, per_token, prompts if vision is not None else None)
+
+
+def _with_images(cfg, prompts, images) -> tuple[list[list[int]], dict]:
+    """(the prompts with each image placeholder expanded to its image's tokens, {"images": the batch's
+    image arrays, "rope": [B, P, 3] multimodal positions}): data/image_docs.py's rule, as SFT data."""
+    from maxlite.data import image_docs
+
+    if not cfg.vision_encoder:
+        raise C.ConfigError("images given, but this model has no vision encoder (vision_encoder is empty)")
+    kind = image_docs.QwenImages(cfg)
+    docs = [image_docs.doc_arrays(kind, np.asarray(p, np.int32), np.zeros(len(p), bool), imgs, f"prompt {i}")
+            for i, (p, imgs) in enumerate(zip(prompts, images))]
+    width = max(len(d[0]) for d in docs)
+    patches = max(1, max(len(d[3]["image_pixels"]) for d in docs))
+    patches = -(-patches // cfg.vision_merge_size ** 2) * cfg.vision_merge_size ** 2
+    rope = np.stack([np.pad(d[2], ((0, width - len(d[2])), (0, 0))) for d in docs])
+    arrays = {k: np.stack([np.pad(d[3][k], [(0, patches - len(d[3][k]))] + [(0, 0)] * (d[3][k].ndim - 1))
+                           for d in docs]) for k in image_docs.PATCH_KEYS}
+    return [d[0].tolist() for d in docs], {"images": arrays, "rope": rope}
 
 
 def generate(cfg, params, prompts: Sequence[str], tokenizer=None, sampling: Sampling | None = None,
@@ -128,22 +156,36 @@ def generate(cfg, params, prompts: Sequence[str], tokenizer=None, sampling: Samp
 
 
 def generate_text(cfg, params, prompts: Sequence[str], tokenizer=None, sampling: Sampling = Sampling(),
-                  mesh=None, chat: bool = False) -> tuple[list[str], Generated]:
+                  mesh=None, chat: bool = False, images: Sequence[Sequence[Any]] | None = None
+                  ) -> tuple[list[str], Generated]:
     """`chat`: each prompt is a user turn, rendered with the model's chat template (data/chat.py,
-    `sft_template`) and the assistant's generation prompt, as an SFT run trained it."""
+    `sft_template`) and the assistant's generation prompt, as an SFT run trained it. `images`: each
+    prompt's images (PIL), which come before its text: in the chat turn as image parts (the template
+    writes their placeholders), else as the vision markers around one placeholder each."""
     from maxlite.data.tokenizer import load_tokenizer
 
     tok = tokenizer or load_tokenizer(cfg.tokenizer_path, cfg.bos_id, cfg.eos_id)
+    images = images if images is not None and any(images) else None
+    if images is not None and not cfg.vision_encoder:
+        raise C.ConfigError("--image given, but this model has no vision encoder (vision_encoder is empty)")
     if chat:
         from maxlite.data.chat import ChatTemplate
         template = ChatTemplate.for_config(cfg, tok)
-        ids = [list(tok._backend.encode(template.render([{"role": "user", "content": p}], True),
-                                        add_special_tokens=False).ids) for p in prompts]
+
+        def turn(p, pictures):
+            return p if not pictures else [*({"type": "image", "image": ""} for _ in pictures),
+                                           {"type": "text", "text": p}]
+        ids = [list(tok._backend.encode(template.render([{"role": "user", "content": turn(p, pictures)}], True),
+                                        add_special_tokens=False).ids)
+               for p, pictures in zip(prompts, images or [()] * len(prompts))]
     else:
-        ids = [list(tok.encode(p)) for p in prompts]
+        marks = [cfg.vision_start_token_id, cfg.image_token_id, cfg.vision_end_token_id]
+        ids = [[*(m for _ in pictures for m in marks if m >= 0), *tok.encode(p)]
+               for p, pictures in zip(prompts, images or [()] * len(prompts))]
     if cfg.add_bos and tok.bos_id is not None and not chat:
         ids = [[tok.bos_id, *x] for x in ids]
-    got = generate_ids(cfg, params, ids, sampling, tok.eos_id, mesh)
+    got = generate_ids(cfg, params, ids, sampling, tok.eos_id, mesh, images)
+    ids = got.prompts or ids  # with images: the placeholders expanded, as the model saw them
     texts = [_continuation(tok, p, t) for p, t in zip(ids, got.tokens)]
     if chat:  # the answer ends at the end of its turn, a token or (in a tokenizer without it) a text
         ends = [e for e in (template.eos_token, "<|im_end|>", "<|eot_id|>") if e]
@@ -224,11 +266,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     ap.add_argument("--chat", action="store_true",
                     help="each prompt is a user turn in the model's chat template (models fine-tuned with dataset_type=sft)")
-    args = ap.parse_args(argv)
+    ap.add_argument("--image", action="append", default=[], metavar="PATH",
+                    help="an image for the prompt (repeat for several; a vision model): encoded once, before the text")
+    args = ap.parse_intermixed_args(argv)  # key=value overrides before or after the options
     sampling = Sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed).check()
     prompts = _prompts(args)
+    pictures = None
+    if args.image:
+        from maxlite.data.images import load_image
+        if len(prompts) > 1:
+            raise C.ConfigError("--image goes with --prompt (one prompt), not --prompts-file")
+        pictures = [[load_image(path, base_dir=".", where=f"--image {path}") for path in args.image]]
     cfg, params, mesh = load(args.source, args.step, args.overrides)
-    texts, got = generate_text(cfg, params, prompts, None, sampling, mesh, chat=args.chat)
+    texts, got = generate_text(cfg, params, prompts, None, sampling, mesh, chat=args.chat, images=pictures)
     for prompt, text in zip(prompts, texts):
         print(json.dumps({"prompt": prompt, "completion": text}, ensure_ascii=False) if len(prompts) > 1
               else prompt + text, flush=True)

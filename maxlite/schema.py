@@ -301,6 +301,55 @@ class Keys:
         "gated delta-net layers: tokens per chunk of the chunked parallel form (the state passes between "
         "chunks in float32); results do not depend on it beyond float32 rounding", positive=True)
 
+    vision_encoder: str = key("",
+        "the image encoder kind (maxlite/models/vision/): qwen_vit (Qwen3-VL / Qwen3.5: patches at the image's "
+        "own resolution, 2-D RoPE, 2×2 merger, DeepStack) | siglip (Gemma 3: a fixed-size SigLIP tower and "
+        "its pooled soft tokens); empty: a text-only model", choices=("", "qwen_vit", "siglip"),
+        section="vision encoder (Qwen3-VL, Gemma 3; docs/vision.md)", model=True)
+    vision_num_layers: int = key(0, "vision encoder: transformer layers", bounds=(0, None), model=True)
+    vision_emb_dim: int = key(0, "vision encoder: width", bounds=(0, None), model=True)
+    vision_mlp_dim: int = key(0, "vision encoder: MLP hidden width", bounds=(0, None), model=True)
+    vision_num_heads: int = key(0, "vision encoder: attention heads", bounds=(0, None), model=True)
+    vision_patch_size: int = key(16, "vision encoder: pixels per patch side", positive=True, model=True)
+    vision_temporal_patch_size: int = key(2, "qwen_vit: frames per patch (an image is repeated to fill them)",
+        positive=True, model=True)
+    vision_merge_size: int = key(2, "qwen_vit: patches merged per side into one decoder token", positive=True,
+        model=True)
+    vision_num_positions: int = key(0, "qwen_vit: learned position table (a square grid, interpolated to "
+        "each image's grid)", bounds=(0, None), model=True)
+    vision_deepstack_layers: tuple[int, ...] = key((), "qwen_vit: encoder layers whose merged features are "
+        "added to the first decoder layers' outputs at the image tokens (DeepStack; Qwen3-VL: [5, 11, 17])",
+        model=True)
+    vision_act: str = key("gelu_pytorch_tanh", "vision encoder: MLP activation (HF's names)",
+        choices=("gelu_pytorch_tanh", "gelu"),
+        model=True)
+    vision_norm_epsilon: float = key(1e-6, "vision encoder: LayerNorm epsilon", positive=True, model=True)
+    vision_image_size: int = key(0, "siglip: the square side every image is resized to", bounds=(0, None),
+        model=True)
+    vision_tokens_per_image: int = key(0, "siglip: soft tokens per image after pooling (Gemma 3: 256)",
+        bounds=(0, None), model=True)
+    image_token_id: int = key(-1, "the placeholder token each image token takes the place of (Qwen "
+        "<|image_pad|>, Gemma <image_soft_token>); -1: none", bounds=(-1, None), model=True)
+    vision_train: str = key("frozen", "what of the vision encoder trains: frozen (none of it; the default) | "
+        "projector (the layers that map its features to the decoder's width: qwen_vit's mergers, siglip's "
+        "projector) | all. LoRA trains its adapters only, the encoder frozen", choices=("frozen", "projector", "all"))
+    vision_start_token_id: int = key(-1, "the token before an image's placeholders (Qwen <|vision_start|>); "
+        "-1: none", bounds=(-1, None), model=True)
+    vision_end_token_id: int = key(-1, "the token after an image's placeholders (Qwen <|vision_end|>); -1: none",
+        bounds=(-1, None), model=True)
+    video_token_id: int = key(-1, "Qwen's video placeholder (<|video_pad|>; kept for export, videos are not "
+        "read); -1: none", bounds=(-1, None), model=True)
+    image_min_pixels: int = key(0, "qwen_vit: an image smaller than this is scaled up (the processor's "
+        "min_pixels)", bounds=(0, None), model=True)
+    image_max_pixels: int = key(0, "qwen_vit: an image larger than this is scaled down (the processor's "
+        "max_pixels); 0: as it is", bounds=(0, None), model=True)
+    image_mean: tuple[float, ...] = key((0.5, 0.5, 0.5), "per-channel mean the pixels are normalised by",
+        model=True)
+    image_std: tuple[float, ...] = key((0.5, 0.5, 0.5), "per-channel standard deviation the pixels are "
+        "normalised by", model=True)
+    mrope_sections: tuple[int, ...] = key((), "multimodal RoPE (Qwen3-VL): frequencies per time, height, width "
+        "position, interleaved; summing to the rotated dims / 2. Empty: one position per token", model=True)
+
     attention: str = key("autoselected",
         "autoselected (flash on TPU, cudnn_flash on GPU, blockwise on CPU at T >= 2048, else dot_product) | "
         "dot_product | blockwise | flash | cudnn_flash", section="performance")
@@ -452,6 +501,9 @@ class Keys:
     data_bad_record_policy: str = key("skip",
         "malformed records: skip (count, report the first few as file:line) | error", choices=("skip", "error"))
     data_shuffle_window: int = key(1024, "text: documents in the streaming shuffle window", bounds=(1, None))
+    max_image_patches: int = key(4096, "vision SFT (qwen_vit): image patches a packed row holds (its documents' "
+        "images together; a multiple of vision_merge_size²); a conversation with more is reported and skipped",
+        positive=True)
     packing_bins: int = key(16, "text: rows packed at once (first-fit); more bins → less padding", bounds=(1, None))
     grain_worker_count: int = key(0, "indexed: grain worker processes (0 = in-process; small machines want 0)",
         bounds=(0, None))

@@ -202,7 +202,11 @@ def _setup(cfg: C.Config, res, status_fields: dict[str, Any], on_status, launche
         sft_audit.run(cfg, load_tokenizer(cfg.tokenizer_path, cfg.bos_id, cfg.eos_id), run_dir.path, primary)
     if primary:
         n_params = sum(x.size for x in jax.tree.leaves(built.abstract.params))
-        print(f"maxlite: model {cfg.model_name}: {n_params / 1e6:,.2f}M parameters", flush=True)
+        trained = sum(x.size for x in jax.tree.leaves(state_lib.split_trainable(built.abstract.params)[0]))
+        print(f"maxlite: model {cfg.model_name}: {n_params / 1e6:,.2f}M parameters"
+              + (f", {trained / 1e6:,.2f}M of them trained" if trained != n_params else "")
+              + (f"; vision encoder {cfg.vision_encoder}: {_vision_words(cfg)}" if cfg.vision_encoder else ""),
+              flush=True)
         if cfg.opt_type == "muon":
             from maxlite import optim
             print(optim.describe_split(optim.muon_split(state_lib.split_trainable(built.abstract.params)[0])), flush=True)
@@ -391,6 +395,13 @@ def _badput_line(summary: dict, status: str, step: int) -> str:
 def _several_processes() -> bool:
     jax = sys.modules.get("jax")
     return jax is not None and jax.process_count() > 1
+
+
+def _vision_words(cfg) -> str:
+    """What of the vision encoder trains, in the words of the model line."""
+    if cfg.lora_rank:
+        return "frozen (LoRA trains the decoder's adapters)"
+    return {"frozen": "frozen", "projector": "its projector trains, the rest frozen", "all": "trains"}[cfg.vision_train]
 
 
 @cli.entry_point()

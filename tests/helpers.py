@@ -266,6 +266,16 @@ def shrunk(model_name: str) -> list[str]:
         layers = 4 if cfg.num_kv_shared_layers else 2
         types = ", ".join(["sliding_attention", "full_attention"] * (layers // 2))
         window += [f"layer_types=[{types}]"] + (["num_kv_shared_layers=2"] if cfg.num_kv_shared_layers else [])
+    if cfg.mrope_sections:  # multimodal RoPE over the narrow heads: every axis keeps frequencies
+        half = head_dim // 2
+        window += [f"mrope_sections=[{half - 2 * (half // 3)}, {half // 3}, {half // 3}]"]
+    if cfg.vision_encoder:  # a 2-layer tower of 32 wide (patch 8), DeepStack from its first layer; the
+        # placeholder and marker ids inside the shrunk vocabulary
+        window += ["vision_num_layers=2", "vision_emb_dim=32", "vision_mlp_dim=64", "vision_num_heads=2",
+                   "vision_patch_size=8", "vision_num_positions=16", "image_token_id=500", "video_token_id=501",
+                   "vision_start_token_id=502", "vision_end_token_id=503", "image_min_pixels=1024",
+                   "image_max_pixels=9216", "max_image_patches=256"]
+        window += ["vision_deepstack_layers=[0]"] if cfg.vision_deepstack_layers else []
     return ["base.yml", f"model_name={model_name}", "base_emb_dim=64", "base_mlp_dim=128",
             f"base_num_query_heads={heads}", f"base_num_kv_heads={kv}", f"head_dim={head_dim}",
             f"base_num_decoder_layers={layers}", "vocab_size=512", *window,

@@ -213,7 +213,7 @@ PERTURB = {"llama": lambda m, seed: _perturbed(m, seed, 0.3),
 SEEDS = {"gemma4_moe": 1}
 # transformers 5.25 registers Mistral4ForCausalLM with AutoModelForPreTraining, not AutoModelForCausalLM;
 # keyed by model type (the CONFIGS names of these models are their model types)
-AUTO = {"mistral4": transformers.AutoModelForPreTraining}
+AUTO = {"mistral4": transformers.AutoModelForPreTraining, "qwen3_vl": transformers.AutoModelForImageTextToText}
 
 
 def auto_class(name: str):

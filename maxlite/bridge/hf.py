@@ -124,6 +124,8 @@ def export_hf(cfg, params, out_dir: str, dtype: str = "float32", max_shard_size:
     if dtype == "mxfp4":
         config["quantization_config"] = arch.MXFP4_CONFIG
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if hasattr(arch, "write_processor"):  # a vision model's image processor, as it was imported
+        arch.write_processor(cfg, out)
     generation = {k: v for k, v in (("bos_token_id", bos), ("eos_token_id", eos)) if v is not None}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     if tok is not None and tok.path.endswith(".json") and not tok.path.endswith("vocab.json"):
@@ -208,6 +210,8 @@ def prepare_import(hf_dir: str, argv: Sequence[str] = ()) -> Import:
     source = fp8.dequantized(SafetensorsDir(hf_dir))
     if hasattr(arch, "tensor_overrides"):  # what the tensors say beside config.json (DeepSeek's MTP layers)
         overrides.update(arch.tensor_overrides(hf_cfg, set(source.names())))
+    if hasattr(arch, "processor_overrides"):  # a vision model's image processor (preprocessor_config.json)
+        overrides.update(arch.processor_overrides(hf_dir))
     own = _own_tokenizer(hf_dir)
     user = C.user_keys(argv)
     if own and "tokenizer_path" not in user:  # the model's own tokenizer, unless told otherwise
