@@ -101,3 +101,58 @@ def test_import_sft_on_image_chat_generate_with_an_image_export_and_transformers
                              do_sample=False, max_new_tokens=8, eos_token_id=tok.eos_token_id, pad_token_id=0)
     theirs = tok.decode(out[0, len(ids):], skip_special_tokens=True)
     assert ours.strip() == theirs.strip() and ours.strip(), (ours, theirs)
+
+
+def _first_batch_error(cfg_argv, records, tmp_path, hf_path=None):
+    """The one-line error the SFT data of `records` (written as train.jsonl) stops with."""
+    from maxlite import config as C
+    from maxlite.bridge import hf
+    from maxlite.data.sft_pipeline import make_sft_dataset
+    from maxlite.data.tokenizer import load_tokenizer
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    argv = [*cfg_argv, "dataset_type=sft", f"dataset_path={data}", "data_bad_record_policy=error",
+            "max_target_length=96", "max_image_patches=128", "per_device_batch_size=1"]
+    cfg = hf.import_hf(str(hf_path), argv)[0] if hf_path else C.load(argv)
+    tok = load_tokenizer(cfg.tokenizer_path, cfg.bos_id, cfg.eos_id)
+    with pytest.raises(C.ConfigError) as e:
+        next(iter(make_sft_dataset(cfg, "train", 0, 1, tok)))
+    return str(e.value)
+
+
+def _turn(*parts, answer="3"):
+    return {"messages": [{"role": "user", "content": list(parts)}, {"role": "assistant", "content": answer}]}
+
+
+IMAGE_PART = {"type": "image", "image": "img.png"}
+
+
+def _png(path):
+    from PIL import Image
+
+    Image.new("RGB", (45, 70), (200, 10, 10)).save(path)
+
+
+@pytest.mark.parametrize("case", ["missing", "unreadable", "more_placeholders", "too_many_patches"])
+def test_a_bad_image_record_is_one_line_naming_it(hf_dir, tmp_path, case):
+    good = _turn(IMAGE_PART, {"type": "text", "text": "How many shapes?"})
+    bad = {"missing": _turn({"type": "image", "image": "gone.png"}, {"type": "text", "text": "q"}),
+           "unreadable": _turn({"type": "image", "image": "junk.png"}, {"type": "text", "text": "q"}),
+           "more_placeholders": _turn(IMAGE_PART, {"type": "text", "text": "and <|vision_start|><|image_pad|><|vision_end|>"}),
+           "too_many_patches": _turn(*[IMAGE_PART] * 5, {"type": "text", "text": "q"})}[case]
+    _png(tmp_path / "img.png")
+    (tmp_path / "junk.png").write_text("not a picture")
+    message = _first_batch_error([], [good, bad], tmp_path, hf_dir)
+    assert "\n" not in message and f"{tmp_path / 'train.jsonl'}:2: malformed record" in message, message
+    assert {"missing": "gone.png", "unreadable": "not a readable image",
+            "more_placeholders": "1 image(s) but 2 image placeholder(s)",
+            "too_many_patches": "more than a row holds (max_image_patches=128)"}[case] in message, message
+
+
+def test_an_image_in_a_text_only_models_data_is_one_line_naming_the_record(tmp_path):
+    _png(tmp_path / "img.png")
+    message = _first_batch_error(["base.yml", "model_name=tiny", "sft_template=chatml"],
+                                 [_turn(IMAGE_PART, {"type": "text", "text": "q"})], tmp_path)
+    assert "\n" not in message and f"{tmp_path / 'train.jsonl'}:1: malformed record" in message, message
+    assert "the model has no vision encoder" in message, message
