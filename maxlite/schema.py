@@ -652,6 +652,12 @@ class Keys:
     rollout_worker_gpus: float = key(0.0,
         "grpo: GPUs Ray reserves for each rollout worker (NeMo-RL's generation resources.gpus_per_node; "
         "0 on CPU)", bounds=(0.0, None))
+    rollout_worker_timeout_s: float = key(600.0,
+        "grpo: a rollout worker's share not answered within this many seconds (its start, weights and first "
+        "compile included) is a hang: the worker is killed and replaced, the share re-run (counted in "
+        "rollout_worker_restarts and rollout_worker_hangs); 600: minutes above a share's time for a model that "
+        "fits a host, and below watchdog_initial_timeout, so one worker is replaced before the watchdog "
+        "restarts the run; raise it for long completions on big models; 0: wait forever", bounds=(0.0, None))
     # RL rewards
     reward_timeout_seconds: float = key(5.0,
         "grpo: time limit of one reward call (a batch, or one completion of a per-completion function such as "
