@@ -133,6 +133,14 @@ def _forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache, prefill_cf
     return model.final_norm(x_BTD), Cache(stacks)
 
 
+def sampling_refusal(temperature: float, top_k: int, top_p: float) -> str | None:
+    """The one line saying why `sample` cannot take these settings, or None."""
+    if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
+        return (f"temperature={temperature}, top_k={top_k}, top_p={top_p}: temperature must be >= 0 (0: greedy), "
+                "top_k >= 0 (0: no cut) and top_p in (0, 1] (1: no cut)")
+    return None
+
+
 def sample(logits_BV, key, temperature: float, top_k: int, top_p: float):
     """(one token per row, its log-prob under the distribution it was drawn from): the one sampling
     rule of `generate` and the rollout engine (maxlite/rollout/continuous.py).

@@ -122,11 +122,10 @@ class ContinuousEngine:
         """(the padded prompt length P, the prompts per prefill Bp), or the one line saying what is wrong."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ConfigError("every prompt needs at least one token")
-        if sampling.max_new_tokens < 1 or sampling.temperature < 0 or sampling.generations < 1:
-            raise ConfigError("max_new_tokens and generations must be at least 1, temperature >= 0")
-        if sampling.top_k < 0 or not 0 < sampling.top_p <= 1:
-            raise ConfigError(f"top_k={sampling.top_k}, top_p={sampling.top_p}: top_k must be >= 0 (0: no cut) "
-                              "and top_p in (0, 1] (1: no cut)")
+        if sampling.max_new_tokens < 1 or sampling.generations < 1:
+            raise ConfigError("max_new_tokens and generations must be at least 1")
+        if (why := decode.sampling_refusal(sampling.temperature, sampling.top_k, sampling.top_p)) is not None:
+            raise ConfigError(why)
         longest = max(pad_to, *map(len, prompts))
         P = decode.prompt_length(self.cfg, longest, context.shards())
         if longest + sampling.max_new_tokens > self.cfg.max_position_embeddings:
