@@ -41,8 +41,10 @@ class Sampling:
     def check(self) -> "Sampling":
         if self.max_new_tokens < 1:
             raise C.ConfigError(f"max_new_tokens={self.max_new_tokens} must be at least 1")
-        if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
-            raise C.ConfigError("temperature must be >= 0, top_k >= 0 and top_p in (0, 1]")
+        from maxlite.models.decode import sampling_refusal
+
+        if (why := sampling_refusal(self.temperature, self.top_k, self.top_p)) is not None:
+            raise C.ConfigError(why)
         return self
 
 

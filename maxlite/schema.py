@@ -628,6 +628,14 @@ class Keys:
     grpo_max_new_tokens: int = key(16,
         "grpo: tokens sampled per completion; prompts get max_target_length minus this", positive=True)
     grpo_temperature: float = key(1.0, "grpo: sampling temperature (> 0)", positive=True)
+    # not sample_top_k: that is the sample_prompts hook's display sampling (greedy by default), this the
+    # behaviour policy the loss corrects for; both cut with decode.sample
+    grpo_top_k: int = key(0,
+        "grpo: rollouts sample among the k most likely tokens (MaxText decode_sampling_top_k, vLLM/NeMo-RL "
+        "top_k); 0: no cut; the sampler's log-probs are the cut, renormalised distribution's", bounds=(0, None))
+    grpo_top_p: float = key(1.0,
+        "grpo: ... then among the fewest top tokens holding this probability (MaxText decode_sampling_nucleus_p, "
+        "vLLM/NeMo-RL top_p); 1: no cut", positive=True, bounds=(0.0, 1.0))
     grpo_beta: float = key(-1.0,
         "grpo: weight β of the k3 KL penalty to the reference (MaxText/TRL beta, verl kl_loss_coef); -1: the "
         "loss_algo's own (0.04; dapo 0); 0: no penalty, and no reference copy of the weights is kept",
@@ -696,6 +704,12 @@ class Keys:
     rollout_worker_gpus: float = key(0.0,
         "grpo: GPUs Ray reserves for each rollout worker (NeMo-RL's generation resources.gpus_per_node; "
         "0 on CPU)", bounds=(0.0, None))
+    rollout_worker_timeout_s: float = key(600.0,
+        "grpo: a rollout worker's share not answered within this many seconds (its start, weights and first "
+        "compile included) is a hang: the worker is killed and replaced, the share re-run (counted in "
+        "rollout_worker_restarts and rollout_worker_hangs); 600: minutes above a share's time for a model that "
+        "fits a host, and below watchdog_initial_timeout, so one worker is replaced before the watchdog "
+        "restarts the run; raise it for long completions on big models; 0: wait forever", bounds=(0.0, None))
     # RL rewards
     reward_timeout_seconds: float = key(5.0,
         "grpo: time limit of one reward call (a batch, or one completion of a per-completion function such as "

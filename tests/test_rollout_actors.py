@@ -1,7 +1,8 @@
 """Rollout workers as Ray actors (maxlite/rollout/actors.py) on a real local Ray cluster: a pool of two
-generates what the in-process engine generates for the same weights and key; a worker killed inside
-generate is replaced and the step's completions are unchanged; GRPO trains with a worker one step
-off-policy; bad values are refused in one line."""
+generates what the in-process engine generates for the same weights, key and top-k/top-p cut; a worker
+killed inside generate, and one that hangs there, is replaced and the step's completions are unchanged;
+a share falls due rollout_worker_timeout_s after its submission (an injected clock); GRPO trains with
+a worker one step off-policy; bad values are refused in one line."""
 
 import concurrent.futures
 import json
@@ -19,13 +20,14 @@ from maxlite import api, config as C
 from maxlite.rollout import actors
 from maxlite.rollout.engine import Sampling, make_engine
 from maxlite.train import train
+from tests.rollout_workers import HangsOnce, HoldsInGenerate
 from tests.test_rollout_async import GRPO as SEPARATE
 
 pytestmark = pytest.mark.ray
 
 GRPO = [a for a in SEPARATE if "devices_fraction" not in a]  # colocated: the actors are the sampler
 PROMPTS = [[5, 17, 100, 3, 9], [40, 41, 42, 43, 44, 45, 46, 47, 48], [150, 1, 2], [7, 8]]
-SAMPLING = Sampling(6, temperature=1.0, generations=2)
+SAMPLING = Sampling(6, temperature=1.0, generations=2, top_k=20, top_p=0.9)  # the cut travels to the actors
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +77,7 @@ def test_a_worker_killed_inside_generate_is_replaced_and_the_completions_are_unc
     """Both workers pause inside generate (the test hook) until the file `go`; worker 0's process is
     SIGKILLed while it is there; the pool starts another, pushes it the weights and runs that share again."""
     cfg, params, expected = model
-    pool = actors.WorkerPool(cfg, hold_dir=str(tmp_path))
+    pool = actors.WorkerPool(cfg, worker=HoldsInGenerate, worker_args=(str(tmp_path),))
     try:
         pool.push(params)
         pids = [local_ray.get(a.pid.remote()) for a in pool.actors]
@@ -90,10 +92,63 @@ def test_a_worker_killed_inside_generate_is_replaced_and_the_completions_are_unc
             (tmp_path / "go").touch()
             done = running.result()
         _equal(done, expected)
-        assert pool.restarts == 1
+        assert (pool.restarts, pool.hangs) == (1, 0)  # it died: not a hang
         assert local_ray.get(pool.actors[0].pid.remote()) not in pids
     finally:
         pool.close()
+
+
+def test_a_hung_worker_is_killed_and_replaced_and_the_completions_are_unchanged(local_ray, model, tmp_path):
+    """One worker's first generate never answers (HangsOnce); rollout_worker_timeout_s after its share
+    was submitted the pool kills it, starts another, pushes it the weights and runs that share again."""
+    _, params, expected = model
+    cfg = C.load([*GRPO, "rollout_workers=2", "init_scale=0.5", "rollout_worker_timeout_s=30"])
+    pool = actors.WorkerPool(cfg, worker=HangsOnce, worker_args=(str(tmp_path),))
+    try:
+        pool.push(params)
+        pids = [local_ray.get(a.pid.remote()) for a in pool.actors]  # started: the 30 s hold load, compile, sample
+        done = pool.generate(params, PROMPTS, SAMPLING, jax.random.key(7))
+        _equal(done, expected)
+        hung = int((tmp_path / "hung").read_text())
+        assert hung in pids
+        assert (pool.restarts, pool.hangs, done.stats["hangs"]) == (1, 1, 1)
+        assert hung not in [local_ray.get(a.pid.remote()) for a in pool.actors]
+        deadline = time.monotonic() + 60  # a bound on the wait, not a timing assertion
+        while _alive(hung) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(hung), "the hung worker was replaced but not killed"
+    finally:
+        pool.close()
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, killed and not yet reaped, does not)."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_a_share_falls_due_timeout_seconds_after_its_submission():
+    now = [100.0]
+    due = actors.Deadlines(30, clock=lambda: now[0])
+    due.start(0)
+    now[0] = 110
+    due.start(1)
+    assert due.overdue() == [] and due.wait_s() == 20
+    now[0] = 130
+    assert due.overdue() == [0] and due.wait_s() == 0
+    due.done(0)
+    due.start(0)  # its share submitted again
+    assert due.overdue() == [] and due.wait_s() == 10
+    now[0] = 140
+    assert due.overdue() == [1]
+    due.done(1)
+    assert due.overdue() == [] and due.wait_s() == 20
+    forever = actors.Deadlines(0, clock=lambda: now[0])
+    forever.start(0)
+    now[0] = 1e9
+    assert forever.overdue() == [] and forever.wait_s() is None
 
 
 def test_grpo_trains_with_a_worker_one_step_off_policy(local_ray, tmp_path):
@@ -102,12 +157,14 @@ def test_grpo_trains_with_a_worker_one_step_off_policy(local_ray, tmp_path):
     rows = [r for r in map(json.loads, open(f"{tmp_path}/actors/metrics.jsonl")) if "reward" in r]
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert [r["rollout_staleness"] for r in rows] == [0, 1, 1]
-    assert all(r["rollout_worker_restarts"] == 0 and np.isfinite(r["loss"]) for r in rows)
+    assert all(r["rollout_worker_restarts"] == r["rollout_worker_hangs"] == 0 and np.isfinite(r["loss"]) for r in rows)
 
 
 def test_bad_values_are_refused_in_one_line():
     with pytest.raises(C.ConfigError, match="rollout_workers"):
         C.load([*GRPO, "rollout_workers=-1"])
+    with pytest.raises(C.ConfigError, match=r"^rollout_worker_timeout_s=-1.0 must be >= 0"):
+        C.load([*GRPO, "rollout_workers=1", "rollout_worker_timeout_s=-1"])
     with pytest.raises(C.ConfigError, match="rollout_workers=1 generates in Ray actors of its own"):
         C.load([*SEPARATE, "rollout_workers=1"])
     with pytest.raises(C.ConfigError, match="rollout_workers places GRPO's rollouts"):

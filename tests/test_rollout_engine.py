@@ -2,7 +2,9 @@
 (decode.generate_tokens) token for token on every family the bridge imports (tests/hf_models.py;
 a default lane covering every mixer kind, the rest `slow`), with fewer slots than sequences so slots
 are refilled; its log-probs equal the trainer's recomputed token_logps; at temperature 1 what it
-samples does not depend on max_num_seqs; each completion stops for the right reason."""
+samples does not depend on max_num_seqs; with top_k / top_p it samples from the cut distribution
+(checked in numpy against the trainer's logits) and reports that distribution's log-probs; each
+completion stops for the right reason."""
 
 import functools
 
@@ -89,19 +91,67 @@ def test_logps_equal_the_trainers_token_logps():
     cfg, graphdef, params = _small()
     done = ContinuousEngine(cfg, graphdef, 4, 64).generate(params, PROMPTS, E.Sampling(8, 1.0, G),
                                                            jax.random.key(1))
-    T = 24
+    rows, sampler = _rows(done)
+    theirs = np.asarray(token_logps(params, graphdef, rows))
+    w = np.asarray(rows["weights"]) > 0
+    assert w.sum() == sum(map(len, done.tokens))
+    np.testing.assert_allclose(sampler[w], theirs[w], rtol=1e-5, atol=2e-5)
+    assert not sampler[~w].any()  # zeros off the completion
+
+
+def _rows(done, T: int = 24):
+    """The completions as training rows (preference.row) and their sampler log-probs at the targets."""
     rows, sampler = [], []
     for i, toks in enumerate(done.tokens):
         prompt = PROMPTS[i // G]
         ids = np.asarray(prompt + toks.tolist(), np.int32)
         rows.append(row(ids, np.arange(len(ids)) >= len(prompt), T))
         sampler.append(sampler_row(done.logps[i], len(prompt), T))
-    rows = {k: jnp.asarray(np.stack([r[k] for r in rows])) for k in rows[0]}
-    theirs = np.asarray(token_logps(params, graphdef, rows))
-    w = np.asarray(rows["weights"]) > 0
-    assert w.sum() == sum(map(len, done.tokens))
-    np.testing.assert_allclose(np.stack(sampler)[w], theirs[w], rtol=1e-5, atol=2e-5)
-    assert not np.stack(sampler)[~w].any()  # zeros off the completion
+    return {k: jnp.asarray(np.stack([r[k] for r in rows])) for k in rows[0]}, np.stack(sampler)
+
+
+def _nucleus(logits_V: np.ndarray, temperature: float, top_k: int, top_p: float) -> tuple[np.ndarray, np.ndarray]:
+    """(the token ids a top-k-then-top-p sampler may draw, their renormalised log-probs), in float64:
+    the k most likely, then the fewest of those whose renormalised probability reaches top_p."""
+    z = logits_V.astype(np.float64) / temperature
+    order = np.argsort(-z)[:top_k or None]
+    probs = np.exp(z[order] - z[order].max())
+    probs /= probs.sum()
+    kept = order[:np.searchsorted(np.cumsum(probs), top_p) + 1]
+    shifted = z[kept] - z[kept].max()
+    return kept, shifted - np.log(np.exp(shifted).sum())
+
+
+def test_with_top_k_1_every_token_is_greedy_with_log_prob_0():
+    cfg, graphdef, params = _small()
+    engine = ContinuousEngine(cfg, graphdef, 4, 64)
+    greedy = engine.generate(params, PROMPTS, E.Sampling(8, 0.0, G), jax.random.key(0))
+    done = engine.generate(params, PROMPTS, E.Sampling(8, 1.0, G, top_k=1), jax.random.key(1))
+    assert [t.tolist() for t in done.tokens] == [t.tolist() for t in greedy.tokens]
+    assert not np.concatenate(done.logps).any()  # log 1: the distribution sampled holds one token
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 0.7), (0.7, 5, 0.9)])
+def test_cut_sampling_draws_from_the_nucleus_and_reports_its_log_probs(temperature, top_k, top_p):
+    """Each sampled token lies in the top-k/top-p set computed in numpy from the trainer's logits, and
+    its log-prob is that renormalised set's, not the full distribution's (the loss's ratio divides by it)."""
+    cfg, graphdef, params = _small()
+    done = ContinuousEngine(cfg, graphdef, 4, 64).generate(
+        params, PROMPTS, E.Sampling(8, temperature, G, top_k=top_k, top_p=top_p), jax.random.key(1))
+    rows, sampler = _rows(done)
+    model = nnx.merge(graphdef, params)
+    logits_BTV = np.asarray(model.logits(model.forward(rows["inputs"], rows["positions"], rows["segment_ids"])[0]))
+    targets, w = np.asarray(rows["targets"]), np.asarray(rows["weights"]) > 0
+    sizes, cut = [], []
+    for b, t in zip(*np.nonzero(w)):
+        kept, logps = _nucleus(logits_BTV[b, t], temperature, top_k, top_p)
+        assert targets[b, t] in kept
+        np.testing.assert_allclose(sampler[b, t], logps[list(kept).index(targets[b, t])], atol=1e-4)
+        full = jax.nn.log_softmax(logits_BTV[b, t].astype(np.float64) / temperature)[targets[b, t]]
+        sizes.append(len(kept))
+        cut.append(sampler[b, t] - full)
+    assert 1 < max(sizes) and max(sizes) < logits_BTV.shape[-1]  # the cut left choices, and cut something
+    assert max(cut) > 1e-2  # the renormalised log-probs are above the full distribution's
 
 
 def test_what_is_sampled_does_not_depend_on_the_slots():
@@ -153,6 +203,8 @@ def test_vllm_is_refused_in_one_line_before_any_work():
 
 def test_errors_are_one_line():
     cfg, graphdef, params = _small()
+    with pytest.raises(C.ConfigError, match="top_p in \\(0, 1\\]"):
+        ContinuousEngine(cfg, graphdef, 2, 64).generate(params, PROMPTS, E.Sampling(4, top_p=0.0), jax.random.key(0))
     with pytest.raises(C.ConfigError, match="max_num_batched_tokens=4 is below"):
         ContinuousEngine(cfg, graphdef, 2, 4).generate(params, PROMPTS, E.Sampling(4), jax.random.key(0))
     with pytest.raises(C.ConfigError, match="at least one token"):

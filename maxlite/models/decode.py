@@ -140,14 +140,44 @@ def _forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache, prefill_cf
     return model.final_norm(x_BTD), Cache(stacks)
 
 
+def sampling_refusal(temperature: float, top_k: int, top_p: float) -> str | None:
+    """The one line saying why `sample` cannot take these settings, or None."""
+    if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
+        return (f"temperature={temperature}, top_k={top_k}, top_p={top_p}: temperature must be >= 0 (0: greedy), "
+                "top_k >= 0 (0: no cut) and top_p in (0, 1] (1: no cut)")
+    return None
+
+
 def sample(logits_BV, key, temperature: float, top_k: int, top_p: float):
-    """One token per row: greedy at temperature 0, else from softmax(logits / T) cut to the top k
-    and to the smallest set of top tokens holding probability top_p."""
+    """(one token per row, its log-prob under the distribution it was drawn from): the one sampling
+    rule of `generate` and the rollout engine (maxlite/rollout/continuous.py).
+
+    Temperature 0: greedy, the log-prob then log softmax(logits)[token] (T = 1, no cut). Else the
+    token is drawn from softmax(logits / T) cut to the top k (0: no cut; k ≥ V: none) and then to
+    the smallest set of top tokens holding probability top_p of what is left (1: no cut; vLLM's
+    order), renormalised; the log-prob is that renormalised distribution's, what the trainer's
+    importance ratio divides by. `key`: one key for the batch, or one per row ([B] keys: a row's
+    draw then depends on its own key alone)."""
     if temperature == 0:
-        return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
-    logits_BV = logits_BV.astype(jnp.float32) / temperature
+        token_B = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+        cut_BV = logits_BV.astype(jnp.float32)
+    else:
+        cut_BV = _cut(logits_BV.astype(jnp.float32) / temperature, top_k, top_p)
+        typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+        if key.ndim == (1 if typed else 2):  # one key per row
+            token_B = jax.vmap(jax.random.categorical)(key, cut_BV)
+        else:
+            token_B = jax.random.categorical(key, cut_BV, axis=-1)
+        token_B = token_B.astype(jnp.int32)
+    logp_B = jnp.take_along_axis(jax.nn.log_softmax(cut_BV, axis=-1), token_B[:, None], axis=-1)[:, 0]
+    return token_B, logp_B
+
+
+def _cut(logits_BV, top_k: int, top_p: float):
+    """The logits with the tokens outside the top k, then outside the nucleus of mass top_p, at
+    float32's lowest (probability 0 after the softmax)."""
     lowest = jnp.finfo(jnp.float32).min
-    if top_k > 0:
+    if 0 < top_k < logits_BV.shape[-1]:
         kth_B1 = jax.lax.top_k(logits_BV, top_k)[0][:, -1:]
         logits_BV = jnp.where(logits_BV < kth_B1, lowest, logits_BV)
     if top_p < 1.0:
@@ -156,7 +186,7 @@ def sample(logits_BV, key, temperature: float, top_k: int, top_p: float):
         before_BV = jnp.cumsum(probs_BV, axis=-1) - probs_BV  # mass of the tokens ranked above
         cutoff_B1 = jnp.min(jnp.where(before_BV < top_p, sorted_BV, jnp.inf), axis=-1, keepdims=True)
         logits_BV = jnp.where(logits_BV < cutoff_B1, lowest, logits_BV)
-    return jax.random.categorical(key, logits_BV, axis=-1).astype(jnp.int32)
+    return logits_BV
 
 
 def rope_after_prompt(rope_BP3, lengths_B):
@@ -185,7 +215,7 @@ def generate_tokens(graphdef, params, prompt_BP, lengths_B, key, vision: dict | 
                            prefill_config(model.cfg, P, context.shards()), vision.get("images"), rope_BP)
     x_B1D = jnp.take_along_axis(x_BPD, (lengths_B - 1)[:, None, None], axis=1)
     key, sub = jax.random.split(key)
-    token_B = sample(model.logits(x_B1D)[:, 0], sub, temperature, top_k, top_p)
+    token_B = sample(model.logits(x_B1D)[:, 0], sub, temperature, top_k, top_p)[0]
     out_BN = jnp.full((B, max_new_tokens), eos_id, jnp.int32).at[:, 0].set(token_B)
     # the params ride in the loop state: NNX modules are rebuilt at the loop body's trace level
     state = (jnp.int32(1), token_B, lengths_B, token_B == eos_id, cache, out_BN, key, params)
@@ -200,7 +230,7 @@ def generate_tokens(graphdef, params, prompt_BP, lengths_B, key, vision: dict | 
         rope = None if delta_B is None else jnp.broadcast_to((pos_B + delta_B)[:, None, None], (B, 1, 3))
         x_B1D, cache = forward(model, token_B[:, None], pos_B[:, None], pos_B + 1, cache, rope_BT=rope)
         key, sub = jax.random.split(key)
-        nxt_B = sample(model.logits(x_B1D)[:, 0], sub, temperature, top_k, top_p)
+        nxt_B = sample(model.logits(x_B1D)[:, 0], sub, temperature, top_k, top_p)[0]
         nxt_B = jnp.where(done_B, eos_id, nxt_B)
         out_BN = jax.lax.dynamic_update_slice(out_BN, nxt_B[:, None], (0, i))
         return i + 1, nxt_B, pos_B + 1, done_B | (nxt_B == eos_id), cache, out_BN, key, params

@@ -135,8 +135,9 @@ class GRPOStep(Objective):
         filtered = {}
         rows = got.rows
         if got.sampler_logps is not None and cfg.grpo_temperature == 1.0:
-            # the engine's log-probs are of the distribution it sampled from, softmax(logits / T): the
-            # trainer's ratio π_old / π_sampler compares like with like at T = 1 only
+            # the engine's log-probs are of the distribution it sampled from, softmax(logits / T) cut by
+            # grpo_top_k / grpo_top_p and renormalised: at T = 1 π_old / π_sampler is the importance ratio
+            # against that behaviour policy, the cut included (a cut token's ratio is its kept mass Z ≤ 1)
             rows = {**rows, "sampler_logps": got.sampler_logps}
         if cfg.dynamic_sampling or cfg.overlong_filtering:
             keep_R, dropped = kept_rows(got.rewards_PG, got.ended, cfg.dynamic_sampling, cfg.overlong_filtering)

@@ -6,7 +6,8 @@ rows (prompt + completion, the loss on the completion's tokens).
 One process: the rollout engine `rollout_engine` names samples (in this process, or with
 `rollout_workers` in Ray actors of its own: maxlite/rollout/actors.py) (maxlite/rollout/: continuous
 batching, each prompt prefilled once for its G completions) and reports each token's log-prob
-under the sampling policy, laid out as `sampler_logps` [R, T] like the rows' targets. Several
+under the sampling policy (grpo_temperature, cut by grpo_top_k / grpo_top_p and renormalised),
+laid out as `sampler_logps` [R, T] like the rows' targets. Several
 processes: the static sampler (decode.generate_tokens over prompts repeated G times, `sample_static`):
 every process samples the global batch, gathers the sampled tokens and scores its own prompts'
 completions (a prompt's G completions are on the process that holds the prompt); no sampler log-probs.
@@ -118,8 +119,8 @@ class Rollout:
         def sample(params, prompt_ids, lengths, key, temperature, generations):
             return decode.generate_tokens(
                 graphdef, params, jnp.repeat(prompt_ids, generations, 0), jnp.repeat(lengths, generations, 0),
-                key, max_new_tokens=cfg.grpo_max_new_tokens, temperature=temperature, top_k=0, top_p=1.0,
-                eos_id=eos)[0]
+                key, max_new_tokens=cfg.grpo_max_new_tokens, temperature=temperature, top_k=cfg.grpo_top_k,
+                top_p=cfg.grpo_top_p, eos_id=eos)[0]
 
         self._sample = {True: jax.jit(functools.partial(sample, temperature=0.0, generations=1)),
                         False: jax.jit(functools.partial(sample, temperature=cfg.grpo_temperature,
@@ -136,7 +137,8 @@ class Rollout:
 
         cfg = self.cfg
         sampling = Sampling(cfg.grpo_max_new_tokens, 0.0 if greedy else cfg.grpo_temperature,
-                            1 if greedy else cfg.grpo_num_generations, self.tok.eos_id, self.markers)
+                            1 if greedy else cfg.grpo_num_generations, self.tok.eos_id, self.markers,
+                            top_k=cfg.grpo_top_k, top_p=cfg.grpo_top_p)
         prompts = [ids[:n].tolist() for ids, n in zip(prompt_ids, lengths)]
         done = self.engine.generate(params, prompts, sampling, key)
         return [t.tolist() for t in done.tokens], done.logps

@@ -17,9 +17,13 @@ prompts (a token's key is fold_in(key, prompt, completion, token): continuous.py
 
 Faults: an actor that dies during generate (RayActorError: its process killed, its node lost) is
 replaced by a new one, which reads the last pushed weights, and its share is run again: the same
-keys give the same completions. Replacements are counted (`restarts`, logged as
-`rollout_worker_restarts`). A hung actor (alive but never answering) is not detected: generate
-waits for it.
+keys give the same completions. A hung actor (alive, never answering) is treated alike once its
+share is `rollout_worker_timeout_s` old (counted from the share's submission: the actor's start,
+the weights' load and the first compile are inside it; 0: wait forever): it is killed
+(`ray.kill`), replaced, its share run again. Replacements are counted (`restarts`, logged as
+`rollout_worker_restarts`; those for a hang also in `hangs`, `rollout_worker_hangs`), each said in
+one line that names the cause; a share replaced `_TRIES` times fails the step. `Deadlines` is the
+decision of which share is overdue, on an injected clock.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -38,15 +43,13 @@ _TRIES = 3  # replacements of one share before the step fails
 
 class RolloutWorker:
     """One rollout worker (a Ray actor): the engine for `cfg`'s model on this process's devices.
+    (Tests subclass it to pause or hang inside generate: WorkerPool's `worker`.)"""
 
-    `hold_dir` is a test hook: generate writes `<hold_dir>/<pid>.started` and waits for
-    `<hold_dir>/go` before sampling, so a test can kill the worker inside generate."""
-
-    def __init__(self, cfg, hold_dir: str = ""):
+    def __init__(self, cfg):
         from maxlite.rollout.engine import make_engine
         from maxlite.state import abstract_params
 
-        self.cfg, self.hold_dir = cfg, hold_dir
+        self.cfg = cfg
         from maxlite.launch.cpu_affinity import pin_if_asked
         pin_if_asked(cfg, cfg.rollout_worker_cpus, "rollout worker")  # before JAX starts
         self.graphdef, _ = abstract_params(cfg)
@@ -68,10 +71,6 @@ class RolloutWorker:
         """(tokens, logps, stops, stats) of `prompts`, the prompt indices starting at `first_prompt`."""
         import jax
 
-        if self.hold_dir:
-            open(os.path.join(self.hold_dir, f"{os.getpid()}.started"), "w").close()
-            while not os.path.exists(os.path.join(self.hold_dir, "go")):
-                time.sleep(0.05)
         assert self.params is not None, "weights are pushed before generate"
         done = self.engine.generate(self.params, prompts, sampling, jax.random.wrap_key_data(key_data),
                                     first_prompt=first_prompt, pad_to=pad_to)
@@ -101,15 +100,43 @@ class Pushed:
         self.ref, self.params = ref, params
 
 
-class WorkerPool:
-    """`rollout_workers` RolloutWorker actors behind the Engine interface."""
+class Deadlines:
+    """When each outstanding share is overdue: `timeout_s` after it was (re)submitted, on `clock`
+    (seconds, monotonic); 0: never."""
 
-    def __init__(self, cfg, hold_dir: str = ""):
-        self.cfg, self.hold_dir = cfg, hold_dir
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic):
+        self.timeout_s, self.clock = timeout_s, clock
+        self.due: dict[int, float] = {}
+
+    def start(self, share: int) -> None:
+        self.due[share] = self.clock() + self.timeout_s
+
+    def done(self, share: int) -> None:
+        self.due.pop(share, None)
+
+    def overdue(self) -> list[int]:
+        now = self.clock()
+        return sorted(i for i, t in self.due.items() if self.timeout_s and now >= t)
+
+    def wait_s(self) -> float | None:
+        """How long to wait for an answer before the next share falls due (None: as long as it takes)."""
+        if not self.timeout_s or not self.due:
+            return None
+        return max(min(self.due.values()) - self.clock(), 0.0)
+
+
+class WorkerPool:
+    """`rollout_workers` actors of class `worker` (started with `cfg, *worker_args`) behind the
+    Engine interface; `clock` times the shares (Deadlines)."""
+
+    def __init__(self, cfg, worker: type = RolloutWorker, worker_args: tuple = (),
+                 clock: Callable[[], float] = time.monotonic):
+        self.cfg, self.worker, self.worker_args, self.clock = cfg, worker, worker_args, clock
         self.actors: list = []
         self.loaded: list = []  # the Pushed each actor holds
         self.pushed: Pushed | None = None
         self.restarts = 0
+        self.hangs = 0  # of the restarts, those of an actor that never answered (the others died)
         # one generate at a time (the pipeline's thread and the loop's eval): each actor's load and
         # generate calls must not interleave with another caller's
         self.lock = threading.Lock()
@@ -121,8 +148,8 @@ class WorkerPool:
         # worker's own env reaches neither the cluster's default workers nor their actors: GOTCHAS)
         env = {k: os.environ[k] for k in ("JAX_PLATFORMS", "XLA_FLAGS") if k in os.environ}
         remote = ray.remote(num_cpus=self.cfg.rollout_worker_cpus, num_gpus=self.cfg.rollout_worker_gpus,
-                            max_restarts=0, runtime_env={"env_vars": env})(RolloutWorker)
-        return remote.remote(self.cfg, self.hold_dir)
+                            max_restarts=0, runtime_env={"env_vars": env})(self.worker)
+        return remote.remote(self.cfg, *self.worker_args)
 
     def _ready(self) -> None:
         if not self.actors:  # first called on the loop's thread, before any background rollout
@@ -159,25 +186,53 @@ class WorkerPool:
         bounds = [len(prompts) * i // n for i in range(n + 1)]
         shares = [(bounds[i], prompts[bounds[i]:bounds[i + 1]]) for i in range(n) if bounds[i + 1] > bounds[i]]
         args = (sampling, np.asarray(jax.random.key_data(key)), max(map(len, prompts)))
-        futures = {i: self._submit(i, pushed, share, args) for i, share in enumerate(shares)}
-        results = {}
+        deadlines = Deadlines(self.cfg.rollout_worker_timeout_s, self.clock)
+        futures, tries, results = {}, [0] * len(shares), {}
         for i, share in enumerate(shares):
-            for attempt in range(_TRIES + 1):
+            futures[i] = self._submit(i, pushed, share, args)
+            deadlines.start(i)
+        while len(results) < len(shares):
+            waiting = {futures[i]: i for i in range(len(shares)) if i not in results}
+            ready, _ = ray.wait(list(waiting), num_returns=1, timeout=deadlines.wait_s())
+            failed = []
+            for ref in ready:
+                i = waiting[ref]
+                deadlines.done(i)
                 try:
-                    results[i] = ray.get(futures[i])
-                    break
-                except RayActorError:  # ActorDiedError, ActorUnavailableError
-                    if attempt == _TRIES:
-                        raise
-                    self.restarts += 1
-                    self.actors[i], self.loaded[i] = self._start(), None
-                    futures[i] = self._submit(i, pushed, share, args)
+                    results[i] = ray.get(ref)
+                except RayActorError as e:  # ActorDiedError, ActorUnavailableError
+                    failed.append((i, f"died ({type(e).__name__})", e))
+            failed += [(i, f"hung (no answer in rollout_worker_timeout_s={self.cfg.rollout_worker_timeout_s:g} s)",
+                        None) for i in deadlines.overdue()]
+            for i, why, error in failed:
+                if tries[i] == _TRIES:
+                    if error is not None:
+                        raise error
+                    raise TimeoutError(f"rollout worker {i} {why} {_TRIES + 1} times in one step: raise "
+                                       "rollout_worker_timeout_s if its shares are only slow (0: wait forever)")
+                tries[i] += 1
+                self._replace(i, why, hung=error is None)
+                futures[i] = self._submit(i, pushed, shares[i], args)
+                deadlines.start(i)
         tokens, logps, stops = [], [], []
         for i in range(len(shares)):
             tokens += results[i][0]
             logps += results[i][1]
             stops += results[i][2]
-        return Completions(tokens, logps, stops, {"seconds": time.perf_counter() - started, "restarts": self.restarts})
+        return Completions(tokens, logps, stops, {"seconds": time.perf_counter() - started, "restarts": self.restarts,
+                                                  "hangs": self.hangs})
+
+    def _replace(self, i: int, why: str, hung: bool) -> None:
+        """Actor i killed (a hung one: a dead one is gone already) and a fresh one in its place."""
+        import ray
+
+        if hung:
+            ray.kill(self.actors[i], no_restart=True)
+            self.hangs += 1
+        self.restarts += 1
+        self.actors[i], self.loaded[i] = self._start(), None
+        print(f"maxlite: rollout worker {i} {why}: replaced, its share run again "
+              f"(rollout_worker_restarts={self.restarts})", flush=True)
 
     def _submit(self, i: int, pushed: Pushed, share, args):
         sampling, key_data, pad_to = args

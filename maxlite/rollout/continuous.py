@@ -11,7 +11,8 @@ Three compiled functions with fixed shapes, called from a host loop:
   length P) through the training attention into a cache of Bp rows, and each prompt's last hidden state;
 - `insert`: rows of that cache copied into free slots (maxlite/rollout/slots.py) — a prompt's G
   completions are G copies of its one prefill —, each slot at its own position, its count reset;
-- `step`: for every slot, sample a token from its last hidden state (per-row key), its log-prob, and
+- `step`: for every slot, sample a token from its last hidden state (decode.sample, `generate`'s
+  rule: temperature, top_k, top_p; a per-row key), its log-prob under the cut distribution, and
   whether it ended (an end id, or max_new_tokens), then the token through the model (slots × 1 token).
   The host reads one [3, slots] array per step (tokens, log-probs, ended), frees the ended slots and
   refills them with waiting completions before the next step, so a slot holds no ended sequence
@@ -49,19 +50,6 @@ class Slots(NamedTuple):
     prompt_S: jax.Array  # the sequence held (prompt index, completion index): its RNG stream
     gen_S: jax.Array
     live_S: jax.Array  # holds a sequence that has not ended
-
-
-def draw(logits_SV, keys_S, temperature: float):
-    """(one token per row, its log-prob under the sampling distribution) — greedy at T = 0 (the
-    log-prob then at T = 1), else from softmax(logits / T) with each row's own key."""
-    if temperature == 0:
-        token_S = jnp.argmax(logits_SV, axis=-1).astype(jnp.int32)  # decode.sample's greedy, exactly
-        scaled_SV = logits_SV.astype(jnp.float32)
-    else:
-        scaled_SV = logits_SV.astype(jnp.float32) / temperature
-        token_S = jax.vmap(jax.random.categorical)(keys_S, scaled_SV).astype(jnp.int32)
-    logp_S = jnp.take_along_axis(jax.nn.log_softmax(scaled_SV, axis=-1), token_S[:, None], axis=-1)[:, 0]
-    return token_S, logp_S
 
 
 class _Compiled(NamedTuple):
@@ -103,7 +91,8 @@ def _compile(cfg, graphdef, slots: int, length: int, sampling: Sampling) -> _Com
         model = nnx.merge(graphdef, params)
         keys_S = jax.vmap(lambda p, g, t: jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, p), g), t))(
             s.prompt_S, s.gen_S, s.count_S)
-        token_S, logp_S = draw(model.logits(s.x_S1D)[:, 0], keys_S, sampling.temperature)
+        token_S, logp_S = decode.sample(model.logits(s.x_S1D)[:, 0], keys_S, sampling.temperature,
+                                        sampling.top_k, sampling.top_p)
         count_S = s.count_S + 1
         ended_S = jnp.isin(token_S, end_ids) | (count_S >= sampling.max_new_tokens)
         x_S1D, cache = decode.forward(model, token_S[:, None], s.pos_S[:, None], s.pos_S + 1, s.cache)
@@ -133,8 +122,10 @@ class ContinuousEngine:
         """(the padded prompt length P, the prompts per prefill Bp), or the one line saying what is wrong."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ConfigError("every prompt needs at least one token")
-        if sampling.max_new_tokens < 1 or sampling.temperature < 0 or sampling.generations < 1:
-            raise ConfigError("max_new_tokens and generations must be at least 1, temperature >= 0")
+        if sampling.max_new_tokens < 1 or sampling.generations < 1:
+            raise ConfigError("max_new_tokens and generations must be at least 1")
+        if (why := decode.sampling_refusal(sampling.temperature, sampling.top_k, sampling.top_p)) is not None:
+            raise ConfigError(why)
         longest = max(pad_to, *map(len, prompts))
         P = decode.prompt_length(self.cfg, longest, context.shards())
         if longest + sampling.max_new_tokens > self.cfg.max_position_embeddings:

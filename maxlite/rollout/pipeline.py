@@ -90,6 +90,7 @@ class RolloutPipeline:
                    "rollout_seconds": time.perf_counter() - started}
         if self.workers is not None:
             figures["rollout_worker_restarts"] = self.workers.restarts  # actors replaced so far
+            figures["rollout_worker_hangs"] = self.workers.hangs  # of which for a hang (the rest died)
         return got, figures
 
     def _on_sampler(self):

@@ -15,6 +15,8 @@ class Sampling:
     generations: int = 1  # completions per prompt (GRPO's G)
     eos_id: int | None = None
     marker_ids: tuple[int, ...] = ()  # end-of-turn marker token id(s)
+    top_k: int = 0  # sample among the k most likely tokens (0: all)
+    top_p: float = 1.0  # ... then among the fewest top tokens holding this probability (1: all)
 
     def end_ids(self) -> tuple[int, ...]:
         return (*(() if self.eos_id is None else (int(self.eos_id),)), *map(int, self.marker_ids))
