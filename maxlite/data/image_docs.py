@@ -94,6 +94,25 @@ class QwenImages:
         ids, mask = expand(ids, mask, [self.tokens(g) for g in grids], self.cfg.image_token_id, where)
         return ids, mask, self.positions(ids, grids), arrays
 
+    SYNTHETIC_GRID = (1, 4, 4)
+
+    def synthetic_markers(self) -> list[int]:
+        """A synthetic row's image (dataset_type=synthetic): its markers and placeholders."""
+        cfg = self.cfg
+        return [cfg.vision_start_token_id, *[cfg.image_token_id] * self.tokens(self.SYNTHETIC_GRID),
+                cfg.vision_end_token_id]
+
+    def synthetic(self, row: np.ndarray, rng) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """(the row's [T, 3] positions, its random image's patch arrays)."""
+        from maxlite.models.vision.qwen_vit import patch_layout
+
+        cfg, grid = self.cfg, self.SYNTHETIC_GRID
+        n = grid[1] * grid[2]
+        width = 3 * cfg.vision_temporal_patch_size * cfg.vision_patch_size ** 2
+        arrays = {"image_pixels": rng.standard_normal((n, width)).astype(np.float32)}
+        arrays.update({f"image_{k}": np.asarray(v) for k, v in patch_layout([grid], self.spec, n).items()})
+        return self.positions(row, [grid]), arrays
+
     def row_capacity(self, arrays: dict) -> str | None:
         n = len(arrays["image_pixels"])
         if n > self.cfg.max_image_patches:
@@ -157,6 +176,16 @@ class SiglipImages:
             raise ConfigError(f"{where}: its image tokens are not {cfg.vision_tokens_per_image} per image "
                               f"(vision_tokens_per_image): write each image as one start-of-image token")
         return ids, mask & ~is_image, None, self.encode(images)
+
+    def synthetic_markers(self) -> list[int]:
+        cfg = self.cfg
+        return [cfg.vision_start_token_id, *[cfg.image_token_id] * cfg.vision_tokens_per_image,
+                cfg.vision_end_token_id]
+
+    def synthetic(self, row: np.ndarray, rng) -> tuple[None, dict[str, np.ndarray]]:
+        """(plain positions: None, the row's one random image [1, 3, S, S])."""
+        S = self.cfg.vision_image_size
+        return None, {"image_pixels": rng.standard_normal((1, 3, S, S)).astype(np.float32)}
 
     def row_capacity(self, arrays: dict) -> str | None:
         n = len(arrays["image_pixels"])

@@ -9,7 +9,7 @@ one RoPE per kind of layer (`rope_parameters.full_attention` / `.sliding_attenti
 Import also reads the multimodal checkpoints (`model_type: gemma3`, Gemma 3 4B/12B/27B on the
 hub): the text model from `text_config` (whose absent keys take Gemma3TextConfig's defaults,
 below) and its tensors under `language_model.model.` (transformers 4.x) or `model.language_model.`
-(5.x). Its SigLIP tower and projector come along (maxlite/models/vision/siglip_hf.py's table, under
+(5.x). Its SigLIP tower and projector come along (unless `vision_encoder=` is given: the text model alone) (maxlite/models/vision/siglip_hf.py's table, under
 whichever of its writers' prefixes the checkpoint has; SigLIP's pooling head, which Gemma 3 never runs,
 is left behind): `vision_config`, `mm_tokens_per_image` and the image / boi / eoi token ids become the
 vision keys, preprocessor_config.json's square size, mean and std the processor's. Export writes
@@ -70,6 +70,15 @@ def import_maps(cfg, names: set[str]) -> list[TensorMap]:
         raise ValueError(f"config.json has a vision_config but no vision tower tensors were found under "
                          f"{', '.join(repr(v.vision) for v, _ in VISION_LAYOUTS)}")
     return hf_llama.decoder_maps(cfg, prefix) + siglip_maps(cfg, vision)
+
+
+def skipped(cfg, names: set[str]) -> set[str]:
+    """A multimodal checkpoint imported as its text model (`vision_encoder=` on the command line: the
+    decoder alone, e.g. for a fused attention kernel): its tower's and projector's tensors stay behind."""
+    if cfg.vision_encoder:
+        return set()
+    prefixes = tuple(p for v, _ in VISION_LAYOUTS for p in v)
+    return {n for n in names if n.startswith(prefixes)}
 
 
 def ignore(name: str) -> bool:
