@@ -193,8 +193,12 @@ def test_attention_that_cannot_draw_image_blocks_is_refused(imported):
     _, cfg, _, _ = imported
     assert [resolve_attention("autoselected", p, 8192, 512, 512, image_blocks=True) for p in ("cpu", "gpu", "tpu")] \
         == ["dot_product"] * 3
+    keys = {k: v for k, v in C.to_plain_dict(cfg).items() if k != "attention"}
     with pytest.raises(C.ConfigError, match="attention=blockwise cannot draw vision_encoder=siglip's bidirectional"):
-        C.load(["attention=blockwise"], **{k: v for k, v in C.to_plain_dict(cfg).items() if k != "attention"})
+        C.load(["attention=blockwise"], **keys)
+    assert C.resolve(C.load([], **keys), 1, platform="gpu").attention == "dot_product"
+    with pytest.raises(C.ConfigError, match="image blocks are not drawn across context shards"):
+        C.resolve(C.load(["ici_context_parallelism=2", "ici_fsdp_parallelism=1"], **keys), 2, platform="cpu")
 
 
 def test_vision_encoder_empty_imports_the_text_model_alone(imported):
