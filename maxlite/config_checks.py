@@ -16,7 +16,7 @@ from maxlite import quant
 from maxlite.models import lora_targets, names
 from maxlite.models.families import FAMILIES
 from maxlite.models.kinds import check_kinds
-from maxlite.models.layout import check_layer_pattern, layer_stacks
+from maxlite.models.layout import check_layer_pattern, layer_kinds, layer_stacks
 from maxlite.models.sides import sides
 from maxlite.recipe import (FILE_DATASETS, OBJECTIVE_DATASET, Config, parse_max_time, parse_signals, parse_split,
                             topology_chips)
@@ -86,6 +86,7 @@ def validate(c: Config) -> None:
         raise ConfigError(f"mlp_activations_limit={c.mlp_activations_limit} clamps gpt-oss's SwiGLU; "
                           f"decoder_block={c.decoder_block} has none: leave it 0")
     _validate_kinds(c)
+    _validate_image_blocks(c)
     _validate_objective(c)
     _validate_data(c)
     _validate_resilience(c)
@@ -354,6 +355,21 @@ def check_layout(c: Config, num_processes: int) -> None:
         _check_pipeline(c, stage, round(rows))
 
 
+def _validate_image_blocks(c: Config) -> None:
+    """A vision encoder whose image tokens attend both ways (names.BIDIRECTIONAL_ENCODERS: Gemma 3's
+    siglip) needs an attention that draws those blocks, on grouped-query attention layers, whole
+    sequences per device (_check_context)."""
+    if not names.image_blocks(c):
+        return
+    if c.attention not in ("autoselected", *names.IMAGE_BLOCK_ATTENTION):
+        raise ConfigError(f"attention={c.attention} cannot draw vision_encoder={c.vision_encoder}'s bidirectional "
+                          f"image blocks: use attention=dot_product (or autoselected)")
+    others = sorted({k.mixer for k in layer_kinds(c)} - {"attention"})
+    if others:
+        raise ConfigError(f"vision_encoder={c.vision_encoder}'s bidirectional image blocks are drawn by the attention "
+                          f"mixer only, not {', '.join(others)}")
+
+
 def _check_pipeline(c: Config, stages: int, rows: int) -> None:
     """What `stages` pipeline stages need (maxlite/models/pipeline.py): one scanned stack of layers
     that splits into stages × repeats, at least as many micro-batches as stages, and each batch
@@ -388,6 +404,9 @@ def _check_pipeline(c: Config, stages: int, rows: int) -> None:
 def _check_context(c: Config, context: int) -> None:
     """What a sequence split over `context` shards needs (maxlite/models/context.py; a kind's own
     needs are its layout checks)."""
+    if names.image_blocks(c):
+        raise ConfigError(f"vision_encoder={c.vision_encoder}'s bidirectional image blocks are not drawn across "
+                          f"context shards: set ici_context_parallelism=1 and dcn_context_parallelism=1")
     if c.train_objective != "lm":
         raise ConfigError(f"context parallelism (context={context}) is for train_objective=lm (pre-training, "
                           f"SFT); set ici_context_parallelism=1 for train_objective={c.train_objective}")

@@ -95,7 +95,7 @@ def generate_ids(cfg, params, prompts: Sequence[Sequence[int]], sampling: Sampli
         row[:len(ids)] = ids
     graphdef, _ = abstract_params(cfg)
     eos = -1 if eos_id is None else int(eos_id)
-    if vision is not None:  # [B, P, 3] positions, padded like the prompt
+    if vision is not None and "rope" in vision:  # [B, P, 3] positions, padded like the prompt
         vision["rope"] = np.pad(vision["rope"], ((0, 0), (0, prompt.shape[1] - vision["rope"].shape[1]), (0, 0)))
     args = (params, prompt, lengths, jax.random.key(sampling.seed), vision)
     if mesh is not None:  # the same value on every process: replicated global arrays
@@ -132,21 +132,24 @@ def generate_ids(cfg, params, prompts: Sequence[Sequence[int]], sampling: Sampli
 
 def _with_images(cfg, prompts, images) -> tuple[list[list[int]], dict]:
     """(the prompts with each image placeholder expanded to its image's tokens, {"images": the batch's
-    image arrays, "rope": [B, P, 3] multimodal positions}): data/image_docs.py's rule, as SFT data."""
+    image arrays, "rope": [B, P, 3] multimodal positions where the kind has them}): data/image_docs.py's
+    rule, as SFT data. The image arrays are padded to the batch's most (patches, or images)."""
     from maxlite.data import image_docs
 
     if not cfg.vision_encoder:
         raise C.ConfigError("images given, but this model has no vision encoder (vision_encoder is empty)")
-    kind = image_docs.QwenImages(cfg)
+    kind = image_docs.kind_of(cfg)
     docs = [image_docs.doc_arrays(kind, np.asarray(p, np.int32), np.zeros(len(p), bool), imgs, f"prompt {i}")
             for i, (p, imgs) in enumerate(zip(prompts, images))]
     width = max(len(d[0]) for d in docs)
-    patches = max(1, max(len(d[3]["image_pixels"]) for d in docs))
-    patches = -(-patches // cfg.vision_merge_size ** 2) * cfg.vision_merge_size ** 2
-    rope = np.stack([np.pad(d[2], ((0, width - len(d[2])), (0, 0))) for d in docs])
-    arrays = {k: np.stack([np.pad(d[3][k], [(0, patches - len(d[3][k]))] + [(0, 0)] * (d[3][k].ndim - 1))
-                           for d in docs]) for k in image_docs.PATCH_KEYS}
-    return [d[0].tolist() for d in docs], {"images": arrays, "rope": rope}
+    rows = max(1, max(len(d[3]["image_pixels"]) for d in docs))
+    rows = -(-rows // kind.ROW_MULTIPLE) * kind.ROW_MULTIPLE
+    arrays = {k: np.stack([np.pad(d[3][k], [(0, rows - len(d[3][k]))] + [(0, 0)] * (d[3][k].ndim - 1))
+                           for d in docs]) for k in kind.ROW_KEYS}
+    vision = {"images": arrays}
+    if docs[0][2] is not None:
+        vision["rope"] = np.stack([np.pad(d[2], ((0, width - len(d[2])), (0, 0))) for d in docs])
+    return [d[0].tolist() for d in docs], vision
 
 
 def generate(cfg, params, prompts: Sequence[str], tokenizer=None, sampling: Sampling | None = None,
@@ -170,6 +173,9 @@ def generate_text(cfg, params, prompts: Sequence[str], tokenizer=None, sampling:
     images = images if images is not None and any(images) else None
     if images is not None and not cfg.vision_encoder:
         raise C.ConfigError("--image given, but this model has no vision encoder (vision_encoder is empty)")
+    from maxlite.data import image_docs
+
+    expansion = image_docs.text_expansion(cfg, tok) if images is not None else None
     if chat:
         from maxlite.data.chat import ChatTemplate
         template = ChatTemplate.for_config(cfg, tok)
@@ -177,8 +183,10 @@ def generate_text(cfg, params, prompts: Sequence[str], tokenizer=None, sampling:
         def turn(p, pictures):
             return p if not pictures else [*({"type": "image", "image": ""} for _ in pictures),
                                            {"type": "text", "text": p}]
-        ids = [list(tok._backend.encode(template.render([{"role": "user", "content": turn(p, pictures)}], True),
-                                        add_special_tokens=False).ids)
+        ids = [template.prompt_ids([{"role": "user", "content": turn(p, pictures)}])
+               for p, pictures in zip(prompts, images or [()] * len(prompts))]
+    elif expansion is not None:  # the kind expands in the text: one start-of-image text per image, first
+        ids = [list(tok.encode(image_docs.expand_text(expansion[0] * len(pictures) + p, [], expansion)[0]))
                for p, pictures in zip(prompts, images or [()] * len(prompts))]
     else:
         marks = [cfg.vision_start_token_id, cfg.image_token_id, cfg.vision_end_token_id]

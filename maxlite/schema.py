@@ -333,10 +333,10 @@ class Keys:
     vision_train: str = key("frozen", "what of the vision encoder trains: frozen (none of it; the default) | "
         "projector (the layers that map its features to the decoder's width: qwen_vit's mergers, siglip's "
         "projector) | all. LoRA trains its adapters only, the encoder frozen", choices=("frozen", "projector", "all"))
-    vision_start_token_id: int = key(-1, "the token before an image's placeholders (Qwen <|vision_start|>); "
-        "-1: none", bounds=(-1, None), model=True)
-    vision_end_token_id: int = key(-1, "the token after an image's placeholders (Qwen <|vision_end|>); -1: none",
-        bounds=(-1, None), model=True)
+    vision_start_token_id: int = key(-1, "the token before an image's placeholders (Qwen <|vision_start|>, "
+        "Gemma <start_of_image>: the one a Gemma 3 prompt writes per image); -1: none", bounds=(-1, None), model=True)
+    vision_end_token_id: int = key(-1, "the token after an image's placeholders (Qwen <|vision_end|>, Gemma "
+        "<end_of_image>); -1: none", bounds=(-1, None), model=True)
     video_token_id: int = key(-1, "Qwen's video placeholder (<|video_pad|>; kept for export, videos are not "
         "read); -1: none", bounds=(-1, None), model=True)
     image_min_pixels: int = key(0, "qwen_vit: an image smaller than this is scaled up (the processor's "
@@ -504,6 +504,8 @@ class Keys:
     max_image_patches: int = key(4096, "vision SFT (qwen_vit): image patches a packed row holds (its documents' "
         "images together; a multiple of vision_merge_size²); a conversation with more is reported and skipped",
         positive=True)
+    max_images_per_row: int = key(4, "vision SFT (siglip): images a packed row holds (its documents' together, "
+        "each vision_image_size square); a conversation with more is reported and skipped", positive=True)
     packing_bins: int = key(16, "text: rows packed at once (first-fit); more bins → less padding", bounds=(1, None))
     grain_worker_count: int = key(0, "indexed: grain worker processes (0 = in-process; small machines want 0)",
         bounds=(0, None))

@@ -102,7 +102,8 @@ def test_gemma3_text_defaults_are_transformers_own():
 
 def test_a_multimodal_gemma3_checkpoint_imports_its_text_model(tmp_path):
     """The hub's Gemma 3 4B-27B are Gemma3ForConditionalGeneration: config.json nests text_config,
-    the tensors sit under the language model's prefix beside a vision tower we leave behind."""
+    the tensors sit under the language model's prefix beside the vision tower (imported with it:
+    tests/test_gemma3_vision.py); on text alone the logits are transformers'."""
     text = hf_models.config("gemma3")
     vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                              num_attention_heads=2, image_size=32, patch_size=8)

@@ -34,6 +34,8 @@ class TensorMap:
     mlp: str | None = None     # only in layers whose MLP is this ("dense" | "moe"; families.layer_mlps)
     expert: int | None = None  # the HF tensor is this expert's slice of the (stacked [E, ...]) leaves
     mixer: str | None = None   # only in layers whose mixer is this (a family whose layers differ in shape)
+    stacked: tuple[int, int] | None = None  # (k, n): the HF tensor is slice k of leaves stacked [n, ...] (not a
+                                            # decoder layer's: a vision tower's scanned layer k of n)
 
 
 def of_expert(t: TensorMap, j: int) -> TensorMap:
@@ -102,7 +104,7 @@ def export_entries(cfg, maps: list[TensorMap], pure: P.Tree, dtype) -> list[Entr
 
 def _place(cfg, path: tuple, t: TensorMap, i: int | None) -> tuple[tuple, tuple[int, ...]]:
     """(the leaf's path in the whole tree, the leading indices of this HF tensor's slice of it)."""
-    expert = () if t.expert is None else (t.expert,)
+    expert = (() if t.expert is None else (t.expert,)) + (() if t.stacked is None else (t.stacked[0],))
     if i is None:
         return path, expert
     block, index = layer_place(cfg, i)
@@ -120,7 +122,8 @@ def leaf_shapes(cfg, maps: list[TensorMap]) -> dict[tuple, tuple[tuple[int, ...]
             if where in out:
                 continue
             stacked = i is not None and layer_place(cfg, i)[1] is not None
-            lead = ([counts[where[0]]] if stacked else []) + ([cfg.num_experts] if t.expert is not None else [])
+            lead = ([counts[where[0]]] if stacked else []) + ([cfg.num_experts] if t.expert is not None else []) \
+                + ([t.stacked[1]] if t.stacked is not None else [])
             out[where] = ((*lead, *shape), len(lead))
     return out
 

@@ -1,6 +1,6 @@
 """A vision tower's tensors as the bridge's TensorMaps: each encoder kind's own table (HF name, our
-path, both conversions: maxlite/models/vision/qwen_vit_hf.py) under the model's `vision` part, with
-the shapes both sides hold (from the tower's abstract parameters: nothing is built)."""
+path, both conversions: maxlite/models/vision/qwen_vit_hf.py, siglip_hf.py) under the model's `vision`
+part, with the shapes both sides hold (from the tower's abstract parameters: nothing is built)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,13 @@ def _shapes(spec) -> dict[tuple, tuple[int, ...]]:
     import jax.numpy as jnp
     from flax import nnx
 
-    from maxlite.models.vision.qwen_vit import QwenVisionTower
+    from maxlite.models.vision.qwen_vit import QwenVisionSpec, QwenVisionTower
+    from maxlite.models.vision.siglip import SiglipTower
 
+    tower_cls = QwenVisionTower if isinstance(spec, QwenVisionSpec) else SiglipTower
     with nnx.use_eager_sharding(False):
-        tower = nnx.eval_shape(lambda: QwenVisionTower(spec, rngs=nnx.Rngs(0), dtype=jnp.float32,
-                                                       weight_dtype=jnp.float32))
+        tower = nnx.eval_shape(lambda: tower_cls(spec, rngs=nnx.Rngs(0), dtype=jnp.float32,
+                                                 weight_dtype=jnp.float32))
     flat = nnx.to_flat_state(nnx.state(tower, nnx.Param))
     return {tuple(path): tuple(v.get_value().shape) for path, v in flat}
 
@@ -40,4 +42,26 @@ def qwen_vit_maps(cfg, prefix: str) -> list[TensorMap]:
         maps.append(TensorMap(prefix + name, (("vision", *path),), tuple(theirs), (ours,),
                               functools.partial(to_hf, spec=spec),
                               lambda t, f=to_ours: (f(t, spec),), layer=False))
+    return maps
+
+
+def siglip_maps(cfg, prefix) -> list[TensorMap]:
+    """The siglip tower and Gemma 3's projector of `cfg` ↔ HF's tensors under `prefix`
+    (siglip_hf.Prefixes: the tower's and the projector's); layer k of the scanned stack [L, ...] is
+    HF's `encoder.layers.{k}.`."""
+    from maxlite.models.vision import siglip_hf
+    from maxlite.models.vision.towers import siglip_spec
+
+    spec = siglip_spec(cfg)
+    shapes = _shapes(spec)
+    maps = []
+    for entry in siglip_hf.ENTRIES:
+        stacked = entry.path[0] == "layers"
+        ours = shapes[entry.path][1:] if stacked else shapes[entry.path]
+        theirs = entry.to_hf(np.zeros(ours, np.float32), spec).shape
+        for k, name in enumerate(siglip_hf.hf_names_of(entry, spec, prefix)):
+            maps.append(TensorMap(name, (("vision", *entry.path),), tuple(theirs), (ours,),
+                                  functools.partial(entry.to_hf, spec=spec),
+                                  lambda t, f=entry.to_ours: (f(t, spec),), layer=False,
+                                  stacked=(k, spec.depth) if stacked else None))
     return maps

@@ -167,7 +167,8 @@ def template_source(config) -> tuple[str, str]:
 class ChatTemplate:
     """Renders conversations; `encode` gives (ids, assistant mask)."""
 
-    def __init__(self, source: str, tokenizer, name: str = "", bos_token: str = "", eos_token: str = ""):
+    def __init__(self, source: str, tokenizer, name: str = "", bos_token: str = "", eos_token: str = "",
+                 image_expansion: tuple[str, str] | None = None):
         import jinja2
         try:
             self._template = _environment().from_string(source)
@@ -175,6 +176,8 @@ class ChatTemplate:
             raise ConfigError(f"chat template {name or ''}: not valid Jinja ({e})") from None
         self.name, self.tok = name, tokenizer
         self.bos_token, self.eos_token = bos_token, eos_token
+        # a vision kind that expands its image placeholder in the text (image_docs.text_expansion: Gemma 3)
+        self.image_expansion = image_expansion
         if not hasattr(tokenizer._backend, "encode_batch_fast") and not hasattr(tokenizer._backend, "get_vocab_size"):
             raise ConfigError(f"dataset_type=sft needs an HF tokenizers tokenizer (tokenizer.json) for token "
                               f"offsets; {tokenizer.path} is not one")
@@ -187,8 +190,11 @@ class ChatTemplate:
 
         def text(tid, default):
             return (backend.id_to_token(tid) if tid is not None and hasattr(backend, "id_to_token") else None) or default
+        from maxlite.data.image_docs import text_expansion
+
+        expansion = text_expansion(config, tokenizer) if config.vision_encoder else None
         return cls(source, tokenizer, name, specials.get("bos_token") or text(tokenizer.bos_id, ""),
-                   specials.get("eos_token") or text(tokenizer.eos_id, ""))
+                   specials.get("eos_token") or text(tokenizer.eos_id, ""), expansion)
 
     def render(self, messages: Sequence[dict], add_generation_prompt: bool = False) -> str:
         import jinja2
@@ -247,7 +253,14 @@ class ChatTemplate:
         spans = [(lo, hi) for lo, hi in spans if lo >= answers_from]
         return self._ids_and_mask(text, spans, train_on_inputs)
 
+    def prompt_ids(self, messages: Sequence[dict]) -> list[int]:
+        """The ids of `messages` and the assistant's generation prompt, as `examples` tokenizes them."""
+        return self._ids_and_mask(self.render(messages, True), [], True)[0].tolist()
+
     def _ids_and_mask(self, text: str, spans: list[tuple[int, int]], train_on_inputs: bool):
+        from maxlite.data.image_docs import expand_text
+
+        text, spans = expand_text(text, spans, self.image_expansion)
         enc = self.tok._backend.encode(text, add_special_tokens=False)
         ids = np.asarray(enc.ids, np.int32)
         if train_on_inputs:

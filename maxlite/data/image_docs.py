@@ -12,6 +12,13 @@ patch rows [Np, C·tp·p·p] (Np: all its patches), and per patch its image's nu
 (1, 2, ...), the 2-D RoPE position, and the learned-position interpolation's indices and weights.
 Packed rows concatenate documents' patches like their tokens (grain's packing, every patch array
 its own length `max_image_patches`); `relabel` numbers the images of a row apart.
+
+The siglip kind (Gemma 3) expands in the TEXT, as Gemma3Processor does: each `<start_of_image>` the
+template (or the prompt) writes becomes "\n\n<start_of_image>" + `<image_soft_token>` × mm_tokens_per_image
++ "<end_of_image>\n\n" before tokenization (`text_expansion`, which data/chat.py and generate apply),
+so the newlines merge with their neighbours as transformers' tokenization merges them. A document's
+images are then [I, C, S, S] (each resized to vision_image_size), packed up to `max_images_per_row`
+per row; positions stay plain.
 """
 
 from __future__ import annotations
@@ -45,10 +52,13 @@ def expand(ids: np.ndarray, mask: np.ndarray, counts: Sequence[int], token_id: i
 class QwenImages:
     """The qwen_vit kind's side of a document: pixels and their layout, token counts, positions."""
 
+    ROW_KEYS = PATCH_KEYS
+
     def __init__(self, cfg):
         from maxlite.models.vision.towers import qwen_spec
 
         self.cfg, self.spec = cfg, qwen_spec(cfg)
+        self.ROW_MULTIPLE = cfg.vision_merge_size ** 2  # a prompt batch's patches: whole merge groups
 
     def encode(self, images: Sequence[Any]) -> tuple[list[tuple[int, int, int]], dict[str, np.ndarray]]:
         """(each image's patch grid (t, h, w), the document's patch arrays: PATCH_KEYS) of PIL images."""
@@ -79,6 +89,44 @@ class QwenImages:
 
         return mrope_positions(ids, grids, self.cfg.vision_merge_size, self.cfg.image_token_id)
 
+    def doc(self, ids: np.ndarray, mask: np.ndarray, images: Sequence[Any], where: str):
+        grids, arrays = self.encode(images)
+        ids, mask = expand(ids, mask, [self.tokens(g) for g in grids], self.cfg.image_token_id, where)
+        return ids, mask, self.positions(ids, grids), arrays
+
+    SYNTHETIC_GRID = (1, 4, 4)
+
+    def synthetic_markers(self) -> list[int]:
+        """A synthetic row's image (dataset_type=synthetic): its markers and placeholders."""
+        cfg = self.cfg
+        return [cfg.vision_start_token_id, *[cfg.image_token_id] * self.tokens(self.SYNTHETIC_GRID),
+                cfg.vision_end_token_id]
+
+    def synthetic(self, row: np.ndarray, rng) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """(the row's [T, 3] positions, its random image's patch arrays)."""
+        from maxlite.models.vision.qwen_vit import patch_layout
+
+        cfg, grid = self.cfg, self.SYNTHETIC_GRID
+        n = grid[1] * grid[2]
+        width = 3 * cfg.vision_temporal_patch_size * cfg.vision_patch_size ** 2
+        arrays = {"image_pixels": rng.standard_normal((n, width)).astype(np.float32)}
+        arrays.update({f"image_{k}": np.asarray(v) for k, v in patch_layout([grid], self.spec, n).items()})
+        return self.positions(row, [grid]), arrays
+
+    def row_capacity(self, arrays: dict) -> str | None:
+        n = len(arrays["image_pixels"])
+        if n > self.cfg.max_image_patches:
+            return f"its images have {n} patches, more than a row holds (max_image_patches={self.cfg.max_image_patches})"
+        return None
+
+    def pack_lengths(self, length: int) -> dict[str, int]:
+        return {"rope": length, **{k: self.cfg.max_image_patches for k in PATCH_KEYS}}
+
+    def finish(self, row: dict, out: dict) -> None:
+        out["positions"] = row["rope"].astype(np.int32)
+        out.update({k: row[k] for k in PATCH_KEYS})
+        out["image_segment"] = relabel(row["image_pixels_segment_ids"], row["image_segment"])
+
 
 def _empty_layout() -> dict[str, np.ndarray]:
     return {"segment": np.zeros(0, np.int32), "rope_hw": np.zeros((0, 2), np.int32),
@@ -94,8 +142,98 @@ def relabel(doc_segment: np.ndarray, image_segment: np.ndarray) -> np.ndarray:
     return np.where(real, np.cumsum(new), 0).astype(np.int32)
 
 
-def doc_arrays(kind: QwenImages, ids: np.ndarray, mask: np.ndarray, images: Sequence[Any], where: str):
-    """One document's token ids, loss mask, [T, 3] positions and patch arrays."""
-    grids, arrays = kind.encode(images)
-    ids, mask = expand(ids, mask, [kind.tokens(g) for g in grids], kind.cfg.image_token_id, where)
-    return ids, mask, kind.positions(ids, grids), arrays
+def doc_arrays(kind, ids: np.ndarray, mask: np.ndarray, images: Sequence[Any], where: str):
+    """One document's token ids, loss mask, positions ([T, 3]; None where they are plain) and image arrays."""
+    return kind.doc(ids, mask, images, where)
+
+
+class SiglipImages:
+    """The siglip kind's side of a document: square pixels [I, C, S, S]; its placeholders were
+    expanded in the text (`text_expansion`), so a document's ids hold one run of
+    vision_tokens_per_image image tokens per image."""
+
+    ROW_KEYS = ("image_pixels",)
+    ROW_MULTIPLE = 1
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def encode(self, images: Sequence[Any]) -> dict[str, np.ndarray]:
+        from maxlite.data.images import siglip_pixels
+
+        S = self.cfg.vision_image_size
+        pixels = [siglip_pixels(image, size=S, mean=self.cfg.image_mean, std=self.cfg.image_std) for image in images]
+        return {"image_pixels": np.stack(pixels) if pixels else np.zeros((0, 3, S, S), np.float32)}
+
+    def doc(self, ids: np.ndarray, mask: np.ndarray, images: Sequence[Any], where: str):
+        cfg = self.cfg
+        is_image = ids == cfg.image_token_id
+        starts = np.flatnonzero(is_image & ~np.concatenate([[False], is_image[:-1]]))
+        if len(starts) != len(images):
+            raise ConfigError(f"{where}: {len(images)} image(s) but {len(starts)} image placeholder(s) in the rendered "
+                              f"text: each image needs its own placeholder (the chat template writes one per image item)")
+        if int(is_image.sum()) != len(images) * cfg.vision_tokens_per_image:
+            raise ConfigError(f"{where}: its image tokens are not {cfg.vision_tokens_per_image} per image "
+                              f"(vision_tokens_per_image): write each image as one start-of-image token")
+        return ids, mask & ~is_image, None, self.encode(images)
+
+    def synthetic_markers(self) -> list[int]:
+        cfg = self.cfg
+        return [cfg.vision_start_token_id, *[cfg.image_token_id] * cfg.vision_tokens_per_image,
+                cfg.vision_end_token_id]
+
+    def synthetic(self, row: np.ndarray, rng) -> tuple[None, dict[str, np.ndarray]]:
+        """(plain positions: None, the row's one random image [1, 3, S, S])."""
+        S = self.cfg.vision_image_size
+        return None, {"image_pixels": rng.standard_normal((1, 3, S, S)).astype(np.float32)}
+
+    def row_capacity(self, arrays: dict) -> str | None:
+        n = len(arrays["image_pixels"])
+        if n > self.cfg.max_images_per_row:
+            return f"it has {n} images, more than a row holds (max_images_per_row={self.cfg.max_images_per_row})"
+        return None
+
+    def pack_lengths(self, length: int) -> dict[str, int]:
+        return {"image_pixels": self.cfg.max_images_per_row}
+
+    def finish(self, row: dict, out: dict) -> None:
+        out["image_pixels"] = row["image_pixels"].astype(np.float32)
+
+
+def text_expansion(cfg, tokenizer) -> tuple[str, str] | None:
+    """(the placeholder's text, what it becomes) for a kind that expands in the text (siglip: Gemma3Processor's
+    full_image_sequence), else None. The token texts come from the tokenizer."""
+    if cfg.vision_encoder != "siglip":
+        return None
+    backend = tokenizer._backend
+    names = {}
+    for key in ("vision_start_token_id", "image_token_id", "vision_end_token_id"):
+        tid = getattr(cfg, key)
+        names[key] = backend.id_to_token(tid) if tid >= 0 and hasattr(backend, "id_to_token") else None
+        if not names[key]:
+            raise ConfigError(f"{key}={tid} is not a token of {tokenizer.path}: Gemma 3's images need its "
+                              f"<start_of_image>, <image_soft_token> and <end_of_image>")
+    boi = names["vision_start_token_id"]
+    return boi, (f"\n\n{boi}{names['image_token_id'] * cfg.vision_tokens_per_image}"
+                 f"{names['vision_end_token_id']}\n\n")
+
+
+def expand_text(text: str, spans: Sequence[tuple[int, int]], expansion: tuple[str, str] | None):
+    """(text with each placeholder replaced, `spans` (character ranges) moved with it)."""
+    if expansion is None or expansion[0] not in text:
+        return text, list(spans)
+    old, new = expansion
+    at = [i for i in range(len(text)) if text.startswith(old, i)]
+    grow = len(new) - len(old)
+
+    def moved(c: int) -> int:
+        return c + grow * sum(1 for a in at if a < c)
+    return text.replace(old, new), [(moved(lo), moved(hi)) for lo, hi in spans]
+
+
+KINDS = {"qwen_vit": QwenImages, "siglip": SiglipImages}
+
+
+def kind_of(cfg):
+    """The encoder kind's side of a document (data and prompts)."""
+    return KINDS[cfg.vision_encoder](cfg)

@@ -11,6 +11,7 @@ is one more document: the conversation up to that answer (`ChatTemplate.examples
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -49,8 +50,7 @@ class _RenderAndMask(grain.experimental.FlatMapTransform):
         self.config, self.bad = config, bad
         self.images = None
         if config is not None and config.vision_encoder:
-            from maxlite.data.image_docs import QwenImages
-            self.images = QwenImages(config)
+            self.images = image_docs.kind_of(config)
 
     def flat_map(self, element: dict[str, Any]) -> list[dict[str, np.ndarray]]:
         messages = element["texts"]
@@ -75,28 +75,29 @@ class _RenderAndMask(grain.experimental.FlatMapTransform):
             pictures = [image_io.load_image(ref, base_dir=os.path.dirname(path), where=where) for ref in refs]
             ids, mask = self.template.examples(element["texts"], self.train_on_inputs)[0]
             ids, mask, rope, arrays = image_docs.doc_arrays(self.images, ids, mask, pictures, where)
-            if len(arrays["image_pixels"]) > self.config.max_image_patches:
-                raise ValueError(f"its images have {len(arrays['image_pixels'])} patches, more than a row holds "
-                                 f"(max_image_patches={self.config.max_image_patches})")
+            full = self.images.row_capacity(arrays)
+            if full:
+                raise ValueError(full)
             if len(ids) > self.length + 1 and np.any(ids[self.length + 1:] == self.config.image_token_id):
                 raise ValueError(f"its image tokens run past max_target_length={self.length} (an image is never cut)")
         except ValueError as e:
             self.bad.add(path, number, str(e).removeprefix(where + ": "))
             return []
-        ids, mask, rope = ids[:self.length + 1], mask[:self.length + 1], rope[:self.length + 1]
+        ids, mask = ids[:self.length + 1], mask[:self.length + 1]
+        positions = {} if rope is None else {"rope": rope[:len(ids) - 1]}  # multimodal RoPE's, else plain
         return [{"inputs": ids[:-1], "targets": ids[1:], "weights": mask[1:].astype(np.float32),
-                 "rope": rope[:-1], **arrays}]
+                 **positions, **arrays}]
 
 
-def _finish(row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _finish(row: dict[str, np.ndarray], images=None) -> dict[str, np.ndarray]:
+    """A packed row as the step reads it; `images` (a vision model's encoder kind, image_docs) adds its
+    documents' image arrays (and multimodal positions)."""
     seg = row["inputs_segment_ids"].astype(np.int32)
     out = {"inputs": row["inputs"].astype(np.int32), "targets": row["targets"].astype(np.int32),
            "positions": row["inputs_positions"].astype(np.int32), "segment_ids": seg,
            "weights": row["weights"].astype(np.float32) * (seg != 0)}
-    if "rope" in row:  # a vision model's row: multimodal positions and its documents' patches
-        out["positions"] = row["rope"].astype(np.int32)
-        out.update({k: row[k] for k in image_docs.PATCH_KEYS})
-        out["image_segment"] = image_docs.relabel(row["image_pixels_segment_ids"], row["image_segment"])
+    if images is not None:
+        images.finish(row, out)
     return out
 
 
@@ -116,8 +117,9 @@ def make_sft_dataset(config, split: str, process_index: int, process_count: int,
                                                                   config, bad))
     ds = ds.filter(lambda ex: len(ex["inputs"]) > 0)
     lengths = {"inputs": length, "targets": length, "weights": length}
-    if config.vision_encoder:  # every document's patches packed beside its tokens, never split
-        lengths.update({"rope": length, **{k: config.max_image_patches for k in image_docs.PATCH_KEYS}})
+    images = image_docs.kind_of(config) if config.vision_encoder else None
+    if images is not None:  # every document's images packed beside its tokens, never split
+        lengths.update(images.pack_lengths(length))
     ds = grain.experimental.FirstFitPackIterDataset(
         ds, length_struct=lengths, num_packing_bins=config.packing_bins, seed=seed, shuffle_bins=shuffle)
-    return process_batches(ds.map(_finish), config, process_index, process_count)
+    return process_batches(ds.map(functools.partial(_finish, images=images)), config, process_index, process_count)

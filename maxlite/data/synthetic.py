@@ -62,38 +62,31 @@ class SyntheticIterator:
 
 
 class _Images:
-    """A vision model's synthetic rows: one random image per row (a 4 × 4 patch grid, so
-    4 · 4 / merge² image tokens) after the row's first token, between the vision markers, with
-    multimodal positions; the rest of the row as before (data/image_docs.py's rule)."""
+    """A vision model's synthetic rows: one random image per row after the row's first token, as its
+    encoder kind's markers and image tokens (image_docs: qwen_vit a 4 × 4 patch grid, with
+    multimodal positions; siglip one vision_image_size square); the rest of the row as before."""
 
     def __init__(self, config):
-        from maxlite.data.image_docs import QwenImages
+        from maxlite.data.image_docs import kind_of
 
-        if config.vision_encoder != "qwen_vit":
-            raise ValueError(f"dataset_type=synthetic has no images for vision_encoder={config.vision_encoder}")
-        self.kind, self.cfg = QwenImages(config), config
+        self.kind = kind_of(config)
 
     def add(self, batch: dict, rngs) -> dict:
-        from maxlite.data.image_docs import PATCH_KEYS
-        from maxlite.models.vision.qwen_vit import patch_layout
-
-        cfg, kind = self.cfg, self.kind
-        grid = (1, 4, 4)
-        n_tokens = kind.tokens(grid)
-        width = 3 * cfg.vision_temporal_patch_size * cfg.vision_patch_size ** 2
-        markers = [cfg.vision_start_token_id, *[cfg.image_token_id] * n_tokens, cfg.vision_end_token_id]
-        inputs, positions, arrays = batch["inputs"].copy(), [], {k: [] for k in PATCH_KEYS}
+        markers = self.kind.synthetic_markers()
+        inputs, positions, arrays = batch["inputs"].copy(), [], {k: [] for k in self.kind.ROW_KEYS}
         for row, rng in zip(inputs, rngs):
             row[1:1 + len(markers)] = markers
-            positions.append(kind.positions(row, [grid]))
-            layout = patch_layout([grid], kind.spec, 16)
-            arrays["image_pixels"].append(rng.standard_normal((16, width)).astype(np.float32))
-            for k, v in layout.items():
-                arrays[f"image_{k}"].append(np.asarray(v))
+            row_positions, row_arrays = self.kind.synthetic(row, rng)
+            positions.append(row_positions)
+            for k, v in row_arrays.items():
+                arrays[k].append(v)
         targets = np.concatenate([inputs[:, 1:], batch["targets"][:, -1:]], axis=1)
         weights = batch["weights"] * ~np.isin(targets, markers[:-1])  # no loss on predicting the image
-        return {**batch, "inputs": inputs, "targets": targets, "positions": np.stack(positions).astype(np.int32),
-                "weights": weights.astype(np.float32), **{k: np.stack(v) for k, v in arrays.items()}}
+        out = {**batch, "inputs": inputs, "targets": targets, "weights": weights.astype(np.float32),
+               **{k: np.stack(v) for k, v in arrays.items()}}
+        if positions[0] is not None:  # multimodal RoPE's
+            out["positions"] = np.stack(positions).astype(np.int32)
+        return out
 
 
 def make_synthetic_iterator(config, split: str, process_index: int, process_count: int):

@@ -43,24 +43,29 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxlite.models import context, cudnn_attention
-from maxlite.models.attention_mask import scale_or_default as _scale, visible
+from maxlite.models.attention_mask import scale_or_default as _scale, visible, visible_in_blocks
 from maxlite.models.matmul import project
-from maxlite.models.names import ATTENTION, resolve_attention
+from maxlite.models.names import ATTENTION, IMAGE_BLOCK_ATTENTION, resolve_attention
 from maxlite.models.platform import target_platform
 
 _NEG = -1e30  # masked score; finite so that a fully masked key block gives exp(0)·0, not NaN
 
 
 def attend(cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window: int = 0, scale: float | None = None,
-           sinks_N=None):
+           sinks_N=None, blocks_BT=None):
     """Dispatch on cfg.attention (resolved with the config; a config that never was — a model built
     by hand — is resolved here by the same rule); `window` (static) is the layer's sliding window,
-    0 for a global layer; `sinks_N` the layer's attention sinks (None: none). Returns out_BTNH in
-    q's dtype."""
+    0 for a global layer; `sinks_N` the layer's attention sinks (None: none); `blocks_BT` each token's
+    image block (−1: none; its tokens see each other both ways: attention_mask.visible_in_blocks),
+    None where the model has none. Returns out_BTNH in q's dtype."""
     T, n = q_BTNH.shape[1], context.shards()
     is_balanced = context.balanced(cfg)
     impl = resolve_attention(cfg.attention, target_platform(), T, cfg.attention_block_size, cfg.sa_block_q,
-                             n * (2 if is_balanced else 1), sinks_N is not None)
+                             n * (2 if is_balanced else 1), sinks_N is not None, blocks_BT is not None)
+    if blocks_BT is not None:  # config_checks refuses the others with a bidirectional vision encoder
+        assert impl in IMAGE_BLOCK_ATTENTION and n == 1, (impl, n)
+        return dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window=window, scale=scale, sinks_N=sinks_N,
+                           blocks_BT=blocks_BT)
     if n > 1:
         return _across_shards(cfg, impl, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window, scale, is_balanced,
                               sinks_N)
@@ -80,10 +85,10 @@ def attend(cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window: int = 0, scale: 
 
 
 def dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window: int = 0, scale: float | None = None,
-                sinks_N=None):
+                sinks_N=None, blocks_BT=None):
     pos_T = jnp.arange(q_BTNH.shape[1])
     return _dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, segment_ids_BT, pos_T, pos_T, window, scale,
-                        sinks_N)
+                        sinks_N, blocks_BT)
 
 
 def softmax_with_sinks(logits_BKGTS, sinks_N):
@@ -96,15 +101,21 @@ def softmax_with_sinks(logits_BKGTS, sinks_N):
     return jax.nn.softmax(jnp.concatenate([logits_BKGTS, sink_BKGT1], axis=-1), axis=-1)[..., :-1]
 
 
-def _dot_product(q_BTNH, k_BSKH, v_BSKH, qseg_BT, kseg_BS, qpos_T, kpos_S, window, scale, sinks_N=None):
+def _dot_product(q_BTNH, k_BSKH, v_BSKH, qseg_BT, kseg_BS, qpos_T, kpos_S, window, scale, sinks_N=None,
+                 blocks_BT=None):
     """Queries at sequence positions qpos_T against keys at kpos_S (a context shard's queries
-    against the whole sequence)."""
+    against the whole sequence); `blocks_BT` (queries and keys alike: no context shards) the image
+    blocks whose tokens see each other both ways."""
     B, T, N, H = q_BTNH.shape
     K = k_BSKH.shape[2]
     q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
     scores_BKGTS = project("btkgh,bskh->bkgts", q_BTKGH, k_BSKH).astype(jnp.float32)
-    mask_BTS = (visible(qpos_T[:, None], kpos_S[None, :], window)[None]
-                & (qseg_BT[:, :, None] == kseg_BS[:, None, :]))
+    if blocks_BT is None:
+        near_BTS = visible(qpos_T[:, None], kpos_S[None, :], window)[None]
+    else:
+        near_BTS = visible_in_blocks(qpos_T[None, :, None], kpos_S[None, None, :], window, blocks_BT[:, :, None],
+                                     blocks_BT[:, None, :])
+    mask_BTS = near_BTS & (qseg_BT[:, :, None] == kseg_BS[:, None, :])
     # the mask as an additive bias: its gradient is the identity, so the backward pass keeps no
     # [B, K, G, T, S] mask (a select would); every row keeps its own diagonal, so none is all _NEG
     bias_B11TS = jnp.where(mask_BTS, 0.0, _NEG)[:, None, None]

@@ -14,3 +14,12 @@ def visible(q_idx, k_idx, window: int):
     """Causal, and within the window when there is one (indices of one row, any broadcast shape)."""
     ok = q_idx >= k_idx
     return ok if not window else ok & (q_idx - k_idx < window)
+
+
+def visible_in_blocks(q_idx, k_idx, window: int, qblock, kblock):
+    """`visible`, and besides every key of the query's own image block (Gemma 3: the tokens of one
+    image see each other both ways; block ids ≥ 0, −1 outside any). The window still applies, as
+    transformers' sliding mask is AND(window, OR(causal, block)); a later key is always within it."""
+    both = (qblock == kblock) & (qblock >= 0)
+    ok = (q_idx >= k_idx) | both
+    return ok if not window else ok & (q_idx - k_idx < window)

@@ -27,8 +27,9 @@ from maxlite.models import attention, context, matmul
 from maxlite.models.carry import Carry, layer_inputs
 from maxlite.models.kinds import MIXERS
 from maxlite.models.layout import cache_groups, layer_kinds, layer_stacks
-from maxlite.models.names import resolve_attention
+from maxlite.models.names import image_blocks, resolve_attention
 from maxlite.models.platform import target_platform
+from maxlite.models.sides import mixer_args
 
 
 class Cache(NamedTuple):
@@ -51,7 +52,7 @@ def _tile(cfg, impl: str) -> int:
 
 def _implementation(cfg, length: int, shards: int) -> str:
     return resolve_attention(cfg.attention, target_platform(), length, cfg.attention_block_size, cfg.sa_block_q,
-                             shards, cfg.attention_sink)
+                             shards, cfg.attention_sink, image_blocks(cfg))
 
 
 def prompt_length(cfg, length: int, shards: int = 1) -> int:
@@ -85,6 +86,8 @@ def _block(layer, key, x_BTD, positions_BT, lengths_B, stack, j, shared, prefill
     extra = {"context": context} if getattr(cache, "CONTEXT", False) else {}
     if rope_BT is not None:
         extra["rope_BT"] = rope_BT
+    if prefill_cfg is not None:  # the prefill's mixer reads what training's does (image blocks); a step does not
+        extra.update(mixer_args(layer.mixer_sides, inputs or {}))
     args = (layer.attn, layer.mixer_input(x_BTD), positions_BT, lengths_B)
     if hasattr(cache, "step_in_stack"):
         mixed_BTD, stack = cache.step_in_stack(*args, stack, j, shared, key[1], prefill_cfg, **extra)

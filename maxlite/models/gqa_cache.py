@@ -77,12 +77,14 @@ def _attend(q_BTNH, k_BSKH, v_BSKH, kpos_BS, qpos_BT, w: int, scale: float, sink
     return jnp.einsum("bkgts,bskh->btkgh", probs_BKGTS, v_BSKH).reshape(B, T, N, H)
 
 
-def step(attn, x_BTD, positions_BT, lengths_B, kv: KV, pos_BS, variant: str, prefill_cfg=None, rope_BT=None):
+def step(attn, x_BTD, positions_BT, lengths_B, kv: KV, pos_BS, variant: str, prefill_cfg=None, rope_BT=None,
+         blocks_BT=None):
     """One layer's attention over T new tokens (`kv` this layer's [B, S, K, H]): to (cache, new
     keys) — in the prefill, to the new keys alone (the cache is empty) through the training
     attention —, then the new keys written. Returns (the attention's output x_BTD, the new KV).
     `rope_BT`: the positions RoPE turns by where they are not the slots' (multimodal RoPE's
-    [B, T, 3]; decode.forward)."""
+    [B, T, 3]; decode.forward). `blocks_BT`: the prompt's image blocks, seen both ways in the prefill
+    (later tokens are text: causal, as transformers' generate drops token_type_ids after the prefill)."""
     w = window(attn.cfg, variant)
     q_BTNH, k_new, v_new = attn.qkv(x_BTD, positions_BT if rope_BT is None else rope_BT, local=bool(w))
     scale = attn.query_scale or 1.0 / math.sqrt(q_BTNH.shape[-1])
@@ -90,7 +92,7 @@ def step(attn, x_BTD, positions_BT, lengths_B, kv: KV, pos_BS, variant: str, pre
         # right-padded rows: padding sits after every real token, so no real query sees it
         segment_ids_BT = jnp.ones(positions_BT.shape, jnp.int32)
         out_BTNH = attention.attend(prefill_cfg, q_BTNH, k_new, v_new, segment_ids_BT, window=w,
-                                    scale=attn.query_scale, sinks_N=attn.sinks_N())
+                                    scale=attn.query_scale, sinks_N=attn.sinks_N(), blocks_BT=blocks_BT)
     else:
         keys, values = (jnp.concatenate([c, new.astype(c.dtype)], axis=1)
                         for c, new in ((kv.k_LBSKH, k_new), (kv.v_LBSKH, v_new)))
@@ -109,7 +111,7 @@ def _write_at(stack_LBS, j, new_BT, slots_BT):
 
 
 def step_in_stack(attn, x_BTD, positions_BT, lengths_B, kv: KV, j, pos_BS, variant: str, prefill_cfg=None,
-                  rope_BT=None):
+                  rope_BT=None, blocks_BT=None):
     """`step` on layer j of the variant's stack `kv` [L, B, S, K, H], updated where it lies: the new
     keys are written first, then the queries read the filled slots block by block
     (maxlite/models/cache_read.py), so a step copies no slot of the cache. Returns (x_BTD, the stack)."""
@@ -126,7 +128,7 @@ def step_in_stack(attn, x_BTD, positions_BT, lengths_B, kv: KV, j, pos_BS, varia
     if prefill_cfg is not None:
         segment_ids_BT = jnp.ones(positions_BT.shape, jnp.int32)  # right-padded rows: no real query sees padding
         out_BTNH = attention.attend(prefill_cfg, q_BTNH, k_new, v_new, segment_ids_BT, window=w,
-                                    scale=attn.query_scale, sinks_N=attn.sinks_N())
+                                    scale=attn.query_scale, sinks_N=attn.sinks_N(), blocks_BT=blocks_BT)
     else:
         scale = attn.query_scale or 1.0 / math.sqrt(q_BTNH.shape[-1])
         filled = jnp.minimum(jnp.max(lengths_B), S)  # slots [0, filled) are all that was ever written

@@ -310,19 +310,20 @@ class Attention(nnx.Module):
         """The attention sinks (float32 [N]), or None."""
         return self.sinks[...].astype(jnp.float32) if self.cfg.attention_sink else None
 
-    def _attend(self, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, local):
+    def _attend(self, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, local, blocks_BT=None):
         """The attention implementation with this layer's window: static for a Python bool; a
-        scanned stack of local and global layers (Gemma 3) branches on its traced flag."""
+        scanned stack of local and global layers (Gemma 3) branches on its traced flag. `blocks_BT`:
+        the image blocks seen both ways (the "image_blocks" side; None without)."""
         W = self.cfg.sliding_window
 
         def run(window):
             return attention.attend(self.cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window=window,
-                                    scale=self.query_scale, sinks_N=self.sinks_N())
+                                    scale=self.query_scale, sinks_N=self.sinks_N(), blocks_BT=blocks_BT)
         if isinstance(local, bool) or not W:
             return run(W if local else 0)
         return jax.lax.cond(local, lambda: run(W), lambda: run(0))
 
-    def __call__(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None, local=False):
+    def __call__(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None, local=False, blocks_BT=None):
         q_BTNH, k_BSKH, v_BSKH = self.qkv(x_BTD, positions_BT, dropout_key, local)
         q_BTNH = constrain(q_BTNH, ("activation_batch", "activation_length", "activation_heads", None))
         k_BSKH = constrain(k_BSKH, ("activation_batch", "activation_length", "activation_kv_heads", None))
@@ -330,7 +331,7 @@ class Attention(nnx.Module):
         k_BSKH = checkpoint_name(k_BSKH, "key_proj")
         v_BSKH = checkpoint_name(v_BSKH, "value_proj")
 
-        out_BTNH = self.gated(self._attend(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, local), x_BTD)
+        out_BTNH = self.gated(self._attend(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, local, blocks_BT), x_BTD)
         out_BTNH = constrain(out_BTNH, ("activation_batch", "activation_length", "activation_heads", None))
         return constrain(checkpoint_name(self.out(out_BTNH, dropout_key), "out_proj"), BTD)
 

@@ -15,17 +15,29 @@ REMAT_POLICIES = ("none", "full", "minimal", "save_dots", "save_qkv_proj", "save
                   "save_attn_mlp_proj", "offload_layer_inputs")
 QUANTIZATION = ("", "int8", "fp8", "fp8_full", "fp8_gpu")  # MaxText's values; maxlite/quant.py runs them
 BLOCKWISE_MIN_LENGTH = 2048  # on CPU, dot_product's T×T scores cost more than blocking saves below this
+# the vision encoder kinds whose image tokens attend to each other both ways in the decoder (Gemma 3:
+# a run of placeholders is one block, seen whole by each of its tokens); dot_product alone draws that mask
+BIDIRECTIONAL_ENCODERS = ("siglip",)
+IMAGE_BLOCK_ATTENTION = ("dot_product",)
+
+
+def image_blocks(cfg) -> bool:
+    """Whether the decoder's attention sees each image's tokens both ways (the encoder kind says)."""
+    return cfg.vision_encoder in BIDIRECTIONAL_ENCODERS
 
 
 def resolve_attention(name: str, platform: str, seq_len: int, block_size: int, splash_block_q: int,
-                      pieces: int = 1, sinks: bool = False) -> str:
+                      pieces: int = 1, sinks: bool = False, image_blocks: bool = False) -> str:
     """The implementation `name` stands for on `platform` (cpu | gpu | tpu) at sequence length
     `seq_len`: `autoselected` is flash on TPU, cudnn_flash on GPU, blockwise on CPU from
     BLOCKWISE_MIN_LENGTH on, else dot_product — and dot_product where the chosen kernel's blocks
     (attention_block_size, sa_block_q) do not tile the sequence, or each of its `pieces` chunks
     (context parallelism: maxlite.models.context). A named one is itself, except cudnn_flash with
     attention sinks (`sinks`): JAX's cuDNN call takes none, so blockwise runs (dot_product where its
-    blocks do not tile)."""
+    blocks do not tile). With bidirectional image blocks (`image_blocks`) `autoselected` is dot_product,
+    the one implementation that draws them (config_checks refuses another named one)."""
+    if image_blocks and name == "autoselected":
+        return "dot_product"
     if sinks and (name == "cudnn_flash" or name == "autoselected" and platform == "gpu"):
         chosen, block = "blockwise", block_size
     elif name != "autoselected":

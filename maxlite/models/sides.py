@@ -19,6 +19,7 @@ import importlib
 from typing import Callable
 
 from maxlite.models.families import family
+from maxlite.models.names import image_blocks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +36,8 @@ class Side:
                                 # `seen`: what the vision encoder gave (models/vision/merge.py)
     start: str = ""             # "module:function(cfg, x_BTD) → state": what the carry's `state[name]`
                                 # holds before the first layer (the mixers that read it write it)
+    mixer_arg: str = ""         # the keyword the layer's mixer takes its input as (in training and in
+                                # the decode prefill); "": the mixer does not read it
 
     def load(self, field: str):
         path, attr = getattr(self, field).split(":")
@@ -55,6 +58,8 @@ SIDES = (
          model="maxlite.models.gemma4:PerLayerInputs", inputs="maxlite.models.gemma4:per_layer_inputs"),
     Side("layer_scalar", "each layer's stored output scale (layer_scalar)", lambda cfg: family(cfg).layer_scalar,
          layer="maxlite.models.gemma4:layer_scalar", finish="maxlite.models.gemma4:scale_finish"),
+    Side("image_blocks", "bidirectional attention within each image (the vision encoder's image_blocks)",
+         image_blocks, inputs="maxlite.models.vision.merge:image_block_inputs", mixer_arg="blocks_BT"),
     Side("deepstack", "Qwen3-VL's DeepStack (vision_deepstack_layers)", lambda cfg: bool(cfg.vision_deepstack_layers),
          finish="maxlite.models.vision.merge:deepstack_finish", inputs="maxlite.models.vision.merge:deepstack_inputs"),
 )
@@ -63,3 +68,8 @@ SIDES = (
 def sides(cfg) -> tuple[Side, ...]:
     """The model's sides, in the table's order."""
     return tuple(s for s in SIDES if s.wanted(cfg))
+
+
+def mixer_args(mixer_sides, inputs: dict) -> dict:
+    """The keywords a layer's mixer takes from its inputs (`mixer_sides`: the sides with a `mixer_arg`)."""
+    return {side.mixer_arg: inputs[side.name] for side in mixer_sides if side.name in inputs}

@@ -30,7 +30,7 @@ from maxlite.models.families import family
 from maxlite.models.kinds import FEED_FORWARDS, MIXERS
 from maxlite.models.layers import BTD, constrain, make_norm, param
 from maxlite.models.layout import layer_kinds, layer_place, layer_stacks, layer_windows
-from maxlite.models.sides import sides
+from maxlite.models.sides import mixer_args, sides
 from maxlite.models.vision import towers
 from maxlite.models.vision.merge import merge
 
@@ -76,6 +76,7 @@ class Block(nnx.Module):
             if side.layer:
                 setattr(self, side.name, side.load("layer")(cfg, rngs=rngs))
         self.finishing = tuple(side for side in sides(cfg) if side.finish)
+        self.mixer_sides = tuple(side for side in sides(cfg) if side.mixer_arg)
         self.pre_norms, self.post_norms, self.routed = fam.pre_norms, fam.post_norms, ffn.routed
         self.mixer_carries = hasattr(self.attn, "carried")  # it reads or writes the carry's state
         self.ffn_pre_norm = fam.pre_norms and not ffn.raw_input
@@ -113,7 +114,8 @@ class Block(nnx.Module):
             mixed, state = self.attn.carried(self.mixer_input(x_BTD), state, positions_BT, segment_ids_BT, key_attn,
                                              local)
         else:
-            mixed = self.attn(self.mixer_input(x_BTD), positions_BT, segment_ids_BT, key_attn, local)
+            mixed = self.attn(self.mixer_input(x_BTD), positions_BT, segment_ids_BT, key_attn, local,
+                              **mixer_args(self.mixer_sides, carry.inputs))
         x_BTD = self.add_attention(x_BTD, mixed)
         stats = None
         if not self.routed:

@@ -1,4 +1,5 @@
-"""Gemma 3, text (`model_type: gemma3_text`, and the text model of a multimodal `gemma3` checkpoint).
+"""Gemma 3, text (`model_type: gemma3_text`), and with its SigLIP tower (`model_type: gemma3`,
+Gemma3ForConditionalGeneration: vision_encoder siglip, maxlite/models/vision/siglip.py).
 
 The family's data; its Hugging Face adapter is hf.py beside it.
 """

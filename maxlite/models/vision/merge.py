@@ -60,3 +60,19 @@ def deepstack_finish(part, x_BTD, carry):
     """The "deepstack" side's step after the feed-forward: + this layer's features, if any."""
     deep_BTD = carry.inputs.get("deepstack")
     return x_BTD if deep_BTD is None else x_BTD + deep_BTD.astype(x_BTD.dtype)
+
+
+def image_blocks(inputs_BT, image_token_id: int):
+    """Each token's image block [B, T]: every run of placeholders is one block (numbered 0, 1, ... in
+    the row), −1 outside; transformers' get_block_sequence_ids_for_mask of token_type_ids."""
+    is_image_BT = inputs_BT == image_token_id
+    before_BT = jnp.pad(is_image_BT[:, :-1], ((0, 0), (1, 0)))
+    block_BT = jnp.cumsum(is_image_BT & ~before_BT, axis=1) - 1
+    return jnp.where(is_image_BT, block_BT, -1).astype(jnp.int32)
+
+
+def image_block_inputs(model, inputs_BT, x_BTD, seen: dict):
+    """The "image_blocks" side's per-layer inputs [L, B, T]: the same blocks for every layer, from the
+    token ids alone (a batch needs no array of its own for them)."""
+    block_BT = image_blocks(inputs_BT, model.cfg.image_token_id)
+    return jnp.broadcast_to(block_BT, (model.cfg.base_num_decoder_layers, *block_BT.shape))

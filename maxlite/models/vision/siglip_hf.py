@@ -101,7 +101,7 @@ ENTRIES = (
 )
 
 
-def _names(entry: Entry, spec: SiglipSpec, prefix: Prefixes) -> list[str]:
+def hf_names_of(entry: Entry, spec: SiglipSpec, prefix: Prefixes) -> list[str]:
     """The HF names of one entry: one per layer for a stacked param."""
     base = (prefix.projector if entry.projector else prefix.vision) + entry.name
     return [base.format(i=i) for i in range(spec.depth)] if "{i}" in base else [base]
@@ -109,7 +109,7 @@ def _names(entry: Entry, spec: SiglipSpec, prefix: Prefixes) -> list[str]:
 
 def hf_names(spec: SiglipSpec, prefix: Prefixes = IN_MEMORY) -> list[str]:
     """Every HF tensor name the tower reads (its pooling head, which Gemma 3 never runs, excluded)."""
-    return [n for e in ENTRIES for n in _names(e, spec, prefix)]
+    return [n for e in ENTRIES for n in hf_names_of(e, spec, prefix)]
 
 
 def from_hf(state: dict[str, np.ndarray], spec: SiglipSpec, prefix: Prefixes = IN_MEMORY) -> dict:
@@ -121,7 +121,7 @@ def from_hf(state: dict[str, np.ndarray], spec: SiglipSpec, prefix: Prefixes = I
                          f"(its names under another prefix? this reads {prefix.vision!r}, {prefix.projector!r})")
     out: dict = {}
     for e in ENTRIES:
-        values = [e.to_ours(np.asarray(state[n]), spec) for n in _names(e, spec, prefix)]
+        values = [e.to_ours(np.asarray(state[n]), spec) for n in hf_names_of(e, spec, prefix)]
         node = out
         for key in e.path[:-1]:
             node = node.setdefault(key, {})
@@ -138,7 +138,7 @@ def to_hf(params: dict, spec: SiglipSpec, prefix: Prefixes = IN_MEMORY) -> dict[
         for key in e.path:
             value = value[key]
         value = np.asarray(value)
-        names = _names(e, spec, prefix)
+        names = hf_names_of(e, spec, prefix)
         layers = value if e.path[0] == "layers" else [value]
         out.update({n: e.to_hf(v, spec) for n, v in zip(names, layers)})
     return out
