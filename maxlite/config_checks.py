@@ -407,6 +407,9 @@ def _check_context(c: Config, context: int) -> None:
     if names.image_blocks(c):
         raise ConfigError(f"vision_encoder={c.vision_encoder}'s bidirectional image blocks are not drawn across "
                           f"context shards: set ici_context_parallelism=1 and dcn_context_parallelism=1")
+    if c.vision_encoder:  # the load-balanced layout reorders a row's arrays, its image patches with its tokens
+        raise ConfigError(f"vision_encoder={c.vision_encoder}: a row's images are not split over context shards; "
+                          f"set ici_context_parallelism=1 and dcn_context_parallelism=1")
     if c.train_objective != "lm":
         raise ConfigError(f"context parallelism (context={context}) is for train_objective=lm (pre-training, "
                           f"SFT); set ici_context_parallelism=1 for train_objective={c.train_objective}")

@@ -130,3 +130,13 @@ def test_placeholders_and_images_must_match_in_number(imported):
     with pytest.raises(ValueError, match=r"prompt 0: 2 image\(s\) but 1 image placeholder\(s\)"):
         generate_ids(cfg, state, [[1, START, IMAGE, END]], Sampling(max_new_tokens=2),
                      images=[[_image(40, 40, 0), _image(40, 40, 1)]])
+
+
+def test_context_parallelism_is_refused_in_one_line(imported):
+    """The load-balanced layout reorders a row's arrays: its image patches must not be split with its tokens."""
+    from maxlite import config as C
+
+    _, cfg, _ = imported
+    keys = {k: v for k, v in C.to_plain_dict(cfg).items() if k != "attention"}
+    with pytest.raises(C.ConfigError, match="a row's images are not split over context shards"):
+        C.resolve(C.load(["ici_context_parallelism=2", "ici_fsdp_parallelism=1"], **keys), 2, platform="cpu")
