@@ -134,6 +134,16 @@ CONFIGS = {
         rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5}),
     "qwen3_5_text": lambda: transformers.Qwen3_5TextConfig(**_HYBRID),
     # Qwen3-Next's first layer dense (mlp_only_layers)
+    # Qwen3-VL's decoder on text (multimodal RoPE with every axis equal; images: tests/test_qwen3_vl.py)
+    "qwen3_vl": lambda: transformers.Qwen3VLConfig(
+        text_config=dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [3, 3, 2],
+                                          "mrope_interleaved": True}, tie_word_embeddings=False,
+                         initializer_range=0.3),
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=8,
+                           out_hidden_size=64, num_position_embeddings=16, deepstack_visual_indexes=[0]),
+        image_token_id=250, video_token_id=251, vision_start_token_id=252, vision_end_token_id=253),
     "qwen3_next": lambda: transformers.Qwen3NextConfig(**{**_HYBRID, **HYBRID_TWO}, **_HYBRID_MOE, mlp_only_layers=[0]),
     "qwen3_5_moe": lambda: transformers.Qwen3_5MoeTextConfig(**{**_HYBRID, **HYBRID_TWO}, **_HYBRID_MOE),
 }

@@ -156,3 +156,19 @@ def test_an_image_in_a_text_only_models_data_is_one_line_naming_the_record(tmp_p
                                  [_turn(IMAGE_PART, {"type": "text", "text": "q"})], tmp_path)
     assert "\n" not in message and f"{tmp_path / 'train.jsonl'}:1: malformed record" in message, message
     assert "the model has no vision encoder" in message, message
+
+
+def test_data_whose_every_image_record_is_refused_stops_in_one_line_instead_of_looping(tmp_path):
+    """Under data_bad_record_policy=skip each refused record is reported and skipped; once a whole
+    epoch gave nothing to train on, the run stops (it read the same records again: no end otherwise)."""
+    from maxlite import config as C
+    from maxlite.data.sft_pipeline import make_sft_dataset
+    from maxlite.data.tokenizer import load_tokenizer
+
+    _png(tmp_path / "img.png")
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(_turn(IMAGE_PART, {"type": "text", "text": f"q{i}"})) + "\n" for i in range(3)))
+    cfg = C.load(["base.yml", "model_name=tiny", "sft_template=chatml", "dataset_type=sft", f"dataset_path={data}",
+                  "data_bad_record_policy=skip", "per_device_batch_size=1"])
+    with pytest.raises(C.ConfigError, match=r"no usable conversation in the data: every one was refused \(3 malformed"):
+        next(iter(make_sft_dataset(cfg, "train", 0, 1, load_tokenizer(cfg.tokenizer_path, cfg.bos_id, cfg.eos_id))))

@@ -18,6 +18,7 @@ from typing import Any
 import grain
 import numpy as np
 
+from maxlite.config import ConfigError
 from maxlite.data import chat, image_docs, sources
 from maxlite.data.text_pipeline import _Records, check_tokenizer, process_batches, text_files
 from maxlite.data.tokenizer import BUNDLED_DIR, Tokenizer
@@ -48,6 +49,8 @@ class _RenderAndMask(grain.experimental.FlatMapTransform):
                  bad: sources.BadRecords | None = None):
         self.template, self.length, self.train_on_inputs = template, length, train_on_inputs
         self.config, self.bad = config, bad
+        self.refused: set = set()  # (file, record) of the conversations refused so far
+        self.taken = 0  # conversations with images turned into documents
         self.images = None
         if config is not None and config.vision_encoder:
             self.images = image_docs.kind_of(config)
@@ -81,8 +84,13 @@ class _RenderAndMask(grain.experimental.FlatMapTransform):
             if len(ids) > self.length + 1 and np.any(ids[self.length + 1:] == self.config.image_token_id):
                 raise ValueError(f"its image tokens run past max_target_length={self.length} (an image is never cut)")
         except ValueError as e:
+            if (path, number) in self.refused and not self.taken:  # a whole epoch read, nothing to train on
+                raise ConfigError(f"no usable conversation in the data: every one was refused "
+                                  f"({self.bad.summary()})") from None
+            self.refused.add((path, number))
             self.bad.add(path, number, str(e).removeprefix(where + ": "))
             return []
+        self.taken += 1
         ids, mask = ids[:self.length + 1], mask[:self.length + 1]
         positions = {} if rope is None else {"rope": rope[:len(ids) - 1]}  # multimodal RoPE's, else plain
         return [{"inputs": ids[:-1], "targets": ids[1:], "weights": mask[1:].astype(np.float32),
