@@ -30,13 +30,20 @@
 #               AdamW's loss, step time, memory
 #   families    the cuDNN test with sliding windows; qwen3-4b and gemma3-4b (5 local : 1 global,
 #               cuDNN's sliding window) at 2 × 2048 with bf16 weights, remat full (not yet run)
+#   rollout     the rollout engine against today's static sampler on llama3.2-1b (benchmarks/rollout_throughput.py:
+#               32 prompts × G = 8, up to 256 tokens of uneven length, max_num_seqs 128)
+#   rollout_test  the engine's tests on the GPU (greedy equality with the static sampler, log-probs
+#               against the trainer's)
+#   rl          each loss_algo (grpo, gspo-token, dapo, dr_grpo) from the same SFT start, four runs at once on
+#               the one GPU (benchmarks/bench_rl_algos.py): grpo.yml's arithmetic (tiny) and grpo_math.yml's
+#               word problems (tiny, a longer SFT); needs grain, zstandard and math-verify in the interpreter
 # Each stage has its own time limit and the next runs whatever happened; logs and JSONs go to
 # OUT_DIR (default benchmarks/results, where *.log is ignored by git), and a table of the training
 # figures is printed last.
 set -uo pipefail
 out=${1:-benchmarks/results}
 shift || true
-stages=${*:-test compare sweep flags 3b attention remat policies policies3b scanflags packed quant families optimizers}
+stages=${*:-test compare sweep flags 3b attention remat policies policies3b scanflags packed quant families optimizers rollout rollout_test rl}
 py=${PYTHON:-python3}
 mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -150,6 +157,18 @@ if wanted optimizers; then
 print(' '.join(f'{o}={r[\"learning_rate\"]}' for o, r in b.items()))" "$out/optimizers_llama-100m_gpu.json")
     stage optimizers_1b 100 $opt --model llama3.2-1b --batch 4 --length 1024 --sweep "${best:-adamw=1e-3 muon=1e-2}" \
         --out "$out/optimizers_llama3.2-1b_gpu.json"
+fi
+if wanted rollout; then
+    stage rollout 200 "$py" benchmarks/rollout_throughput.py --models llama3.2-1b --prompts 32 --slots 128 \
+        --out "$out/rollout_throughput_gpu.json"
+fi
+wanted rollout_test && stage test_rollout 200 env MAXLITE_TEST_PLATFORMS=cuda "$py" -m pytest -q -n 0 \
+    tests/test_rollout_engine.py
+if wanted rl; then  # small models leave the GPU idle: four runs share it, each with a slice of its memory
+    rl="env XLA_PYTHON_CLIENT_MEM_FRACTION=0.05 JAX_PLATFORMS=cuda $py benchmarks/bench_rl_algos.py --parallel 4"
+    stage rl 330 bash -c "$rl --timeout 300 --out $out/rl_algos_gpu.json & \
+        $rl --recipe grpo_math.yml --timeout 300 --out $out/rl_algos_word_problems_gpu.json \
+        ${RL_WORD_OVERRIDES:-alignment_sft_steps=400 steps=700 eval_interval=100 eval_steps=25}; wait"
 fi
 
 "$py" - "$out" <<'EOF'

@@ -152,7 +152,8 @@ def main() -> None:
     write_result({"device": str(jax.devices()[0].device_kind), "host": platform.node(), "cpus": os.cpu_count(),
                   "cpu_flags": _cpu_flags(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
                   "load_average": [round(x, 2) for x in os.getloadavg()],
-                  "command": "JAX_PLATFORMS=cpu python benchmarks/rollout_throughput.py " + " ".join(sys.argv[1:]),
+                  "command": (f"JAX_PLATFORMS={os.environ['JAX_PLATFORMS']} " if os.environ.get("JAX_PLATFORMS") else "")
+                  + "python benchmarks/rollout_throughput.py " + " ".join(sys.argv[1:]),
                   "results": rows}, args.out)
 
 

@@ -225,7 +225,7 @@ def resolve(config: Config, num_devices: int, num_slices: int = 1, num_processes
     if platform is not None:
         c = dataclasses.replace(c, attention=names.resolve_attention(
             c.attention, platform, c.max_target_length, c.attention_block_size, c.sa_block_q,
-            c.sequence_pieces, c.attention_sink, names.image_blocks(c)))
+            c.sequence_pieces, c.attention_sink, names.image_blocks(c), c.dtype))
         config_checks.check_platform(c, platform)
     config_checks.check_layout(c, num_processes)
     return c

@@ -300,8 +300,12 @@ def check_keeper(c: Config, launcher_keeper: bool) -> None:
 
 
 def check_platform(c: Config, platform: str) -> None:
-    """What the devices' `platform` (cpu | gpu | cuda | rocm | tpu) cannot run: a quantization mode."""
+    """What the devices' `platform` (cpu | gpu | cuda | rocm | tpu) cannot run: a quantization mode,
+    cuDNN's attention in float32."""
     platform = "gpu" if platform in ("gpu", "cuda", "rocm") else platform
+    if c.attention == "cudnn_flash" and c.dtype not in names.CUDNN_DTYPES:
+        raise ConfigError(f"attention=cudnn_flash takes bfloat16 (cuDNN's fused attention), not "
+                          f"dtype={c.dtype}: set dtype=bfloat16, or attention=dot_product (or autoselected)")
     if c.quantization and c.quantization not in quant.modes_for(platform):
         others = ", ".join(quant.modes_for(platform))
         raise ConfigError(f"quantization={c.quantization} runs on GPUs only (one scale per tensor for cuBLASLt's "

@@ -200,6 +200,19 @@ def test_autoselected_is_resolved_once_with_the_config(platform, T, expected):
     assert C.resolve(C.load(["base.yml"]), 1).attention == "autoselected"  # no platform: nothing resolved
 
 
+def test_a_float32_model_on_a_gpu_is_not_given_cudnn():
+    """cuDNN's fused attention takes 16-bit inputs only (JAX raises NotImplementedError on float32,
+    seen on an H200): a float32 model's autoselected attention on a GPU is chosen as on a CPU, and
+    cudnn_flash named with float32 is one line before any work."""
+    def resolved(*keys):
+        return C.resolve(C.load(["base.yml", "dtype=float32", *keys]), 1, platform="gpu").attention
+    assert resolved("max_target_length=256") == "dot_product"
+    assert resolved(f"max_target_length={names.BLOCKWISE_MIN_LENGTH}") == "blockwise"
+    assert C.resolve(C.load(["base.yml", "dtype=bfloat16"]), 1, platform="gpu").attention == "cudnn_flash"
+    with pytest.raises(C.ConfigError, match="cudnn_flash takes bfloat16 .*not dtype=float32"):
+        resolved("attention=cudnn_flash")
+
+
 def test_bad_attention_keys_are_one_line_errors():
     with pytest.raises(C.ConfigError, match="attention='fast'"):
         C.load(["base.yml", "attention=fast"])

@@ -61,7 +61,7 @@ def attend(cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window: int = 0, scale: 
     T, n = q_BTNH.shape[1], context.shards()
     is_balanced = context.balanced(cfg)
     impl = resolve_attention(cfg.attention, target_platform(), T, cfg.attention_block_size, cfg.sa_block_q,
-                             n * (2 if is_balanced else 1), sinks_N is not None, blocks_BT is not None)
+                             n * (2 if is_balanced else 1), sinks_N is not None, blocks_BT is not None, cfg.dtype)
     if blocks_BT is not None:  # config_checks refuses the others with a bidirectional vision encoder
         assert impl in IMAGE_BLOCK_ATTENTION and n == 1, (impl, n)
         return dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window=window, scale=scale, sinks_N=sinks_N,

@@ -52,7 +52,7 @@ def _tile(cfg, impl: str) -> int:
 
 def _implementation(cfg, length: int, shards: int) -> str:
     return resolve_attention(cfg.attention, target_platform(), length, cfg.attention_block_size, cfg.sa_block_q,
-                             shards, cfg.attention_sink, image_blocks(cfg))
+                             shards, cfg.attention_sink, image_blocks(cfg), cfg.dtype)
 
 
 def prompt_length(cfg, length: int, shards: int = 1) -> int:

@@ -26,8 +26,12 @@ def image_blocks(cfg) -> bool:
     return cfg.vision_encoder in BIDIRECTIONAL_ENCODERS
 
 
+CUDNN_DTYPES = ("bfloat16",)  # the compute dtypes cuDNN's fused attention takes (of `dtype`'s choices)
+
+
 def resolve_attention(name: str, platform: str, seq_len: int, block_size: int, splash_block_q: int,
-                      pieces: int = 1, sinks: bool = False, image_blocks: bool = False) -> str:
+                      pieces: int = 1, sinks: bool = False, image_blocks: bool = False,
+                      dtype: str = "bfloat16") -> str:
     """The implementation `name` stands for on `platform` (cpu | gpu | tpu) at sequence length
     `seq_len`: `autoselected` is flash on TPU, cudnn_flash on GPU, blockwise on CPU from
     BLOCKWISE_MIN_LENGTH on, else dot_product — and dot_product where the chosen kernel's blocks
@@ -35,7 +39,9 @@ def resolve_attention(name: str, platform: str, seq_len: int, block_size: int, s
     (context parallelism: maxlite.models.context). A named one is itself, except cudnn_flash with
     attention sinks (`sinks`): JAX's cuDNN call takes none, so blockwise runs (dot_product where its
     blocks do not tile). With bidirectional image blocks (`image_blocks`) `autoselected` is dot_product,
-    the one implementation that draws them (config_checks refuses another named one)."""
+    the one implementation that draws them (config_checks refuses another named one). cuDNN's fused
+    attention takes 16-bit inputs only: with a float32 compute `dtype` a GPU's `autoselected` is
+    chosen as on a CPU (config_checks refuses cudnn_flash by name)."""
     if image_blocks and name == "autoselected":
         return "dot_product"
     if sinks and (name == "cudnn_flash" or name == "autoselected" and platform == "gpu"):
@@ -44,7 +50,7 @@ def resolve_attention(name: str, platform: str, seq_len: int, block_size: int, s
         return name
     elif platform == "tpu":
         chosen, block = "flash", splash_block_q
-    elif platform == "gpu":
+    elif platform == "gpu" and dtype in CUDNN_DTYPES:
         return "cudnn_flash"
     elif seq_len >= BLOCKWISE_MIN_LENGTH:
         chosen, block = "blockwise", block_size

@@ -14,9 +14,11 @@ Three compiled functions with fixed shapes, called from a host loop:
 - `step`: for every slot, sample a token from its last hidden state (decode.sample, `generate`'s
   rule: temperature, top_k, top_p; a per-row key), its log-prob under the cut distribution, and
   whether it ended (an end id, or max_new_tokens), then the token through the model (slots × 1 token).
-  The host reads one [3, slots] array per step (tokens, log-probs, ended), frees the ended slots and
-  refills them with waiting completions before the next step, so a slot holds no ended sequence
-  beyond the step that ended it, except when nothing is left to start (the tail of the batch);
+  The host reads one [3, slots] array per step (tokens, log-probs, ended), one step behind the
+  device (the next step is already dispatched: the device does not wait for the host's bookkeeping),
+  frees the ended slots and refills them with waiting completions, so a slot holds an ended sequence
+  for at most one step beyond the step that ended it (none when it ended by max_new_tokens, known in
+  advance), except when nothing is left to start (the tail of the batch);
 - `shrink`: in that tail, once at most half the slots are live, the live ones are cut out into a
   batch half as wide (down to max_num_seqs / 8), whose step is compiled once too.
 
@@ -138,7 +140,14 @@ class ContinuousEngine:
 
     def generate(self, params, prompts, sampling: Sampling, key, first_prompt: int = 0, pad_to: int = 0) -> Completions:
         """`first_prompt`, `pad_to`: for a share of a larger batch (maxlite/rollout/actors.py): the
-        index of its first prompt there (the RNG stream) and the batch's longest prompt (the padding)."""
+        index of its first prompt there (the RNG stream) and the batch's longest prompt (the padding).
+
+        The host runs one step behind the device: step t+1 is dispatched before step t's tokens are
+        read, so the device never waits for the host's bookkeeping. A sequence that reaches
+        max_new_tokens at step t frees its slot for step t+1 (its end is known in advance); one that
+        samples an end id at step t holds its slot through step t+1 (the device already marked it
+        ended: its token there is dropped, and the slot-step counted as ended) and is replaced before
+        step t+2."""
         P, Bp = self._shapes(prompts, sampling, pad_to)
         S, G, N = self.max_num_seqs, sampling.generations, len(prompts)
         fns = self._functions(P, Bp, S, sampling)
@@ -149,14 +158,14 @@ class ContinuousEngine:
         padded_lengths = np.concatenate([lengths, np.ones(len(padded) - N, np.int32)])
 
         started = time.perf_counter()
-        tokens = [[] for _ in range(N * G)]
-        logps = [[] for _ in range(N * G)]
-        stops: list = [None] * (N * G)
+        book = _Book(N * G, sampling)
         waiting = collections.deque((p, g) for p in range(N) for g in range(G))
-        owner: list = [None] * S  # the sequence each slot holds
+        owner = np.full(S, -1, np.int64)  # the sequence each slot holds (-1: none)
         free = list(range(S - 1, -1, -1))
         state, chunk, prefilled = fns.empty(), -Bp, None
-        steps = slot_steps = ended_slot_steps = prefills = 0
+        pending = None  # the last dispatched step's output and the owners it was dispatched with
+        dispatched = np.zeros(N * G, np.int64)  # steps dispatched for each sequence
+        steps = prefills = 0
         while True:
             inserts = []
             while free and waiting:
@@ -171,29 +180,38 @@ class ContinuousEngine:
                 owner[slot] = p * G + g
                 inserts.append((p - chunk, slot, first_prompt + p, g, lengths[p]))
             state = self._insert(fns, state, prefilled, inserts)
-            live = [s for s in range(len(owner)) if owner[s] is not None]
-            if not live:
-                break
-            if not waiting and len(live) <= len(owner) // 2 and len(owner) > max(S // 8, 1):
+            live = np.flatnonzero(owner >= 0)
+            if not waiting and 0 < len(live) <= len(owner) // 2 and len(owner) > max(S // 8, 1):
+                if pending is not None:  # the narrower batch's rows are the live slots after the last step
+                    self._free(book.read(*pending), owner, free)
+                    pending = None
+                    continue
                 state, owner, fns = self._shrink(state, owner, live, P, Bp, sampling)
-                live = list(range(len(live)))
-            state, out_3S = fns.step(params, state, key)
-            out_3S = np.asarray(out_3S)  # the step's one transfer to the host
-            steps += 1
-            slot_steps += len(owner)
-            ended_slot_steps += len(owner) - len(live)
-            for s in live:
-                seq = owner[s]
-                tokens[seq].append(int(out_3S[0, s]))
-                logps[seq].append(out_3S[1, s:s + 1].view(np.float32)[0])
-                why = sampling.stop(tokens[seq][-1], len(tokens[seq]))
-                assert (why is not None) == bool(out_3S[2, s]), (why, out_3S[:, s])
-                if why is not None:
-                    stops[seq], owner[s] = why, None
-                    free.append(s)
-        return Completions([np.asarray(t, np.int32) for t in tokens], [np.asarray(x, np.float32) for x in logps],
-                           stops, {"steps": steps, "slot_steps": slot_steps, "ended_slot_steps": ended_slot_steps,
-                                   "prefills": prefills, "seconds": time.perf_counter() - started})
+                free, live = [], np.arange(len(live))
+            if len(live):
+                state, out_3S = fns.step(params, state, key)  # dispatched: it runs while the host reads the last
+                steps += 1
+                dispatched[owner[live]] += 1
+                snapshot = owner.copy()
+                full = live[dispatched[owner[live]] >= sampling.max_new_tokens]  # they end at this step
+                owner[full] = -1
+                free += full.tolist()
+            if pending is not None:
+                self._free(book.read(*pending), owner, free)
+            if not len(live):
+                break
+            pending = (out_3S, snapshot)
+        return Completions(*book.completions(), {"steps": steps, "slot_steps": book.slot_steps,
+                                                 "ended_slot_steps": book.slot_steps - book.live_slot_steps,
+                                                 "prefills": prefills, "seconds": time.perf_counter() - started})
+
+    @staticmethod
+    def _free(ended: list, owner: np.ndarray, free: list) -> None:
+        """Free the slots of the sequences that ended (slot, sequence), unless already refilled."""
+        for slot, seq in ended:
+            if owner[slot] == seq:
+                owner[slot] = -1
+                free.append(slot)
 
     def _functions(self, P: int, Bp: int, width: int, sampling: Sampling) -> _Compiled:
         where = (P, Bp, width, sampling)
@@ -201,15 +219,15 @@ class ContinuousEngine:
             self._compiled[where] = _compile(self.cfg, self.graphdef, width, P + sampling.max_new_tokens, sampling)
         return self._compiled[where]
 
-    def _shrink(self, state: Slots, owner: list, live: list, P: int, Bp: int, sampling: Sampling):
+    def _shrink(self, state: Slots, owner: np.ndarray, live: np.ndarray, P: int, Bp: int, sampling: Sampling):
         """(the state of the narrowest batch of halved width ≥ max_num_seqs / 8 holding the live
         slots, first, in order; its owners; its functions)."""
         width = len(owner)
         while width // 2 >= max(len(live), self.max_num_seqs // 8, 1):
             width //= 2
-        rows = live + [s for s in range(len(owner)) if owner[s] is None][:width - len(live)]
+        rows = np.concatenate([live, np.flatnonzero(owner < 0)[:width - len(live)]]).astype(np.int32)
         fns = self._functions(P, Bp, width, sampling)
-        return fns.shrink(state, np.asarray(rows, np.int32)), [owner[r] for r in rows], fns
+        return fns.shrink(state, rows), owner[rows], fns
 
     def _insert(self, fns: _Compiled, state: Slots, prefilled, inserts: list) -> Slots:
         """`inserts` ((prefill row, slot, prompt, completion, prompt length) each) placed in one call."""
@@ -218,3 +236,43 @@ class ContinuousEngine:
         columns = np.zeros((5, self.max_num_seqs), np.int32)
         columns[:, :len(inserts)] = np.asarray(inserts, np.int32).T
         return fns.insert(state, *prefilled, *columns, np.int32(len(inserts)))
+
+
+class _Book:
+    """The host's record of the sequences: tokens and log-probs as the steps return them, why each
+    stopped, and the slot-steps spent (with and without a live sequence)."""
+
+    def __init__(self, n: int, sampling: Sampling):
+        self.sampling, self.end_ids = sampling, np.asarray(sampling.end_ids() or (-1,), np.int32)
+        self.tokens = np.zeros((n, sampling.max_new_tokens), np.int32)
+        self.logps = np.zeros((n, sampling.max_new_tokens), np.float32)
+        self.count = np.zeros(n, np.int64)
+        self.stops: list = [None] * n
+        self.done = np.zeros(n, bool)
+        self.slot_steps = self.live_slot_steps = 0
+
+    def read(self, out_3S, owner_S: np.ndarray) -> list[int]:
+        """Record a step's output (the step's one transfer to the host) for the slots `owner_S` said
+        held a live sequence when it was dispatched; (slot, sequence) of those that ended there."""
+        out_3S = np.asarray(out_3S)
+        self.slot_steps += len(owner_S)
+        slots = np.flatnonzero(owner_S >= 0)
+        slots = slots[~self.done[owner_S[slots]]]  # a sequence that ended at the step before: its token is dropped
+        seqs = owner_S[slots]
+        self.live_slot_steps += len(slots)
+        tokens, n = out_3S[0, slots], self.count[seqs]
+        self.tokens[seqs, n] = tokens
+        self.logps[seqs, n] = out_3S[1, slots].view(np.float32)
+        self.count[seqs] = n + 1
+        ended = out_3S[2, slots].astype(bool)
+        # the device's rule and the host's agree (sampling.stop: an end id, or max_new_tokens)
+        assert np.array_equal(ended, np.isin(tokens, self.end_ids) | (n + 1 >= self.sampling.max_new_tokens)), \
+            (tokens, n, ended)
+        for seq in seqs[ended]:
+            self.stops[seq] = self.sampling.stop(int(self.tokens[seq, self.count[seq] - 1]), int(self.count[seq]))
+        self.done[seqs[ended]] = True
+        return list(zip(slots[ended].tolist(), seqs[ended].tolist()))
+
+    def completions(self) -> tuple[list, list, list]:
+        return ([self.tokens[i, :n].copy() for i, n in enumerate(self.count)],
+                [self.logps[i, :n].copy() for i, n in enumerate(self.count)], self.stops)
