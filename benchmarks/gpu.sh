@@ -36,7 +36,8 @@
 #               against the trainer's)
 #   rl          each loss_algo (grpo, gspo-token, dapo, dr_grpo) from the same SFT start, four runs at once on
 #               the one GPU (benchmarks/bench_rl_algos.py): grpo.yml's arithmetic (tiny) and grpo_math.yml's
-#               word problems (tiny, a longer SFT); needs grain, zstandard and math-verify in the interpreter
+#               word problems (llama-100m, 300 SFT steps; RL_WORD_OVERRIDES= replaces those keys); needs
+#               grain, zstandard, math-verify and google-crc32c in the interpreter (carried as wheels)
 # Each stage has its own time limit and the next runs whatever happened; logs and JSONs go to
 # OUT_DIR (default benchmarks/results, where *.log is ignored by git), and a table of the training
 # figures is printed last.
@@ -168,7 +169,7 @@ if wanted rl; then  # small models leave the GPU idle: four runs share it, each 
     rl="env XLA_PYTHON_CLIENT_MEM_FRACTION=0.05 JAX_PLATFORMS=cuda $py benchmarks/bench_rl_algos.py --parallel 4"
     stage rl 330 bash -c "$rl --timeout 300 --out $out/rl_algos_gpu.json & \
         $rl --recipe grpo_math.yml --timeout 300 --out $out/rl_algos_word_problems_gpu.json \
-        ${RL_WORD_OVERRIDES:-alignment_sft_steps=400 steps=700 eval_interval=100 eval_steps=25}; wait"
+        ${RL_WORD_OVERRIDES:-model_name=llama-100m alignment_sft_steps=300 steps=600 eval_interval=100 eval_steps=25 alignment_sft_learning_rate=3e-4 learning_rate=5e-5 enable_checkpointing=false}; wait"
 fi
 
 "$py" - "$out" <<'EOF'
