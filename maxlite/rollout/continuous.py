@@ -251,7 +251,7 @@ class _Book:
         self.done = np.zeros(n, bool)
         self.slot_steps = self.live_slot_steps = 0
 
-    def read(self, out_3S, owner_S: np.ndarray) -> list[int]:
+    def read(self, out_3S, owner_S: np.ndarray) -> list[tuple[int, int]]:
         """Record a step's output (the step's one transfer to the host) for the slots `owner_S` said
         held a live sequence when it was dispatched; (slot, sequence) of those that ended there."""
         out_3S = np.asarray(out_3S)
