@@ -39,6 +39,22 @@ def _yarn(mscale, mscale_all_dim):
             "beta_fast": 32.0, "beta_slow": 1.0, "mscale": mscale, "mscale_all_dim": mscale_all_dim}
 
 
+def qwen3_vl(layers: int = 2, positions: int = 256, depth: int = 1, init: float = 0.3, **vision):
+    """A small Qwen3-VL config: `layers` decoder layers of 64, a ViT of `depth` blocks of 32 with
+    8-pixel patches and DeepStack from each block; image / video / start / end ids 250 / 251 / 252 / 253.
+    `vision`: more of the ViT's keys."""
+    return transformers.Qwen3VLConfig(
+        text_config=dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=positions,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [3, 3, 2],
+                                          "mrope_interleaved": True}, tie_word_embeddings=False,
+                         initializer_range=init),
+        vision_config=dict(depth=depth, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=8,
+                           out_hidden_size=64, num_position_embeddings=16,
+                           deepstack_visual_indexes=list(range(depth)), **vision),
+        image_token_id=250, video_token_id=251, vision_start_token_id=252, vision_end_token_id=253)
+
+
 def gemma4_text(**changes):
     """Every trait of Gemma 4 at once: per-layer embeddings, the last layers sharing keys and values
     (with double-wide MLPs), wide global layers with fewer kv heads whose keys are the values."""
@@ -135,15 +151,7 @@ CONFIGS = {
     "qwen3_5_text": lambda: transformers.Qwen3_5TextConfig(**_HYBRID),
     # Qwen3-Next's first layer dense (mlp_only_layers)
     # Qwen3-VL's decoder on text (multimodal RoPE with every axis equal; images: tests/test_qwen3_vl.py)
-    "qwen3_vl": lambda: transformers.Qwen3VLConfig(
-        text_config=dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [3, 3, 2],
-                                          "mrope_interleaved": True}, tie_word_embeddings=False,
-                         initializer_range=0.3),
-        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=8,
-                           out_hidden_size=64, num_position_embeddings=16, deepstack_visual_indexes=[0]),
-        image_token_id=250, video_token_id=251, vision_start_token_id=252, vision_end_token_id=253),
+    "qwen3_vl": lambda: qwen3_vl(),
     "qwen3_next": lambda: transformers.Qwen3NextConfig(**{**_HYBRID, **HYBRID_TWO}, **_HYBRID_MOE, mlp_only_layers=[0]),
     "qwen3_5_moe": lambda: transformers.Qwen3_5MoeTextConfig(**{**_HYBRID, **HYBRID_TWO}, **_HYBRID_MOE),
 }

@@ -13,6 +13,7 @@ from PIL import Image
 from maxlite.bridge import hf, params as P
 from maxlite.data import image_docs
 from maxlite.generate import Sampling, generate_ids
+from tests.hf_models import qwen3_vl
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -21,17 +22,8 @@ MIN_PIXELS, MAX_PIXELS = 32 * 32, 96 * 96
 
 
 def _config():
-    return transformers.Qwen3VLConfig(
-        text_config=dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [3, 3, 2],
-                                          "mrope_interleaved": True}, tie_word_embeddings=False,
-                         initializer_range=0.2),
-        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=8,
-                           temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=64,
-                           num_position_embeddings=16, deepstack_visual_indexes=[0, 1], in_channels=3,
-                           initializer_range=0.2),
-        image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START, vision_end_token_id=END)
+    return qwen3_vl(layers=3, positions=512, depth=2, init=0.2, temporal_patch_size=2, spatial_merge_size=2,
+                    in_channels=3, initializer_range=0.2)
 
 
 def _image(h: int, w: int, seed: int) -> Image.Image:
