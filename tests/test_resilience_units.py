@@ -227,7 +227,7 @@ def test_snapshot_round_trip_survives_donation(tmp_path):
         state, _ = step_fn(state, put())
         expected = jax.device_get(state)
         expected_data = batches.get_state()
-        assert snaps.take(1, state, expected_data)
+        snaps.take(1, state, expected_data)
         state, _ = step_fn(state, put())  # donates the snapshotted state
         snaps.wait()
         assert k.steps(snaps.own_kind, 0) == [1] and snaps.own_kind == "own-p1m1x1x4x1x1x2"  # 1 process; data, stage, fsdp, context, expert, tensor
@@ -256,6 +256,39 @@ def test_snapshots_respect_the_memory_budget(tmp_path):
     tight.wait()
     assert tight.disabled and 5 not in k.steps(snaps.own_kind, 0)
     k.clear()
+
+
+def test_a_snapshot_due_while_the_last_is_written_waits_for_it_and_is_taken(tmp_path):
+    """Every host must take the same snapshots (each queues a ring-shift collective), so a busy
+    writer makes the next snapshot wait, never skip. The keeper holds step 1's write open until the
+    loop has come to step 2 and found it busy."""
+    import time
+
+    cfg, mesh, state, step_fn, batch_sharding = _tiny_state()
+    from maxlite import optim, state as state_lib
+
+    _, abstract, shardings = state_lib.abstract_state(cfg, mesh, optim.make_optimizer(cfg))
+    shm = keeper.ShmKeeper(str(tmp_path / "run"), root=str(tmp_path))
+    snaps = None
+
+    class HoldFirstWrite:
+        def put(self, step, kind, rank, blob):
+            if step == 1:
+                deadline = time.monotonic() + 120  # only a broken wait reaches it: the test then fails below
+                while snaps.stalls == 0 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            shm.put(step, kind, rank, blob)
+
+        def __getattr__(self, name):
+            return getattr(shm, name)
+
+    snaps = snapshot.Snapshots(mesh, shardings, HoldFirstWrite(), period=1, max_bytes=1 << 30, log=print)
+    snaps.take(1, state, {"i": 1})
+    snaps.take(2, state, {"i": 2})  # step 1's write is held open: this waits for it
+    snaps.wait()
+    assert snaps.stalls == 1
+    assert shm.steps(snaps.own_kind, 0) == [1, 2]
+    shm.clear()
 
 
 HANG_SCRIPT = """

@@ -155,13 +155,18 @@ class Resilience:
         hooks (eval, checkpoint, snapshot: their time is their own): fires injected faults, times
         the step."""
         if self.faults:
-            if self.snapshots is not None and self.faults.type == "crash" and step == self.faults.step:
-                # An injected crash lands at one defined point: after the last snapshot is written and
-                # its exchange with the peer host has run. Without this wait the crash raced the
-                # snapshot's background write: on a slower or busier CPU the peer died mid-exchange,
-                # the survivor's collective failed ("Gloo ... Connection closed by peer") and that
-                # snapshot was lost on both hosts, so a restart found an older one.
+            if self.snapshots is not None and step == self.faults.crash_step:
+                # An injected crash lands at one defined point: after the last snapshot is written on
+                # every host. Each host waits for its own write, then all meet; only then does the
+                # target crash. Without the wait the crash raced the crashing host's write (the
+                # survivor's exchange failed: "Gloo ... Connection closed by peer"); without the
+                # meeting it raced the survivor's (on a slow CPU with the Ray keeper, the survivor
+                # was still handing step 6 to its keeper when it was stopped, so a restart found 4).
                 self.snapshots.wait()
+                import jax
+                if jax.process_count() > 1:
+                    from jax.experimental import multihost_utils
+                    multihost_utils.sync_global_devices(f"maxlite: before the injected crash at step {step}")
             self.faults.at_step(step)
         self.clock.step_end(step, self.faults)
 

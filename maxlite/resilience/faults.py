@@ -30,6 +30,11 @@ class Faults:
         self.marker = f"{run_dir.rstrip('/')}/.fault_{cfg.fault_type}_{cfg.fault_step}_p{process_index}"
         if self.type in _ONCE and fsspec.url_to_fs(self.marker)[0].exists(self.marker):
             self.type = ""  # already fired in an earlier attempt
+        # the step at which some process's injected crash fires in this attempt (-1: none), known to
+        # every process, so all of them can meet at one defined point before it (Resilience.step_end)
+        target = f"{run_dir.rstrip('/')}/.fault_crash_{cfg.fault_step}_p{cfg.fault_process}"
+        self.crash_step = (cfg.fault_step if cfg.fault_type == "crash"
+                           and not fsspec.url_to_fs(target)[0].exists(target) else -1)
         self.step_timeout = lambda: 0.0  # starve: the watchdog's current step timeout (Resilience sets it)
         self.sleep = sleep
 

@@ -1,10 +1,11 @@
 """Checkpointless recovery: in-memory snapshots of each host's shard of the train state.
 
-Taking one (every `inmemory_snapshot_period` steps) never stalls the loop: a jitted copy of the
+Taking one (every `inmemory_snapshot_period` steps) does not stall the loop: a jitted copy of the
 state (the loop donates the original to the next step) plus a ring shift of every device's block
 to the same-position device of the next host (the peer replica) are *queued* behind the step; a
 background thread then fetches this host's blocks to host memory and hands both blobs to the
-keeper. Restoring picks the newest step complete across all hosts — from each host's own shard,
+keeper. (Only when the previous write has not ended by the next snapshot does the loop wait for it.)
+Restoring picks the newest step complete across all hosts — from each host's own shard,
 or, for a lost host, from the replica its successor holds (sent back by the inverse ring shift) —
 and rebuilds the sharded arrays with `jax.make_array_from_single_device_arrays`.
 """
@@ -124,6 +125,7 @@ class Snapshots:
         self.disabled = False
         self.last_seconds = 0.0
         self.cpu_seconds = 0.0  # CPU time of the background writes, all snapshots
+        self.stalls = 0  # snapshots that waited for the previous one's write
 
     # ---- taking ----
     def due(self, step: int) -> bool:
@@ -132,11 +134,14 @@ class Snapshots:
     def busy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def take(self, step: int, state, data_state) -> bool:
-        """Queue the snapshot of `state` (the state after `step` steps); False if the previous one is still
-        being written (then this one is skipped rather than stalling the loop)."""
+    def take(self, step: int, state, data_state) -> None:
+        """Queue the snapshot of `state` (the state after `step` steps). If the previous one is still
+        being written, wait for it first: every host must take the same snapshots, since each one
+        queues a collective (the ring shift) in the same order on all of them; a host that skipped
+        one while its peer did not would pair that shift with the peer's next training collective."""
         if self.busy():
-            return False
+            self.stalls += 1
+            self.wait()
         tree = (state, _data_state_array(self.mesh, data_state))
         own = self._copy(tree)  # queued behind the step; the loop may donate `state` now
         peer = self._to_peer(own) if self._to_peer is not None else None
@@ -145,7 +150,6 @@ class Snapshots:
         self._thread = threading.Thread(target=self._write, args=(step, own, peer), name="maxlite-snapshot",
                                         daemon=True)
         self._thread.start()
-        return True
 
     def _blocks(self, tree, source_of=None):
         """This host's distinct blocks of every leaf; `source_of` maps a device to the device whose block it holds."""
