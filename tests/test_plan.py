@@ -246,6 +246,18 @@ def test_tiny_fits_v6e_4x4_with_expected_shardings(tiny_plan):
 
 
 @needs_libtpu
+def test_a_rejected_plan_says_by_how_much_it_is_over(tiny_plan):
+    import dataclasses
+
+    from maxlite.plan import search
+
+    assert search._why_not(tiny_plan) == ""  # it fits
+    over = dataclasses.replace(tiny_plan, fits=False, peak_bytes=40 * GIB, usable_bytes=31.25 * GIB)
+    assert search._why_not(over) == "needs 40.00 GiB of 31.25 (over by 8.75)"
+    failed = dataclasses.replace(tiny_plan, fits=False, peak_bytes=None, error="RESOURCE_EXHAUSTED: no room")
+    assert search._why_not(failed) == "RESOURCE_EXHAUSTED: no room"
+
+
 def test_parameter_bytes_equal_eval_shape_count_times_dtype(tiny_plan):
     from maxlite import config as C
     from maxlite.state import abstract_params
@@ -317,16 +329,34 @@ def test_llama3_8b_fits_v6e_4x4_tutorial_mesh():
 @needs_libtpu
 @pytest.mark.slow
 def test_sweep_ranks_fitting_meshes():
-    from maxlite.plan import search
+    from maxlite.plan import report, search
 
     rows = search.sweep(["base.yml", "model_name=tiny"], T.parse("v6e:2x2"), ("full", "save_dots"),
                         ("", "int8"), progress=lambda _: None, stages_in_slice=(2,))
-    unstaged = [r for r in rows if r["pipeline"] is None]
+    print("\n".join(report.sweep_lines(rows)))
+    compiled = [r for r in rows if not r["skipped"]]
+    unstaged = [r for r in compiled if r["pipeline"] is None and not any("num_vocab_tiling" in o for o in r["overrides"])]
     meshes = {(r["mesh"]["data"], r["mesh"]["fsdp"], r["mesh"]["tensor"]) for r in unstaged}
     assert meshes == {(1, 4, 1), (1, 2, 2), (2, 2, 1)}
     assert len([r for r in unstaged if r["fits"]]) == 7
     steps = [r["step_seconds"] for r in rows if r["fits"]]
     assert steps == sorted(steps)
+    # the layouts not compiled, each with its reason: 8 devices of mesh on a 4-device slice; tensor 4
+    refused = {(o[0], o[2]): r["why"] for r in rows if r["skipped"] and r["overrides"][0].startswith("ici_data")
+               for o in [r["overrides"]]}
+    assert set(refused) == {("ici_data_parallelism=1", "ici_tensor_parallelism=8"),
+                            ("ici_data_parallelism=2", "ici_tensor_parallelism=4"),
+                            ("ici_data_parallelism=1", "ici_tensor_parallelism=4")}
+    assert refused[("ici_data_parallelism=2", "ici_tensor_parallelism=4")] == \
+        "not possible: data × context × tensor = 8 does not divide the slice's 4 devices"
+    assert all(why.startswith("not possible: ") for why in refused.values())
+    assert rows[-1]["skipped"] and all(not r["skipped"] for r in rows[:len(compiled)])  # refused ones last
+    # finer vocabulary tiles (2× and 4× its loss chunks) tried on the fastest that fits
+    tiled = [r for r in compiled if any("num_vocab_tiling" in o for o in r["overrides"])]
+    first = min((r for r in unstaged if r["fits"] and not r["quantization"]), key=lambda r: r["step_seconds"])
+    assert sorted(r["overrides"][-1] for r in tiled) == [f"num_vocab_tiling={2 * first['loss_chunks']}",
+                                                           f"num_vocab_tiling={4 * first['loss_chunks']}"]
+    assert all(r["overrides"][:-1] == first["overrides"] for r in tiled)
     # pipeline layouts (2 stages) with the remat policy of the fastest mesh
     staged = [r for r in rows if r["pipeline"] is not None]
     fastest = min((r for r in unstaged if r["fits"] and not r["quantization"]), key=lambda r: r["step_seconds"])
@@ -423,6 +453,16 @@ def test_sweep_splits_long_sequences_over_the_context_axis_too():
     long = meshes(["base.yml", "model_name=tiny", "max_target_length=32768", "per_device_batch_size=0.5"])
     assert {(1, 2, 1), (1, 4, 1), (1, 4, 2), (1, 1, 2)} <= long and (1, 1, 1) not in long
     assert all(c * t % 2 == 0 for _, c, t in long)
+
+
+def test_pipeline_repeats_go_up_to_one_layer_per_stage_per_repeat():
+    from maxlite.plan import search
+
+    assert search.pipeline_repeats(4, 2) == [1, 2]
+    assert search.pipeline_repeats(4, 4) == [1]
+    assert search.pipeline_repeats(24, 2) == [1, 2, 3, 12]  # 12 per stage: 1, 2, 3, 4, 6, 12 thinned
+    assert search.pipeline_repeats(126, 2) == [1, 3, 7, 63]  # Llama 3.1 405B over 2 stages: 63 per stage
+    assert search.pipeline_repeats(6, 4) == [1]  # the layers do not split into the stages
 
 
 def test_sweep_tries_pipeline_stages_repeats_and_micro_batches():

@@ -139,19 +139,24 @@ def suggestion_lines(suggestions: list[dict]) -> list[str]:
 def sweep_lines(rows: list[dict]) -> list[str]:
     if not rows:
         return []
-    lines = ["sweep: meshes × remat policies, pipeline stages × repeats × micro-batches, then quantization on "
-             "the fastest (estimated step time; fitting ones ranked first)",
+    lines = ["sweep: meshes × remat policies, pipeline stages × repeats × micro-batches, vocabulary tiles, then "
+             "quantization on the fastest (estimated step time; fitting ones ranked first, then why each other was "
+             "rejected)",
              f"  {'rank':>4}  {'data':>4} {'stage':>5} {'fsdp':>4} {'context':>7} {'tensor':>6}  {'R×M':>5}  {'remat':9s}  "
-             f"{'quant':8s}  {'peak':>10}  {'est. step':>9}  {'MFU≤':>5}"]
-    for i, r in enumerate(rows, 1):
+             f"{'quant':8s}  {'loss':>4}  {'peak':>10}  {'est. step':>9}  {'MFU≤':>5}  why not"]
+    for i, r in enumerate((r for r in rows if not r["skipped"]), 1):
         rank = str(i) if r["fits"] else "-"
         step = _s(r["step_seconds"]) if r["fits"] else "no fit"
         mfu = f"{r['mfu']:.0%}" if r["fits"] else ""
         m, pipe = r["mesh"], r.get("pipeline")
         schedule = f"{pipe['repeats']}×{pipe['microbatches']}" if pipe else "-"
         lines.append(f"  {rank:>4}  {m['data']:>4} {m.get('stage', 1):>5} {m['fsdp']:>4} {m.get('context', 1):>7} "
-                     f"{m['tensor']:>6}  {schedule:>5}  {r['remat_policy']:9s}  {r['quantization'] or '-':8s}  {_gib(r['peak_bytes']):>10}"
-                     f"  {step:>9}  {mfu:>5}")
+                     f"{m['tensor']:>6}  {schedule:>5}  {r['remat_policy']:9s}  {r['quantization'] or '-':8s}  "
+                     f"{r.get('loss_chunks') or '':>4}  {_gib(r['peak_bytes']):>10}  {step:>9}  {mfu:>5}  {r.get('why', '')}")
+    refused = [r for r in rows if r["skipped"]]
+    if refused:
+        lines.append(f"  not compiled ({len(refused)}: the recipe refuses the layout):")
+        lines += [f"    {' '.join(r['overrides'])}: {r['why']}" for r in refused]
     return lines
 
 

@@ -128,10 +128,11 @@ def suggest(args: list[str], topology: Topology, base: Plan, progress: Progress 
 LONG_CONTEXT = 16384  # from this sequence length on the sweep tries splitting it (context 1, 2, 4) too
 
 
-def sweep_candidates(args: list[str], topology: Topology, remats: tuple[str, ...]) -> list[list[str]]:
-    """Meshes within the slice (data × fsdp × context × tensor, tensor up to 8) × remat policies that
-    resolve; the context axis stays the recipe's, and from LONG_CONTEXT tokens on also 1, 2 and 4
-    (the same batch: per_device_batch_size counts sequences per device whatever splits them)."""
+def sweep_grid(args: list[str], topology: Topology, remats: tuple[str, ...]) -> list[tuple[list[str], str]]:
+    """Every mesh within the slice (data × fsdp × context × tensor, tensor up to 8) × remat policy, each
+    with "" when the recipe resolves on it, else why not (one line); the context axis stays the
+    recipe's, and from LONG_CONTEXT tokens on is also 1, 2 and 4 (the same batch: per_device_batch_size
+    counts sequences per device whatever splits them)."""
     n = topology.devices_per_slice
     raw = C.load(args)
     contexts = sorted({raw.ici_context_parallelism} | ({1, 2, 4} if raw.max_target_length >= LONG_CONTEXT else set()))
@@ -139,26 +140,41 @@ def sweep_candidates(args: list[str], topology: Topology, remats: tuple[str, ...
     out = []
     for context in contexts:
         for data, tensor in meshes:
-            if n % (data * tensor * context) or data * tensor * context > n:
-                continue
             for remat in remats:
                 overrides = [f"ici_data_parallelism={data}", f"ici_context_parallelism={context}",
                              f"ici_tensor_parallelism={tensor}", "ici_fsdp_parallelism=-1", f"remat_policy={remat}"]
-                if not _valid(args, topology, overrides):
-                    out.append(overrides)
+                why = (f"data × context × tensor = {data * tensor * context} does not divide the slice's {n} devices"
+                       if n % (data * tensor * context) else _valid(args, topology, overrides))
+                out.append((overrides, why))
     return out
 
 
+def sweep_candidates(args: list[str], topology: Topology, remats: tuple[str, ...]) -> list[list[str]]:
+    """The meshes × remat policies of `sweep_grid` that resolve."""
+    return [overrides for overrides, why in sweep_grid(args, topology, remats) if not why]
+
+
 PIPELINE_STAGES_IN_SLICE = (2, 4)  # stages the sweep tries inside a slice (and one per slice across slices)
-PIPELINE_REPEATS = (1, 2)          # GPipe, and the circular schedule going round twice
+MAX_REPEATS_TRIED = 4               # of the circular schedule's repeat counts (below)
 PIPELINE_MICROBATCHES = (1, 2, 4)  # micro-batches per pass, as multiples of the stages
 
 
-def pipeline_candidates(args: list[str], topology: Topology, remat: str,
-                        stages_in_slice: tuple[int, ...] = PIPELINE_STAGES_IN_SLICE) -> list[list[str]]:
-    """Pipeline layouts × repeats × micro-batch counts that resolve, fsdp filling the rest of the
-    slice (the recipe's context kept): one stage per slice across slices (no data parallelism over
-    DCN), and `stages_in_slice` stages inside each slice. No stages at all: none."""
+def pipeline_repeats(layers: int, stages: int) -> list[int]:
+    """The repeat counts of the circular schedule a person would try, up to layers / stages (one layer
+    per stage per repeat: the least held per iteration, the smallest bubble): every one that splits the
+    layers evenly when there are at most MAX_REPEATS_TRIED, else 1 (GPipe), the two smallest above
+    it and the largest."""
+    per_stage = layers // stages if layers % stages == 0 else 0
+    counts = [r for r in range(1, per_stage + 1) if per_stage % r == 0] or [1]
+    return counts if len(counts) <= MAX_REPEATS_TRIED else [*counts[:3], counts[-1]]
+
+
+def pipeline_grid(args: list[str], topology: Topology, remat: str,
+                  stages_in_slice: tuple[int, ...] = PIPELINE_STAGES_IN_SLICE) -> list[tuple[list[str], str]]:
+    """Pipeline layouts × repeats (pipeline_repeats) × micro-batch counts (1, 2 and 4 × the stages), fsdp
+    filling the rest of the slice (the recipe's context kept), each with "" when the recipe resolves on
+    it, else why not: one stage per slice across slices (no data parallelism over DCN), and
+    `stages_in_slice` stages inside each slice. No stages at all: none."""
     raw = C.load(args)
     layouts = [{"ici_pipeline_parallelism": p} for p in stages_in_slice]
     if topology.num_slices > 1 and stages_in_slice:
@@ -167,48 +183,84 @@ def pipeline_candidates(args: list[str], topology: Topology, remat: str,
     out = []
     for layout in layouts:
         stages = layout["ici_pipeline_parallelism"] * layout.get("dcn_pipeline_parallelism", 1)
-        for repeats in PIPELINE_REPEATS:
+        for repeats in pipeline_repeats(raw.base_num_decoder_layers, stages):
             for micro in PIPELINE_MICROBATCHES:
                 overrides = [*(f"{k}={v}" for k, v in layout.items()), "ici_data_parallelism=1",
                              f"ici_context_parallelism={raw.ici_context_parallelism}", "ici_tensor_parallelism=1",
                              "ici_fsdp_parallelism=-1", f"num_pipeline_repeats={repeats}",
                              "num_layers_per_pipeline_stage=-1", f"num_pipeline_microbatches={micro * stages}",
                              f"remat_policy={remat}"]
-                if not _valid(args, topology, overrides):
-                    out.append(overrides)
+                out.append((overrides, _valid(args, topology, overrides)))
     return out
+
+
+def pipeline_candidates(args: list[str], topology: Topology, remat: str,
+                        stages_in_slice: tuple[int, ...] = PIPELINE_STAGES_IN_SLICE) -> list[list[str]]:
+    """The layouts of `pipeline_grid` that resolve."""
+    return [overrides for overrides, why in pipeline_grid(args, topology, remat, stages_in_slice) if not why]
+
+
+VOCAB_TILE_FACTORS = (2, 4)  # the sweep's vocabulary tiles: these multiples of the plan's loss chunks
+
+
+def _why_not(plan: Plan) -> str:
+    """Why a compiled plan does not fit, in one line ("" when it fits)."""
+    if plan.fits:
+        return ""
+    if plan.peak_bytes is not None and plan.usable_bytes:
+        return (f"needs {plan.peak_bytes / GIB:.2f} GiB of {plan.usable_bytes / GIB:.2f} "
+                f"(over by {(plan.peak_bytes - plan.usable_bytes) / GIB:.2f})")
+    return plan.error or "the compiler refused it"
 
 
 def sweep(args: list[str], topology: Topology, remats: tuple[str, ...] = SWEEP_REMATS,
           quantizations: tuple[str, ...] = SWEEP_QUANTIZATIONS, progress: Progress = stderr_progress,
           stages_in_slice: tuple[int, ...] = PIPELINE_STAGES_IN_SLICE) -> list[dict]:
-    """Compile every mesh × remat candidate, then the pipeline layouts (pipeline_candidates), then
-    each of `quantizations` on the fastest that fits
-    (a quantized matmul changes the compute term, not which mesh or policy fits); fitting rows
-    ranked by estimated step time, then the rest."""
+    """Compile every mesh × remat candidate, then the pipeline layouts (pipeline_grid) with the remat
+    policy of the fastest that fits, then finer vocabulary tiles (VOCAB_TILE_FACTORS × its loss chunks)
+    on the fastest that fits or, when none does, on the nearest to fitting, then each of
+    `quantizations` on the fastest that fits (a quantized matmul changes the compute term, not which
+    mesh or policy fits). Fitting rows ranked by estimated step time, then the compiled ones that do not
+    fit, then the layouts the recipe refuses; every row that is not a plan says why (`why`)."""
     def row(overrides: list[str]) -> dict:
         plan = compile_plan(args, topology, overrides)
         return {"mesh": plan.mesh, "remat_policy": plan.recipe["remat_policy"],
-                "quantization": plan.recipe["quantization"], "pipeline": plan.recipe["pipeline"], "fits": plan.fits,
-                "peak_bytes": plan.peak_bytes, "usable_bytes": plan.usable_bytes,
+                "quantization": plan.recipe["quantization"], "pipeline": plan.recipe["pipeline"],
+                "loss_chunks": plan.recipe["loss_chunks"], "fits": plan.fits, "skipped": False,
+                "why": _why_not(plan), "peak_bytes": plan.peak_bytes, "usable_bytes": plan.usable_bytes,
                 "step_seconds": plan.estimate.get("step_seconds"), "mfu": plan.estimate.get("mfu"),
                 "overrides": overrides, "command": command(args, overrides, topology)}
 
-    def ranked(rows: list[dict]) -> list[dict]:
-        return sorted(rows, key=lambda r: (not r["fits"], r["step_seconds"] or 0.0, (r["peak_bytes"] or 0.0)))
+    def refused(overrides: list[str], why: str) -> dict:
+        return {"mesh": None, "remat_policy": None, "quantization": None, "pipeline": None, "loss_chunks": None,
+                "fits": False, "skipped": True, "why": f"not possible: {why}", "peak_bytes": None,
+                "usable_bytes": None, "step_seconds": None, "mfu": None, "overrides": overrides,
+                "command": command(args, overrides, topology)}
 
-    rows = []
-    candidates = sweep_candidates(args, topology, remats)
-    for i, overrides in enumerate(candidates, 1):
-        progress(f"sweep {i}/{len(candidates)}: {' '.join(overrides)}")
-        rows.append(row(overrides))
+    def ranked(rows: list[dict]) -> list[dict]:
+        return sorted(rows, key=lambda r: (r["skipped"], not r["fits"], r["step_seconds"] or 0.0,
+                                           r["peak_bytes"] or 0.0))
+
+    def compile_all(grid, label: str) -> list[dict]:
+        out = [refused(overrides, why) for overrides, why in grid if why]
+        todo = [overrides for overrides, why in grid if not why]
+        for i, overrides in enumerate(todo, 1):
+            progress(f"{label} {i}/{len(todo)}: {' '.join(overrides)}")
+            out.append(row(overrides))
+        return out
+
+    rows = compile_all(sweep_grid(args, topology, remats), "sweep")
     # pipeline layouts with the remat policy of the fastest mesh that fits (else full recomputation):
     # stages change the bytes between slices and the bubble, not which policy is fastest
     fastest = ranked(rows)[0] if any(r["fits"] for r in rows) else None
-    staged = pipeline_candidates(args, topology, fastest["remat_policy"] if fastest else "full", stages_in_slice)
-    for i, overrides in enumerate(staged, 1):
-        progress(f"sweep pipeline {i}/{len(staged)}: {' '.join(overrides)}")
-        rows.append(row(overrides))
+    rows += compile_all(pipeline_grid(args, topology, fastest["remat_policy"] if fastest else "full", stages_in_slice),
+                        "sweep pipeline")
+    compiled = [r for r in rows if not r["skipped"]]
+    base = (ranked(rows)[0] if any(r["fits"] for r in rows) else
+            min(compiled, key=lambda r: (r["peak_bytes"] or float("inf")) / (r["usable_bytes"] or 1), default=None))
+    if base is not None and base["peak_bytes"] is not None:  # the output head's share of the peak, tiled finer
+        tiles = [[*base["overrides"], f"num_vocab_tiling={factor * base['loss_chunks']}"] for factor in VOCAB_TILE_FACTORS]
+        rows += compile_all([(o, _valid(args, topology, o)) for o in tiles], f"sweep vocabulary tiles on {' '.join(base['overrides'])}:")
     best = ranked(rows)[0] if any(r["fits"] for r in rows) else None
     for mode in (m for m in quantizations if best is not None and m != best["quantization"]):
         overrides = [*best["overrides"], f"quantization={mode}"]
