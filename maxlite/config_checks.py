@@ -184,6 +184,10 @@ def _validate_objective(c: Config) -> None:
     if c.rollout_workers and not colocated:
         raise ConfigError(f"rollout_workers={c.rollout_workers} generates in Ray actors of its own: leave "
                           "trainer_devices_fraction and sampler_devices_fraction at 1 (the trainer keeps every device)")
+    if c.dynamic_sampling_max_batches > 1 and (not c.dynamic_sampling or c.off_policy_steps):
+        raise ConfigError(f"dynamic_sampling_max_batches={c.dynamic_sampling_max_batches} refills the groups "
+                          "dynamic_sampling drops, one synchronous step at a time: set dynamic_sampling=true and "
+                          "off_policy_steps=0, or dynamic_sampling_max_batches=1")
     for key in ("grpo_beta", "epsilon_high"):
         if -1 < getattr(c, key) < 0:
             raise ConfigError(f"{key}={getattr(c, key)}: give a value ≥ 0, or -1 for the loss_algo's own")
@@ -344,6 +348,9 @@ def check_layout(c: Config, num_processes: int) -> None:
     if share > per_process and c.train_objective != "lm":  # the alignment data assemble their own rows
         raise ConfigError(f"context × tensor = {share} devices share a sequence across processes (a process has "
                           f"{per_process}): only train_objective=lm reads rows that way; lower ici_tensor_parallelism")
+    if c.dynamic_sampling_max_batches > 1 and num_processes > 1:  # no agreement on the kept groups built
+        raise ConfigError(f"dynamic_sampling_max_batches={c.dynamic_sampling_max_batches} refills in one process "
+                          f"for now (this run has {num_processes}): use one process, or dynamic_sampling_max_batches=1")
     for key in ("base_num_query_heads", "base_num_kv_heads", "base_mlp_dim", "vocab_size"):
         if getattr(c, key) % tensor:
             raise ConfigError(f"{key}={getattr(c, key)} is not divisible by tensor parallelism {tensor}")

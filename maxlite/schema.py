@@ -662,7 +662,16 @@ class Keys:
         "loss_algo's own (grpo_epsilon: symmetric; dapo 0.28, clip-higher)", bounds=(-1, None))
     dynamic_sampling: bool = key(False,
         "grpo: groups whose rewards are all equal get no loss weight, their share logged as groups_dropped "
-        "(DAPO's dynamic sampling without the refill; verl algorithm.filter_groups)")
+        "(DAPO's dynamic sampling; verl algorithm.filter_groups.enable, NeMo-RL grpo.use_dynamic_sampling); the refill: "
+        "dynamic_sampling_max_batches")
+    dynamic_sampling_max_batches: int = key(1,
+        "grpo with dynamic_sampling: the most prompt batches a step samples to fill its batch with groups whose "
+        "rewards differ (DAPO's refill; verl algorithm.filter_groups.max_num_gen_batches, NeMo-RL "
+        "grpo.dynamic_sampling_max_gen_batches): further batches are read from the run's data (its saved position "
+        "counts them), the groups past the batch's number dropped; still short after this many, the step trains "
+        "on the groups it found and the rest of its batch carries no weight (logged: generation_batches, "
+        "groups_kept; verl and NeMo-RL raise instead, and verl's 0 = unlimited has no equal here); 1: no refill",
+        positive=True)
     overlong_filtering: bool = key(False,
         "grpo: completions that reach grpo_max_new_tokens without ending get no loss weight (NeMo-RL "
         "overlong_filtering, DAPO's overlong filtering)")

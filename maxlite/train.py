@@ -125,6 +125,7 @@ def _preflight(cfg: C.Config, built, primary: bool, launcher_keeper: bool):
         from maxlite.data.lookahead import Lookahead
         batches = Lookahead(batches)
         built.objective.read_ahead(batches.peek)
+    built.objective.draw_from(lambda: next(batches, None))  # GRPO's refill reads on in the run's own data
     if cfg.eval_interval > 0:  # the eval files and tokenizer, read the same way
         data.make_iterator(cfg, "eval", *reader).close()
     return batches

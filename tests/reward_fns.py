@@ -1,5 +1,6 @@
-"""Reward functions that misbehave, for tests/test_rewards.py: named "tests.reward_fns:<name>" in a
-recipe, they run in the reward worker processes like a user's own."""
+"""Reward functions that misbehave, for tests/test_rewards.py, or that make all-equal groups on
+purpose (tests/test_rl_refill.py): named "tests.reward_fns:<name>" in a recipe, they run in the
+reward worker processes like a user's own."""
 
 import os
 import threading
@@ -9,6 +10,12 @@ from maxlite.objectives.rewards import per_completion
 
 def length(prompts, completions, records):
     return [float(len(c)) for c in completions]
+
+
+def index_if_odd(prompts, completions, records):
+    """0 for every completion of a question whose answer is even (a group of equal rewards); else the
+    completion's place in the call (a group's completions are consecutive: their rewards differ)."""
+    return [float(i) if int(r["answer"]) % 2 else 0.0 for i, r in enumerate(records)]
 
 
 def raises(prompts, completions, records):

@@ -16,18 +16,26 @@ averaged over all completion tokens of the batch by default (loss_agg_mode; ε_l
 policy-gradient estimate −Σ_t A ∇log π(y_t) / (number of tokens).
 
 Row filters on the host (zero loss weight): `dynamic_sampling` drops the groups whose rewards are
-all equal (DAPO's dynamic sampling, without its refill: the step trains on fewer rows, and logs
-groups_dropped, the share dropped); `overlong_filtering` drops completions that never ended.
+all equal (DAPO's dynamic sampling; groups_dropped logs the share of the sampled groups dropped);
+`overlong_filtering` drops completions that never ended. With `dynamic_sampling_max_batches` N > 1
+the step refills, as DAPO does: while fewer groups with differing rewards than its batch holds were
+found, it draws the next prompt batch from the run's own data iterator (the checkpoint's data position
+counts it) and samples it, up to N batches in all; it trains on the first groups found, in the order
+sampled, as many as the batch holds (the surplus dropped), and when still short fills the batch with
+all-equal groups, which carry no weight (verl and NeMo-RL raise past their maximum instead).
+generation_batches logs the batches sampled, groups_kept the share of the train batch's groups that
+carry weight; reward and the other figures are over every completion sampled.
 
-The sampling key is a function of (seed, step): a resumed run samples what the uninterrupted run
-sampled. Metrics under TRL's names: reward, reward_std (the groups' mean std), kl, clip_ratio,
-completion_length; tis_ratio when the rows carry the sampler's log-probs; reward_failures /
-reward_timeouts (scores a failed reward call left at 0, objectives/rewards.py); and sampling_seconds /
-training_seconds, the split of the step's time.
+The sampling key is a function of (seed, step), a refill batch's of (seed, step, its index): a
+resumed run samples what the uninterrupted run sampled. Metrics under TRL's names: reward,
+reward_std (the groups' mean std), kl, clip_ratio, completion_length; tis_ratio when the rows carry
+the sampler's log-probs; reward_failures / reward_timeouts (scores a failed reward call left at 0,
+objectives/rewards.py); and sampling_seconds / training_seconds, the split of the step's time.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 
 import jax
@@ -35,11 +43,12 @@ import numpy as np
 
 from maxlite import optim
 from maxlite.objectives import NO_CLOCK, Objective, rl_eval, rl_loss
-from maxlite.objectives.rollout import Rollout, process_mean, process_sum
+from maxlite.objectives.rollout import Rollout, Scored, process_mean, process_sum
 from maxlite import step as step_lib
 from maxlite.step import token_logps
 
 _SALT = 0x6772706F  # the sampling keys' own stream: not the dropout's
+_REFILL_SALT = 0x7266696C  # the refill batches' keys: none equals a step's own
 
 
 def advantages(rewards_PG: np.ndarray, scale: bool = True) -> np.ndarray:
@@ -60,6 +69,35 @@ def kept_rows(rewards_PG: np.ndarray, ended_R: np.ndarray, dynamic: bool, overlo
     if overlong:
         keep &= np.asarray(ended_R, bool)
     return keep.astype(np.float32), float(equal_P.mean())
+
+
+def refill_order(equal_P: np.ndarray, num_groups: int) -> tuple[np.ndarray, int]:
+    """(the `num_groups` groups a refilled step trains on, as indices into every group it sampled, in
+    order; how many of them have differing rewards): those groups first, in the order sampled, the
+    surplus dropped; then, when too few were found, the first all-equal groups (no loss weight)."""
+    mixed = np.flatnonzero(~np.asarray(equal_P, bool))
+    short = max(num_groups - len(mixed), 0)
+    return np.concatenate([mixed[:num_groups], np.flatnonzero(equal_P)[:short]]), min(len(mixed), num_groups)
+
+
+def concat(parts: list[Scored]) -> Scored:
+    """The scored rollouts of several prompt batches as one, groups in order."""
+    if len(parts) == 1:
+        return parts[0]
+    logps = None if parts[0].sampler_logps is None else np.concatenate([p.sampler_logps for p in parts])
+    return Scored(np.concatenate([p.rewards_PG for p in parts]),
+                  {k: np.concatenate([p.rows[k] for p in parts]) for k in parts[0].rows},
+                  np.concatenate([p.lengths for p in parts]), np.concatenate([p.ended for p in parts]), logps,
+                  sum(p.reward_failures for p in parts), sum(p.reward_timeouts for p in parts))
+
+
+def take_groups(got: Scored, groups_P: np.ndarray) -> Scored:
+    """The groups `groups_P` of a scored rollout (each group's G rows with it)."""
+    G = got.rewards_PG.shape[1]
+    rows_R = (np.asarray(groups_P)[:, None] * G + np.arange(G)).reshape(-1)
+    return got._replace(rewards_PG=got.rewards_PG[groups_P], rows={k: v[rows_R] for k, v in got.rows.items()},
+                        lengths=got.lengths[rows_R], ended=got.ended[rows_R],
+                        sampler_logps=None if got.sampler_logps is None else got.sampler_logps[rows_R])
 
 
 def loss_fn(cfg):
@@ -93,6 +131,7 @@ class GRPOStep(Objective):
         self.cfg, self.batch_sharding = cfg, batch_sharding
         self.rollout = Rollout(cfg, graphdef)
         self.reads_ahead = cfg.off_policy_steps
+        self.draw = None  # the loop's data: the refill's further prompt batches (draw_from)
         self.rollouts = RolloutPipeline(cfg, self.rollout, self.sampling_key, shardings.params,
                                         list(batch_sharding.mesh.devices.flat))
 
@@ -115,8 +154,38 @@ class GRPOStep(Objective):
         samples step `step` with the key the uninterrupted run used."""
         return jax.random.fold_in(jax.random.fold_in(jax.random.key(self.cfg.seed), _SALT), step)
 
+    def refill_key(self, step: int, index: int):
+        """The key of refill batch `index` (1, 2, ...) of step `step`: a function of (seed, step, index)."""
+        key = jax.random.fold_in(jax.random.key(self.cfg.seed), _REFILL_SALT)
+        return jax.random.fold_in(jax.random.fold_in(key, step), index)
+
     def read_ahead(self, peek) -> None:
         self.rollouts.upcoming = peek
+
+    def draw_from(self, draw) -> None:
+        self.draw = draw
+
+    def refill(self, got: Scored, step: int) -> tuple[Scored, Scored, dict]:
+        """(the groups step `step` trains on, every completion it sampled, the refill's figures): further
+        prompt batches of the run's data sampled while fewer than a batch of groups have differing rewards
+        (dynamic_sampling_max_batches in all)."""
+        from maxlite.mesh import global_batch
+
+        def equal(s):
+            return s.rewards_PG.max(1) == s.rewards_PG.min(1)
+
+        parts, wanted = [got], got.rewards_PG.shape[0]
+        found = int((~equal(got)).sum())
+        while found < wanted and len(parts) < self.cfg.dynamic_sampling_max_batches:
+            local = self.draw()
+            if local is None:  # the data ended: train on what was found
+                break
+            batch = global_batch(local, self.batch_sharding)
+            parts.append(self.rollouts.again(batch, step, functools.partial(self.refill_key, step, len(parts))))
+            found += int((~equal(parts[-1])).sum())
+        every = concat(parts)
+        groups, kept = refill_order(equal(every), wanted)
+        return take_groups(every, groups), every, {"generation_batches": len(parts), "groups_kept": kept / wanted}
 
     def restore(self, state, step: int, files) -> None:
         self.rollouts.restart()  # a resume or rollback: what was sampled ahead is another run's
@@ -131,6 +200,10 @@ class GRPOStep(Objective):
         started = time.perf_counter()
         with clock.section("rollout", productive=True):  # sampling, the host gather, the rewards
             got, placed = self.rollouts.take(state.params, batch, step)
+            every = got
+            if cfg.dynamic_sampling_max_batches > 1:
+                got, every, refilled = self.refill(got, step)
+                placed = {**placed, **refilled}
         sampled = time.perf_counter()
         filtered = {}
         rows = got.rows
@@ -140,9 +213,10 @@ class GRPOStep(Objective):
             # against that behaviour policy, the cut included (a cut token's ratio is its kept mass Z ≤ 1)
             rows = {**rows, "sampler_logps": got.sampler_logps}
         if cfg.dynamic_sampling or cfg.overlong_filtering:
-            keep_R, dropped = kept_rows(got.rewards_PG, got.ended, cfg.dynamic_sampling, cfg.overlong_filtering)
+            keep_R, _ = kept_rows(got.rewards_PG, got.ended, cfg.dynamic_sampling, cfg.overlong_filtering)
             rows = {**rows, "weights": rows["weights"] * keep_R[:, None]}
-            filtered = {"groups_dropped": dropped} if cfg.dynamic_sampling else {}
+            equal_P = every.rewards_PG.max(1) == every.rewards_PG.min(1)  # of every group sampled
+            filtered = {"groups_dropped": float(equal_P.mean())} if cfg.dynamic_sampling else {}
         with clock.device_wait():
             rows = clock.train_rows(step + 1, rows)  # the loop's look (an injected nan poisons them)
             adv = advantages(got.rewards_PG, scale=cfg.loss_algo != "dr_grpo").reshape(-1)
@@ -151,11 +225,11 @@ class GRPOStep(Objective):
             for i in range(cfg.grpo_iterations):  # the step counter moves on the last update only
                 state, metrics = self.updates[int(i == cfg.grpo_iterations - 1)](state, train)
             jax.block_until_ready(metrics["loss"])  # training_seconds is the updates' own time
-            figures = process_mean({"reward": got.rewards_PG.mean(), "reward_std": got.rewards_PG.std(1).mean(),
-                                    "completion_length": got.lengths.mean(), "completions_ended": got.ended.mean(),
+            figures = process_mean({"reward": every.rewards_PG.mean(), "reward_std": every.rewards_PG.std(1).mean(),
+                                    "completion_length": every.lengths.mean(), "completions_ended": every.ended.mean(),
                                     **filtered})
-            figures.update(process_sum({"reward_failures": got.reward_failures,
-                                        "reward_timeouts": got.reward_timeouts}))
+            figures.update(process_sum({"reward_failures": every.reward_failures,
+                                        "reward_timeouts": every.reward_timeouts}))
         return state, {**metrics, **figures, **placed, "sampling_seconds": sampled - started,
                        "training_seconds": time.perf_counter() - sampled}
 

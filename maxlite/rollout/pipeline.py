@@ -66,6 +66,7 @@ class RolloutPipeline:
         self.pool = concurrent.futures.ThreadPoolExecutor(1, "rollouts") if self.k else None
         self.pending: dict[int, concurrent.futures.Future] = {}
         self.upcoming = None  # peek(i) → the i-th data batch after the loop's (set by read_ahead)
+        self.pushed = None  # the weights the last synchronous `take` sampled with, until the step's update
 
     def restart(self) -> None:
         """Drop what is in flight (resume, rollback): the next step starts the pipeline again."""
@@ -75,17 +76,18 @@ class RolloutPipeline:
             if not future.cancelled():
                 future.exception()  # wait: a sample in flight still holds the old weights' buffers
         self.pending.clear()
+        self.pushed = None
 
     def _next_restart(self, step: int) -> float:
         period = self.cfg.checkpoint_period
         return (step // period + 1) * period if period > 0 else float("inf")
 
-    def _sample(self, params, batch, step: int, version: int, pushed_seconds: float):
+    def _sample(self, params, batch, step: int, version: int, pushed_seconds: float, key=None):
         if self.push is not None:  # onto the sampler's mesh (one process: placement refuses more)
             batch = {k: v if k.startswith("host_") else jax.device_put(v, self.batch_sharding) for k, v in batch.items()}
         started = time.perf_counter()
         with self._on_sampler():
-            got = self.rollout(params, batch, self.key(step))
+            got = self.rollout(params, batch, self.key(step) if key is None else key())  # made on the sampler's mesh
         figures = {"rollout_staleness": step - version, "weight_push_seconds": pushed_seconds,
                    "rollout_seconds": time.perf_counter() - started}
         if self.workers is not None:
@@ -118,6 +120,7 @@ class RolloutPipeline:
         figures; starts the next ones. `batch`: the step's prompts (its global batch)."""
         if self.k == 0:
             there, seconds = self._pushed(params)
+            self.pushed = there
             return self._sample(there, batch, step, step, seconds)
         if step not in self.pending:  # a restart: this step samples with the weights it starts from
             self.restart()
@@ -134,3 +137,9 @@ class RolloutPipeline:
                     break
                 self.pending[u] = self.pool.submit(self._sample, there, ahead, u, step, seconds)
         return got
+
+    def again(self, batch: dict, step: int, key):
+        """Another batch of prompts for step `step`, sampled under `key()` with the weights its `take`
+        pushed (DAPO's refill, objectives/grpo.py: synchronous runs only, config_checks refuses the rest)."""
+        assert self.k == 0 and self.pushed is not None, "a refill follows the step's synchronous take"
+        return self._sample(self.pushed, batch, step, step, 0.0, key)[0]
