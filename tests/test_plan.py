@@ -258,6 +258,40 @@ def test_a_rejected_plan_says_by_how_much_it_is_over(tiny_plan):
     assert search._why_not(failed) == "RESOURCE_EXHAUSTED: no room"
 
 
+@needs_libtpu
+@pytest.mark.slow
+def test_offloaded_layer_inputs_are_host_memory_not_the_hbm_peak():
+    """64 layers whose inputs (bf16 [2, 4096, 256] each) go to host memory: libtpu's peak figure is then
+    arguments + host temporaries, above what HBM holds; the plan counts them as host memory (the
+    pipelined-out 405B plan read 40.41 GiB of 32 and compiled)."""
+    from maxlite.plan.compile import compile_plan
+
+    args = ["base.yml", "model_name=tiny", "max_target_length=4096", "per_device_batch_size=2",
+            "base_num_decoder_layers=64", "remat_policy=offload_layer_inputs"]
+    p = compile_plan(args, T.parse("v6e:2x2"))
+    emb = C.load(args).base_emb_dim
+    assert p.fits and p.host_bytes == 64 * 2 * 4096 * emb * 2
+    # HBM's figure leaves them out: libtpu's own peak was the arguments (this state) + the host bytes
+    assert p.peak_bytes < p.param_bytes + p.optimizer_bytes + p.host_bytes
+
+
+@needs_libtpu
+def test_a_layout_the_compiler_fails_on_is_reported_in_one_line(capsys):
+    """libtpu (the pinned 0.0.42.1) fails with INTERNAL on offloaded layer inputs inside this pipeline's
+    loop (a bitcast between memory spaces; the pipelined 405B plan met it): the planner says so in its
+    verdict and exits 1, and a sweep's row carries the line, rather than a traceback ending the search.
+    If a libtpu upgrade compiles this layout, pick another the compiler refuses."""
+    from maxlite.plan.__main__ import main
+
+    args = ["base.yml", "model_name=llama3.1-8b", "per_device_batch_size=1", "max_target_length=4096",
+            "dcn_pipeline_parallelism=2", "dcn_data_parallelism=1", "num_pipeline_repeats=2",
+            "remat_policy=offload_layer_inputs", "--topology", "v6e:2x2", "--num-slices", "2", "--no-suggest"]
+    assert main(args) == 1
+    out = capsys.readouterr().out
+    assert "llama3.1-8b on v6e:2x2 × 2 slices (8 chips): NOT COMPILED" in out
+    assert "compiler           the compiler failed: INTERNAL: " in out and "Traceback" not in out
+
+
 def test_parameter_bytes_equal_eval_shape_count_times_dtype(tiny_plan):
     from maxlite import config as C
     from maxlite.state import abstract_params

@@ -53,6 +53,7 @@ class Plan:
     flops_compiler: float | None    # per device, XLA's count (a scanned layer body counted once)
     bytes_accessed: float | None    # per device, XLA's count (same caveat)
     hbm_bytes: float | None = None  # per device, from the HLO with loops unrolled (hlo.hbm_bytes)
+    host_bytes: float = 0.0         # per device, temporaries offloaded to host memory (remat offload policies)
     collectives: dict[str, dict] = dataclasses.field(default_factory=dict)
     custom_calls: dict[str, int] = dataclasses.field(default_factory=dict)  # kernels run per step
     param_shardings: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -165,9 +166,15 @@ def compile_plan(args: list[str], topology: Topology, overrides: list[str] = ())
             compiled = step.lower(state_in, batch).compile()
     except Exception as e:  # XlaRuntimeError RESOURCE_EXHAUSTED: the program does not fit
         message = str(e)
-        if "RESOURCE_EXHAUSTED" not in message and "exceeds available" not in message:
-            raise
         plan.compile_seconds = time.perf_counter() - started
+        if "RESOURCE_EXHAUSTED" not in message and "exceeds available" not in message:
+            from jax.errors import JaxRuntimeError
+            if not isinstance(e, JaxRuntimeError):
+                raise
+            # the compiler itself failed on this layout (seen: libtpu INTERNAL on offloaded layer inputs
+            # inside a pipeline's loop): a plan that cannot be compiled, said in one line, not a crash
+            plan.error = "the compiler failed: " + " ".join(message.split())[:300]
+            return plan
         plan.peak_bytes, plan.usable_bytes = _oom(message)
         plan.error = next((ln.strip() for ln in message.splitlines() if "RESOURCE_EXHAUSTED" in ln),
                           message.splitlines()[0])[:300]
@@ -176,6 +183,13 @@ def compile_plan(args: list[str], topology: Topology, overrides: list[str] = ())
     plan.fits = True
     memory = compiled.memory_analysis()
     plan.peak_bytes = float(memory.peak_memory_in_bytes)
+    plan.host_bytes = float(memory.host_temp_size_in_bytes)
+    if plan.host_bytes:
+        # with offloaded temporaries libtpu's peak is no HBM figure: the pipelined-out 405B plan (fsdp 512,
+        # offload_layer_inputs) gave peak = arguments + host temporaries (43.39 GB of which 33.82 GB on the
+        # host) for a program whose HBM holds at most arguments + HBM temporaries (29.04 GB); the smaller
+        # of the two bounds what HBM holds
+        plan.peak_bytes = min(plan.peak_bytes, float(memory.argument_size_in_bytes + memory.temp_size_in_bytes))
     plan.temp_bytes = max(0.0, plan.peak_bytes - memory.argument_size_in_bytes)
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost

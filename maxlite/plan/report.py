@@ -42,12 +42,16 @@ def memory_lines(plan: Plan, chip: Chip) -> list[str]:
                      f"(activations, gradients, gathered weights)")
         lines.append(f"                     peak {_gib(plan.peak_bytes)} of {_gib(chip.hbm_bytes)} "
                      f"{chip.name} HBM ({share:.0%}); headroom {_gib(chip.hbm_bytes - plan.peak_bytes)}")
+        if plan.host_bytes:
+            lines.append(f"  host memory        {_gib(plan.host_bytes)} per device offloaded (remat_policy="
+                         f"{plan.recipe['remat_policy']})")
     else:
         state = plan.state_bytes_total / plan.num_devices
-        lines.append(f"                     compiler needs {_gib(plan.peak_bytes)}, usable "
-                     f"{_gib(plan.usable_bytes)}: over by {_gib(plan.over_bytes)}"
-                     + (f" ({plan.peak_bytes / plan.usable_bytes:.1f}×)"
-                        if plan.peak_bytes and plan.usable_bytes else ""))
+        if plan.peak_bytes is not None:
+            lines.append(f"                     compiler needs {_gib(plan.peak_bytes)}, usable "
+                         f"{_gib(plan.usable_bytes)}: over by {_gib(plan.over_bytes)}"
+                         + (f" ({plan.peak_bytes / plan.usable_bytes:.1f}×)"
+                            if plan.peak_bytes and plan.usable_bytes else ""))
         lines.append(f"                     params + gradients + optimizer alone: {_gib(state)} "
                      f"per device ({_si(plan.state_bytes_total, 'B')} in all)")
     return lines
@@ -69,7 +73,7 @@ def _optimizer_dtypes(r: dict) -> str:
 
 def text(plan: Plan, chip: Chip, shardings: bool = False) -> str:
     r = plan.recipe
-    verdict = "FITS" if plan.fits else "DOES NOT FIT"
+    verdict = "FITS" if plan.fits else ("DOES NOT FIT" if plan.peak_bytes is not None else "NOT COMPILED")
     lines = [f"maxlite plan: {r['model_name']} on {plan.topology}: {verdict}",
              f"  mesh               {_mesh(plan)}",
              f"  batch              {r['global_batch_size']} sequences × {r['max_target_length']} tokens "

@@ -48,7 +48,7 @@ def _row(change: str, plan: Plan | None, args, overrides, topology, detail: str 
         detail = (f"peak {plan.peak_bytes / GIB:.2f} GiB per device; est. step {e['step_seconds']:.3f} s, "
                   f"MFU ≤ {e['mfu']:.0%}")
     else:
-        detail = f"needs {(plan.peak_bytes or 0) / GIB:.2f} GiB of {(plan.usable_bytes or 0) / GIB:.2f} GiB"
+        detail = _why_not(plan)
     return {"change": change, "overrides": overrides, "topology": topology.name,
             "num_slices": topology.num_slices, "fits": plan.fits, "skipped": False, "detail": detail,
             "peak_bytes": plan.peak_bytes, "usable_bytes": plan.usable_bytes,
