@@ -421,6 +421,9 @@ def test_suggestions_are_compiled_and_the_smaller_micro_batch_fits():
     assert "per_device_batch_size=48 gradient_accumulation_steps=2" in batch["command"]
     more_chips = [r for r in rows if r["change"].startswith("topology")]
     assert len(more_chips) == 1 and not more_chips[0]["fits"]  # the per-device batch is the problem
+    (offload,) = [r for r in rows if r["change"].endswith("(remat_policy=offload_layer_inputs)")]
+    assert not offload["skipped"] and "remat_policy=offload_layer_inputs" in offload["command"]
+    assert not any("num_pipeline_repeats" in r["change"] for r in rows)  # no stages, no schedule to change
 
 
 

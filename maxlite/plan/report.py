@@ -130,7 +130,8 @@ def suggestion_lines(suggestions: list[dict]) -> list[str]:
         return []
     lines = ["suggestions (each checked by compiling it):"]
     for s in suggestions:
-        mark = "fits" if s["fits"] else ("skipped" if s.get("skipped") else "does not fit")
+        mark = "fits" if s["fits"] else ("skipped" if s.get("skipped") else
+                                          "not compiled" if s.get("peak_bytes") is None else "does not fit")
         lines.append(f"  [{mark:12s}] {s['change']}: {s['detail']}")
     best = next((s for s in suggestions if s["fits"]), None)
     if best:

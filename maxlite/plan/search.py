@@ -82,7 +82,8 @@ def _mesh_overrides(ici: dict, dcn: dict, **changes) -> list[str]:
 
 def suggest(args: list[str], topology: Topology, base: Plan, progress: Progress = stderr_progress,
             max_topologies: int = 3) -> list[dict]:
-    """When `base` does not fit: more fsdp, full remat, a smaller per-device batch, more chips."""
+    """When `base` does not fit: more fsdp, full remat, the layer inputs in host memory, the circular
+    schedule's other repeat counts (a pipelined recipe), a smaller per-device batch, more chips."""
     cfg = resolve(args, topology)
     out = []
     if base.ici["data"] > 1 or base.ici["tensor"] > 1:
@@ -95,6 +96,15 @@ def suggest(args: list[str], topology: Topology, base: Plan, progress: Progress 
         out.append(_try("remat_policy=full", args, topology, ["remat_policy=full"], progress))
     else:
         out.append(_row("remat_policy=full", None, args, [], topology, "already recomputing everything"))
+    if cfg.remat_policy != "offload_layer_inputs":  # MaxText's decoder_layer_input: offload
+        out.append(_try("layer inputs in host memory (remat_policy=offload_layer_inputs)", args, topology,
+                        ["remat_policy=offload_layer_inputs"], progress))
+    stages = cfg.axis_size("stage")
+    if stages > 1:  # the circular schedule: fewer layers per iteration hold less
+        for repeats in pipeline_repeats(cfg.base_num_decoder_layers, stages):
+            if repeats != cfg.pipeline_repeats:
+                out.append(_try(f"num_pipeline_repeats={repeats}", args, topology,
+                                [f"num_pipeline_repeats={repeats}", "num_layers_per_pipeline_stage=-1"], progress))
     pdbs, accumulation = cfg.per_device_batch_size, cfg.gradient_accumulation_steps
     for _ in range(3):  # halve the micro-batch, accumulate more to keep the global batch
         pdbs, accumulation = pdbs / 2, accumulation * 2
