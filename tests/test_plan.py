@@ -276,6 +276,32 @@ def test_offloaded_layer_inputs_are_host_memory_not_the_hbm_peak():
 
 
 @needs_libtpu
+def test_with_bfloat16_gradients_no_expert_tensor_is_whole_in_float32():
+    """grad_dtype=bfloat16 on float32 weights: the experts are cast while sharded as stored, so the
+    v6e program gathers them in bfloat16 and reduce-scatters their gradient in bfloat16 before widening
+    each shard. Before, the cast's backward widened the whole gathered gradient ([E, D, F] in float32
+    on every device: 14 GiB per tensor for DeepSeek-V3 on tpu7x, which kept its Ironwood recipe out)."""
+    import re
+
+    from maxlite.plan import compile as plan_compile
+
+    texts = []
+    collectives = plan_compile.hlo.collectives
+    args = ["base.yml", "model_name=tiny-moe", "num_experts=8", "base_moe_mlp_dim=256", "base_emb_dim=256",
+            "ici_fsdp_parallelism=4", "dtype=bfloat16", "grad_dtype=bfloat16", "max_target_length=128",
+            "per_device_batch_size=1", "base_num_decoder_layers=2"]
+    try:
+        plan_compile.hlo.collectives = lambda text: (texts.append(text), collectives(text))[1]
+        plan = plan_compile.compile_plan(args, T.parse("v6e:2x2"))
+    finally:
+        plan_compile.hlo.collectives = collectives
+    E, D, F = 8, 256, 256
+    whole = [(name, dims) for name, dims in re.findall(r"%(\S+) = f32\[([\d,]+)\]", texts[0])
+             if [int(n) for n in dims.split(",") if n != "1"] in ([E, D, F], [E, F, D])]
+    assert plan.fits and not whole, whole
+
+
+@needs_libtpu
 def test_a_layout_the_compiler_fails_on_is_reported_in_one_line(capsys):
     """libtpu (the pinned 0.0.42.1) fails with INTERNAL on offloaded layer inputs inside this pipeline's
     loop (a bitcast between memory spaces; the pipelined 405B plan met it): the planner says so in its

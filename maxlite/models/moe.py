@@ -269,9 +269,16 @@ class MoE(nnx.Module):
         routing = route(cfg, x_BTD, self.router[...], bias, valid_BT, slots,
                         self.router_logit_bias[...] if cfg.router_logit_bias else None)
         in_bias = (self.gate_bias[...], self.up_bias[...]) if cfg.mlp_bias else ()
-        y_BTD, dropped = moe_parallel.experts(impl, x_BTD, routing, slots, self.gate[...], self.up[...],
-                                              self.down[...], self.glu, -1.0 if dropless else cfg.ragged_buffer_factor,
-                                              in_bias)
+        gate, up, down = self.gate[...], self.up[...], self.down[...]
+        if cfg.grad_dtype != "float32" and gate.dtype == jnp.float32 and self.dtype != jnp.float32:
+            # cast while sharded as stored: the gather then moves the compute dtype, and the backward pass
+            # reduce-scatters the experts' gradient in it before widening the shard (grad_dtype), where
+            # the cast's own backward widened the whole gathered gradient first (DeepSeek-V3 on tpu7x: two
+            # float32 [256, 2048, 7168] of 14 GiB each on every device)
+            gate, up = (constrain(w.astype(self.dtype), ("exp", "embed_no_exp", "mlp")) for w in (gate, up))
+            down = constrain(down.astype(self.dtype), ("exp", "mlp", "embed_no_exp"))
+        y_BTD, dropped = moe_parallel.experts(impl, x_BTD, routing, slots, gate, up, down, self.glu,
+                                              -1.0 if dropless else cfg.ragged_buffer_factor, in_bias)
         if cfg.mlp_bias:  # Σ_j w_j (y_j + b_j): the down bias of each chosen expert, weighted (0 if dropped)
             bias_BTkD = jnp.take(self.down_bias[...].astype(jnp.float32), routing.experts_BTk, axis=0)
             y_BTD = y_BTD + jnp.einsum("btk,btkd->btd", routing.weights_BTk, bias_BTkD)
