@@ -149,6 +149,16 @@ CONFIGS = {
         initializer_range=0.3, tie_word_embeddings=False, bos_token_id=None, eos_token_id=1,
         rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5}),
     "qwen3_5_text": lambda: transformers.Qwen3_5TextConfig(**_HYBRID),
+    # Kimi delta attention (per-channel decay, low-rank gates) around a NoPE latent-attention layer
+    # (query latent), a dense first layer then DeepSeekMoE: groups of 2 experts, the best 1 of 2, weights × 2.5
+    "kimi_linear": lambda: transformers.KimiLinearConfig(
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=16, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=4, vocab_size=256, kv_lora_rank=12, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+        v_head_dim=6, num_local_experts=4, num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1,
+        routed_scaling_factor=2.5, linear_num_heads=2, linear_head_dim=32, linear_conv_kernel_dim=4,
+        initializer_range=0.1, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+        mlp_layer_types=["dense", "sparse", "sparse", "sparse"]),
     # Qwen3-Next's first layer dense (mlp_only_layers)
     # Qwen3-VL's decoder on text (multimodal RoPE with every axis equal; images: tests/test_qwen3_vl.py)
     "qwen3_vl": lambda: qwen3_vl(),
@@ -224,7 +234,7 @@ def _minimax_perturbed(model, seed: int = 0):
 
 PERTURB = {"llama": lambda m, seed: _perturbed(m, seed, 0.3),
            "gemma3": _gemma3_perturbed, "gemma3-own-pattern": _gemma3_perturbed, "deepseek_v2": _deepseek_perturbed,
-           "deepseek_v3": _deepseek_perturbed, "gemma4": gemma4_perturbed, "gemma4_moe": gemma4_perturbed,
+           "deepseek_v3": _deepseek_perturbed, "kimi_linear": _deepseek_perturbed, "gemma4": gemma4_perturbed, "gemma4_moe": gemma4_perturbed,
            "glm4_moe": _glm_perturbed, "minimax_m2": _minimax_perturbed}
 # Gemma 4's MoE at seed 0 puts a router near-tie (2nd and 3rd expert 9e-8 apart) on a greedy path,
 # where float32 rounding picks either: seed 1 has none

@@ -21,7 +21,8 @@ class Family:
     mlp: str                # "swiglu" (silu(gate)·up, down) | "geglu" (tanh-GELU(gate)·up, down) |
                             # "gelu" (up, down, with biases) | "clamped_swiglu" (gpt-oss's:
                             # (up + 1)·gate·σ(1.702·gate), clamped at mlp_activations_limit)
-    positions: str          # "rope" (rotary, in attention) | "learned" (absolute, added to the embedding)
+    positions: str          # "rope" (rotary, in attention) | "learned" (absolute, added to the embedding) |
+                            # "none" (NoPE: no positions at all, Kimi Linear's)
     biases: str             # what use_bias=true adds: "attention" (q/k/v/o) | "qkv" (q/k/v, no o) |
                             # "all" (every linear and norm)
     hf_module: str          # the module mapping the weights to and from Hugging Face: the family's own

@@ -63,7 +63,8 @@ def unit_lower_inverse(T_XCC):
 
 def chunked_delta_rule(q_BTME, k_BTME, v_BTMU, g_BTM, beta_BTM, seg_BT, state_BMEU=None, chunk: int = 64):
     """The gated delta rule over T tokens in chunks of `chunk` (float32 throughout): (o_BTMU, the
-    state after the last token). q must be normalised and scaled already; `state_BMEU` is the
+    state after the last token). The decay's log g is per head [B, T, M], or per head and key dim
+    [B, T, M, E] (Kimi delta attention, maxlite/models/kda.py: S_t = Diag(exp(g_t)) S_{t−1} + …). q must be normalised and scaled already; `state_BMEU` is the
     state before the first token (it belongs to the first token's segment; None: zeros). A term
     between two tokens counts only when they share a segment; tokens with β = 0 and g = 0 leave
     the state as it was (decoding's padding)."""
@@ -80,30 +81,43 @@ def chunked_delta_rule(q_BTME, k_BTME, v_BTMU, g_BTM, beta_BTM, seg_BT, state_BM
         return x.transpose(1, 0, 3, 2, 4) if x.ndim == 5 else x.transpose(1, 0, 3, 2)
 
     q, k, v = (blocks(x) for x in (q_BTME, k_BTME, v_BTMU))          # [n, B, M, C, E|U]
-    g, beta = (blocks(x) for x in (g_BTM, beta_BTM))                  # [n, B, M, C]
+    g, beta = (blocks(x) for x in (g_BTM, beta_BTM))                  # [n, B, M, C] (g: [.., C, E] per channel)
     seg = jnp.moveaxis(jnp.pad(seg_BT, [(0, 0), (0, pad)], mode="edge").reshape(B, n, C), 1, 0)  # [n, B, C]
     # the segment the state entering each chunk belongs to: the last token's of the chunk before
     seg_in = jnp.concatenate([seg[:1, :, 0], seg[:-1, :, -1]], axis=0)  # [n, B]
 
-    gamma = jnp.cumsum(g, axis=-1)                                    # [n, B, M, C]
     same = (seg[..., :, None] == seg[..., None, :])[:, :, None]       # [n, B, 1, C, C]
     causal = jnp.tril(jnp.ones((C, C), bool))
     live = same & causal
-    diff = gamma[..., :, None] - gamma[..., None, :]
-    decay = jnp.where(live, jnp.exp(jnp.where(live, diff, 0.0)), 0.0)  # exp(γ_i − γ_j), j ≤ i, one segment
     first = (seg == seg_in[..., None])[:, :, None]                    # [n, B, 1, C]: sees the entering state
     last = (seg == seg[..., -1:])[:, :, None]                         # shares the chunk's last segment
-
     k_beta = k * beta[..., None]
-    strict = jnp.einsum("nbmie,nbmje->nbmij", k_beta, k) * decay * ~jnp.eye(C, dtype=bool)
+    if g.ndim == 5:  # per channel (KDA): each key dim its own decay, exp(γ_i − γ_j) [.., C, C, E] in the sums
+        gamma = jnp.cumsum(g, axis=-2)                                # [n, B, M, C, E]
+        live_e = live[..., None]
+        diff = gamma[..., :, None, :] - gamma[..., None, :, :]
+        decay = jnp.where(live_e, jnp.exp(jnp.where(live_e, diff, 0.0)), 0.0)
+        strict = jnp.einsum("nbmie,nbmje,nbmije->nbmij", k_beta, k, decay) * ~jnp.eye(C, dtype=bool)
+        intra = jnp.einsum("nbmie,nbmje,nbmije->nbmij", q, k, decay)
+        g_in = jnp.exp(gamma) * first[..., None]                      # decay from the chunk's start
+        g_out = jnp.exp(gamma[..., -1:, :] - gamma) * last[..., None]  # decay to the chunk's end
+        carry_decay = (jnp.exp(gamma[..., -1, :]) * first[..., -1][..., None])[..., None]  # [n, B, M, E, 1]
+    else:
+        gamma = jnp.cumsum(g, axis=-1)                                # [n, B, M, C]
+        diff = gamma[..., :, None] - gamma[..., None, :]
+        decay = jnp.where(live, jnp.exp(jnp.where(live, diff, 0.0)), 0.0)  # exp(γ_i − γ_j), j ≤ i, one segment
+        strict = jnp.einsum("nbmie,nbmje->nbmij", k_beta, k) * decay * ~jnp.eye(C, dtype=bool)
+        intra = jnp.einsum("nbmie,nbmje->nbmij", q, k) * decay
+        g_in = (jnp.exp(gamma) * first)[..., None]
+        g_out = (jnp.exp(gamma[..., -1:] - gamma) * last)[..., None]
+        carry_decay = (jnp.exp(gamma[..., -1]) * first[..., -1])[..., None, None]  # [n, B, M, 1, 1]
+
     eye = jnp.eye(C, dtype=f32)
-    rhs = jnp.concatenate([v * beta[..., None], k_beta * (jnp.exp(gamma) * first)[..., None]], axis=-1)
+    rhs = jnp.concatenate([v * beta[..., None], k_beta * g_in], axis=-1)
     solved = jnp.einsum("...ij,...jk->...ik", unit_lower_inverse(eye + strict), rhs)
     u, w = solved[..., :U], solved[..., U:]                           # [n, B, M, C, U], [.., E]
-    intra = jnp.einsum("nbmie,nbmje->nbmij", q, k) * decay
-    q_in = q * (jnp.exp(gamma) * first)[..., None]
-    k_out = k * (jnp.exp(gamma[..., -1:] - gamma) * last)[..., None]
-    carry_decay = (jnp.exp(gamma[..., -1]) * first[..., -1])[..., None, None]  # [n, B, M, 1, 1]
+    q_in = q * g_in
+    k_out = k * g_out
 
     def step(S_BMEU, xs):
         u, w, q_in, intra, k_out, carry_decay = xs

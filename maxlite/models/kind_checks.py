@@ -101,6 +101,15 @@ def gated_deltanet_layout(c, used: bool) -> str | None:
     return None
 
 
+def kda(c, used: bool) -> str | None:
+    """Kimi delta attention (maxlite/models/kda.py): as many key as value heads, of one width."""
+    if used and (c.gdn_num_key_heads != c.gdn_num_value_heads or c.gdn_key_head_dim != c.gdn_value_head_dim):
+        return (f"Kimi delta attention has one head shape for q, k and v: set gdn_num_key_heads = gdn_num_value_heads "
+                f"({c.gdn_num_key_heads} ≠ {c.gdn_num_value_heads}?) and gdn_key_head_dim = gdn_value_head_dim "
+                f"({c.gdn_key_head_dim} ≠ {c.gdn_value_head_dim}?)")
+    return None
+
+
 def gemma4(c, used: bool) -> str | None:
     """Gemma 4's keys (maxlite/models/gemma4.py), refused on another family's layers; its own RoPE."""
     if not used:

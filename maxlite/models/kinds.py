@@ -164,6 +164,19 @@ def _gdn_cache(cfg, variant: str, length: int) -> int:
     return state * (2 if cfg.dtype == "bfloat16" else 1) + (cfg.gdn_conv_kernel_dim - 1) * channels
 
 
+def _kda_flops(cfg, B: int, T: int, variant: str) -> dict:
+    """Kimi delta attention (maxlite/models/kda.py, chunks of C): q, k, v, β and the two low-rank
+    gates (D·E then E·M·E each), the convolution, and the gated delta-net's chunked rule with the
+    pairwise decay per channel: kβ·kᵀ and q·kᵀ weighted by exp(γ_i − γ_j) cost 3·C·E each (the
+    weights' own C·E product besides)."""
+    D, M, E, W, C = (cfg.base_emb_dim, cfg.gdn_num_value_heads, cfg.gdn_key_head_dim, cfg.gdn_conv_kernel_dim,
+                     min(cfg.gdn_chunk_size, T))
+    channels = 3 * M * E
+    return {"qkv": 2 * B * T * (D * (channels + M + 2 * E) + 2 * E * M * E) + 2 * B * T * W * channels,
+            "out": 2 * B * T * M * E * D,
+            "attention": B * T * M * (6 * C * E + 2 * C * C / 3 + 4 * C * E + 2 * C * E + 6 * E * E)}
+
+
 def _shaped_attention(wide: bool, shared: bool) -> tuple[Callable, Callable]:
     """FLOPs and decode-cache numbers of an attention layer of its own shape (`wide`) that may take its
     keys and values from an earlier layer (`shared`: no projections, no cache of its own)."""
@@ -195,6 +208,10 @@ MIXERS = {m.name: m for m in (
     MixerKind("gated_deltanet", "maxlite.models.gated_deltanet:GatedDeltaNet", _gdn_flops, _gdn_cache,
               "maxlite.models.gdn_cache", layout_checks=(_CHECKS + "gated_deltanet_layout",),
               megatron_refusal="gated delta-net layers (its GPT layer is attention only)"),
+    # Kimi Linear's delta attention: the delta-net's decode cache (the same state and windows) and checks
+    MixerKind("kda", "maxlite.models.kda:KimiDeltaAttention", _kda_flops, _gdn_cache, "maxlite.models.gdn_cache",
+              checks=(_CHECKS + "kda",), layout_checks=(_CHECKS + "gated_deltanet_layout",),
+              megatron_refusal="Kimi delta attention layers (its GPT layer is attention only)"),
     # Gemma 4 (maxlite/models/gemma4.py): local and (wide) global layers, each also as a layer that
     # reuses the keys and values of the last earlier layer of its kind
     *(MixerKind(f"gemma4_{v}{'_shared' if shared else ''}", f"maxlite.models.gemma4:{v}_attention{'_shared' if shared else ''}",

@@ -27,6 +27,8 @@ VARIANTS: dict[str, dict[str, str]] = {
     "attention": {"global": "full_attention", "local": "sliding_attention"},
     "mla": {"global": "full_attention", "local": "sliding_attention"},
     "gated_deltanet": {"linear": "linear_attention"},
+    # Kimi delta attention takes the delta-net's name (a family's `layer_kinds` makes its linear layers KDA)
+    "kda": {"linear": "linear_attention"},
     **{f"gemma4_{v}{'_shared' if shared else ''}": {v: hf}
        for v, hf in (("local", "sliding_attention"), ("global", "full_attention")) for shared in (False, True)},
 }

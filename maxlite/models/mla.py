@@ -27,6 +27,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from maxlite.models import attention, lora
+from maxlite.models.families import family
 from maxlite.models.layers import (BTD, apply_rope, constrain, make_norm, param, pick, rope_attention_factor,
                                    rope_frequencies, yarn_mscale)
 from maxlite.models.matmul import project
@@ -72,8 +73,11 @@ class MLA(nnx.Module):
             "o_proj": (2, {"o": ((N, V, D), ("heads", "head_dim", "embed"))})})
 
     def _rope(self, x_BTNR, positions_BT, local):
-        """RoPE over the R dims (YaRN's attention factor with it, 1 for DeepSeek's mscale = mscale_all_dim)."""
+        """RoPE over the R dims (YaRN's attention factor with it, 1 for DeepSeek's mscale = mscale_all_dim);
+        a family without positions (Kimi Linear's NoPE) leaves them as they are."""
         cfg, R = self.cfg, self.cfg.qk_rope_head_dim
+        if not family(cfg).rope:
+            return x_BTNR
         inv_freq = pick(local, jnp.asarray(rope_frequencies(cfg, local=True, dims=R), jnp.float32),
                         jnp.asarray(rope_frequencies(cfg, dims=R), jnp.float32))
         factors = rope_attention_factor(cfg, local=True), rope_attention_factor(cfg)
