@@ -240,6 +240,8 @@ def shrunk(model_name: str) -> list[str]:
     window = [f"sliding_window={min(cfg.sliding_window, 8)}"] if cfg.sliding_window else []
     if any(k.mixer == "gated_deltanet" for k in layer_kinds(cfg)):  # narrow delta-net layers
         window += ["gdn_num_key_heads=2", "gdn_num_value_heads=4", "gdn_key_head_dim=16", "gdn_value_head_dim=16"]
+    if any(k.mixer == "kda" for k in layer_kinds(cfg)):  # narrow Kimi delta attention: one head shape
+        window += ["gdn_num_key_heads=2", "gdn_num_value_heads=2", "gdn_key_head_dim=16", "gdn_value_head_dim=16"]
     if cfg.num_experts:  # a MoE preset: a few narrow experts, still more than it routes to
         window += [f"num_experts={min(cfg.num_experts, 8)}", f"num_experts_per_tok={min(cfg.num_experts_per_tok, 4)}",
                    "base_moe_mlp_dim=32", f"first_num_dense_layers={min(cfg.first_num_dense_layers, 1)}"]

@@ -137,6 +137,8 @@ def test_a_multimodal_gemma3_checkpoint_imports_its_text_model(tmp_path):
         "llama_4_scaling_beta": 0.1}), "llama_4_scaling_beta=0.1 scales queries past position 8192"),
     (dict(model_type="mistral4", n_group=4, topk_group=2), "groups scored by their best two softmax scores"),
     (dict(model_type="minimax_m2", scoring_func="softmax"), "is not the layer transformers' MiniMaxM2ForCausalLM"),
+    (dict(model_type="kimi_linear", mla_use_nope=False), "mla_use_nope=false (RoPE in the latent attention"),
+    (dict(model_type="kimi_linear", linear_attn_config={"use_full_rank_gate": True}), "use_full_rank_gate"),
 ])
 def test_what_maxlite_does_not_model_is_refused_in_one_line(config, message, tmp_path, capsys):
     base = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=V)

@@ -72,8 +72,18 @@ def test_the_recipe_of_an_import_is_the_model_of_its_checkpoint(case, tmp_path):
 def test_a_qwen3_5_import_trains_from_its_recipe(tmp_path, monkeypatch):
     """The journey that failed ("parameter 'layers/blocks/0/attn/A_log' is (1, 4) there but (1, 32)
     here"): import, then a step of a plain run of the recipe, from the imported weights."""
+    _trains_from_its_recipe("hf:qwen3_5_text", tmp_path, monkeypatch)
+
+
+def test_a_kimi_linear_import_trains_from_its_recipe(tmp_path, monkeypatch):
+    """Kimi delta attention's parameters (the delta-net's dims, its own gates) and NoPE latent
+    attention: imported, then a step of a plain run of the recipe, from the imported weights."""
+    _trains_from_its_recipe("hf:kimi_linear", tmp_path, monkeypatch)
+
+
+def _trains_from_its_recipe(case: str, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    ck = _import("hf:qwen3_5_text", tmp_path)
+    ck = _import(case, tmp_path)
     argv = [f"{ck}/recipe.yml", "steps=1", "max_target_length=16", "per_device_batch_size=1", "run_name=r",
             "enable_checkpointing=false", "enable_tensorboard=false", "write_report=false"]
     result = train(C.load(argv))

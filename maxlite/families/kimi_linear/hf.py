@@ -126,20 +126,40 @@ def hf_config(cfg, dtype: str = "float32", bos_id: int | None = None, eos_id: in
             "moe_intermediate_size": moe["moe_intermediate_size"], "num_shared_experts": moe["n_shared_experts"],
             "moe_renormalize": moe["norm_topk_prob"], "routed_scaling_factor": moe["routed_scaling_factor"],
             "num_expert_group": moe["n_group"], "topk_group": moe["topk_group"],
-            **config_tail(dtype, bos_id, eos_id)}
+            # stated: KimiLinearConfig's own default pad id (163839) is outside a smaller vocabulary
+            "pad_token_id": None, **config_tail(dtype, bos_id, eos_id)}
 
 
 def _first(hf: dict, *names, default=None):
     return next((hf[n] for n in names if hf.get(n) is not None), default)
 
 
+def _refuse_unmodelled(hf: dict, linear_cfg: dict) -> None:
+    """What Moonshot's later configs (and its remote code) can state beyond Kimi-Linear-48B's layer."""
+    if hf.get("attention_bias"):
+        raise ValueError("config.json: attention_bias=true is not modelled by maxlite (maxlite has no MLA biases)")
+    if hf.get("mla_use_nope") is False:
+        raise ValueError("config.json: mla_use_nope=false (RoPE in the latent attention layers) is not modelled by "
+                         "maxlite's Kimi Linear, whose latent attention has no positions")
+    if hf.get("mla_use_output_gate"):
+        raise ValueError("config.json: mla_use_output_gate=true (a gated latent attention) is not modelled by maxlite")
+    if linear_cfg.get("use_full_rank_gate") or linear_cfg.get("gate_lower_bound") is not None:
+        raise ValueError("config.json: linear_attn_config's use_full_rank_gate / gate_lower_bound (another KDA "
+                         "forget gate) are not modelled by maxlite (the low-rank gate of Kimi-Linear-48B is)")
+    if hf.get("moe_router_activation_func", "sigmoid") != "sigmoid" or (hf.get("moe_layer_freq") or 1) != 1:
+        raise ValueError("config.json: Kimi Linear's MoE is modelled with sigmoid routing in every layer after the "
+                         "dense ones (moe_router_activation_func=sigmoid, moe_layer_freq=1)")
+    if hf.get("num_nextn_predict_layers"):
+        raise ValueError("config.json: num_nextn_predict_layers > 0: Kimi Linear's multi-token prediction is not "
+                         "modelled by maxlite")
+
+
 def config_overrides(hf: dict) -> dict:
     if hf.get("model_type") != "kimi_linear":
         raise ValueError(f"config.json model_type={hf.get('model_type')!r} is not kimi_linear")
     hf_llama.check_mlp(hf, "silu")
-    if hf.get("attention_bias"):
-        raise ValueError("config.json: attention_bias=true is not modelled by maxlite (maxlite has no MLA biases)")
     L, linear_cfg = hf["num_hidden_layers"], hf.get("linear_attn_config") or {}
+    _refuse_unmodelled(hf, linear_cfg)
     types = hf.get("layer_types")
     if not types and "full_attn_layers" in linear_cfg:  # Moonshot's config: 1-indexed layer lists
         types = ["full_attention" if i + 1 in linear_cfg["full_attn_layers"] else "linear_attention" for i in range(L)]

@@ -1,0 +1,175 @@
+"""Kimi Linear: Kimi delta attention (the `kda` mixer kind, a gated delta rule with per-channel decay)
+beside NoPE latent attention, a dense first layer then DeepSeekMoE.
+
+A random model built by transformers (tests/hf_models.py; its reference PyTorch KDA, chunks of 64,
+is the ground truth) imports, gives float32 logits within 1e-5 relative over prompts of several
+chunks, decodes greedily to transformers' own tokens (a batch of prompts of different lengths equal
+to each alone), and exports so that transformers loads a KimiLinearForCausalLM with the same logits.
+The chunked per-channel form is the token-by-token recurrence (NumPy, float64) whatever the chunk
+size, packed rows included; the KDA layers' decode state is the same size at any length."""
+
+import jax
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from maxlite import config as C
+from maxlite.bridge import hf
+from maxlite.bridge import params as P
+from maxlite.generate import Sampling, generate_ids
+from tests import hf_models
+from tests.helpers import jax_logits
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+V = 256
+
+
+def _relative(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor(ids)).logits.float().numpy()
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    """(the transformers model, its directory, maxlite's import of it)."""
+    path = tmp_path_factory.mktemp("kimi_linear")
+    model = hf_models.model("kimi_linear")
+    model.save_pretrained(str(path / "hf"))
+    cfg, pure = hf.import_hf(str(path / "hf"), ["max_target_length=160"])
+    return model, path, cfg, pure
+
+
+def test_import_gives_transformers_logits_over_several_chunks(imported):
+    model, _, cfg, pure = imported
+    assert cfg.decoder_block == "kimi_linear" and cfg.attention_type == "mla"
+    from maxlite.models.layout import layer_kinds
+    assert [(k.mixer, k.ffn) for k in layer_kinds(cfg)] == [("kda", "dense"), ("mla", "moe"), ("kda", "moe"),
+                                                            ("kda", "moe")]
+    ids = np.random.default_rng(1).integers(0, V, (2, 150))  # 150: three chunks of 64, the last cut
+    assert _relative(jax_logits(cfg, pure, ids), _logits(model, ids)) <= 1e-5
+
+
+def test_greedy_decoding_equals_transformers_and_a_batch_equals_each_alone(imported):
+    """32 new tokens from batched prompts of different lengths (right-padded: the padding must leave
+    the state and the convolution window alone), decoded from the recurrent state and the latent
+    cache; each prompt alone decodes the same."""
+    model, _, cfg, pure = imported
+    params = P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure)))
+    prompts, new = [list(range(100, 170)), [7, 8, 9]], 32
+    batched = generate_ids(cfg, params, prompts, Sampling(max_new_tokens=new)).tokens
+    for prompt, got in zip(prompts, batched):
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=new, min_new_tokens=new,
+                                 eos_token_id=None, pad_token_id=0)
+        assert got == out[0, len(prompt):].tolist()
+        assert len(set(got)) > 4, got  # a varied path, not one token repeated
+        assert generate_ids(cfg, params, [prompt], Sampling(max_new_tokens=new)).tokens == [got]
+
+
+def test_export_loads_in_transformers_with_the_same_logits(imported):
+    model, path, cfg, pure = imported
+    hf.export_hf(cfg, pure, str(path / "back"))
+    back = transformers.AutoModelForCausalLM.from_pretrained(str(path / "back"), dtype=torch.float32)
+    assert type(back) is type(model)
+    assert back.config.layer_types == model.config.layer_types
+    assert back.config.mlp_layer_types == model.config.mlp_layer_types
+    ids = np.random.default_rng(2).integers(0, V, (1, 70))
+    assert _relative(_logits(back, ids), _logits(model, ids)) <= 1e-6
+
+
+def test_the_decode_state_of_the_kda_layers_is_the_same_size_at_any_length(imported):
+    """What `generate` reports per sequence (bytes per token × length) grows only by the latent
+    attention layer's C + R numbers per token; the KDA layers' part is their state and windows."""
+    from maxlite.models.kinds import MIXERS
+
+    _, _, cfg, pure = imported
+    params = P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure)))
+    reported = {}
+    for new in (4, 36):
+        got = generate_ids(cfg, params, [[5, 6, 7, 8]], Sampling(max_new_tokens=new))
+        reported[new] = got.cache_bytes_per_token * (4 + new)
+    H, E = cfg.gdn_num_value_heads, cfg.gdn_key_head_dim
+    kda = H * E * E + (cfg.gdn_conv_kernel_dim - 1) * 3 * H * E  # float32: one number each
+    assert MIXERS["kda"].cache_numbers(cfg, "linear", 40) == MIXERS["kda"].cache_numbers(cfg, "linear", 1 << 20) == kda
+    latent = cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    assert reported[4] == pytest.approx(4 * (3 * kda + 8 * latent))
+    assert reported[36] - reported[4] == pytest.approx(4 * 32 * latent)
+
+
+def _recurrent(q, k, v, g, beta, seg):
+    """Kimi delta attention token by token in float64 (transformers' recurrent form: the state's key
+    rows decayed each by its own exp(g)), the state reset where the segment changes."""
+    B, T, M, E = q.shape
+    S, out = np.zeros((B, M, E, v.shape[-1])), np.zeros(v.shape)
+    for t in range(T):
+        keep = (seg[:, t] == seg[:, t - 1]) if t else np.zeros(B, bool)
+        S = S * (np.exp(g[:, t]) * keep[:, None, None])[..., None]
+        delta = (v[:, t] - np.einsum("bmeu,bme->bmu", S, k[:, t])) * beta[:, t, :, None]
+        S = S + np.einsum("bme,bmu->bmeu", k[:, t], delta)
+        out[:, t] = np.einsum("bmeu,bme->bmu", S, q[:, t])
+    return out, S
+
+
+def test_the_per_channel_chunked_form_is_the_recurrence_for_any_chunk_size():
+    """Against the recurrence in float64, over packed rows, decays of every size per key dim: the
+    chunk size (one that divides nothing included) changes nothing beyond float32 rounding."""
+    from maxlite.models.gated_deltanet import chunked_delta_rule
+
+    rng = np.random.default_rng(0)
+    B, T, M, E, U = 2, 90, 2, 16, 8
+    q, k = (x / np.linalg.norm(x, axis=-1, keepdims=True) for x in rng.standard_normal((2, B, T, M, E)))
+    q = q * E ** -0.5
+    v = rng.standard_normal((B, T, M, U))
+    g = -np.exp(rng.uniform(-6, 1, (B, T, M, E)))  # per channel: from ~0 to a decay of e^-2.7 a token
+    beta = 1 / (1 + np.exp(-rng.standard_normal((B, T, M))))
+    seg = np.stack([np.ones(T), np.repeat([1, 2, 3], [40, 25, 25])]).astype(np.int32)
+    want, want_S = _recurrent(q, k, v, g, beta, seg)
+    for chunk in (64, 7):
+        got, S = jax.jit(chunked_delta_rule, static_argnames="chunk")(
+            *(x.astype(np.float32) for x in (q, k, v, g, beta)), seg, chunk=chunk)
+        assert _relative(np.asarray(got), want) <= 1e-5 and _relative(np.asarray(S), want_S) <= 1e-5
+
+
+KIMI = ["base.yml", "decoder_block=kimi_linear", "attention_type=mla",
+        "base_emb_dim=64", "base_mlp_dim=96", "base_num_query_heads=4", "base_num_kv_heads=4",
+        "q_lora_rank=0", "kv_lora_rank=16", "qk_nope_head_dim=8", "qk_rope_head_dim=8", "v_head_dim=8",
+        "gdn_num_key_heads=2", "gdn_num_value_heads=2", "gdn_key_head_dim=16", "gdn_value_head_dim=16",
+        "num_experts=4", "num_experts_per_tok=2", "base_moe_mlp_dim=16", "shared_experts=1",
+        "first_num_dense_layers=0", "routed_score_func=sigmoid", "routed_bias=true", "vocab_size=256",
+        "dtype=float32", "max_target_length=64", "base_num_decoder_layers=4"]
+
+
+def test_unequal_key_and_value_heads_are_refused_in_one_line():
+    with pytest.raises(C.ConfigError, match="Kimi delta attention has one head shape") as e:
+        C.load([*KIMI, "gdn_num_value_heads=4"])
+    assert "\n" not in str(e.value)
+
+
+def test_a_packed_row_equals_its_documents_run_one_by_one():
+    """Three documents in one row (cut mid-chunk) and each alone in a row of its own: neither the KDA
+    state nor the convolution's window carries from one document into the next."""
+    from flax import nnx
+
+    from maxlite.state import abstract_params
+
+    cfg = C.load([*KIMI, "gdn_chunk_size=16"])
+    pure = P.random_params(cfg, seed=1, std=0.1)
+    lengths = [21, 30, 13]
+    T, starts = sum(lengths), np.cumsum([0] + lengths)
+    docs = [np.random.default_rng(i).integers(0, V, n) for i, n in enumerate(lengths)]
+    ids, positions, segments = (np.zeros((4, T), np.int32) for _ in range(3))
+    ids[0], segments[0] = np.concatenate(docs), np.repeat([1, 2, 3], lengths)
+    positions[0] = np.concatenate([np.arange(n) for n in lengths])
+    for row, doc in enumerate(docs, start=1):
+        ids[row, :len(doc)], segments[row, :len(doc)], positions[row] = doc, 1, np.arange(T)
+    graphdef, state = abstract_params(cfg)
+    nnx.replace_by_pure_dict(state, pure)
+    logits = np.asarray(nnx.jit(lambda m, *a: m(*a))(nnx.merge(graphdef, state), ids, positions, segments))
+    for row, (a, b) in enumerate(zip(starts[:-1], starts[1:]), start=1):
+        assert _relative(logits[0, a:b], logits[row, :b - a]) <= 1e-5
