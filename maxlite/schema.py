@@ -289,7 +289,8 @@ class Keys:
 
     gdn_num_key_heads: int = key(16,
         "gated delta-net layers: query/key heads (each serves gdn_num_value_heads / this value heads)",
-        section="gated delta-net layers (decoder_block qwen3_5, qwen3_5_moe, qwen3_next; docs/qwen.md)",
+        section="gated delta-net layers (decoder_block qwen3_5, qwen3_5_moe, qwen3_next; docs/qwen.md) and "
+        "Kimi delta attention layers (kimi_linear, as many key as value heads of one width; docs/families.md)",
         positive=True, model=True)
     gdn_num_value_heads: int = key(32, "gated delta-net layers: value heads (each its own state matrix)",
         positive=True, model=True)

@@ -173,3 +173,19 @@ def test_a_packed_row_equals_its_documents_run_one_by_one():
     logits = np.asarray(nnx.jit(lambda m, *a: m(*a))(nnx.merge(graphdef, state), ids, positions, segments))
     for row, (a, b) in enumerate(zip(starts[:-1], starts[1:]), start=1):
         assert _relative(logits[0, a:b], logits[row, :b - a]) <= 1e-5
+
+
+def test_the_flop_count_is_the_layers_projections_and_a_chunked_rule_linear_in_length():
+    """The KDA layers' projections (the low-rank gates and the convolution included) count 2 FLOPs
+    per weight per token, their weights read off the model; their rule grows linearly with length."""
+    from maxlite.bridge.params import layer_leaf
+    from maxlite.models.kinds import MIXERS
+
+    cfg = C.load(KIMI)
+    pure = P.random_params(cfg)
+    weights = sum(layer_leaf(pure, cfg, 0, ("attn", name)).size for name in
+                  ("q", "k", "v", "f_a", "f_b", "g_a", "g_b", "b", "o", "conv_q", "conv_k", "conv_v"))
+    B, T = 2, 256
+    kda = MIXERS["kda"].flops(cfg, B, T, "linear")
+    assert kda["qkv"] + kda["out"] == 2 * B * T * weights
+    assert MIXERS["kda"].flops(cfg, B, 4 * T, "linear")["attention"] == 4 * kda["attention"]
