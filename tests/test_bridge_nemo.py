@@ -23,7 +23,8 @@ def test_every_preset_maps_its_architecture(preset):
     if family(cfg).post_norms:  # Gemma 3: see the refusal test
         return
     if "linear" in family(cfg).layer_pattern:  # the Qwen3.5 hybrids: refused in one line
-        with pytest.raises(C.ConfigError, match="cannot express .*gated delta-net layers"):
+        layers = "Kimi delta attention layers" if cfg.decoder_block == "kimi_linear" else "gated delta-net layers"
+        with pytest.raises(C.ConfigError, match=f"cannot express .*{layers}"):
             nemo.map_recipe(cfg)
         return
     if family(cfg).moe:  # not mapped yet: refused in one line
@@ -222,6 +223,7 @@ def test_each_kind_declares_its_mapping_or_its_refusal():
     (["model_name=tiny", "attention_type=mla", "kv_lora_rank=16", "qk_nope_head_dim=8", "qk_rope_head_dim=8",
       "v_head_dim=8"], "multi-head latent attention (not mapped yet"),
     (["model_name=gemma4-tiny"], "Gemma 4's attention (a v norm"),
+    (["model_name=kimi-linear-48b-a3b"], "Kimi delta attention layers (its GPT layer is attention only)"),
 ])
 def test_a_kind_is_refused_in_its_own_words(args, own):
     """Each kind the layers use says what Megatron cannot express of it, and no other kind's line

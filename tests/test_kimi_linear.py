@@ -189,3 +189,18 @@ def test_the_flop_count_is_the_layers_projections_and_a_chunked_rule_linear_in_l
     kda = MIXERS["kda"].flops(cfg, B, T, "linear")
     assert kda["qkv"] + kda["out"] == 2 * B * T * weights
     assert MIXERS["kda"].flops(cfg, B, 4 * T, "linear")["attention"] == 4 * kda["attention"]
+
+
+def test_lora_adapters_of_the_kda_layers_fold_into_their_weights():
+    """LoRA on Kimi's q/k/v/o_proj (the KDA layers' and the latent attention's q_proj, o_proj): what
+    `hf export` writes, the adapters merged, computes what the model with adapters computes."""
+    import dataclasses
+
+    from maxlite.models import lora
+
+    cfg = C.load([*KIMI, "lora_rank=2", "lora_targets=[q_proj, k_proj, v_proj, o_proj]"])
+    pure = P.random_params(cfg, seed=3, std=0.1)  # B random, not zero: the adapters count
+    assert "q_lora_b" in pure["layers"]["blocks"][0]["attn"] and "k_lora_b" in pure["layers"]["blocks"][0]["attn"]
+    ids = np.random.default_rng(4).integers(0, V, (1, 40))
+    base = dataclasses.replace(cfg, lora_rank=0)
+    assert _relative(jax_logits(base, lora.merged(cfg, pure), ids), jax_logits(cfg, pure, ids)) <= 1e-5
