@@ -14,7 +14,7 @@ chunk the pairwise decays exp(γ_i − γ_j) are [C, C, Dh] per head; the state 
 chunk). The dims are the gated delta-net keys' (gdn_num_key_heads = gdn_num_value_heads = H,
 gdn_key_head_dim = gdn_value_head_dim = Dh, gdn_conv_kernel_dim, gdn_chunk_size), so decoding keeps
 the same fixed state (maxlite/models/gdn_cache.py, which drives `mix` as it does the gated
-delta-net's). Shape legend as in gated_deltanet.py (M = H heads, E = U = Dh), F the gates' rank.
+delta-net's). Shape legend as in gated_deltanet.py (M = H heads, E = U = Dh; the gates' rank is E).
 """
 
 from __future__ import annotations

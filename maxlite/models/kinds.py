@@ -167,8 +167,8 @@ def _gdn_cache(cfg, variant: str, length: int) -> int:
 def _kda_flops(cfg, B: int, T: int, variant: str) -> dict:
     """Kimi delta attention (maxlite/models/kda.py, chunks of C): q, k, v, β and the two low-rank
     gates (D·E then E·M·E each), the convolution, and the gated delta-net's chunked rule with the
-    pairwise decay per channel: kβ·kᵀ and q·kᵀ weighted by exp(γ_i − γ_j) cost 3·C·E each (the
-    weights' own C·E product besides)."""
+    pairwise decay per channel: kβ·kᵀ and q·kᵀ weighted by exp(γ_i − γ_j) per key dim cost 3·C·E
+    each; the rest as the gated delta-net's with U = E."""
     D, M, E, W, C = (cfg.base_emb_dim, cfg.gdn_num_value_heads, cfg.gdn_key_head_dim, cfg.gdn_conv_kernel_dim,
                      min(cfg.gdn_chunk_size, T))
     channels = 3 * M * E
