@@ -9,15 +9,9 @@ The family's data; its Hugging Face adapter is hf.py beside it.
 from __future__ import annotations
 
 from maxlite.families import Family
-from maxlite.models.layout import LayerKind
 
 FAMILY = Family(
     "nemotron_h", "Nemotron-H: Mamba-2, attention (no positions) and squared-ReLU MLP layers, each its own block",
     norm="rmsnorm", mlp="relu2", positions="none", biases="attention", hf_module=__name__ + ".hf",
     nemo_factory="llama3_8b", hf_model_types=("nemotron_h",), layer_pattern=("mamba",),
-    layer_kinds=__name__ + ":layer_kinds")
-
-
-def layer_kinds(cfg, kinds: tuple[LayerKind, ...]) -> tuple[LayerKind, ...]:
-    """A block is its mixer alone, or (no mixer) the MLP alone."""
-    return tuple(LayerKind(k.mixer, k.variant, "dense" if k.mixer == "none" else "none") for k in kinds)
+    layer_kinds=__name__ + ".blocks:layer_kinds")
