@@ -212,3 +212,11 @@ def test_the_flop_count_is_the_layers_projections_and_a_scan_linear_in_length():
     got = MIXERS["mamba2"].flops(cfg, B, T, "mamba")
     assert got["qkv"] + got["out"] == 2 * B * T * weights
     assert MIXERS["mamba2"].flops(cfg, B, 4 * T, "mamba")["attention"] == 4 * got["attention"]
+
+
+def test_the_torch_twin_refuses_it_in_one_line():
+    from maxlite.bridge import torch_model
+
+    with pytest.raises(ValueError, match="does not model .*Mamba-2 layers") as e:
+        torch_model.check_supported(C.load(TINY))
+    assert "\n" not in str(e.value)
