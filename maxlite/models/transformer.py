@@ -57,8 +57,8 @@ class Block(nnx.Module):
     each branch is normed again before its residual add (Gemma's sandwich); a family without
     pre-norms (OLMo 2/3) norms only there; a kind reading the raw input (`raw_input`: the `none` kinds,
     a MoE that norms its own branches) has no norm before it. Parameter names stay `attn` and `mlp`
-    whatever the kinds; each side with a layer part (maxlite/models/sides.py) keeps it under the side's name, and its step
-    runs after the feed-forward."""
+    whatever the kinds; each side with a layer part (maxlite/models/sides.py) keeps it under the side's
+    name, and its step runs after the feed-forward."""
 
     def __init__(self, cfg, *, rngs: nnx.Rngs, structure: tuple[str, str] = ("attention", "dense")):
         fam, D = family(cfg), cfg.base_emb_dim
