@@ -301,6 +301,19 @@ class Keys:
         "gated delta-net layers: tokens per chunk of the chunked parallel form (the state passes between "
         "chunks in float32); results do not depend on it beyond float32 rounding", positive=True)
 
+    mamba_num_heads: int = key(128, "Mamba-2 layers: heads M (each its own state matrix [P, S])",
+        section="Mamba-2 layers (decoder_block nemotron_h; maxlite/models/mamba2.py)", positive=True, model=True)
+    mamba_head_dim: int = key(64, "Mamba-2 layers: head width P", positive=True, model=True)
+    mamba_state_dim: int = key(128, "Mamba-2 layers: state width S (of B and C)", positive=True, model=True)
+    mamba_num_groups: int = key(8, "Mamba-2 layers: groups of B and C (each read by mamba_num_heads / this "
+        "heads) and of the gated norm", positive=True, model=True)
+    mamba_conv_kernel_dim: int = key(4, "Mamba-2 layers: taps of the causal depthwise convolution",
+        bounds=(2, None), model=True)
+    mamba_conv_bias: bool = key(True, "Mamba-2 layers: the convolution has a bias", model=True)
+    mamba_chunk_size: int = key(128,
+        "Mamba-2 layers: tokens per chunk of the chunked scan (the state passes between chunks in float32); "
+        "results do not depend on it beyond float32 rounding", positive=True)
+
     vision_encoder: str = key("",
         "the image encoder kind (maxlite/models/vision/): qwen_vit (Qwen3-VL / Qwen3.5: patches at the image's "
         "own resolution, 2-D RoPE, 2×2 merger, DeepStack) | siglip (Gemma 3: a fixed-size SigLIP tower and "

@@ -149,6 +149,15 @@ CONFIGS = {
         initializer_range=0.3, tie_word_embeddings=False, bos_token_id=None, eos_token_id=1,
         rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5}),
     "qwen3_5_text": lambda: transformers.Qwen3_5TextConfig(**_HYBRID),
+    # Nemotron-H: a Mamba-2 block, an attention block (no positions), an MLP block, a Mamba-2 block;
+    # chunks of 8 so that the tests' sequences cross chunks; heads in 2 groups of B and C (the bundled
+    # tokenizer's vocabulary: the bridge family tests export it)
+    "nemotron_h": lambda: transformers.NemotronHConfig(
+        vocab_size=4096, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, layers_block_type=["linear_attention", "full_attention", "mlp", "linear_attention"],
+        mamba_num_heads=8, mamba_head_dim=8, ssm_state_size=16, n_groups=2, conv_kernel=4, chunk_size=8,
+        max_position_embeddings=256, initializer_range=0.1, tie_word_embeddings=False, eos_token_id=1,
+        bos_token_id=None, pad_token_id=0),
     # Qwen3-Next's first layer dense (mlp_only_layers)
     # Qwen3-VL's decoder on text (multimodal RoPE with every axis equal; images: tests/test_qwen3_vl.py)
     "qwen3_vl": lambda: qwen3_vl(),
