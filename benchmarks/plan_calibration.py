@@ -53,6 +53,12 @@ SOURCES = [
          source="AI-Hypercomputer/tpu-recipes training/trillium/Mixtral-8x7B-MaxText (tpu-recipes-v0.1.2, "
                 f"mixtral_8x7b_dropped): its README's log line, 302.3 TFLOP/s/device; {TILES}: 35.23% MFU",
          differs="MaxText also offloads the q/k/v/out projections; maxlite recomputes them"),
+    dict(recipe="Mixtral 8x22B, 8 × 4096, capacity 1.25", topology="v6e-256",
+         json="plan_mixtral-8x22b_v6e-256_calibration.json", estimate=("plan", "estimate"),
+         figure=("tokens_per_second_per_device", 1326),
+         source=f"{TILES} (Trillium, Silver: 36.2% MFU, 1,326 tokens/s/device); recipe mixtral_8x22b_dropped "
+                "(fsdp 64 x expert 4) in benchmarks/maxtext_trillium_model_configs.py",
+         differs="MaxText also offloads the q/k/v/out projections; maxlite recomputes them"),
     dict(recipe="DeepSeek-V3, 4 × 8192", topology="v5p-1024", json="plan_deepseek-v3_v5p-8x8x8_8192.json",
          estimate=("plan", "estimate"), figure=("tflops_per_chip", 152.4),
          source="MaxText benchmarks/maxtext_v5p_model_configs.py deepseek_v3_ep_256_v5p_512 on v5p-1024: "
