@@ -101,3 +101,44 @@ def test_import_sft_on_image_chat_generate_with_an_image_export_and_transformers
                              do_sample=False, max_new_tokens=8, eos_token_id=tok.eos_token_id, pad_token_id=0)
     theirs = tok.decode(out[0, len(ids):], skip_special_tokens=True)
     assert ours.strip() == theirs.strip() and ours.strip(), (ours, theirs)
+
+
+def test_the_sft_audit_counts_each_image_as_the_tokens_it_expands_to(hf_dir, tmp_path):
+    """The audit's target tokens are the rows training sees: each image counts the placeholders
+    transformers' processor expands it to (prod(image_grid_thw) / merge²), not one token; a record
+    whose image is missing is malformed, as training would refuse it."""
+    from PIL import Image
+
+    from maxlite.bridge import hf
+    from maxlite.data import sft_audit
+    from maxlite.data.tokenizer import load_tokenizer
+
+    sizes = {"a.png": (45, 70), "b.png": (61, 37), "c.png": (33, 90)}
+    for name, (h, w) in sizes.items():
+        Image.new("RGB", (w, h), (200, 10, 10)).save(tmp_path / name)
+
+    def record(*names, answer="two"):
+        parts = [*({"type": "image", "image": n} for n in names), {"type": "text", "text": "How many?"}]
+        return {"messages": [{"role": "user", "content": parts}, {"role": "assistant", "content": answer}]}
+    records = [record("a.png"), record("b.png", "c.png", answer="three"), record("gone.png")]
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    cfg, _ = hf.import_hf(str(hf_dir), ["dataset_type=sft", f"dataset_path={data}", "sft_template=auto",
+                                        "max_target_length=256", "max_image_patches=256"])
+    got = sft_audit.audit(cfg, load_tokenizer(cfg.tokenizer_path, cfg.bos_id, cfg.eos_id))
+
+    tok = transformers.PreTrainedTokenizerFast.from_pretrained(str(hf_dir))
+    processor = transformers.Qwen2VLImageProcessorPil.from_pretrained(str(hf_dir))
+    pad = tok.convert_tokens_to_ids("<|image_pad|>")
+    want_targets = want_image_tokens = 0
+    for r in records[:2]:
+        names = [p["image"] for p in r["messages"][0]["content"] if p["type"] == "image"]
+        grids = processor(images=[Image.open(tmp_path / n) for n in names], return_tensors="np")["image_grid_thw"]
+        counts = iter(int(np.prod(g)) // 4 for g in grids)
+        ids = tok.apply_chat_template(r["messages"], tokenize=True, return_dict=False)
+        ids = [t for i in ids for t in ([pad] * next(counts) if i == pad else [i])]
+        want_targets += len(ids) - 1
+        want_image_tokens += ids.count(pad)
+    assert (got.conversations, got.bad_records, got.images) == (2, 1, 3)
+    assert (got.image_tokens, got.target_tokens) == (want_image_tokens, want_targets)
+    assert got.image_tokens > got.images and "3 images (" in got.line("x")
