@@ -272,6 +272,12 @@ def config_overrides(hf: dict) -> dict:
     return {**hybrid_overrides(text, FAMILY.name), **vision_overrides(hf, text)}
 
 
+# transformers' Qwen3_5VisionConfig defaults, for a vision_config that leaves a key out (as HF reads it)
+VISION_DEFAULTS = {"depth": 27, "hidden_size": 1152, "hidden_act": "gelu_pytorch_tanh", "intermediate_size": 4304,
+                   "num_heads": 16, "in_channels": 3, "patch_size": 16, "spatial_merge_size": 2,
+                   "temporal_patch_size": 2, "num_position_embeddings": 2304}
+
+
 def vision_overrides(hf: dict, text: dict) -> dict:
     """A multimodal config.json's vision keys (Qwen3-VL's, without DeepStack), its M-RoPE sections and
     its placeholder and marker token ids; {} for a text model."""
@@ -279,18 +285,31 @@ def vision_overrides(hf: dict, text: dict) -> dict:
         return {}
     from maxlite.families.qwen3_vl import hf as qwen3_vl
 
-    vision = hf.get("vision_config") or {}
+    vision = {**VISION_DEFAULTS, **(hf.get("vision_config") or {})}
     if vision.get("out_hidden_size") != text["hidden_size"]:
         raise ValueError(f"config.json: vision out_hidden_size={vision.get('out_hidden_size')} is not the "
                          f"decoder's hidden_size={text['hidden_size']}")
     rope = text.get("rope_parameters") or {}
     if not rope.get("mrope_interleaved", True):
         raise ValueError("config.json: mrope_interleaved=false (Qwen2.5-VL's sectioned layout) is not modelled")
+    rotated = int((text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"])
+                  * rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25)))
     return {**qwen3_vl.vision_overrides({**vision, "model_type": "qwen3_5_vision"}),
-            "mrope_sections": tuple(rope.get("mrope_section") or (11, 11, 10)),
+            "mrope_sections": turned_sections(rope.get("mrope_section") or (11, 11, 10), rotated // 2),
             "image_token_id": hf["image_token_id"], "video_token_id": hf.get("video_token_id", -1),
             "vision_start_token_id": hf.get("vision_start_token_id", -1),
             "vision_end_token_id": hf.get("vision_end_token_id", -1)}
+
+
+def turned_sections(sections, half: int) -> tuple[int, int, int]:
+    """The M-RoPE sections over the `half` frequencies a head turns, as transformers applies
+    `mrope_section` (interleaved: frequency j turns height when j % 3 == 1 and j < 3·sections[1],
+    width when j % 3 == 2 and j < 3·sections[2], else time): the stated ones when they sum to `half`,
+    else the frequencies each axis gets (transformers' default [11, 11, 10] on a narrower head)."""
+    j = np.arange(half)
+    h = int(np.sum((j % 3 == 1) & (j < 3 * sections[1])))
+    w = int(np.sum((j % 3 == 2) & (j < 3 * sections[2])))
+    return half - h - w, h, w
 
 
 def processor_overrides(hf_dir: str) -> dict:
