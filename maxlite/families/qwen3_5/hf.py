@@ -304,8 +304,9 @@ def vision_overrides(hf: dict, text: dict) -> dict:
 def turned_sections(sections, half: int) -> tuple[int, int, int]:
     """The M-RoPE sections over the `half` frequencies a head turns, as transformers applies
     `mrope_section` (interleaved: frequency j turns height when j % 3 == 1 and j < 3·sections[1],
-    width when j % 3 == 2 and j < 3·sections[2], else time): the stated ones when they sum to `half`,
-    else the frequencies each axis gets (transformers' default [11, 11, 10] on a narrower head)."""
+    width when j % 3 == 2 and j < 3·sections[2], else time): the frequencies each axis gets, so that
+    maxlite's mrope_axes picks the axes transformers picks (the published sections, which sum to
+    `half`, come back as they are; transformers' default [11, 11, 10] on a narrower head is cut)."""
     j = np.arange(half)
     h = int(np.sum((j % 3 == 1) & (j < 3 * sections[1])))
     w = int(np.sum((j % 3 == 2) & (j < 3 * sections[2])))
