@@ -698,7 +698,8 @@ class Keys:
         "then generation continues; [] = none")
     max_tool_turns: int = key(4,
         "grpo with rollout_tools: the most tool calls a completion makes; a call past them ends the completion "
-        "unanswered (not ended: overlong_filtering drops it) (NeMo-RL max_rollout_turns)", positive=True)
+        "unanswered (not ended: overlong_filtering drops it) (NeMo-RL grpo.max_rollout_turns counts the model's "
+        "turns: this + 1)", positive=True)
     tool_call_start: str = key("<tool_call>",
         "grpo with rollout_tools: the text before a call; the call is the text after the last one in the turn "
         "and what came just before it (the prompt, or the last tool answer): {\"name\": ..., \"arguments\": "
