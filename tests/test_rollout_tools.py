@@ -6,7 +6,7 @@ turn equals greedy decoding of the whole context from scratch by the static samp
 raises, hangs, kills its worker, names no tool or does not parse is answered with an error and
 counted; max_tool_turns stops; the GRPO loss over a tool rollout's rows equals a NumPy loss over the
 same tokens with the tools' positions removed; bad tool config is refused in one line; a short GRPO
-run with a tool logs the tool figures."""
+run with a tool logs the tool figures, and stopped and resumed samples the same tool rounds."""
 
 import collections
 import dataclasses
@@ -279,19 +279,24 @@ def test_tools_the_rollout_cannot_run_are_refused_when_it_is_built(extra, match,
         Rollout(rcfg, graphdef)
 
 
-def test_a_grpo_run_with_a_tool_logs_the_tool_figures(tmp_path):
+def test_a_grpo_run_with_a_tool_logs_the_tool_figures_and_resumes_to_the_same_rollouts(tmp_path):
     """`python -m maxlite.train` (a short GRPO run): the ChatML generation prompt "<|im_start|>assistant\\n"
     opens a call to the tool `assistant` when tool_call_start is "<|im_start|>", and the token "<" (the
-    first of "<|im_end|>", which the warm-up teaches) ends it."""
+    first of "<|im_end|>", which the warm-up teaches) ends it. Stopped after step 7 and resumed, the
+    run's step 8 samples the same tool rounds (same figures) and ends at the same parameters."""
+    from maxlite import checkpoints
+    from maxlite.bridge import params as P
+
     argv = [*TINY, "train_objective=grpo", "dataset_type=prompts", "reward_functions=[maxlite.objectives.rewards:exact_answer]",
             "grpo_max_new_tokens=40", "grpo_num_generations=4", "per_device_batch_size=2", "alignment_sft_steps=6",
             "learning_rate=1e-2", "rollout_tools=[tests.tool_fns:assistant, tests.tool_fns:raises]",
             "tool_call_start=<|im_start|>", "tool_call_end=<", "max_tool_turns=2", "tool_workers=1", "reward_workers=1",
-            "steps=8",
-            f"base_output_directory={tmp_path}", "run_name=tools", "checkpoint_period=0", "log_period=1",
-            "eval_interval=0"]
-    codes, outs = run_module("maxlite.train", argv, devices=1)
-    assert codes == [0], outs[0][-3000:]
+            "lr_schedule_type=constant", "warmup_steps_fraction=0",
+            f"base_output_directory={tmp_path}", "checkpoint_period=0", "log_period=1", "eval_interval=0"]
+    for extra in (["steps=8", "run_name=tools"], ["steps=7", "run_name=again"], ["steps=8", "run_name=again"]):
+        codes, outs = run_module("maxlite.train", [*argv, *extra], devices=1)
+        assert codes == [0], outs[0][-3000:]
+    assert "maxlite: resumed from step 7" in outs[0]
     rows = [json.loads(line) for line in open(tmp_path / "tools" / "metrics.jsonl")]
     grpo_rows = [r for r in rows if "reward" in r]
     assert [r["step"] for r in grpo_rows] == [7, 8]
@@ -299,3 +304,11 @@ def test_a_grpo_run_with_a_tool_logs_the_tool_figures(tmp_path):
         assert {"tool_calls", "tool_failures", "tool_timeouts", "turns"} <= set(r)
         assert r["tool_failures"] <= r["tool_calls"] and r["turns"] >= 1
     assert sum(r["tool_calls"] for r in grpo_rows) > 0 and max(r["turns"] for r in grpo_rows) > 1
+    resumed = [json.loads(line) for line in open(tmp_path / "again" / "metrics.jsonl")]
+    last = [r for r in resumed if r.get("step") == 8 and "reward" in r]
+    figures = ("reward", "tool_calls", "tool_failures", "tool_timeouts", "turns", "completion_length", "loss")
+    assert [{k: r[k] for k in figures} for r in last] == [{k: grpo_rows[-1][k] for k in figures}]
+    _, pa = checkpoints.load_params(str(tmp_path / "tools" / "checkpoints"))
+    _, pb = checkpoints.load_params(str(tmp_path / "again" / "checkpoints"))
+    for (path, x), (_, y) in zip(P.leaves(P.to_pure(pa)), P.leaves(P.to_pure(pb))):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=str(path))
