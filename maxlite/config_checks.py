@@ -165,10 +165,7 @@ def _validate_objective(c: Config) -> None:
         return
     if not c.reward_functions:
         raise ConfigError("train_objective=grpo needs reward_functions, e.g. [maxlite.objectives.rewards:exact_answer]")
-    for name in c.reward_functions:
-        module, _, attr = str(name).partition(":")
-        if not re.fullmatch(r"[A-Za-z_][\w.]*", module) or not attr.isidentifier():
-            raise ConfigError(f"reward_functions: {name!r} is not 'package.module:function'")
+    _function_names("reward_functions", c.reward_functions)
     if c.reward_weights and len(c.reward_weights) != len(c.reward_functions):
         raise ConfigError(f"reward_weights has {len(c.reward_weights)} values for "
                           f"{len(c.reward_functions)} reward_functions")
@@ -202,6 +199,17 @@ def _validate_objective(c: Config) -> None:
         raise ConfigError(why)
 
 
+def _function_names(key: str, names) -> list[str]:
+    """The function names of `key`'s "package.module:function" entries, or the one line saying which is not one."""
+    out = []
+    for name in names:
+        module, _, attr = str(name).partition(":")
+        if not re.fullmatch(r"[A-Za-z_][\w.]*", module) or not attr.isidentifier():
+            raise ConfigError(f"{key}: {name!r} is not 'package.module:function'")
+        out.append(attr)
+    return out
+
+
 TOOL_KEYS = ("max_tool_turns", "tool_call_start", "tool_call_end", "tool_response_format", "tool_timeout_seconds",
              "tool_workers")
 
@@ -215,14 +223,10 @@ def _validate_tools(c: Config) -> None:
         return
     if c.train_objective != "grpo":
         raise ConfigError("rollout_tools is for train_objective=grpo (its rollouts call the tools)")
-    names = []
-    for name in c.rollout_tools:
-        module, _, attr = str(name).partition(":")
-        if not re.fullmatch(r"[A-Za-z_][\w.]*", module) or not attr.isidentifier():
-            raise ConfigError(f"rollout_tools: {name!r} is not 'package.module:function'")
-        if attr in names:
-            raise ConfigError(f"rollout_tools: two tools are called {attr!r} (a tool is called by its function's name)")
-        names.append(attr)
+    names = _function_names("rollout_tools", c.rollout_tools)
+    if len(set(names)) < len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        raise ConfigError(f"rollout_tools: two tools are called {twice!r} (a tool is called by its function's name)")
     if not c.tool_call_start or not c.tool_call_end or "{answer}" not in c.tool_response_format:
         raise ConfigError("rollout_tools needs a tool_call_start, a tool_call_end and a tool_response_format "
                           "holding {answer}")
