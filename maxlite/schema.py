@@ -703,6 +703,31 @@ class Keys:
     reward_functions: tuple[str, ...] = key((),
         'grpo: "package.module:function" each; e.g. maxlite.objectives.rewards:exact_answer')
     reward_weights: tuple[float, ...] = key((), "grpo: one weight per reward function ([] = 1 each)")
+    # RL tools: multi-turn rollouts (maxlite/rollout/tools.py, docs/rl.md)
+    rollout_tools: tuple[str, ...] = key((),
+        'grpo: tools a completion may call, "package.module:function" each, called by the function\'s name '
+        "(MaxText/Tunix agentic rollouts, NeMo-RL multi-turn environments): a completion that ends on "
+        "tool_call_end has its call run in a worker process and the answer appended as a turn (not trained on), "
+        "then generation continues; [] = none")
+    max_tool_turns: int = key(4,
+        "grpo with rollout_tools: the most tool calls a completion makes; a call past them ends the completion "
+        "unanswered (not ended: overlong_filtering drops it) (NeMo-RL grpo.max_rollout_turns counts the model's "
+        "turns: this + 1)", positive=True)
+    tool_call_start: str = key("<tool_call>",
+        "grpo with rollout_tools: the text before a call; the call is the text after the last one in the turn "
+        "and what came just before it (the prompt, or the last tool answer): {\"name\": ..., \"arguments\": "
+        "{...}} or `name argument text`")
+    tool_call_end: str = key("</tool_call>",
+        "grpo with rollout_tools: the text that ends a call and the model's turn; one token of the tokenizer "
+        "(the rollout engine stops on it)")
+    tool_response_format: str = key("<tool_response>{answer}</tool_response>",
+        "grpo with rollout_tools: the turn appended after a call, {answer} replaced by the tool's answer (or "
+        "its error); write the chat template's turn markers here too (docs/rl.md)")
+    tool_timeout_seconds: float = key(5.0,
+        "grpo with rollout_tools: time limit of one tool call, in a worker process: past it the worker is "
+        "killed and the model is answered an error (counted in tool_timeouts)", positive=True)
+    tool_workers: int = key(2, "grpo with rollout_tools: worker processes the tools run in (per training process)",
+        positive=True)
     # RL placement: where the rollouts run (maxlite/rollout/reshard.py; MaxText's RL hardware keys)
     trainer_devices_fraction: float = key(1.0,
         "grpo: the first this share of the devices train (MaxText's name); 1 with sampler_devices_fraction 1: "
