@@ -155,6 +155,7 @@ def _validate_objective(c: Config) -> None:
     if c.dpo_precompute_reference and c.alignment_sft_steps:
         raise ConfigError("dpo_precompute_reference computes the reference from the weights the run starts "
                           "with: set alignment_sft_steps=0 and start from an SFT checkpoint (load_parameters_path)")
+    _validate_tools(c)
     if c.train_objective != "grpo":
         placement = [k for k in ("trainer_devices_fraction", "sampler_devices_fraction", "rollout_data_parallelism",
                                  "rollout_tensor_parallelism", "off_policy_steps", "rollout_workers",
@@ -164,10 +165,7 @@ def _validate_objective(c: Config) -> None:
         return
     if not c.reward_functions:
         raise ConfigError("train_objective=grpo needs reward_functions, e.g. [maxlite.objectives.rewards:exact_answer]")
-    for name in c.reward_functions:
-        module, _, attr = str(name).partition(":")
-        if not re.fullmatch(r"[A-Za-z_][\w.]*", module) or not attr.isidentifier():
-            raise ConfigError(f"reward_functions: {name!r} is not 'package.module:function'")
+    _function_names("reward_functions", c.reward_functions)
     if c.reward_weights and len(c.reward_weights) != len(c.reward_functions):
         raise ConfigError(f"reward_weights has {len(c.reward_weights)} values for "
                           f"{len(c.reward_functions)} reward_functions")
@@ -199,6 +197,46 @@ def _validate_objective(c: Config) -> None:
                           f"grpo_num_generations (now {c.grpo_num_generations}) or lower eval_pass_k")
     if (why := refusal(c.rollout_engine)) is not None:
         raise ConfigError(why)
+
+
+def _function_names(key: str, names) -> list[str]:
+    """The function names of `key`'s "package.module:function" entries, or the one line saying which is not one."""
+    out = []
+    for name in names:
+        module, _, attr = str(name).partition(":")
+        if not re.fullmatch(r"[A-Za-z_][\w.]*", module) or not attr.isidentifier():
+            raise ConfigError(f"{key}: {name!r} is not 'package.module:function'")
+        out.append(attr)
+    return out
+
+
+TOOL_KEYS = ("max_tool_turns", "tool_call_start", "tool_call_end", "tool_response_format", "tool_timeout_seconds",
+             "tool_workers")
+
+
+def _validate_tools(c: Config) -> None:
+    """rollout_tools (maxlite/rollout/tools.py): the names' spelling and the room later turns need; the
+    tokenizer's side (tool_call_end one token) and the loading are checked when the rollout is built."""
+    if not c.rollout_tools:
+        if given := [k for k in TOOL_KEYS if getattr(c, k) != FIELDS[k].default]:
+            raise ConfigError(f"{given[0]} is read only with rollout_tools: name the tools, or remove {given[0]}")
+        return
+    if c.train_objective != "grpo":
+        raise ConfigError("rollout_tools is for train_objective=grpo (its rollouts call the tools)")
+    names = _function_names("rollout_tools", c.rollout_tools)
+    if len(set(names)) < len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        raise ConfigError(f"rollout_tools: two tools are called {twice!r} (a tool is called by its function's name)")
+    if not c.tool_call_start or not c.tool_call_end or "{answer}" not in c.tool_response_format:
+        raise ConfigError("rollout_tools needs a tool_call_start, a tool_call_end and a tool_response_format "
+                          "holding {answer}")
+    if c.max_target_length + c.grpo_max_new_tokens > c.max_position_embeddings:
+        raise ConfigError(f"rollout_tools: a later turn continues a context of up to max_target_length="
+                          f"{c.max_target_length} tokens by up to grpo_max_new_tokens={c.grpo_max_new_tokens}, "
+                          f"past max_position_embeddings={c.max_position_embeddings}: lower one of the two")
+    if c.max_num_batched_tokens < c.max_target_length:
+        raise ConfigError(f"rollout_tools: a later turn prefills a whole context (up to max_target_length="
+                          f"{c.max_target_length} tokens): raise max_num_batched_tokens={c.max_num_batched_tokens}")
 
 
 def _validate_data(c: Config) -> None:

@@ -194,7 +194,12 @@ def generate_text(cfg, params, prompts: Sequence[str], tokenizer=None, sampling:
                for p, pictures in zip(prompts, images or [()] * len(prompts))]
     if cfg.add_bos and tok.bos_id is not None and not chat:
         ids = [[tok.bos_id, *x] for x in ids]
-    got = generate_ids(cfg, params, ids, sampling, tok.eos_id, mesh, images)
+    eos = tok.eos_id
+    if chat:  # the answer ends at the end of its turn (<|im_end|>), which the tokenizer's eos may not be
+        end = tok._backend.token_to_id(template.eos_token) if template.eos_token and hasattr(
+            tok._backend, "token_to_id") else None
+        eos = end if end is not None else eos
+    got = generate_ids(cfg, params, ids, sampling, eos, mesh, images)
     ids = got.prompts or ids  # with images: the placeholders expanded, as the model saw them
     texts = [_continuation(tok, p, t) for p, t in zip(ids, got.tokens)]
     if chat:  # the answer ends at the end of its turn, a token or (in a tokenizer without it) a text

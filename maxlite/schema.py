@@ -302,6 +302,19 @@ class Keys:
         "gated delta-net layers: tokens per chunk of the chunked parallel form (the state passes between "
         "chunks in float32); results do not depend on it beyond float32 rounding", positive=True)
 
+    mamba_num_heads: int = key(128, "Mamba-2 layers: heads M (each its own state matrix [P, S])",
+        section="Mamba-2 layers (decoder_block nemotron_h; maxlite/models/mamba2.py)", positive=True, model=True)
+    mamba_head_dim: int = key(64, "Mamba-2 layers: head width P", positive=True, model=True)
+    mamba_state_dim: int = key(128, "Mamba-2 layers: state width S (of B and C)", positive=True, model=True)
+    mamba_num_groups: int = key(8, "Mamba-2 layers: groups of B and C (each read by mamba_num_heads / this "
+        "heads) and of the gated norm", positive=True, model=True)
+    mamba_conv_kernel_dim: int = key(4, "Mamba-2 layers: taps of the causal depthwise convolution",
+        bounds=(2, None), model=True)
+    mamba_conv_bias: bool = key(True, "Mamba-2 layers: the convolution has a bias", model=True)
+    mamba_chunk_size: int = key(128,
+        "Mamba-2 layers: tokens per chunk of the chunked scan (the state passes between chunks in float32); "
+        "results do not depend on it beyond float32 rounding", positive=True)
+
     vision_encoder: str = key("",
         "the image encoder kind (maxlite/models/vision/): qwen_vit (Qwen3-VL / Qwen3.5: patches at the image's "
         "own resolution, 2-D RoPE, 2×2 merger, DeepStack) | siglip (Gemma 3: a fixed-size SigLIP tower and "
@@ -691,6 +704,31 @@ class Keys:
     reward_functions: tuple[str, ...] = key((),
         'grpo: "package.module:function" each; e.g. maxlite.objectives.rewards:exact_answer')
     reward_weights: tuple[float, ...] = key((), "grpo: one weight per reward function ([] = 1 each)")
+    # RL tools: multi-turn rollouts (maxlite/rollout/tools.py, docs/rl.md)
+    rollout_tools: tuple[str, ...] = key((),
+        'grpo: tools a completion may call, "package.module:function" each, called by the function\'s name '
+        "(MaxText/Tunix agentic rollouts, NeMo-RL multi-turn environments): a completion that ends on "
+        "tool_call_end has its call run in a worker process and the answer appended as a turn (not trained on), "
+        "then generation continues; [] = none")
+    max_tool_turns: int = key(4,
+        "grpo with rollout_tools: the most tool calls a completion makes; a call past them ends the completion "
+        "unanswered (not ended: overlong_filtering drops it) (NeMo-RL grpo.max_rollout_turns counts the model's "
+        "turns: this + 1)", positive=True)
+    tool_call_start: str = key("<tool_call>",
+        "grpo with rollout_tools: the text before a call; the call is the text after the last one in the turn "
+        "and what came just before it (the prompt, or the last tool answer): {\"name\": ..., \"arguments\": "
+        "{...}} or `name argument text`")
+    tool_call_end: str = key("</tool_call>",
+        "grpo with rollout_tools: the text that ends a call and the model's turn; one token of the tokenizer "
+        "(the rollout engine stops on it)")
+    tool_response_format: str = key("<tool_response>{answer}</tool_response>",
+        "grpo with rollout_tools: the turn appended after a call, {answer} replaced by the tool's answer (or "
+        "its error); write the chat template's turn markers here too (docs/rl.md)")
+    tool_timeout_seconds: float = key(5.0,
+        "grpo with rollout_tools: time limit of one tool call, in a worker process: past it the worker is "
+        "killed and the model is answered an error (counted in tool_timeouts)", positive=True)
+    tool_workers: int = key(2, "grpo with rollout_tools: worker processes the tools run in (per training process)",
+        positive=True)
     # RL placement: where the rollouts run (maxlite/rollout/reshard.py; MaxText's RL hardware keys)
     trainer_devices_fraction: float = key(1.0,
         "grpo: the first this share of the devices train (MaxText's name); 1 with sampler_devices_fraction 1: "

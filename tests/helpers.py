@@ -268,6 +268,10 @@ def shrunk(model_name: str) -> list[str]:
         layers = 4 if cfg.num_kv_shared_layers else 2
         types = ", ".join(["sliding_attention", "full_attention"] * (layers // 2))
         window += [f"layer_types=[{types}]"] + (["num_kv_shared_layers=2"] if cfg.num_kv_shared_layers else [])
+    if any(k.mixer == "mamba2" for k in layer_kinds(cfg)):  # narrow Mamba-2 layers; one block of each kind
+        layers = 3
+        window += ["mamba_num_heads=4", "mamba_head_dim=16", "mamba_state_dim=16", "mamba_num_groups=2",
+                   "layer_types=[mamba, full_attention, mlp]"]
     if cfg.mrope_sections:  # multimodal RoPE over the narrow heads: every axis keeps frequencies
         half = head_dim // 2
         window += [f"mrope_sections=[{half - 2 * (half // 3)}, {half // 3}, {half // 3}]"]

@@ -55,6 +55,22 @@ def qwen3_vl(layers: int = 2, positions: int = 256, depth: int = 1, init: float 
         image_token_id=250, video_token_id=251, vision_start_token_id=252, vision_end_token_id=253)
 
 
+def qwen3_5_vl(layer_types=("linear_attention", "full_attention"), depth: int = 2, moe: bool = False, **top):
+    """A small multimodal Qwen3.5 config (Qwen3_5ForConditionalGeneration, or Qwen3.5-MoE's with `moe`):
+    the hybrid decoder of 64 (`layer_types`), 12 of each head's 16 dims rotated by M-RoPE, sections
+    [2, 2, 2] (time, height and width each turn 2 frequencies), a ViT of `depth` blocks of 32 with 8-pixel patches (no DeepStack); image / video /
+    start / end ids 250 / 251 / 252 / 253 unless `top` says otherwise."""
+    text = {**_HYBRID, "num_hidden_layers": len(layer_types), "layer_types": list(layer_types),
+            "rope_parameters": {**_HYBRID["rope_parameters"], "partial_rotary_factor": 0.75, "mrope_section": [2, 2, 2],
+                                "mrope_interleaved": True},
+            "tie_word_embeddings": False, **(_HYBRID_MOE if moe else {})}
+    vision = dict(depth=depth, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=8, temporal_patch_size=2,
+                  spatial_merge_size=2, out_hidden_size=64, num_position_embeddings=16, in_channels=3)
+    config = transformers.Qwen3_5MoeConfig if moe else transformers.Qwen3_5Config
+    return config(text_config=text, vision_config=vision, **{
+        "image_token_id": 250, "video_token_id": 251, "vision_start_token_id": 252, "vision_end_token_id": 253, **top})
+
+
 def gemma4_text(**changes):
     """Every trait of Gemma 4 at once: per-layer embeddings, the last layers sharing keys and values
     (with double-wide MLPs), wide global layers with fewer kv heads whose keys are the values."""
@@ -159,6 +175,15 @@ CONFIGS = {
         initializer_range=0.1, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
         layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
         mlp_layer_types=["dense", "sparse", "sparse", "sparse"]),
+    # Nemotron-H: a Mamba-2 block, an attention block (no positions), an MLP block, a Mamba-2 block;
+    # chunks of 8 so that the tests' sequences cross chunks; heads in 2 groups of B and C (the bundled
+    # tokenizer's vocabulary: the bridge family tests export it)
+    "nemotron_h": lambda: transformers.NemotronHConfig(
+        vocab_size=4096, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, layers_block_type=["linear_attention", "full_attention", "mlp", "linear_attention"],
+        mamba_num_heads=8, mamba_head_dim=8, ssm_state_size=16, n_groups=2, conv_kernel=4, chunk_size=8,
+        max_position_embeddings=256, initializer_range=0.1, tie_word_embeddings=False, eos_token_id=1,
+        bos_token_id=None, pad_token_id=0),
     # Qwen3-Next's first layer dense (mlp_only_layers)
     # Qwen3-VL's decoder on text (multimodal RoPE with every axis equal; images: tests/test_qwen3_vl.py)
     "qwen3_vl": lambda: qwen3_vl(),

@@ -1,5 +1,5 @@
 """Qwen2, Qwen3, Gemma 3 (text; also with a layer pattern of its own), Mistral with a sliding window, OLMo
-3, gpt-oss, Mistral 4 (latent attention + DeepSeekMoE) and MiniMax-M2, each built small and random by transformers
+3, gpt-oss, Mistral 4 (latent attention + DeepSeekMoE), MiniMax-M2 and Nemotron-H (Mamba-2), each built small and random by transformers
 (tests/hf_models.py): import → float32 logits equal transformers' over a batch longer than the window
 (relative error ≤ 1e-5), greedy decoding of 32 tokens identical to `generate`, export → transformers
 loads it and its logits equal ours, the tokenizer and chat template come back unchanged, and the
@@ -26,10 +26,11 @@ V, T = 4096, 40  # the bundled tokenizer's vocabulary; sequences well past the w
 TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
 
 
-FAMILIES = ["qwen2", "qwen3", "gemma3", "gemma3-own-pattern", "mistral", "olmo3", "gpt_oss", "mistral4", "minimax_m2"]
+FAMILIES = ["qwen2", "qwen3", "gemma3", "gemma3-own-pattern", "mistral", "olmo3", "gpt_oss", "mistral4", "minimax_m2",
+            "nemotron_h"]
 DECODER_BLOCK = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3", "gemma3-own-pattern": "gemma3",
                  "mistral": "llama2", "olmo3": "olmo3", "gpt_oss": "gpt_oss", "mistral4": "mistral4",
-                 "minimax_m2": "minimax_m2"}
+                 "minimax_m2": "minimax_m2", "nemotron_h": "nemotron_h"}
 
 
 def _hf_model(family, path, dtype=torch.float32):
@@ -139,6 +140,7 @@ def test_a_multimodal_gemma3_checkpoint_imports_its_text_model(tmp_path):
     (dict(model_type="minimax_m2", scoring_func="softmax"), "is not the layer transformers' MiniMaxM2ForCausalLM"),
     (dict(model_type="kimi_linear", mla_use_nope=False), "mla_use_nope=false (RoPE in the latent attention"),
     (dict(model_type="kimi_linear", linear_attn_config={"use_full_rank_gate": True}), "use_full_rank_gate"),
+    (dict(model_type="nemotron_h", layers_block_type=["linear_attention", "moe"]), "block type 'moe' is not modelled"),
 ])
 def test_what_maxlite_does_not_model_is_refused_in_one_line(config, message, tmp_path, capsys):
     base = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=V)

@@ -51,7 +51,8 @@ PRESETS = {"llama2": "tiny", "gpt3": "gpt3-126m", "qwen2": "qwen2.5-0.5b", "qwen
            "deepseek": "deepseek-v3", "gpt_oss": "gpt-oss-20b", "gemma4": "gemma4-tiny",
            "gemma4_moe": "gemma4-26b-a4b", "glm4_moe": "glm-4.5", "olmo3": "olmo3-7b", "mistral4": "mistral-small-4-119b", "minimax_m2": "minimax-m2", "qwen3_5": "qwen3.5-27b",
            "qwen3_5_moe": "qwen3.5-35b-a3b", "qwen3_next": "qwen3-next-80b-a3b", "qwen3_vl": "qwen3-vl-2b",
-           "kimi_linear": "kimi-linear-48b-a3b"}
+           "kimi_linear": "kimi-linear-48b-a3b",
+           "nemotron_h": "nemotron-h-8b"}
 # the MoE hybrids: two layers of their own pattern (as their checkpoints' `layer_types` state it, and
 # as tests/hf_models.py builds them): one delta-net layer compiles for the MoE feed-forward what
 # qwen3_5's whole 3 : 1 period compiles again (a delta-net layer is the table's costliest compile)
@@ -85,6 +86,8 @@ TRAITS = {
     and [(k.mixer, k.ffn) for k in kinds] == [("kda", "dense"), ("mla", "moe")],
     "qwen3_vl": lambda c, kinds: c.vision_encoder == "qwen_vit" and len(c.mrope_sections) == 3
     and bool(c.vision_deepstack_layers),
+    "nemotron_h": lambda c, kinds: [(k.mixer, k.ffn) for k in kinds] == [("mamba2", "none"), ("attention", "none"),
+                                                                          ("none", "dense")],
 }
 
 

@@ -182,3 +182,43 @@ def test_lora_is_refused_in_one_line_for_a_family_without_gated_projections():
     with pytest.raises(C.ConfigError, match="LoRA is available for gated-MLP families .*not gpt3"):
         C.load(["base.yml", "model_name=gpt3-126m", "lora_rank=4"])
     assert C.load(["base.yml", "model_name=gemma3-1b", "lora_rank=4"]).lora_rank == 4
+
+
+VISION_TARGETS = {"qwen3_vl": "[q_proj, v_proj, o_proj, down_proj]", "qwen3_5": "[q_proj, in_proj_qkv, out_proj, down_proj]"}
+
+
+@pytest.mark.parametrize("family", sorted(VISION_TARGETS))
+def test_peft_adapter_of_a_vision_model_loads_on_its_multimodal_class(family, tmp_path):
+    """A LoRA run on an imported vision-language model (Qwen3VL / Qwen3_5ForConditionalGeneration, the
+    tower frozen, trained on image rows): peft finds every adapter tensor on the multimodal class
+    (its decoder under model.language_model.) and computes maxlite's LoRA model's logits."""
+    peft = pytest.importorskip("peft")
+    from tests.hf_models import qwen3_5_vl, qwen3_vl
+
+    torch.manual_seed(0)
+    config = qwen3_vl() if family == "qwen3_vl" else qwen3_5_vl()
+    transformers.AutoModelForImageTextToText.from_config(config).save_pretrained(str(tmp_path / "base_hf"))
+    cfg, pure = hf.import_hf(str(tmp_path / "base_hf"), ["dtype=float32"])
+    checkpoints.save_params(str(tmp_path / "base"), cfg, P.to_state(cfg, P.to_jax_inplace(pure)))
+    run, _ = hf.import_hf(str(tmp_path / "base_hf"), [
+        "lora_rank=4", "lora_alpha=8", "learning_rate=0.01", "warmup_steps_fraction=0", "max_target_length=32",
+        "max_image_patches=64", "per_device_batch_size=1", "enable_tensorboard=false", "write_report=false",
+        "dtype=float32", f"load_parameters_path={tmp_path}/base", "steps=3", "run_name=l",
+        f"base_output_directory={tmp_path}", "checkpoint_period=0", f"lora_targets={VISION_TARGETS[family]}"])
+    train(run)
+    lcfg, params = checkpoints.load_params(f"{tmp_path}/l/checkpoints")
+    ids = np.array([[3, 14, 15, 92, 65, 35, 89, 79]])
+    ours = np.asarray(api.forward(api.model_from_params(lcfg, params), ids))
+    base_logits = np.asarray(api.forward(api.model_from_params(cfg, P.to_state(cfg, P.to_jax_inplace(pure))), ids))
+    assert np.abs(ours - base_logits).max() > 1e-3  # the adapters changed the model
+
+    export_peft(lcfg, params, str(tmp_path / "adapter"), base_model=str(tmp_path / "base_hf"))
+    base_model = transformers.AutoModelForImageTextToText.from_pretrained(str(tmp_path / "base_hf")).eval()
+    with_adapter = peft.PeftModel.from_pretrained(base_model, str(tmp_path / "adapter")).eval()
+    from safetensors.numpy import load_file
+    written = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
+    loaded = {k for k in with_adapter.state_dict() if "lora_" in k}
+    # every tensor written is one peft placed (its names drop the adapter's ".default")
+    assert {k.replace(".weight", ".default.weight") for k in written} <= loaded, sorted(written)[:3]
+    with torch.no_grad():
+        np.testing.assert_allclose(with_adapter(input_ids=torch.tensor(ids)).logits.numpy(), ours, atol=2e-4)

@@ -207,8 +207,9 @@ def test_the_flop_count_is_the_layers_projections_and_a_chunked_rule_linear_in_l
 @pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_5_moe"])
 def test_a_multimodal_checkpoint_imports_its_text_model(kind, tmp_path):
     """The published Qwen3.5 checkpoints are Qwen3_5[Moe]ForConditionalGeneration: config.json nests
-    text_config, the decoder's tensors sit under model.language_model. beside a vision tower left
-    behind; text tokens give the full model's logits."""
+    text_config (here without mrope_section: transformers' default [11, 11, 10] on 2 turned
+    frequencies), the decoder's tensors sit under model.language_model. beside the vision tower
+    (imported too: tests/test_qwen3_5_vision.py); text tokens give the full model's logits."""
     text = hf_models.config("qwen3_5_text" if kind == "qwen3_5" else "qwen3_5_moe").to_dict()
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
                   spatial_merge_size=1, temporal_patch_size=2, num_position_embeddings=16)

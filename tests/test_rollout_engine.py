@@ -63,9 +63,10 @@ def test_greedy_equals_the_static_sampler_with_slots_refilled():
 
 
 # every mixer kind: GQA (a global layer and a sliding-window ring), MLA's latent, the gated delta-net's
-# state beside attention, Gemma 4's local/global layers and those sharing K/V, Kimi delta attention's
-# per-channel state beside NoPE latent attention
-DEFAULT_LANE = ["llama", "mistral", "deepseek_v3", "qwen3_5_text", "gemma4", "kimi_linear"]
+# state beside attention, Gemma 4's local/global layers and those sharing K/V, Nemotron-H's Mamba-2 state
+# (and its layers without a mixer or without an MLP), Kimi delta attention's per-channel state beside NoPE
+# latent attention
+DEFAULT_LANE = ["llama", "mistral", "deepseek_v3", "qwen3_5_text", "gemma4", "nemotron_h", "kimi_linear"]
 
 
 def _hf_families():

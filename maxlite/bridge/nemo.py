@@ -259,7 +259,7 @@ def _model(cfg, tp: int, notes: list[str]) -> tuple[list[tuple[str, Any]], list[
     else:  # swiglu (geglu and clamped SwiGLU are refused above)
         mega.append(("--swiglu", None))
         nemo += [(m + "gated_linear_unit", True), (m + "activation_func", "torch.nn.functional.silu")]
-    if fam.positions == "none":  # NoPE (Kimi Linear's latent attention)
+    if fam.positions == "none":  # no positions (Nemotron-H, Kimi Linear: NoPE)
         mega.append(("--position-embedding-type", "none"))
         nemo.append((m + "position_embedding_type", "none"))
     elif not fam.rope:  # learned absolute positions

@@ -7,6 +7,9 @@
 Layout: PEFT's `...{q,k,v,o}_proj.lora_A.weight` is [r, in] and `lora_B.weight` [out, r], the
 transposes of maxlite's A [in..., r] and B [r, out...] (models/lora.py); the scale is lora_alpha / r
 in both. `hf export` of the same checkpoint writes the adapters merged into the weights instead.
+The adapters' module names are those of the class `hf export` writes (read off the family's own
+tensor maps): a vision model's decoder layers sit under `model.language_model.` of its multimodal
+class (Qwen3-VL, Qwen3.5, Gemma 3 with its tower), a text model's under `model.`.
 """
 
 from __future__ import annotations
@@ -38,17 +41,25 @@ def tensor_maps(cfg) -> list[hf_convert.TensorMap]:
               "gate": ((D,), (F,)), "up": ((D,), (F,)), "down": ((F,), (D,))}
     arch = importlib.import_module(family(cfg).hf_module)
     per_mixer = arch.lora_shapes(cfg) if hasattr(arch, "lora_shapes") else {None: shapes}
+    layers = f"base_model.model.{decoder_prefix(arch, cfg)}layers.{{i}}."
     maps = []
     for mixer, kernels in per_mixer.items():
         for target, block, kernel, _ in lora.names(cfg):
             if kernel not in kernels:  # a layer without this projection (Gemma 4's shared k/v)
                 continue
-            name = f"base_model.model.model.layers.{{i}}.{lora.HF_BLOCK[block]}.{target}"
+            name = f"{layers}{lora.HF_BLOCK[block]}.{target}"
             in_shape, out_shape = kernels[kernel]
             maps += [dataclasses.replace(t, mixer=mixer) for t in (
                 hf_convert.linear(f"{name}.lora_A.weight", (block, f"{kernel}_lora_a"), in_shape, (r,)),
                 hf_convert.linear(f"{name}.lora_B.weight", (block, f"{kernel}_lora_b"), (r,), out_shape))]
     return maps
+
+
+def decoder_prefix(arch, cfg) -> str:
+    """Where the exported class holds the decoder's layers ("model." or a vision model's
+    "model.language_model."): the prefix of the family's own first per-layer tensor name."""
+    name = next(t.hf for t in arch.tensor_maps(cfg) if t.layer and "layers.{i}." in t.hf)
+    return name[:name.index("layers.{i}.")]
 
 
 def export_peft(cfg, params, out_dir: str, base_model: str = "") -> pathlib.Path:

@@ -21,7 +21,7 @@ import numpy as np
 
 from maxlite.bridge import params as P
 from maxlite.models.families import family, has_qk_norm
-from maxlite.models.layout import layer_windows
+from maxlite.models.layout import layer_kinds, layer_windows
 from maxlite.bridge import require
 
 torch = require("torch")
@@ -154,7 +154,10 @@ def check_supported(cfg) -> None:
         ("(1 + w) norms", fam.norm_offset), ("a mixture of experts", fam.moe), ("a GeGLU MLP", fam.mlp == "geglu"),
         ("q/k/v biases without an o bias", fam.biases == "qkv"),
         ("a second RoPE base", cfg.local_rope_max_timescale), ("a query scalar", cfg.query_pre_attn_scalar),
-        ("local and global layers", len(set(layer_windows(cfg))) > 1)) if present]
+        ("local and global layers", len(set(layer_windows(cfg))) > 1),
+        ("a squared-ReLU MLP", fam.mlp == "relu2"),
+        ("Mamba-2 layers, or layers without a mixer or an MLP",
+         any(k.mixer in ("mamba2", "none") or k.ffn == "none" for k in layer_kinds(cfg)))) if present]
     if unmodelled:
         raise ValueError(f"decoder_block={cfg.decoder_block}: the torch twin does not model {', '.join(unmodelled)}; "
                          f"for this model transformers is the reference (hf export, then AutoModelForCausalLM)")

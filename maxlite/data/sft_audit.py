@@ -7,6 +7,11 @@ mask that covers no target token, or every one (a template whose answers cannot 
 prompts, the silent SFT bug), or data whose assistant answers are all empty (the loss would see
 only the template's end-of-turn tokens) stops the run with exit 2 unless
 `sft_allow_degenerate_mask: true` (or `sft_train_on_inputs: true`, which asks for every token).
+
+A vision model's conversation with images is rendered as training renders it (sft_pipeline.image_example):
+each image counts the tokens its placeholder expands to (qwen_vit: its patches / merge², set by its
+size), not one, and the line reports the images and their tokens; a record training would refuse
+(a missing image, placeholders and images that differ in number) is counted malformed.
 """
 
 from __future__ import annotations
@@ -16,8 +21,8 @@ import dataclasses
 import numpy as np
 
 from maxlite.config import ConfigError
-from maxlite.data import chat, sources
-from maxlite.data.sft_pipeline import examples, sft_files
+from maxlite.data import chat, image_docs, sources
+from maxlite.data.sft_pipeline import examples, image_example, sft_files
 
 
 @dataclasses.dataclass
@@ -32,13 +37,16 @@ class Audit:
     examples: list[str]
     answers: int = 0        # assistant turns read
     empty_answers: int = 0  # of which empty (whitespace only)
+    images: int = 0         # images in the conversations read
+    image_tokens: int = 0   # the decoder tokens they expand to (within max_target_length + 1)
 
     @property
     def fraction(self) -> float:
         return self.supervised_tokens / max(self.target_tokens, 1)
 
     def line(self, path: str) -> str:
-        return (f"maxlite: sft audit: {self.conversations:,} conversations ({self.template} template), "
+        images = f", {self.images:,} images ({self.image_tokens:,} image tokens)" if self.images else ""
+        return (f"maxlite: sft audit: {self.conversations:,} conversations ({self.template} template){images}, "
                 f"{self.fraction:.1%} of {self.target_tokens:,} target tokens supervised, {self.truncated} "
                 f"truncated to {self.length + 1} tokens, {self.bad_records} malformed → {path}")
 
@@ -54,18 +62,39 @@ def _marked(template: chat.ChatTemplate, ids: np.ndarray, mask: np.ndarray) -> s
     return "".join(out)
 
 
+def _with_images(kind, template, messages, refs, path: str, number: int, config) -> list[dict]:
+    """The one document training makes of a conversation with images (placeholders expanded)."""
+    length = config.max_target_length
+    ids, mask, _, _ = image_example(kind, template, messages, refs, path, number, length, config.sft_train_on_inputs)
+    return [{"inputs": ids[:length], "targets": ids[1:length + 1], "weights": mask[1:length + 1].astype(np.float32),
+             "truncated": len(ids) > length + 1}]
+
+
 def audit(config, tok) -> Audit:
     template = chat.ChatTemplate.for_config(config, tok)
     bad = sources.BadRecords(config.data_bad_record_policy)
-    n = targets = supervised = truncated = answers = empty = 0
+    kind = image_docs.kind_of(config) if config.vision_encoder else None
+    n = targets = supervised = truncated = answers = empty = images = image_tokens = 0
     shown = []
     for path in sft_files(config, "train"):
-        for _, messages in sources.iter_documents(path, (), bad, chat.messages_of):
+        for number, messages in sources.iter_documents(path, (), bad, chat.messages_of):
+            refs = image_docs.image_refs(messages)
+            if refs:
+                try:
+                    docs = _with_images(kind, template, messages, refs, path, number, config)
+                except ValueError as e:  # what training would refuse: a malformed record here too
+                    bad.add(path, number, str(e).removeprefix(f"{path}:{number}: "))
+                    continue
+                images += len(refs)
+                image_tokens += sum(int(np.sum(np.append(d["inputs"][:1], d["targets"]) == config.image_token_id))
+                                    for d in docs)
+            else:
+                docs = examples(template, messages, config.max_target_length, config.sft_train_on_inputs)
             n += 1
             replies = [m["content"] for m in messages if m["role"] == "assistant"]
             answers += len(replies)
-            empty += sum(not r.strip() for r in replies)
-            for ex in examples(template, messages, config.max_target_length, config.sft_train_on_inputs):
+            empty += sum(not r.strip() for r in replies if isinstance(r, str))
+            for ex in docs:
                 targets += len(ex["targets"])
                 supervised += int(ex["weights"].sum())
                 truncated += ex["truncated"]
@@ -81,7 +110,7 @@ def audit(config, tok) -> Audit:
         raise ConfigError(f"dataset_type=sft: no well-formed conversation in {', '.join(sft_files(config, 'train'))} "
                           f"({bad.summary()})")
     return Audit(template.name, n, targets, supervised, truncated, bad.count, config.max_target_length, shown,
-                 answers, empty)
+                 answers, empty, images, image_tokens)
 
 
 def report(a: Audit) -> str:
@@ -89,6 +118,7 @@ def report(a: Audit) -> str:
             f"the {a.template} chat template.",
             f"supervised target tokens: {a.supervised_tokens:,} of {a.target_tokens:,} ({a.fraction:.2%})",
             f"truncated to {a.length + 1} tokens: {a.truncated}; malformed records skipped: {a.bad_records}",
+            *([f"images: {a.images:,}, expanded to {a.image_tokens:,} image tokens (never supervised)"] if a.images else []),
             "", "Examples; the loss covers the text between [[ and ]]:"]
     body = [f"\n--- example {i + 1} ---\n{text}" for i, text in enumerate(a.examples)]
     return "\n".join(head + body) + "\n"

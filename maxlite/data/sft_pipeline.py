@@ -68,21 +68,11 @@ class _RenderAndMask(grain.experimental.FlatMapTransform):
         [T, 3] and its patch arrays (data/image_docs.py). A record that cannot be one (an image for a
         text-only model, a missing or unreadable image, images and placeholders that differ in number,
         more patches than a row holds, image tokens cut by max_target_length) goes to the bad records."""
-        from maxlite.data import images as image_io
-
         path, number = element["path"], element["record"]
         where = f"{path}:{number}"
         try:
-            if self.images is None:
-                raise ValueError("it has an image, but the model has no vision encoder (vision_encoder)")
-            pictures = [image_io.load_image(ref, base_dir=os.path.dirname(path), where=where) for ref in refs]
-            ids, mask = self.template.examples(element["texts"], self.train_on_inputs)[0]
-            ids, mask, rope, arrays = image_docs.doc_arrays(self.images, ids, mask, pictures, where)
-            full = self.images.row_capacity(arrays)
-            if full:
-                raise ValueError(full)
-            if len(ids) > self.length + 1 and np.any(ids[self.length + 1:] == self.config.image_token_id):
-                raise ValueError(f"its image tokens run past max_target_length={self.length} (an image is never cut)")
+            ids, mask, rope, arrays = image_example(self.images, self.template, element["texts"], refs, path, number,
+                                                    self.length, self.train_on_inputs)
         except ValueError as e:
             if (path, number) in self.refused and not self.taken:  # a whole epoch read, nothing to train on
                 raise ConfigError(f"no usable conversation in the data: every one was refused "
@@ -95,6 +85,30 @@ class _RenderAndMask(grain.experimental.FlatMapTransform):
         positions = {} if rope is None else {"rope": rope[:len(ids) - 1]}  # multimodal RoPE's, else plain
         return [{"inputs": ids[:-1], "targets": ids[1:], "weights": mask[1:].astype(np.float32),
                  **positions, **arrays}]
+
+
+def image_example(images, template: chat.ChatTemplate, messages, refs: list, path: str, number: int, length: int,
+                  train_on_inputs: bool):
+    """(ids, mask, positions or None, image arrays) of a conversation of a vision model (`images`: its
+    encoder kind's side, image_docs; None for a text model), each image's placeholder expanded to
+    the encoder's tokens; a ValueError naming the record for what cannot be one (an image for a
+    text-only model, a missing or unreadable image, images and placeholders that differ in number,
+    more patches than a row holds, image tokens cut by max_target_length). The pipeline and the SFT
+    audit (data/sft_audit.py) both read a conversation with images through it."""
+    from maxlite.data import images as image_io
+
+    where = f"{path}:{number}"
+    if images is None:
+        raise ValueError("it has an image, but the model has no vision encoder (vision_encoder)")
+    pictures = [image_io.load_image(ref, base_dir=os.path.dirname(path), where=where) for ref in refs]
+    ids, mask = template.examples(messages, train_on_inputs)[0]
+    ids, mask, rope, arrays = image_docs.doc_arrays(images, ids, mask, pictures, where)
+    full = images.row_capacity(arrays)
+    if full:
+        raise ValueError(full)
+    if len(ids) > length + 1 and np.any(ids[length + 1:] == images.cfg.image_token_id):
+        raise ValueError(f"its image tokens run past max_target_length={length} (an image is never cut)")
+    return ids, mask, rope, arrays
 
 
 def _finish(row: dict[str, np.ndarray], images=None) -> dict[str, np.ndarray]:

@@ -64,7 +64,8 @@ class SyntheticIterator:
 class _Images:
     """A vision model's synthetic rows: one random image per row after the row's first token, as its
     encoder kind's markers and image tokens (image_docs: qwen_vit a 4 × 4 patch grid, with
-    multimodal positions; siglip one vision_image_size square); the rest of the row as before."""
+    multimodal positions; siglip one vision_image_size square); the rest of the row as before, but
+    for tokens equal to the image placeholder (a vocabulary under 512 holds it), which become 0."""
 
     def __init__(self, config):
         from maxlite.data.image_docs import kind_of
@@ -74,7 +75,9 @@ class _Images:
     def add(self, batch: dict, rngs) -> dict:
         markers = self.kind.synthetic_markers()
         inputs, positions, arrays = batch["inputs"].copy(), [], {k: [] for k in self.kind.ROW_KEYS}
+        placeholder = self.kind.cfg.image_token_id
         for row, rng in zip(inputs, rngs):
+            row[row == placeholder] = 0  # the progression's own placeholders would be images without pixels
             row[1:1 + len(markers)] = markers
             row_positions, row_arrays = self.kind.synthetic(row, rng)
             positions.append(row_positions)

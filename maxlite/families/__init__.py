@@ -20,9 +20,10 @@ class Family:
     norm: str               # "rmsnorm" | "layernorm" (pre-norm, before attention and MLP)
     mlp: str                # "swiglu" (silu(gate)·up, down) | "geglu" (tanh-GELU(gate)·up, down) |
                             # "gelu" (up, down, with biases) | "clamped_swiglu" (gpt-oss's:
-                            # (up + 1)·gate·σ(1.702·gate), clamped at mlp_activations_limit)
+                            # (up + 1)·gate·σ(1.702·gate), clamped at mlp_activations_limit) |
+                            # "relu2" (up, relu(·)², down, no biases: Nemotron-H's)
     positions: str          # "rope" (rotary, in attention) | "learned" (absolute, added to the embedding) |
-                            # "none" (NoPE: no positions at all, Kimi Linear's)
+                            # "none" (no positions: the recurrent layers order the tokens; Nemotron-H, Kimi Linear)
     biases: str             # what use_bias=true adds: "attention" (q/k/v/o) | "qkv" (q/k/v, no o) |
                             # "all" (every linear and norm)
     hf_module: str          # the module mapping the weights to and from Hugging Face: the family's own
@@ -56,7 +57,7 @@ class Family:
     @property
     def mlp_matrices(self) -> int:
         """Weight matrices in the MLP (the FLOP count's m)."""
-        return 2 if self.mlp == "gelu" else 3
+        return 2 if self.mlp in ("gelu", "relu2") else 3
 
     @property
     def gated(self) -> bool:

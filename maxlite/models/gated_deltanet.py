@@ -132,10 +132,10 @@ def chunked_delta_rule(q_BTME, k_BTME, v_BTMU, g_BTM, beta_BTM, seg_BT, state_BM
     return o_BTMU, S
 
 
-def causal_conv(x_BTX, w_WX, seg_BT, window_BVX=None):
-    """SiLU of the causal depthwise convolution: out_t = Σ_m w[m] · x[t − (W−1) + m], each input
-    counted only within t's segment; `window_BVX` holds the W−1 inputs before the first (decoding;
-    None: zeros). Returns (out, every input with the window before it [B, W−1+T, X])."""
+def causal_conv(x_BTX, w_WX, seg_BT, window_BVX=None, bias_X=None):
+    """SiLU of the causal depthwise convolution: out_t = Σ_m w[m] · x[t − (W−1) + m] (+ bias), each
+    input counted only within t's segment; `window_BVX` holds the W−1 inputs before the first
+    (decoding; None: zeros). Returns (out, every input with the window before it [B, W−1+T, X])."""
     W = w_WX.shape[0]
     B, T = x_BTX.shape[:2]
     if window_BVX is None:
@@ -145,7 +145,7 @@ def causal_conv(x_BTX, w_WX, seg_BT, window_BVX=None):
     w = w_WX.astype(x_BTX.dtype)
     out = sum(w[m] * jnp.where((seg_ext[:, m:m + T] == seg_BT).reshape(B, T, *(1,) * (x_BTX.ndim - 2)),
                                x_ext[:, m:m + T], 0) for m in range(W))
-    return jax.nn.silu(out), x_ext
+    return jax.nn.silu(out if bias_X is None else out + bias_X.astype(out.dtype)), x_ext
 
 
 class GatedDeltaNet(nnx.Module):

@@ -39,8 +39,9 @@ def empty(cfg, variant: str, layers: int, batch: int, length: int) -> tuple[Stat
                  jnp.zeros((layers, batch, V, M, U), dt), S), ()
 
 
-def step(mixer, x_BTD, positions_BT, lengths_B, state: State, shared, variant: str, prefill_cfg=None):
-    """One layer over T new tokens from its cache: (the mixer's output x_BTD, the new state)."""
+def step(mixer, x_BTD, positions_BT, lengths_B, state: State, shared, variant: str, prefill_cfg=None, rope_BT=None):
+    """One layer over T new tokens from its cache: (the mixer's output x_BTD, the new state). The
+    recurrence reads no positions: a multimodal prompt's RoPE positions (`rope_BT`) pass it by."""
     valid_BT = positions_BT < lengths_B[:, None]
     seg_BT = jnp.ones(positions_BT.shape, jnp.int32)  # one sequence per row: the state continues it
     chunk = min(mixer.cfg.gdn_chunk_size, x_BTD.shape[1])

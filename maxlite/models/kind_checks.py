@@ -110,6 +110,23 @@ def kda(c, used: bool) -> str | None:
     return None
 
 
+def mamba2(c, used: bool) -> str | None:
+    """Mamba-2 (maxlite/models/mamba2.py): each group of B and C serves whole heads."""
+    if used and c.mamba_num_heads % c.mamba_num_groups:
+        return (f"mamba_num_heads={c.mamba_num_heads} must be a multiple of mamba_num_groups={c.mamba_num_groups} "
+                f"(each group of B and C serves whole heads)")
+    return None
+
+
+def mamba2_layout(c, used: bool) -> str | None:
+    """The scan runs along the whole sequence: its state would have to cross context shards."""
+    context = c.axis_size("context")
+    if used and context > 1:
+        return (f"context parallelism (context={context}) does not split Mamba-2 layers "
+                f"({c.decoder_block}): set ici_context_parallelism=1 (and dcn_context_parallelism=1)")
+    return None
+
+
 def gemma4(c, used: bool) -> str | None:
     """Gemma 4's keys (maxlite/models/gemma4.py), refused on another family's layers; its own RoPE."""
     if not used:

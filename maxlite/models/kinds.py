@@ -66,6 +66,7 @@ class MixerKind(_Declared):
                                         # stack): layer j updated in place (no per-step copy);
                                         # BATCH_AXES: the batch axis of (every per-layer leaf,
                                         # every shared leaf), where a sequence's cache is cut
+    raw_input: bool = False             # reads the un-normed residual (no norm before it: the `none` kind)
 
     def cls(self):
         return load(self.module)
@@ -177,6 +178,26 @@ def _kda_flops(cfg, B: int, T: int, variant: str) -> dict:
             "attention": B * T * M * (6 * C * E + 2 * C * C / 3 + 4 * C * E + 2 * C * E + 6 * E * E)}
 
 
+def _mamba2_flops(cfg, B: int, T: int, variant: str) -> dict:
+    """The Mamba-2 layer as it runs (maxlite/models/mamba2.py, chunks of C): the projections (z, x, B,
+    C, dt), the convolution, and the chunked scan: C·Bᵀ within the chunk per group (2·C·S per token),
+    its product with the inputs (2·C·P per head) and two products with the state (4·P·S per head)."""
+    D, M, P = cfg.base_emb_dim, cfg.mamba_num_heads, cfg.mamba_head_dim
+    G, S, W, C = cfg.mamba_num_groups, cfg.mamba_state_dim, cfg.mamba_conv_kernel_dim, min(cfg.mamba_chunk_size, T)
+    channels = M * P + 2 * G * S
+    return {"qkv": 2 * B * T * D * (channels + M * P + M) + 2 * B * T * W * channels,
+            "out": 2 * B * T * M * P * D,
+            "attention": B * T * (2 * G * C * S + M * (2 * C * P + 4 * P * S))}
+
+
+def _mamba2_cache(cfg, variant: str, length: int) -> int:
+    """The state [M, P, S] and the last W−1 convolution inputs: the same whatever the length. In numbers
+    of the compute dtype, as every cache is counted: the float32 state is two bfloat16s."""
+    channels = cfg.mamba_num_heads * cfg.mamba_head_dim + 2 * cfg.mamba_num_groups * cfg.mamba_state_dim
+    state = cfg.mamba_num_heads * cfg.mamba_head_dim * cfg.mamba_state_dim
+    return state * (2 if cfg.dtype == "bfloat16" else 1) + (cfg.mamba_conv_kernel_dim - 1) * channels
+
+
 def _shaped_attention(wide: bool, shared: bool) -> tuple[Callable, Callable]:
     """FLOPs and decode-cache numbers of an attention layer of its own shape (`wide`) that may take its
     keys and values from an earlier layer (`shared`: no projections, no cache of its own)."""
@@ -212,6 +233,13 @@ MIXERS = {m.name: m for m in (
     MixerKind("kda", "maxlite.models.kda:KimiDeltaAttention", _kda_flops, _gdn_cache, "maxlite.models.gdn_cache",
               checks=(_CHECKS + "kda",), layout_checks=(_CHECKS + "gated_deltanet_layout",),
               megatron_refusal="Kimi delta attention layers (its GPT layer is attention only)"),
+    MixerKind("mamba2", "maxlite.models.mamba2:Mamba2", _mamba2_flops, _mamba2_cache, "maxlite.models.mamba2_cache",
+              checks=(_CHECKS + "mamba2",), layout_checks=(_CHECKS + "mamba2_layout",),
+              megatron_refusal="Mamba-2 layers (its GPT layer is attention only; Megatron's hybrid model is not mapped)"),
+    # a layer without a mixer (Nemotron-H's MLP blocks): nothing added, no norm, no cache
+    MixerKind("none", "maxlite.models.no_branch:NoMixer", lambda cfg, B, T, variant: {},
+              lambda cfg, variant, length: 0, "maxlite.models.no_branch", raw_input=True,
+              megatron_refusal="layers without a mixer (its GPT layer has attention in every layer)"),
     # Gemma 4 (maxlite/models/gemma4.py): local and (wide) global layers, each also as a layer that
     # reuses the keys and values of the last earlier layer of its kind
     *(MixerKind(f"gemma4_{v}{'_shared' if shared else ''}", f"maxlite.models.gemma4:{v}_attention{'_shared' if shared else ''}",
@@ -227,6 +255,9 @@ FEED_FORWARDS = {f.name: f for f in (
     FeedForwardKind("dense", "maxlite.models.layers:make_mlp", _dense_flops, megatron=_MEGATRON + "dense"),
     FeedForwardKind("moe", "maxlite.models.moe:MoE", _moe_flops, checks=(_CHECKS + "moe",),
                     layout_checks=(_CHECKS + "moe_layout",), megatron_refusal=_MOE_REFUSAL),
+    # a layer without a feed-forward (Nemotron-H's Mamba-2 and attention blocks)
+    FeedForwardKind("none", "maxlite.models.no_branch:no_feed_forward", lambda cfg, tokens: 0, raw_input=True,
+                    megatron_refusal="layers without an MLP (its GPT layer has an MLP in every layer)"),
     FeedForwardKind("dense_wide", "maxlite.models.gemma4:wide_mlp", lambda cfg, tokens: 2 * _dense_flops(cfg, tokens),
                     megatron_refusal="MLPs of two widths (use_double_wide_mlp)"),
     FeedForwardKind("gemma4_moe", "maxlite.models.gemma4:MoEBlock",

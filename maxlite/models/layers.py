@@ -382,24 +382,39 @@ class GatedMLP(nnx.Module):
         return constrain(checkpoint_name(self._proj("down", "btf,fd->btd", h_BTF, dropout_key), "mlpwo"), BTD)
 
 
+def relu2(x):
+    """The squared ReLU (Nemotron-H's MLP activation)."""
+    return jnp.square(jax.nn.relu(x))
+
+
+# the ungated MLPs: (activation, whether up and down have biases)
+PLAIN_MLPS = {"gelu": (jax.nn.gelu, True), "relu2": (relu2, False)}
+
+
 class GeluMLP(nnx.Module):
+    """down(act(up(x))), ungated: GPT-3's GELU with biases, or Nemotron-H's squared ReLU without
+    (the family's `mlp`, PLAIN_MLPS)."""
+
     def __init__(self, cfg, *, rngs: nnx.Rngs):
         D, F, wd, s = cfg.base_emb_dim, cfg.base_mlp_dim, jnp.dtype(cfg.weight_dtype), cfg.init_scale
+        self.act, biases = PLAIN_MLPS[family(cfg).mlp]
         self.up = param(rngs, (D, F), ("embed", "mlp"), wd, scale=s)
-        self.up_bias = param(rngs, (F,), ("mlp",), wd, init="zeros")
         self.down = param(rngs, (F, D), ("mlp", "embed"), wd, scale=s)
-        self.down_bias = param(rngs, (D,), ("norm",), wd, init="zeros")
-        self.dtype = jnp.dtype(cfg.dtype)
+        if biases:
+            self.up_bias = param(rngs, (F,), ("mlp",), wd, init="zeros")
+            self.down_bias = param(rngs, (D,), ("norm",), wd, init="zeros")
+        self.dtype, self.biases = jnp.dtype(cfg.dtype), biases
 
-    def __call__(self, x_BTD, dropout_key=None):  # no adapters in this family
+    def __call__(self, x_BTD, dropout_key=None):  # no adapters in these families
         dt = self.dtype
-        h_BTF = project("btd,df->btf", x_BTD, self.up[...]) + self.up_bias[...].astype(dt)
-        h_BTF = checkpoint_name(h_BTF, "mlpwi_0")
-        h_BTF = constrain(jax.nn.gelu(h_BTF), ("activation_batch", "activation_length", "activation_mlp"))
-        out_BTD = project("btf,fd->btd", h_BTF, self.down[...]) + self.down_bias[...].astype(dt)
+        h_BTF = project("btd,df->btf", x_BTD, self.up[...])
+        h_BTF = checkpoint_name(h_BTF + self.up_bias[...].astype(dt) if self.biases else h_BTF, "mlpwi_0")
+        h_BTF = constrain(self.act(h_BTF), ("activation_batch", "activation_length", "activation_mlp"))
+        out_BTD = project("btf,fd->btd", h_BTF, self.down[...])
+        out_BTD = out_BTD + self.down_bias[...].astype(dt) if self.biases else out_BTD
         return constrain(checkpoint_name(out_BTD, "mlpwo"), BTD)
 
 
 def make_mlp(cfg, *, rngs: nnx.Rngs):
     """The family's dense MLP (the `dense` feed-forward kind)."""
-    return GeluMLP(cfg, rngs=rngs) if family(cfg).mlp == "gelu" else GatedMLP(cfg, rngs=rngs)
+    return GeluMLP(cfg, rngs=rngs) if family(cfg).mlp in PLAIN_MLPS else GatedMLP(cfg, rngs=rngs)

@@ -29,6 +29,10 @@ VARIANTS: dict[str, dict[str, str]] = {
     "gated_deltanet": {"linear": "linear_attention"},
     # Kimi delta attention takes the delta-net's name (a family's `layer_kinds` makes its linear layers KDA)
     "kda": {"linear": "linear_attention"},
+    # Nemotron-H's layers (its adapter translates HF's `linear_attention` for Mamba-2 to "mamba"): a
+    # Mamba-2 layer, and a layer of an MLP alone (no mixer)
+    "mamba2": {"mamba": "mamba"},
+    "none": {"none": "mlp"},
     **{f"gemma4_{v}{'_shared' if shared else ''}": {v: hf}
        for v, hf in (("local", "sliding_attention"), ("global", "full_attention")) for shared in (False, True)},
 }

@@ -55,14 +55,15 @@ class Block(nnx.Module):
     """x + mixer(norm(x)), then + feed_forward(norm(·)): the mixer and the feed-forward are the
     layer's kinds (maxlite/models/kinds.py; `structure` = (mixer, ffn)). With the family's post-norms
     each branch is normed again before its residual add (Gemma's sandwich); a family without
-    pre-norms (OLMo 2/3) norms only there. Parameter names stay `attn` and `mlp` whatever the kinds;
-    each side with a layer part (maxlite/models/sides.py) keeps it under the side's name, and its step
-    runs after the feed-forward."""
+    pre-norms (OLMo 2/3) norms only there; a kind reading the raw input (`raw_input`: the `none` kinds,
+    a MoE that norms its own branches) has no norm before it. Parameter names stay `attn` and `mlp`
+    whatever the kinds; each side with a layer part (maxlite/models/sides.py) keeps it under the side's
+    name, and its step runs after the feed-forward."""
 
     def __init__(self, cfg, *, rngs: nnx.Rngs, structure: tuple[str, str] = ("attention", "dense")):
         fam, D = family(cfg), cfg.base_emb_dim
         mixer, ffn = MIXERS[structure[0]], FEED_FORWARDS[structure[1]]
-        if fam.pre_norms:
+        if fam.pre_norms and not mixer.raw_input:
             self.attn_norm = make_norm(cfg, D, rngs)
         self.attn = mixer.cls()(cfg, rngs=rngs)
         if fam.post_norms:
@@ -80,10 +81,11 @@ class Block(nnx.Module):
         self.pre_norms, self.post_norms, self.routed = fam.pre_norms, fam.post_norms, ffn.routed
         self.mixer_carries = hasattr(self.attn, "carried")  # it reads or writes the carry's state
         self.ffn_pre_norm = fam.pre_norms and not ffn.raw_input
+        self.mixer_pre_norm = fam.pre_norms and not mixer.raw_input
 
     def mixer_input(self, x_BTD):
         """What the mixer reads: the pre-normed residual (decoding calls it too)."""
-        return self.attn_norm(x_BTD) if self.pre_norms else x_BTD
+        return self.attn_norm(x_BTD) if self.mixer_pre_norm else x_BTD
 
     def add_attention(self, x_BTD, attn_BTD):
         """The residual add of the mixer branch (decoding calls it with its cached attention)."""

@@ -28,9 +28,11 @@ carry weight; reward and the other figures are over every completion sampled.
 
 The sampling key is a function of (seed, step), a refill batch's of (seed, step, its index): a
 resumed run samples what the uninterrupted run sampled. Metrics under TRL's names: reward,
-reward_std (the groups' mean std), kl, clip_ratio, completion_length; tis_ratio when the rows carry
+reward_std (the groups' mean std), kl, clip_ratio, completion_length (the model's tokens: with
+rollout_tools the tools' turns are neither counted nor trained on); tis_ratio when the rows carry
 the sampler's log-probs; reward_failures / reward_timeouts (scores a failed reward call left at 0,
-objectives/rewards.py); and sampling_seconds / training_seconds, the split of the step's time.
+objectives/rewards.py); with rollout_tools, tool_calls, tool_failures, tool_timeouts (summed) and
+turns (the model's turns per completion, mean; maxlite/rollout/tools.py); and sampling_seconds / training_seconds, the split of the step's time.
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ from maxlite.step import token_logps
 
 _SALT = 0x6772706F  # the sampling keys' own stream: not the dropout's
 _REFILL_SALT = 0x7266696C  # the refill batches' keys: none equals a step's own
+
+
+# Scored's counts, summed over batches and processes (the tools' three logged with rollout_tools only)
+COUNTS = ("reward_failures", "reward_timeouts", "tool_calls", "tool_failures", "tool_timeouts")
 
 
 def advantages(rewards_PG: np.ndarray, scale: bool = True) -> np.ndarray:
@@ -85,10 +91,11 @@ def concat(parts: list[Scored]) -> Scored:
     if len(parts) == 1:
         return parts[0]
     logps = None if parts[0].sampler_logps is None else np.concatenate([p.sampler_logps for p in parts])
+    turns = None if parts[0].turns is None else np.concatenate([p.turns for p in parts])
     return Scored(np.concatenate([p.rewards_PG for p in parts]),
                   {k: np.concatenate([p.rows[k] for p in parts]) for k in parts[0].rows},
                   np.concatenate([p.lengths for p in parts]), np.concatenate([p.ended for p in parts]), logps,
-                  sum(p.reward_failures for p in parts), sum(p.reward_timeouts for p in parts))
+                  *(sum(getattr(p, k) for p in parts) for k in COUNTS), turns)
 
 
 def take_groups(got: Scored, groups_P: np.ndarray) -> Scored:
@@ -97,7 +104,8 @@ def take_groups(got: Scored, groups_P: np.ndarray) -> Scored:
     rows_R = (np.asarray(groups_P)[:, None] * G + np.arange(G)).reshape(-1)
     return got._replace(rewards_PG=got.rewards_PG[groups_P], rows={k: v[rows_R] for k, v in got.rows.items()},
                         lengths=got.lengths[rows_R], ended=got.ended[rows_R],
-                        sampler_logps=None if got.sampler_logps is None else got.sampler_logps[rows_R])
+                        sampler_logps=None if got.sampler_logps is None else got.sampler_logps[rows_R],
+                        turns=None if got.turns is None else got.turns[rows_R])
 
 
 def loss_fn(cfg):
@@ -228,8 +236,9 @@ class GRPOStep(Objective):
             figures = process_mean({"reward": every.rewards_PG.mean(), "reward_std": every.rewards_PG.std(1).mean(),
                                     "completion_length": every.lengths.mean(), "completions_ended": every.ended.mean(),
                                     **filtered})
-            figures.update(process_sum({"reward_failures": every.reward_failures,
-                                        "reward_timeouts": every.reward_timeouts}))
+            if every.turns is not None:  # rollout_tools: the model's turns per completion, the calls, their failures
+                figures.update(process_mean({"turns": every.turns.mean()}))
+            figures.update(process_sum({k: getattr(every, k) for k in COUNTS[:2 if every.turns is None else 5]}))
         return state, {**metrics, **figures, **placed, "sampling_seconds": sampled - started,
                        "training_seconds": time.perf_counter() - sampled}
 

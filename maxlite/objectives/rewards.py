@@ -72,18 +72,18 @@ def brevity(prompts: Sequence[str], completions: Sequence[str], records: Sequenc
     return [1.0 / (1.0 + len(c.strip())) for c in completions]
 
 
-def load(names: Sequence[str]) -> list[RewardFn]:
+def load(names: Sequence[str], key: str = "reward_functions") -> list[Callable]:
     """The callables named `package.module:function` (config validation checks the spelling); one
-    clear line for a name that does not load."""
+    clear line, naming the recipe's `key`, for a name that does not load."""
     out = []
     for name in names:
         module, _, attr = str(name).partition(":")
         try:
             fn = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as e:
-            raise ConfigError(f"reward_functions: cannot load {name!r} ({type(e).__name__}: {e})") from None
+            raise ConfigError(f"{key}: cannot load {name!r} ({type(e).__name__}: {e})") from None
         if not callable(fn):
-            raise ConfigError(f"reward_functions: {name!r} is not callable")
+            raise ConfigError(f"{key}: {name!r} is not callable")
         out.append(fn)
     return out
 

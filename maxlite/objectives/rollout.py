@@ -7,7 +7,10 @@ One process: the rollout engine `rollout_engine` names samples (in this process,
 `rollout_workers` in Ray actors of its own: maxlite/rollout/actors.py) (maxlite/rollout/: continuous
 batching, each prompt prefilled once for its G completions) and reports each token's log-prob
 under the sampling policy (grpo_temperature, cut by grpo_top_k / grpo_top_p and renormalised),
-laid out as `sampler_logps` [R, T] like the rows' targets. Several
+laid out as `sampler_logps` [R, T] like the rows' targets. With `rollout_tools` a completion may
+call tools between its turns (maxlite/rollout/tools.py): the row holds the tools' tokens too, with
+no loss weight and no sampler log-prob, its length and the reward's completion text counted from
+them as said in `__call__`. Several
 processes: the static sampler (decode.generate_tokens over prompts repeated G times, `sample_static`):
 every process samples the global batch, gathers the sampled tokens and scores its own prompts'
 completions (a prompt's G completions are on the process that holds the prompt); no sampler log-probs.
@@ -24,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxlite.objectives import rewards
+from maxlite.schema import ConfigError
 
 
 class Scored(NamedTuple):
@@ -36,6 +40,12 @@ class Scored(NamedTuple):
     sampler_logps: np.ndarray | None
     reward_failures: int = 0  # scores a reward function's raise or dead worker left at 0 (rewards.Scores)
     reward_timeouts: int = 0  # scores a call past reward_timeout_seconds left at 0
+    # rollout_tools (maxlite/rollout/tools.py): the calls made, those answered with an error, those past
+    # tool_timeout_seconds; the model's turns per row (None: no tools)
+    tool_calls: int = 0
+    tool_failures: int = 0
+    tool_timeouts: int = 0
+    turns: np.ndarray | None = None
 
 
 def end_of_turn(template) -> str:
@@ -115,6 +125,16 @@ class Rollout:
             self.engine = WorkerPool(cfg)
         else:
             self.engine = make_engine(cfg, graphdef) if jax.process_count() == 1 else None
+        self.tools = None
+        if cfg.rollout_tools:
+            from maxlite.rollout.tools import Tools
+            if self.engine is None:
+                raise ConfigError(f"rollout_tools runs on the rollout engine, which samples in one process (this run "
+                                  f"has {jax.process_count()}; several sample with the static sampler): use one "
+                                  "process, or no rollout_tools")
+            self.tools = Tools.for_config(cfg, self.tok)
+            if self.tools.end_id in (*self.markers, self.tok.eos_id):
+                raise ConfigError(f"tool_call_end={cfg.tool_call_end!r} is also the end of a turn: name another token")
 
         def sample(params, prompt_ids, lengths, key, temperature, generations):
             return decode.generate_tokens(
@@ -132,7 +152,8 @@ class Rollout:
         return local_rows(self._sample[greedy](params, batch["prompt_ids"], batch["prompt_lengths"], key)).tolist()
 
     def sample_engine(self, params, prompt_ids, lengths, key, greedy: bool = False):
-        """(completions, their sampler log-probs) from the rollout engine, prompt-major (p·G + g)."""
+        """(completions, their sampler log-probs, Turns or None) from the rollout engine, prompt-major
+        (p·G + g); with rollout_tools, tool turns included (maxlite/rollout/tools.py)."""
         from maxlite.rollout.engine import Sampling
 
         cfg = self.cfg
@@ -140,17 +161,26 @@ class Rollout:
                             1 if greedy else cfg.grpo_num_generations, self.tok.eos_id, self.markers,
                             top_k=cfg.grpo_top_k, top_p=cfg.grpo_top_p)
         prompts = [ids[:n].tolist() for ids, n in zip(prompt_ids, lengths)]
+        if self.tools is not None:
+            got = self.tools.generate(self.engine, params, prompts, sampling, key)
+            return [t.tolist() for t in got.tokens], got.logps, got
         done = self.engine.generate(params, prompts, sampling, key)
-        return [t.tolist() for t in done.tokens], done.logps
+        return [t.tolist() for t in done.tokens], done.logps, None
 
     def __call__(self, params, batch, key, greedy: bool = False) -> Scored:
-        """Sample (G per prompt, or one greedy), cut, score and lay out this process's rows."""
+        """Sample (G per prompt, or one greedy), cut, score and lay out this process's rows.
+
+        With tools, the end of turn is looked for in the last model turn only (a tool's turn may hold
+        the chat template's markers); the reward functions see the whole completion's text, tool turns
+        included; the row's loss weights and the length (`lengths`, completion_length) count the model's
+        tokens only."""
         from maxlite.data.preference import row
 
         generations = 1 if greedy else self.cfg.grpo_num_generations
         prompt_ids, lengths = local_rows(batch["prompt_ids"]), local_rows(batch["prompt_lengths"])
+        turns = None
         if self.engine is not None:
-            tokens, logps = self.sample_engine(params, prompt_ids, lengths, key, greedy)
+            tokens, logps, turns = self.sample_engine(params, prompt_ids, lengths, key, greedy)
         else:
             tokens = self.sample_static(params, batch, key, greedy)
             logps = [np.zeros(len(t), np.float32) for t in tokens]
@@ -158,15 +188,20 @@ class Rollout:
         prompts, texts, rows, lens, ended, sampler = [], [], [], [], [], []
         for i, toks in enumerate(tokens):
             prompt = prompt_ids[i // generations, :lengths[i // generations]]
-            done, text, end = cut(toks, self.tok.decode, self.marker, self.tok.eos_id)
+            start = 0 if turns is None else turns.last_turn[i]
+            done, text, end = cut(toks[start:], self.tok.decode, self.marker, self.tok.eos_id)
+            done = toks[:start] + done
+            model = np.ones(len(done), bool) if turns is None else turns.model[i][:len(done)]
             prompts.append(self.tok.decode(prompt.tolist()))
-            texts.append(text)
-            lens.append(len(done))
+            texts.append(self.tok.decode(toks[:start]) + text if start else text)
+            lens.append(int(model.sum()))
             ended.append(end)
             ids = np.concatenate([prompt, np.asarray(done, np.int32)])
-            rows.append(row(ids, np.arange(len(ids)) >= len(prompt), self.cfg.max_target_length))
+            rows.append(row(ids, np.concatenate([np.zeros(len(prompt), bool), model]), self.cfg.max_target_length))
             sampler.append(sampler_row(logps[i][:len(done)], len(prompt), self.cfg.max_target_length))
         r = self.scorer(prompts, texts, [records[i // generations] for i in range(len(texts))])
+        tools = {} if turns is None else dict(tool_calls=int(turns.calls.sum()), tool_failures=turns.failures,
+                                              tool_timeouts=turns.timeouts, turns=turns.turns)
         return Scored(np.asarray(r.total, np.float32).reshape(-1, generations),
                       {k: np.stack([x[k] for x in rows]) for k in rows[0]}, np.asarray(lens), np.asarray(ended),
-                      None if self.engine is None else np.stack(sampler), r.failures, r.timeouts)
+                      None if self.engine is None else np.stack(sampler), r.failures, r.timeouts, **tools)

@@ -18,14 +18,15 @@ Custom calls (the splash attention kernel) count as one top-level op: they read 
 (Q, K, V, segment ids) and write their results (O, log-sum-exp) once; no T×T scores reach HBM.
 Their extra compute (the backward pass recomputes the scores) is in `hardware_flops`.
 
-Real steps are slower: kernels do not reach peak. Calibration (docs/plan.md): MaxText measures
-1.1 s/step for llama3-8b, batch 1 × 4096, fsdp 4 × tensor 4 on v6e-16 (estimated 0.81 s) and
-3.42 s for Llama 3.1-8B, batch 3 × 8192 on v6e-8 (estimated 2.45 s).
+Real steps are slower: kernels do not reach peak. The calibrated step is the roofline × one factor,
+the geometric mean of MaxText's measured steps ÷ the estimates of the same recipes
+(maxlite/plan/calibration.py; the table in docs/plan.md).
 """
 
 from __future__ import annotations
 
 from maxlite.models.flops import forward_flops_by_part
+from maxlite.plan import calibration
 from maxlite.plan.topology import Chip
 
 
@@ -108,6 +109,7 @@ def estimate(plan, cfg, chip: Chip, num_slices: int) -> dict:
     bubble = cfg.pipeline_bubble
     step_s = max(compute_s, memory_s) / (1 - bubble) + ici_s + dcn_s
     tokens = cfg.global_batch_size * cfg.max_target_length
+    k = calibration.factor()
     return {
         "is_estimate": True,
         "step_seconds": step_s,
@@ -129,4 +131,7 @@ def estimate(plan, cfg, chip: Chip, num_slices: int) -> dict:
         "tflops_per_device": model_flops / step_s / 1e12 if step_s else 0.0,
         "tflops_per_chip": model_flops / step_s / 1e12 * chip.devices_per_chip if step_s else 0.0,
         "tokens_per_second_per_device": tokens / n / step_s if step_s else 0.0,
+        # what MaxText's measured steps say a real step takes: the roofline × calibration.factor()
+        "calibration_factor": k,
+        "calibrated_step_seconds": step_s * k,
     }

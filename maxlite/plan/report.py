@@ -108,6 +108,8 @@ def text(plan: Plan, chip: Chip, shardings: bool = False) -> str:
         lines.append(f"                     step ≈ {_s(e['step_seconds'])} = max(compute "
                      f"{_s(e['compute_seconds'])}, HBM {_s(e['memory_seconds'])}){bubble} + ICI "
                      f"{_s(e['ici_seconds'])} + DCN {_s(e['dcn_seconds'])}{dcn}; {e['bound']}-bound")
+        lines.append(f"                     calibrated ≈ {_s(e['calibrated_step_seconds'])} (× {e['calibration_factor']:.2f}: "
+                     f"MaxText's measured steps ÷ the estimates of its recipes, docs/plan.md)")
         if e.get("quantized_flops_per_device"):
             lines.append(f"                     of compute: {_si(e['quantized_flops_per_device'], 'FLOP')} per device "
                          f"in {r['quantization']} projections at {e['quantized_peak_tflops']:,.0f} TFLOP/s, "

@@ -1,6 +1,12 @@
 """Qwen3.5 (dense; `model_type: qwen3_5_text`, Qwen3_5ForCausalLM): three gated delta-net layers to
 one full-attention layer, both ways; the tensor and config.json maps the Qwen3.5-MoE and Qwen3-Next
-modules share.
+modules share. A multimodal checkpoint (`model_type: qwen3_5`, Qwen3_5ForConditionalGeneration: the
+published ones; Qwen3.5-MoE's alike) imports with its vision tower: the decoder's tensors under
+`model.language_model.`, the qwen_vit tower's (no DeepStack) under `model.visual.`
+(maxlite/bridge/vision_maps.py), `text_config.rope_parameters.mrope_section` ↔ mrope_sections (its
+attention layers turn time, height and width positions), the image processor's files as Qwen3-VL's
+(maxlite/families/qwen3_vl/hf.py); the export writes the same class again. A text-only checkpoint
+stays a text model (vision_encoder "").
 
 The layer: a (1 + w) RMSNorm before each branch (stored from 0), the mixer — a gated delta-net
 (maxlite/models/gated_deltanet.py) or full attention with per-head (1 + w) q/k norms, partial RoPE
@@ -31,9 +37,10 @@ from maxlite.models.layout import check_layer_types, hf_layer_types
 
 GDN = "gated_deltanet"
 # a multimodal checkpoint (Qwen3_5[Moe]ForConditionalGeneration: the published ones) → its text model's
-# model_type; its decoder's tensors sit under model.language_model., beside a vision tower left behind
+# model_type; its decoder's tensors sit under model.language_model., its vision tower's under model.visual.
 MULTIMODAL = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 PREFIXES = ("model.", "model.language_model.")
+TEXT_PREFIX, VISION_PREFIX = PREFIXES[1], "model.visual."
 
 
 def check_supported(cfg, name: str = "Qwen3.5") -> None:
@@ -42,6 +49,14 @@ def check_supported(cfg, name: str = "Qwen3.5") -> None:
     if cfg.sliding_window:
         raise ValueError(f"sliding_window={cfg.sliding_window}: {name}'s attention layers are global")
     hf_llama.check_plain_attention(cfg, name)
+    if cfg.vision_encoder and cfg.vision_encoder != "qwen_vit":
+        raise ValueError(f"vision_encoder={cfg.vision_encoder!r}: {name}'s vision tower is qwen_vit")
+    if cfg.vision_encoder and cfg.vision_deepstack_layers:
+        raise ValueError(f"vision_deepstack_layers={list(cfg.vision_deepstack_layers)}: {name}'s vision tower has "
+                         "no DeepStack")
+    if cfg.vision_encoder and len(cfg.mrope_sections) != 3:
+        raise ValueError(f"mrope_sections={list(cfg.mrope_sections)}: {name} with images turns time, height and "
+                         "width positions (3 sections)")
 
 
 def _gated_q(a: str, D: int, N: int, H: int) -> TensorMap:
@@ -140,9 +155,23 @@ def mlp_maps(cfg, prefix: str = "model.") -> list[TensorMap]:
             linear(m + "down_proj.weight", ("mlp", "down"), (F,), (D,))]
 
 
-def tensor_maps(cfg, prefix: str = "model.") -> list[TensorMap]:
+def tensor_maps(cfg, prefix: str | None = None) -> list[TensorMap]:
     check_supported(cfg)
-    return hybrid_maps(cfg, prefix=prefix) + mlp_maps(cfg, prefix)
+    prefix = prefix or default_prefix(cfg)
+    return hybrid_maps(cfg, prefix=prefix) + mlp_maps(cfg, prefix) + vision_maps(cfg)
+
+
+def default_prefix(cfg) -> str:
+    """Where an export writes the decoder: under the multimodal class's language model with a vision tower."""
+    return TEXT_PREFIX if cfg.vision_encoder else "model."
+
+
+def vision_maps(cfg) -> list[TensorMap]:
+    """The qwen_vit tower's tensors (none for a text model)."""
+    if not cfg.vision_encoder:
+        return []
+    from maxlite.bridge.vision_maps import qwen_vit_maps
+    return qwen_vit_maps(cfg, VISION_PREFIX)
 
 
 def decoder_prefix(names: set[str]) -> str:
@@ -155,9 +184,8 @@ def import_maps(cfg, names: set[str]) -> list[TensorMap]:
 
 
 def ignore(name: str) -> bool:
-    """Multi-token-prediction heads (`mtp.*`) and a multimodal checkpoint's vision tower ride along in
-    published checkpoints; maxlite trains neither."""
-    return name.startswith(("mtp.", "model.visual.")) or hf_llama.ignore(name)
+    """Multi-token-prediction heads (`mtp.*`) ride along in published checkpoints; maxlite trains none."""
+    return name.startswith("mtp.") or hf_llama.ignore(name)
 
 
 def text_config(hf: dict) -> dict:
@@ -185,7 +213,27 @@ def hybrid_config(cfg, architecture: str, model_type: str, dtype: str, bos_id, e
 
 def hf_config(cfg, dtype: str = "float32", bos_id: int | None = None, eos_id: int | None = None) -> dict:
     check_supported(cfg)
-    return hybrid_config(cfg, "Qwen3_5ForCausalLM", "qwen3_5_text", dtype, bos_id, eos_id)
+    text = hybrid_config(cfg, "Qwen3_5ForCausalLM", "qwen3_5_text", dtype, bos_id, eos_id)
+    return multimodal_config(cfg, text, "qwen3_5") if cfg.vision_encoder else text
+
+
+def multimodal_config(cfg, text: dict, model_type: str) -> dict:
+    """A vision model's config.json: Qwen3_5[Moe]ForConditionalGeneration with the text model's keys
+    (`text`, its M-RoPE sections added) in text_config and the tower's in vision_config."""
+    import dataclasses
+
+    from maxlite.models.vision.towers import qwen_spec
+
+    text = {k: v for k, v in text.items() if k != "architectures"}
+    text["rope_parameters"] = {**text["rope_parameters"], "mrope_section": list(cfg.mrope_sections),
+                               "mrope_interleaved": True}
+    vision = dataclasses.replace(qwen_spec(cfg), model_type="qwen3_5_vision").to_hf()
+    architecture = {"qwen3_5": "Qwen3_5ForConditionalGeneration", "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration"}
+    return {"architectures": [architecture[model_type]], "model_type": model_type, "text_config": text,
+            "vision_config": {**vision, "model_type": f"{model_type}_vision"},
+            "image_token_id": cfg.image_token_id, "video_token_id": cfg.video_token_id,
+            "vision_start_token_id": cfg.vision_start_token_id, "vision_end_token_id": cfg.vision_end_token_id,
+            "tie_word_embeddings": bool(cfg.logits_via_embedding), "dtype": text["dtype"], "torch_dtype": text["dtype"]}
 
 
 def hybrid_overrides(hf: dict, decoder_block: str) -> dict:
@@ -218,7 +266,66 @@ def hybrid_overrides(hf: dict, decoder_block: str) -> dict:
 
 
 def config_overrides(hf: dict) -> dict:
-    hf = text_config(hf)
-    if hf.get("model_type") != "qwen3_5_text":
-        raise ValueError(f"config.json model_type={hf.get('model_type')!r} is not qwen3_5_text")
-    return hybrid_overrides(hf, FAMILY.name)
+    text = text_config(hf)
+    if text.get("model_type") != "qwen3_5_text":
+        raise ValueError(f"config.json model_type={text.get('model_type')!r} is not qwen3_5_text")
+    return {**hybrid_overrides(text, FAMILY.name), **vision_overrides(hf, text)}
+
+
+# transformers' Qwen3_5VisionConfig defaults, for a vision_config that leaves a key out (as HF reads it)
+VISION_DEFAULTS = {"depth": 27, "hidden_size": 1152, "hidden_act": "gelu_pytorch_tanh", "intermediate_size": 4304,
+                   "num_heads": 16, "in_channels": 3, "patch_size": 16, "spatial_merge_size": 2,
+                   "temporal_patch_size": 2, "num_position_embeddings": 2304}
+
+
+def vision_overrides(hf: dict, text: dict) -> dict:
+    """A multimodal config.json's vision keys (Qwen3-VL's, without DeepStack), its M-RoPE sections and
+    its placeholder and marker token ids; {} for a text model."""
+    if hf.get("model_type") not in MULTIMODAL:
+        return {}
+    from maxlite.families.qwen3_vl import hf as qwen3_vl
+
+    vision = {**VISION_DEFAULTS, **(hf.get("vision_config") or {})}
+    if vision.get("out_hidden_size") != text["hidden_size"]:
+        raise ValueError(f"config.json: vision out_hidden_size={vision.get('out_hidden_size')} is not the "
+                         f"decoder's hidden_size={text['hidden_size']}")
+    rope = text.get("rope_parameters") or {}
+    if not rope.get("mrope_interleaved", True):
+        raise ValueError("config.json: mrope_interleaved=false (Qwen2.5-VL's sectioned layout) is not modelled")
+    rotated = int((text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"])
+                  * rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25)))
+    return {**qwen3_vl.vision_overrides({**vision, "model_type": "qwen3_5_vision"}),
+            "mrope_sections": turned_sections(rope.get("mrope_section") or (11, 11, 10), rotated // 2),
+            "image_token_id": hf["image_token_id"], "video_token_id": hf.get("video_token_id", -1),
+            "vision_start_token_id": hf.get("vision_start_token_id", -1),
+            "vision_end_token_id": hf.get("vision_end_token_id", -1)}
+
+
+def turned_sections(sections, half: int) -> tuple[int, int, int]:
+    """The M-RoPE sections over the `half` frequencies a head turns, as transformers applies
+    `mrope_section` (interleaved: frequency j turns height when j % 3 == 1 and j < 3·sections[1],
+    width when j % 3 == 2 and j < 3·sections[2], else time): the frequencies each axis gets, so that
+    maxlite's mrope_axes picks the axes transformers picks (the published sections, which sum to
+    `half`, come back as they are; transformers' default [11, 11, 10] on a narrower head is cut)."""
+    j = np.arange(half)
+    h = int(np.sum((j % 3 == 1) & (j < 3 * sections[1])))
+    w = int(np.sum((j % 3 == 2) & (j < 3 * sections[2])))
+    return half - h - w, h, w
+
+
+def processor_overrides(hf_dir: str) -> dict:
+    """A multimodal checkpoint's image processor (Qwen3-VL's: preprocessor_config.json); {} for a text model."""
+    import json
+    import pathlib
+
+    from maxlite.families.qwen3_vl import hf as qwen3_vl
+
+    config = json.loads((pathlib.Path(hf_dir) / "config.json").read_text())
+    return qwen3_vl.processor_overrides(hf_dir) if config.get("model_type") in MULTIMODAL else {}
+
+
+def write_processor(cfg, out) -> None:
+    """A vision model's preprocessor_config.json, as it was imported (Qwen3-VL's)."""
+    if cfg.vision_encoder:
+        from maxlite.families.qwen3_vl import hf as qwen3_vl
+        qwen3_vl.write_processor(cfg, out)

@@ -1,6 +1,8 @@
 """Qwen3.5-MoE (`model_type: qwen3_5_moe_text`, Qwen3_5MoeForCausalLM): Qwen3.5's hybrid layers
 (maxlite/families/qwen3_5/: separate delta-net projections) with a mixture of experts in every
-layer and Qwen3-Next's gated shared expert (maxlite/families/qwen3_next/: the MoE tensors).
+layer and Qwen3-Next's gated shared expert (maxlite/families/qwen3_next/: the MoE tensors). A
+multimodal checkpoint (Qwen3_5MoeForConditionalGeneration) imports and exports with its vision tower
+as Qwen3.5's does.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ def check_supported(cfg) -> None:
                          "interleave_moe_layer_step=1")
 
 
-def tensor_maps(cfg, prefix: str = "model.") -> list[TensorMap]:
+def tensor_maps(cfg, prefix: str | None = None) -> list[TensorMap]:
     check_supported(cfg)
-    return qwen3_5.hybrid_maps(cfg, prefix=prefix) + qwen3_next.moe_maps(cfg, prefix)
+    prefix = prefix or qwen3_5.default_prefix(cfg)
+    return qwen3_5.hybrid_maps(cfg, prefix=prefix) + qwen3_next.moe_maps(cfg, prefix) + qwen3_5.vision_maps(cfg)
 
 
 def import_maps(cfg, names: set[str]) -> list[TensorMap]:
@@ -28,20 +31,22 @@ def import_maps(cfg, names: set[str]) -> list[TensorMap]:
 
 
 ignore = qwen3_5.ignore
+processor_overrides, write_processor = qwen3_5.processor_overrides, qwen3_5.write_processor
 
 
 def hf_config(cfg, dtype: str = "float32", bos_id: int | None = None, eos_id: int | None = None) -> dict:
     check_supported(cfg)
     out = qwen3_5.hybrid_config(cfg, "Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", dtype, bos_id, eos_id)
     del out["intermediate_size"]  # no dense MLP anywhere
-    return {**out, **qwen3_next.moe_config(cfg)}
+    out = {**out, **qwen3_next.moe_config(cfg)}
+    return qwen3_5.multimodal_config(cfg, out, "qwen3_5_moe") if cfg.vision_encoder else out
 
 
 def config_overrides(hf: dict) -> dict:
-    hf = qwen3_5.text_config(hf)
-    if hf.get("model_type") != "qwen3_5_moe_text":
-        raise ValueError(f"config.json model_type={hf.get('model_type')!r} is not qwen3_5_moe_text")
+    text = qwen3_5.text_config(hf)
+    if text.get("model_type") != "qwen3_5_moe_text":
+        raise ValueError(f"config.json model_type={text.get('model_type')!r} is not qwen3_5_moe_text")
     # no dense layers: base_mlp_dim (unused) takes the experts' width
-    hf = {"intermediate_size": hf["moe_intermediate_size"], **hf}
-    return {**qwen3_5.hybrid_overrides(hf, FAMILY.name), **qwen3_next.moe_overrides(hf),
-            "first_num_dense_layers": 0, "interleave_moe_layer_step": 1}
+    text = {"intermediate_size": text["moe_intermediate_size"], **text}
+    return {**qwen3_5.hybrid_overrides(text, FAMILY.name), **qwen3_next.moe_overrides(text),
+            "first_num_dense_layers": 0, "interleave_moe_layer_step": 1, **qwen3_5.vision_overrides(hf, text)}
