@@ -268,9 +268,7 @@ def test_import_sft_from_the_recipe_chat_export_and_transformers_answers_alike(t
     ids = back.apply_chat_template([{"role": "user", "content": question}], tokenize=True, add_generation_prompt=True)
     ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
     with torch.no_grad():
-        # all 8 tokens, past the end of the turn: `generate --chat` decodes them all (the end marker a
-        # special token its decoding skips), so the comparison covers every token
-        out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=8, min_new_tokens=8,
-                             eos_token_id=None, pad_token_id=0)
+        out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=8,
+                             eos_token_id=back.eos_token_id, pad_token_id=0)  # the answer ends with its turn
     theirs = back.decode(out[0, len(ids):], skip_special_tokens=True)
     assert ours.strip() == theirs.strip() and ours.strip(), (ours, theirs)
