@@ -52,13 +52,21 @@ _NEG = -1e30  # masked score; finite so that a fully masked key block gives exp(
 
 
 def attend(cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window: int = 0, scale: float | None = None,
-           sinks_N=None, blocks_BT=None):
+           sinks_N=None, blocks_BT=None, chunk: int = 0):
     """Dispatch on cfg.attention (resolved with the config; a config that never was — a model built
     by hand — is resolved here by the same rule); `window` (static) is the layer's sliding window,
     0 for a global layer; `sinks_N` the layer's attention sinks (None: none); `blocks_BT` each token's
     image block (−1: none; its tokens see each other both ways: attention_mask.visible_in_blocks),
-    None where the model has none. Returns out_BTNH in q's dtype."""
+    None where the model has none; `chunk` (static) a chunked-attention layer's chunk (0: none): each
+    query attends within its own chunk of positions only, through dot_product (its mask; with context
+    shards too: kind_checks refuses the other implementations). Returns out_BTNH in q's dtype."""
     T, n = q_BTNH.shape[1], context.shards()
+    if chunk:
+        if n > 1:
+            return _across_shards(cfg, "dot_product", q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window, scale,
+                                  context.balanced(cfg), sinks_N, chunk)
+        return dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window=window, scale=scale, sinks_N=sinks_N,
+                           chunk=chunk)
     is_balanced = context.balanced(cfg)
     impl = resolve_attention(cfg.attention, target_platform(), T, cfg.attention_block_size, cfg.sa_block_q,
                              n * (2 if is_balanced else 1), sinks_N is not None, blocks_BT is not None, cfg.dtype)
@@ -85,10 +93,10 @@ def attend(cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window: int = 0, scale: 
 
 
 def dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window: int = 0, scale: float | None = None,
-                sinks_N=None, blocks_BT=None):
+                sinks_N=None, blocks_BT=None, chunk: int = 0):
     pos_T = jnp.arange(q_BTNH.shape[1])
     return _dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, segment_ids_BT, pos_T, pos_T, window, scale,
-                        sinks_N, blocks_BT)
+                        sinks_N, blocks_BT, chunk)
 
 
 def softmax_with_sinks(logits_BKGTS, sinks_N):
@@ -102,7 +110,7 @@ def softmax_with_sinks(logits_BKGTS, sinks_N):
 
 
 def _dot_product(q_BTNH, k_BSKH, v_BSKH, qseg_BT, kseg_BS, qpos_T, kpos_S, window, scale, sinks_N=None,
-                 blocks_BT=None):
+                 blocks_BT=None, chunk: int = 0):
     """Queries at sequence positions qpos_T against keys at kpos_S (a context shard's queries
     against the whole sequence); `blocks_BT` (queries and keys alike: no context shards) the image
     blocks whose tokens see each other both ways."""
@@ -111,7 +119,7 @@ def _dot_product(q_BTNH, k_BSKH, v_BSKH, qseg_BT, kseg_BS, qpos_T, kpos_S, windo
     q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
     scores_BKGTS = project("btkgh,bskh->bkgts", q_BTKGH, k_BSKH).astype(jnp.float32)
     if blocks_BT is None:
-        near_BTS = visible(qpos_T[:, None], kpos_S[None, :], window)[None]
+        near_BTS = visible(qpos_T[:, None], kpos_S[None, :], window, chunk)[None]
     else:
         near_BTS = visible_in_blocks(qpos_T[None, :, None], kpos_S[None, None, :], window, blocks_BT[:, :, None],
                                      blocks_BT[:, None, :])
@@ -405,7 +413,8 @@ def _flash_across(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, block_sizes, window, s
 # ---- context parallelism: every implementation per shard ------------------------------------
 
 
-def _across_shards(cfg, impl, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window, scale, is_balanced, sinks_N=None):
+def _across_shards(cfg, impl, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window, scale, is_balanced, sinks_N=None,
+                   chunk: int = 0):
     """`impl` with the sequence split over the context axes (maxlite/models/context.py); the sinks
     travel split like the heads."""
     T = q_BTNH.shape[1]
@@ -417,7 +426,7 @@ def _across_shards(cfg, impl, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window, sc
     if impl == "dot_product":
         def local(q, k, v, qseg, kseg, chunks, sinks=None):
             return _dot_product(q, k, v, qseg, kseg, context.query_positions(chunks), jnp.arange(k.shape[1]),
-                                window, scale, sinks)
+                                window, scale, sinks, None, chunk)
     elif impl == "blockwise":
         block = min(cfg.attention_block_size, chunk)
 

@@ -50,7 +50,26 @@ def moe(c, used: bool) -> str | None:
     if mlp:
         return (f"lora_rank={c.lora_rank} on a mixture of experts adapts the attention projections only "
                 f"(experts and router take no adapters): drop {', '.join(mlp)} from lora_targets")
+    if c.routed_weight_on_input and c.num_experts_per_tok != 1:
+        return (f"routed_weight_on_input=true with num_experts_per_tok={c.num_experts_per_tok}: the router's "
+                f"weight scales the expert's input for one expert per token only (Llama 4's): set num_experts_per_tok=1")
     return _routing_groups(c)
+
+
+def chunked(c, used: bool) -> str | None:
+    """Chunked-attention layers: a chunk, dot_product attention (the only implementation with its mask),
+    no sliding window beside it (the local flag of a layer is one or the other)."""
+    if not used:
+        return None
+    if c.chunk_attn_window_size < 1:
+        return "layers of variant chunked (chunked_attention) need chunk_attn_window_size > 0"
+    if c.sliding_window:
+        return (f"chunk_attn_window_size={c.chunk_attn_window_size} with sliding_window={c.sliding_window}: a "
+                f"model's local layers are chunked or sliding-window, not both (set sliding_window=0)")
+    if c.attention not in ("dot_product", "autoselected"):
+        return (f"attention={c.attention}: chunked-attention layers run with dot_product only so far (its mask "
+                f"cuts at chunk boundaries): set attention=dot_product or autoselected")
+    return None
 
 
 def _routing_groups(c) -> str | None:
