@@ -63,8 +63,8 @@ def test_greedy_equals_the_static_sampler_with_slots_refilled():
 
 
 # every mixer kind: GQA (a global layer and a sliding-window ring), MLA's latent, the gated delta-net's
-# state beside attention, Gemma 4's local/global layers and those sharing K/V
-DEFAULT_LANE = ["llama", "mistral", "deepseek_v3", "qwen3_5_text", "gemma4"]
+# state beside attention, Gemma 4's local/global layers and those sharing K/V, Llama 4's chunked ring
+DEFAULT_LANE = ["llama", "mistral", "deepseek_v3", "qwen3_5_text", "gemma4", "llama4_text"]
 
 
 def _hf_families():

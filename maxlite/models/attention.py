@@ -52,21 +52,20 @@ _NEG = -1e30  # masked score; finite so that a fully masked key block gives exp(
 
 
 def attend(cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window: int = 0, scale: float | None = None,
-           sinks_N=None, blocks_BT=None, chunk: int = 0):
+           sinks_N=None, blocks_BT=None, chunk: int = 0, positions_BT=None):
     """Dispatch on cfg.attention (resolved with the config; a config that never was — a model built
     by hand — is resolved here by the same rule); `window` (static) is the layer's sliding window,
     0 for a global layer; `sinks_N` the layer's attention sinks (None: none); `blocks_BT` each token's
     image block (−1: none; its tokens see each other both ways: attention_mask.visible_in_blocks),
     None where the model has none; `chunk` (static) a chunked-attention layer's chunk (0: none): each
-    query attends within its own chunk of positions only, through dot_product (its mask; with context
-    shards too: kind_checks refuses the other implementations). Returns out_BTNH in q's dtype."""
+    query attends within its own chunk of `positions_BT` (each document's own positions) only, through
+    dot_product (kind_checks refuses the other implementations and context parallelism). Returns
+    out_BTNH in q's dtype."""
     T, n = q_BTNH.shape[1], context.shards()
     if chunk:
-        if n > 1:
-            return _across_shards(cfg, "dot_product", q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window, scale,
-                                  context.balanced(cfg), sinks_N, chunk)
+        assert n == 1, "kind_checks.chunked_layout refuses context parallelism"
         return dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window=window, scale=scale, sinks_N=sinks_N,
-                           chunk=chunk)
+                           chunk=chunk, positions_BT=positions_BT)
     is_balanced = context.balanced(cfg)
     impl = resolve_attention(cfg.attention, target_platform(), T, cfg.attention_block_size, cfg.sa_block_q,
                              n * (2 if is_balanced else 1), sinks_N is not None, blocks_BT is not None, cfg.dtype)
@@ -93,10 +92,15 @@ def attend(cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window: int = 0, scale: 
 
 
 def dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window: int = 0, scale: float | None = None,
-                sinks_N=None, blocks_BT=None, chunk: int = 0):
+                sinks_N=None, blocks_BT=None, chunk: int = 0, positions_BT=None):
+    """`chunk` > 0: keys only in the query's own chunk of its document's positions (`positions_BT`;
+    None: the row's indices, one document per row)."""
     pos_T = jnp.arange(q_BTNH.shape[1])
+    chunk_BT = None
+    if chunk:
+        chunk_BT = (jnp.broadcast_to(pos_T, segment_ids_BT.shape) if positions_BT is None else positions_BT) // chunk
     return _dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, segment_ids_BT, pos_T, pos_T, window, scale,
-                        sinks_N, blocks_BT, chunk)
+                        sinks_N, blocks_BT, chunk_BT)
 
 
 def softmax_with_sinks(logits_BKGTS, sinks_N):
@@ -110,7 +114,7 @@ def softmax_with_sinks(logits_BKGTS, sinks_N):
 
 
 def _dot_product(q_BTNH, k_BSKH, v_BSKH, qseg_BT, kseg_BS, qpos_T, kpos_S, window, scale, sinks_N=None,
-                 blocks_BT=None, chunk: int = 0):
+                 blocks_BT=None, chunk_BT=None):
     """Queries at sequence positions qpos_T against keys at kpos_S (a context shard's queries
     against the whole sequence); `blocks_BT` (queries and keys alike: no context shards) the image
     blocks whose tokens see each other both ways."""
@@ -119,11 +123,13 @@ def _dot_product(q_BTNH, k_BSKH, v_BSKH, qseg_BT, kseg_BS, qpos_T, kpos_S, windo
     q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
     scores_BKGTS = project("btkgh,bskh->bkgts", q_BTKGH, k_BSKH).astype(jnp.float32)
     if blocks_BT is None:
-        near_BTS = visible(qpos_T[:, None], kpos_S[None, :], window, chunk)[None]
+        near_BTS = visible(qpos_T[:, None], kpos_S[None, :], window)[None]
     else:
         near_BTS = visible_in_blocks(qpos_T[None, :, None], kpos_S[None, None, :], window, blocks_BT[:, :, None],
                                      blocks_BT[:, None, :])
     mask_BTS = near_BTS & (qseg_BT[:, :, None] == kseg_BS[:, None, :])
+    if chunk_BT is not None:  # a chunked layer (one sequence: queries and keys alike), its own chunk only
+        mask_BTS = mask_BTS & (chunk_BT[:, :, None] == chunk_BT[:, None, :])
     # the mask as an additive bias: its gradient is the identity, so the backward pass keeps no
     # [B, K, G, T, S] mask (a select would); every row keeps its own diagonal, so none is all _NEG
     bias_B11TS = jnp.where(mask_BTS, 0.0, _NEG)[:, None, None]
@@ -413,8 +419,7 @@ def _flash_across(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, block_sizes, window, s
 # ---- context parallelism: every implementation per shard ------------------------------------
 
 
-def _across_shards(cfg, impl, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window, scale, is_balanced, sinks_N=None,
-                   chunk: int = 0):
+def _across_shards(cfg, impl, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window, scale, is_balanced, sinks_N=None):
     """`impl` with the sequence split over the context axes (maxlite/models/context.py); the sinks
     travel split like the heads."""
     T = q_BTNH.shape[1]
@@ -426,7 +431,7 @@ def _across_shards(cfg, impl, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window, sc
     if impl == "dot_product":
         def local(q, k, v, qseg, kseg, chunks, sinks=None):
             return _dot_product(q, k, v, qseg, kseg, context.query_positions(chunks), jnp.arange(k.shape[1]),
-                                window, scale, sinks, None, chunk)
+                                window, scale, sinks)
     elif impl == "blockwise":
         block = min(cfg.attention_block_size, chunk)
 

@@ -95,7 +95,8 @@ def step(attn, x_BTD, positions_BT, lengths_B, kv: KV, pos_BS, variant: str, pre
         # right-padded rows: padding sits after every real token, so no real query sees it
         segment_ids_BT = jnp.ones(positions_BT.shape, jnp.int32)
         out_BTNH = attention.attend(prefill_cfg, q_BTNH, k_new, v_new, segment_ids_BT, window=w,
-                                    scale=attn.query_scale, sinks_N=attn.sinks_N(), blocks_BT=blocks_BT, chunk=c)
+                                    scale=attn.query_scale, sinks_N=attn.sinks_N(), blocks_BT=blocks_BT, chunk=c,
+                                    positions_BT=positions_BT)
     else:
         keys, values = (jnp.concatenate([c, new.astype(c.dtype)], axis=1)
                         for c, new in ((kv.k_LBSKH, k_new), (kv.v_LBSKH, v_new)))
@@ -131,7 +132,8 @@ def step_in_stack(attn, x_BTD, positions_BT, lengths_B, kv: KV, j, pos_BS, varia
     if prefill_cfg is not None:
         segment_ids_BT = jnp.ones(positions_BT.shape, jnp.int32)  # right-padded rows: no real query sees padding
         out_BTNH = attention.attend(prefill_cfg, q_BTNH, k_new, v_new, segment_ids_BT, window=w,
-                                    scale=attn.query_scale, sinks_N=attn.sinks_N(), blocks_BT=blocks_BT, chunk=c)
+                                    scale=attn.query_scale, sinks_N=attn.sinks_N(), blocks_BT=blocks_BT, chunk=c,
+                                    positions_BT=positions_BT)
     else:
         scale = attn.query_scale or 1.0 / math.sqrt(q_BTNH.shape[-1])
         filled = jnp.minimum(jnp.max(lengths_B), S)  # slots [0, filled) are all that was ever written

@@ -56,10 +56,19 @@ def moe(c, used: bool) -> str | None:
     return _routing_groups(c)
 
 
+def _chunked_layers(c, used: bool) -> bool:
+    """Whether an attention layer is of the chunked variant."""
+    return used and any(variant == "chunked" for _, variant in pattern_mixers(c))
+
+
 def chunked(c, used: bool) -> str | None:
     """Chunked-attention layers: a chunk, dot_product attention (the only implementation with its mask),
-    no sliding window beside it (the local flag of a layer is one or the other)."""
-    if not used:
+    no sliding window beside it (the local flag of a layer is one or the other); the key refused where
+    no layer is chunked."""
+    if not _chunked_layers(c, used):
+        if c.chunk_attn_window_size:
+            return (f"chunk_attn_window_size={c.chunk_attn_window_size}: no layer of decoder_block={c.decoder_block} "
+                    f"is chunked (layer_types chunked_attention; the llama4 family's pattern)")
         return None
     if c.chunk_attn_window_size < 1:
         return "layers of variant chunked (chunked_attention) need chunk_attn_window_size > 0"
@@ -69,6 +78,15 @@ def chunked(c, used: bool) -> str | None:
     if c.attention not in ("dot_product", "autoselected"):
         return (f"attention={c.attention}: chunked-attention layers run with dot_product only so far (its mask "
                 f"cuts at chunk boundaries): set attention=dot_product or autoselected")
+    return None
+
+
+def chunked_layout(c, used: bool) -> str | None:
+    """Context parallelism does not split chunked-attention layers (their chunks follow each document's
+    positions, which a shard's queries do not carry yet)."""
+    if _chunked_layers(c, used) and c.axis_size("context") > 1:
+        return (f"context parallelism (context={c.axis_size('context')}) does not split chunked-attention layers: "
+                f"set ici_context_parallelism=1 (and dcn_context_parallelism=1)")
     return None
 
 

@@ -192,7 +192,8 @@ _GEMMA4_REFUSAL = "Gemma 4's attention (a v norm; global layers of their own wid
 
 MIXERS = {m.name: m for m in (
     MixerKind("attention", "maxlite.models.layers:Attention", _attention_flops, _attention_cache,
-              "maxlite.models.gqa_cache", checks=(_CHECKS + "chunked",), megatron=_MEGATRON + "attention"),
+              "maxlite.models.gqa_cache", checks=(_CHECKS + "chunked",),
+              layout_checks=(_CHECKS + "chunked_layout",), megatron=_MEGATRON + "attention"),
     MixerKind("mla", "maxlite.models.mla:MLA", _mla_flops, _mla_cache, "maxlite.models.mla_cache",
               checks=(_CHECKS + "mla",),
               megatron_refusal="multi-head latent attention (not mapped yet: --multi-latent-attention and its ranks)"),

@@ -114,8 +114,9 @@ def rope_frequencies(cfg, local: bool = False, dims: int | None = None) -> np.nd
     factor, lo, hi = cfg.rope_scaling_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
     old_len = cfg.rope_original_max_position
     wavelen = 2 * math.pi / inv_freq
-    smooth = (old_len / wavelen - lo) / (hi - lo)
-    smoothed = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    with np.errstate(divide="ignore", invalid="ignore"):  # hi = lo (Llama 4 Scout's): no band to smooth
+        smooth = (old_len / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * inv_freq / factor + smooth * inv_freq
     scaled = np.where(wavelen > old_len / lo, inv_freq / factor, inv_freq)
     is_medium = (wavelen <= old_len / lo) & (wavelen >= old_len / hi)
     return np.where(is_medium, smoothed, scaled).astype(np.float32)
@@ -336,18 +337,19 @@ class Attention(nnx.Module):
         """The attention sinks (float32 [N]), or None."""
         return self.sinks[...].astype(jnp.float32) if self.cfg.attention_sink else None
 
-    def _attend(self, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, local, blocks_BT=None):
+    def _attend(self, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, local, blocks_BT=None, positions_BT=None):
         """The attention implementation with this layer's window: static for a Python bool; a
         scanned stack of local and global layers (Gemma 3) branches on its traced flag. `blocks_BT`:
         the image blocks seen both ways (the "image_blocks" side; None without). A model with
-        chunk_attn_window_size C has chunked local layers (config checks refuse it with a window too)."""
+        chunk_attn_window_size C has chunked local layers (config checks refuse it with a window too),
+        chunks of each document's own positions (`positions_BT`)."""
         C = self.cfg.chunk_attn_window_size
         W = C or self.cfg.sliding_window
 
         def run(window):
             return attention.attend(self.cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window=window,
                                     scale=self.query_scale, sinks_N=self.sinks_N(), blocks_BT=blocks_BT,
-                                    chunk=C if window else 0)
+                                    chunk=C if window else 0, positions_BT=positions_BT)
         if isinstance(local, bool) or not W:
             return run(W if local else 0)
         return jax.lax.cond(local, lambda: run(W), lambda: run(0))
@@ -360,7 +362,9 @@ class Attention(nnx.Module):
         k_BSKH = checkpoint_name(k_BSKH, "key_proj")
         v_BSKH = checkpoint_name(v_BSKH, "value_proj")
 
-        out_BTNH = self.gated(self._attend(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, local, blocks_BT), x_BTD)
+        chunk_pos_BT = positions_BT if self.cfg.chunk_attn_window_size and positions_BT.ndim == 2 else None
+        out_BTNH = self.gated(self._attend(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, local, blocks_BT, chunk_pos_BT),
+                              x_BTD)
         out_BTNH = constrain(out_BTNH, ("activation_batch", "activation_length", "activation_heads", None))
         return constrain(checkpoint_name(self.out(out_BTNH, dropout_key), "out_proj"), BTD)
 

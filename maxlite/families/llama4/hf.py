@@ -121,13 +121,18 @@ def hf_config(cfg, dtype: str = "float32", bos_id: int | None = None, eos_id: in
             "router_jitter_noise": 0.0, **config_tail(dtype, bos_id, eos_id)}
 
 
+# transformers' Llama4TextConfig defaults of the keys a config.json may leave out
+DEFAULTS = {"attention_chunk_size": 8192, "intermediate_size_mlp": 16384, "intermediate_size": 8192,
+            "num_local_experts": 16}
+
+
 def _layers(hf: dict) -> tuple[list[str], int]:
     """(each layer's maxlite layer_types name, interleave_moe_layer_step) as config.json states them;
     what maxlite cannot express is refused in one line."""
     L = hf["num_hidden_layers"]
     interval = hf.get("no_rope_layer_interval", 4)
     rope = hf.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(L)]
-    if not hf.get("attention_chunk_size"):
+    if not hf.get("attention_chunk_size", DEFAULTS["attention_chunk_size"]):
         raise ValueError("config.json: attention_chunk_size=null (no chunked layers) is not modelled by maxlite: its "
                          "Llama 4 layers are chunked RoPE layers or global NoPE layers")
     types = hf.get("layer_types") or ["chunked_attention" if r else "full_attention" for r in rope[:L]]
@@ -139,7 +144,7 @@ def _layers(hf: dict) -> tuple[list[str], int]:
     if moe is not None and list(moe) != list(range(step - 1, L, step)):
         raise ValueError(f"config.json: moe_layers={moe} is not every interleave_moe_layer_step={step}-th layer "
                          f"(the only MoE layout maxlite's Llama 4 has)")
-    if hf.get("num_experts_per_tok", 1) != 1:
+    if hf.get("num_experts_per_tok", 1) != 1:  # transformers' default: 1
         raise ValueError(f"config.json: num_experts_per_tok={hf['num_experts_per_tok']}: Llama 4's router weight "
                          f"scales the expert's input, which maxlite models for one expert per token only")
     return types, step
@@ -155,9 +160,11 @@ def config_overrides(hf: dict) -> dict:
     types, step = _layers(hf)
     pattern = [("chunked_attention", "full_attention")[(i + 1) % 4 == 0] for i in range(len(types))]
     out = {**hf_llama.common_overrides(hf, FAMILY.name), **LAYER_KEYS,
-           "base_mlp_dim": hf["intermediate_size_mlp"], "base_moe_mlp_dim": hf["intermediate_size"],
-           "num_experts": hf["num_local_experts"], "interleave_moe_layer_step": step,
-           "use_qk_norm": bool(hf.get("use_qk_norm", True)), "chunk_attn_window_size": hf["attention_chunk_size"],
+           "base_mlp_dim": hf.get("intermediate_size_mlp", DEFAULTS["intermediate_size_mlp"]),
+           "base_moe_mlp_dim": hf.get("intermediate_size", DEFAULTS["intermediate_size"]),
+           "num_experts": hf.get("num_local_experts", DEFAULTS["num_local_experts"]), "interleave_moe_layer_step": step,
+           "use_qk_norm": bool(hf.get("use_qk_norm", True)),
+           "chunk_attn_window_size": hf.get("attention_chunk_size", DEFAULTS["attention_chunk_size"]),
            "temperature_tuning": bool(hf.get("attn_temperature_tuning", True)),
            "temperature_tuning_scale": float(hf.get("attn_scale", 0.1)),
            "temperature_tuning_floor_scale": float(hf.get("floor_scale", 8192)),
