@@ -147,10 +147,7 @@ def test_chunked_layers_of_another_family_are_not_exported_as_it(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_packed_row_trains_as_its_documents_one_by_one():
-    """Training's forward on two documents packed in one row equals each document alone: the chunks,
-    the temperature and RoPE follow each document's own positions."""
-    from maxlite.state import abstract_params
+def _small_llama4():
     from maxlite import api
 
     cfg = C.load(["base.yml", "model_name=llama4-scout-17b-16e", "dtype=float32", "base_emb_dim=32",
@@ -158,7 +155,40 @@ def test_a_packed_row_trains_as_its_documents_one_by_one():
                   "base_num_kv_heads=1", "head_dim=16", "base_num_decoder_layers=4", "vocab_size=64",
                   f"chunk_attn_window_size={CHUNK}", "temperature_tuning_floor_scale=4", "max_target_length=32",
                   "interleave_moe_layer_step=2", "init_scale=0.3"])
-    model = api.create_model(cfg, seed=0)
+    return cfg, api.create_model(cfg, seed=0)
+
+
+def test_decoding_in_steps_of_several_tokens_across_chunk_boundaries_equals_training():
+    """A prefill of 6 tokens, then steps of 5, 4 and 1 tokens (the chunked layers' ring of 8 slots
+    written past its wrap while a step's own earlier queries still read it, chunk boundaries inside
+    steps) give training's final hidden states on the whole sequence, row by row (rows of different
+    lengths: the shorter one padded in every step)."""
+    from maxlite.models import decode
+
+    cfg, model = _small_llama4()
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, 64, (2, 16)).astype(np.int32)
+    lengths = np.array([16, 13])
+    full = np.asarray(model.hidden(tokens, np.broadcast_to(np.arange(16), (2, 16)), np.ones((2, 16), np.int32)))
+    cache = decode.empty_cache(cfg, 2, 16)
+    start, got = 0, []
+    for n in (6, 5, 4, 1):
+        span = np.arange(start, start + n)
+        lens = np.minimum(lengths, start + n)
+        prefill = decode.prefill_config(cfg, n) if start == 0 else None
+        x, cache = decode.forward(model, tokens[:, span], np.broadcast_to(span, (2, n)), jnp.asarray(lens), cache,
+                                  prefill)
+        got.append(np.asarray(x))
+        start += n
+    got = np.concatenate(got, axis=1)
+    for b, n in enumerate(lengths):
+        np.testing.assert_allclose(got[b, :n], full[b, :n], rtol=1e-4, atol=1e-5)
+
+
+def test_a_packed_row_trains_as_its_documents_one_by_one():
+    """Training's forward on two documents packed in one row equals each document alone: the chunks,
+    the temperature and RoPE follow each document's own positions."""
+    cfg, model = _small_llama4()
     rng = np.random.default_rng(0)
     a, b = rng.integers(0, 64, 13), rng.integers(0, 64, 19)
     row = np.concatenate([a, b])[None]
