@@ -1,6 +1,6 @@
 """Llama 4's ideas as kinds and traits, each against an independent reference (the whole family against
 transformers: tests/test_bridge_hf_families.py, tests/test_hf_parity.py): chunked attention against a
-per-query loop (packed documents chunked from their own starts), its FLOPs against a count of the pairs
+per-query loop in every implementation (packed documents chunked from their own starts), its FLOPs against a count of the pairs
 it sees, the router's weight on the expert's input against a per-token loop in every dropless
 implementation, and what is refused in one line."""
 
@@ -39,16 +39,20 @@ def _loop_attention(q, k, v, pos, seg, chunk):
     return out
 
 
-def test_chunked_attention_equals_a_per_query_loop_with_documents_chunked_from_their_starts():
-    B, T, N, K, H = 2, 40, 4, 2, 8
+@pytest.mark.parametrize("impl", ["dot_product", "blockwise", "flash"])
+def test_chunked_attention_equals_a_per_query_loop_with_documents_chunked_from_their_starts(impl):
+    """Every implementation (blockwise in blocks of 32 over chunks of 16: the offsets the window reaches;
+    splash in the Pallas interpreter), a second document starting off every chunk and block boundary."""
+    B, T, N, K, H, chunk = 2, 128, 4, 2, 8, 16
     rng = np.random.default_rng(0)
     q, k, v = (rng.normal(0, 1, (B, T, n, H)).astype(np.float32) for n in (N, K, K))
     seg = np.ones((B, T), np.int32)
-    seg[0, 13:] = 2  # a second document starting off a chunk boundary: its chunks start at 13, 21, ...
-    pos = np.stack([np.concatenate([np.arange(13), np.arange(T - 13)]), np.arange(T)]).astype(np.int32)
-    got = attention.dot_product(*(jnp.asarray(a) for a in (q, k, v, seg)), window=CHUNK, chunk=CHUNK,
-                                positions_BT=jnp.asarray(pos))
-    np.testing.assert_allclose(got, _loop_attention(q, k, v, pos, seg, CHUNK), rtol=1e-5, atol=1e-5)
+    seg[0, 37:] = 2  # its chunks start at 37, 53, ...
+    pos = np.stack([np.concatenate([np.arange(37), np.arange(T - 37)]), np.arange(T)]).astype(np.int32)
+    cfg = C.load(["base.yml", "model_name=tiny", f"attention={impl}", "attention_block_size=32", "dtype=float32"])
+    got = attention.attend(cfg, *(jnp.asarray(a) for a in (q, k, v, seg)), window=chunk, chunk=chunk,
+                           positions_BT=jnp.asarray(pos))
+    np.testing.assert_allclose(got, _loop_attention(q, k, v, pos, seg, chunk), rtol=2e-5, atol=2e-5)
 
 
 @pytest.mark.parametrize("T, chunk", [(64, 8), (40, 8), (64, 64), (16, 32)])
@@ -118,8 +122,8 @@ def test_the_router_weight_on_the_expert_input_equals_a_per_token_loop(impl):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["model_name=llama4-scout-17b-16e", "attention=blockwise"],
-     "attention=blockwise: chunked-attention layers run with dot_product only"),
+    (["model_name=llama4-scout-17b-16e", "attention=cudnn_flash"],
+     "attention=cudnn_flash: cuDNN's packed layout counts documents, not the chunks"),
     (["model_name=llama4-scout-17b-16e", "sliding_window=16"], "not both (set sliding_window=0)"),
     (["model_name=llama4-scout-17b-16e", "chunk_attn_window_size=0"], "need chunk_attn_window_size > 0"),
     (["model_name=tiny", "chunk_attn_window_size=8"], "no layer of decoder_block=llama2 is chunked"),

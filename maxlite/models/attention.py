@@ -57,18 +57,21 @@ def attend(cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window: int = 0, scale: 
     by hand — is resolved here by the same rule); `window` (static) is the layer's sliding window,
     0 for a global layer; `sinks_N` the layer's attention sinks (None: none); `blocks_BT` each token's
     image block (−1: none; its tokens see each other both ways: attention_mask.visible_in_blocks),
-    None where the model has none; `chunk` (static) a chunked-attention layer's chunk (0: none): each
-    query attends within its own chunk of `positions_BT` (each document's own positions) only, through
-    dot_product (kind_checks refuses the other implementations and context parallelism). Returns
-    out_BTNH in q's dtype."""
+    None where the model has none; `chunk` (static) a chunked-attention layer's chunk (0: none; its
+    `window` is the chunk): each query attends within its own chunk of `positions_BT` (each document's
+    own positions; None: the row's indices) only — every (document, chunk) its own segment
+    (`chunk_segments`), so every implementation runs it through its segment mask, visiting only the
+    key blocks its window reaches; cuDNN's packed layout counts documents, not chunks: a chunked layer
+    runs blockwise there. Returns out_BTNH in q's dtype."""
     T, n = q_BTNH.shape[1], context.shards()
     if chunk:
         assert n == 1, "kind_checks.chunked_layout refuses context parallelism"
-        return dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window=window, scale=scale, sinks_N=sinks_N,
-                           chunk=chunk, positions_BT=positions_BT)
+        segment_ids_BT = chunk_segments(segment_ids_BT, positions_BT, chunk)
     is_balanced = context.balanced(cfg)
     impl = resolve_attention(cfg.attention, target_platform(), T, cfg.attention_block_size, cfg.sa_block_q,
                              n * (2 if is_balanced else 1), sinks_N is not None, blocks_BT is not None, cfg.dtype)
+    if chunk and impl == "cudnn_flash":
+        impl = "blockwise"
     if blocks_BT is not None:  # config_checks refuses the others with a bidirectional vision encoder
         assert impl in IMAGE_BLOCK_ATTENTION and n == 1, (impl, n)
         return dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window=window, scale=scale, sinks_N=sinks_N,
@@ -91,16 +94,20 @@ def attend(cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window: int = 0, scale: 
 # ---- dot_product ----------------------------------------------------------------------------
 
 
+def chunk_segments(segment_ids_BT, positions_BT, chunk: int):
+    """Segment ids under which the segment mask is a chunked layer's: each (document, chunk of `chunk`
+    of its positions) its own id, padding (0) kept 0. `positions_BT` None: the row's indices."""
+    B, T = segment_ids_BT.shape
+    pos_BT = jnp.broadcast_to(jnp.arange(T), (B, T)) if positions_BT is None else positions_BT
+    per_document = T // chunk + 1  # chunk ids of one document's positions (< T) stay below it
+    return jnp.where(segment_ids_BT == 0, 0, segment_ids_BT * per_document + pos_BT // chunk)
+
+
 def dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window: int = 0, scale: float | None = None,
-                sinks_N=None, blocks_BT=None, chunk: int = 0, positions_BT=None):
-    """`chunk` > 0: keys only in the query's own chunk of its document's positions (`positions_BT`;
-    None: the row's indices, one document per row)."""
+                sinks_N=None, blocks_BT=None):
     pos_T = jnp.arange(q_BTNH.shape[1])
-    chunk_BT = None
-    if chunk:
-        chunk_BT = (jnp.broadcast_to(pos_T, segment_ids_BT.shape) if positions_BT is None else positions_BT) // chunk
     return _dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, segment_ids_BT, pos_T, pos_T, window, scale,
-                        sinks_N, blocks_BT, chunk_BT)
+                        sinks_N, blocks_BT)
 
 
 def softmax_with_sinks(logits_BKGTS, sinks_N):
@@ -114,7 +121,7 @@ def softmax_with_sinks(logits_BKGTS, sinks_N):
 
 
 def _dot_product(q_BTNH, k_BSKH, v_BSKH, qseg_BT, kseg_BS, qpos_T, kpos_S, window, scale, sinks_N=None,
-                 blocks_BT=None, chunk_BT=None):
+                 blocks_BT=None):
     """Queries at sequence positions qpos_T against keys at kpos_S (a context shard's queries
     against the whole sequence); `blocks_BT` (queries and keys alike: no context shards) the image
     blocks whose tokens see each other both ways."""
@@ -128,8 +135,6 @@ def _dot_product(q_BTNH, k_BSKH, v_BSKH, qseg_BT, kseg_BS, qpos_T, kpos_S, windo
         near_BTS = visible_in_blocks(qpos_T[None, :, None], kpos_S[None, None, :], window, blocks_BT[:, :, None],
                                      blocks_BT[:, None, :])
     mask_BTS = near_BTS & (qseg_BT[:, :, None] == kseg_BS[:, None, :])
-    if chunk_BT is not None:  # a chunked layer (one sequence: queries and keys alike), its own chunk only
-        mask_BTS = mask_BTS & (chunk_BT[:, :, None] == chunk_BT[:, None, :])
     # the mask as an additive bias: its gradient is the identity, so the backward pass keeps no
     # [B, K, G, T, S] mask (a select would); every row keeps its own diagonal, so none is all _NEG
     bias_B11TS = jnp.where(mask_BTS, 0.0, _NEG)[:, None, None]

@@ -62,8 +62,8 @@ def _chunked_layers(c, used: bool) -> bool:
 
 
 def chunked(c, used: bool) -> str | None:
-    """Chunked-attention layers: a chunk, dot_product attention (the only implementation with its mask),
-    no sliding window beside it (the local flag of a layer is one or the other); the key refused where
+    """Chunked-attention layers: a chunk, an attention implementation that takes them through its
+    segment mask (not cuDNN's packed layout), no sliding window beside it (the local flag of a layer is one or the other); the key refused where
     no layer is chunked."""
     if not _chunked_layers(c, used):
         if c.chunk_attn_window_size:
@@ -75,9 +75,9 @@ def chunked(c, used: bool) -> str | None:
     if c.sliding_window:
         return (f"chunk_attn_window_size={c.chunk_attn_window_size} with sliding_window={c.sliding_window}: a "
                 f"model's local layers are chunked or sliding-window, not both (set sliding_window=0)")
-    if c.attention not in ("dot_product", "autoselected"):
-        return (f"attention={c.attention}: chunked-attention layers run with dot_product only so far (its mask "
-                f"cuts at chunk boundaries): set attention=dot_product or autoselected")
+    if c.attention == "cudnn_flash":
+        return (f"attention={c.attention}: cuDNN's packed layout counts documents, not the chunks of "
+                f"chunked-attention layers: set attention=blockwise, dot_product, flash or autoselected")
     return None
 
 
