@@ -4,11 +4,11 @@ drives it for every layer of the kind).
 Shape legend as in layers.py, plus S cache slots and L the layers of one variant. The cache holds the
 K/V heads only (GQA: K of them, not N) in the compute dtype: a global layer keeps every position
 (S = prompt + new tokens), a sliding-window layer only its last W (S = min(W, prompt + new tokens))
-as a ring: position p lives in slot p mod S (a chunked layer's ring is its chunk C: its keys lie less than
-C back, and a query sees only those of its own chunk, j // C = p // C), and the layers of one variant share the record of the
-position in every slot (-1: empty). A step's queries attend to the cache as it was plus the step's
-own keys, under one rule: key position j is visible to query position p iff 0 ≤ j ≤ p (and
-p − j < W in a window); padding past len_b is never written. The prefill runs the training
+as a ring: position p lives in slot p mod S (a chunked layer's ring is its chunk C: its keys lie less
+than C back, and a query sees only those of its own chunk, j // C = p // C), and the layers of one
+variant share the record of the position in every slot (-1: empty). A step's queries attend to the
+cache as it was plus the step's own keys, under one rule: key position j is visible to query
+position p iff 0 ≤ j ≤ p (and p − j < W in a window); padding past len_b is never written. The prefill runs the training
 attention (maxlite.models.attention.attend: blockwise, splash, cuDNN, and with context parallelism
 the prompt split over the context axis), so a long prompt never builds its [P, P] scores; new keys
 go into their slots by a scatter, never a [T, S] one-hot.

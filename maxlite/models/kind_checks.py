@@ -52,7 +52,8 @@ def moe(c, used: bool) -> str | None:
                 f"(experts and router take no adapters): drop {', '.join(mlp)} from lora_targets")
     if c.routed_weight_on_input and c.num_experts_per_tok != 1:
         return (f"routed_weight_on_input=true with num_experts_per_tok={c.num_experts_per_tok}: the router's "
-                f"weight scales the expert's input for one expert per token only (Llama 4's): set num_experts_per_tok=1")
+                f"weight scales the expert's input for one expert per token only (Llama 4's): "
+                f"set num_experts_per_tok=1")
     return _routing_groups(c)
 
 
@@ -63,8 +64,8 @@ def _chunked_layers(c, used: bool) -> bool:
 
 def chunked(c, used: bool) -> str | None:
     """Chunked-attention layers: a chunk, an attention implementation that takes them through its
-    segment mask (not cuDNN's packed layout), no sliding window beside it (the local flag of a layer is one or the other); the key refused where
-    no layer is chunked."""
+    segment mask (not cuDNN's packed layout), no sliding window beside it (the local flag of a layer is
+    one or the other); the key refused where no layer is chunked."""
     if not _chunked_layers(c, used):
         if c.chunk_attn_window_size:
             return (f"chunk_attn_window_size={c.chunk_attn_window_size}: no layer of decoder_block={c.decoder_block} "
