@@ -98,6 +98,9 @@ def export_hf(cfg, params, out_dir: str, dtype: str = "float32", max_shard_size:
     """maxlite params (nnx.State or nested dict) → an HF directory (the family's architecture); returns
     the shard names."""
     arch = adapter(family(cfg).hf_module)
+    if cfg.chunk_attn_window_size and "chunked" not in family(cfg).layer_pattern:
+        raise ValueError(f"chunk_attn_window_size={cfg.chunk_attn_window_size}: chunked-attention layers are Llama "
+                         f"4's (decoder_block=llama4); {cfg.decoder_block}'s architecture has none")
     maps = arch.tensor_maps(cfg)  # refuses what the architecture cannot hold, before writing
     if dtype not in EXPORT_DTYPES:
         raise ValueError(f"--dtype {dtype}: choose float32, bfloat16, float16 or mxfp4")
