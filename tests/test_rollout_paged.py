@@ -61,7 +61,9 @@ def _greedy_equals_static_and_contiguous(cfg, graphdef, params, prompts, n: int)
     assert paged.stats["peak_blocks"] > 0
 
 
-def test_greedy_equals_the_static_sampler_and_the_contiguous_engine():
+@pytest.mark.parametrize("read", [256, 12])  # 12: three blocks per read, the last read shifted back to fit
+def test_greedy_equals_the_static_sampler_and_the_contiguous_engine(read, monkeypatch):
+    monkeypatch.setattr(paged_cache, "READ", read)
     _greedy_equals_static_and_contiguous(*_small(), PROMPTS, n=8)
 
 

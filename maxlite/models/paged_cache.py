@@ -9,8 +9,10 @@ window is a mask, its old blocks are freed with the sequence, not as they slide 
 
 Only the decode step is paged: a prompt is prefilled into the contiguous cache (gqa_cache/mla_cache,
 the training attention) and its positions copied into blocks (`write_prompt`). The read gathers the
-row's whole table ([B, M·C] keys) and attends with the contiguous cache's own `_attend` /
-`_attend_latent`, the positions past a row's length masked. Shape legend as in gqa_cache.py / mla.py,
+attention's read gathers READ positions of a row's table at a time into an online softmax, up to
+the longest row's length only (as maxlite/models/cache_read.py reads the contiguous cache); MLA's
+gathers the row's whole table ([B, M·C] latents) and attends with mla_cache's `_attend_latent`, the
+positions past a row's length masked. Shape legend as in gqa_cache.py / mla.py,
 plus NB blocks, C positions per block, M table columns.
 """
 
@@ -23,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from maxlite.models import gqa_cache, mla_cache
+from maxlite.models.attention_mask import visible
 from maxlite.models.layout import window
 
 # the mixer kinds whose decode cache is paged, and the per-sequence fixed-size kinds kept per slot
@@ -68,6 +71,51 @@ def _kpos(table_BM, lengths_B, C: int):
     return jnp.where(p_S[None] < lengths_B[:, None], p_S[None], -1)
 
 
+READ = 256  # positions per read block: the table columns gathered and folded into the softmax at once
+_NEG = float(jnp.finfo(jnp.float32).min)
+
+
+def _attend_blocks(q_BTNH, k_LNCKH, v_LNCKH, j, table_BM, qpos_BT, lengths_B, window: int, scale: float,
+                   sinks_N=None):
+    """Queries at qpos_BT over layer j's positions [0, len_b) through the table, READ positions (R
+    table columns) at a time in an online softmax (cache_read.attend's, over gathered blocks): the
+    columns past the longest row's length are never read. A row of length 0 (an idle slot) reads
+    nothing: zeros."""
+    _, _, C, K, H = k_LNCKH.shape
+    B, T, N, _ = q_BTNH.shape
+    M, G = table_BM.shape[1], N // K
+    R = max(1, min(READ // C, M))
+    q_BTKGH = q_BTNH.reshape(B, T, K, G, H)
+    qpos_BT1 = qpos_BT[:, :, None]
+
+    def body(i, carry):
+        m, l, acc = carry  # [B, K, G, T] (acc: ..., H), float32
+        start = jnp.minimum(i * R, M - R)  # the last read shifted back to fit: its first columns were read
+        t_BR = jax.lax.dynamic_slice(table_BM, (0, start), (B, R))
+        k_BSKH, v_BSKH = (x[j, t_BR].reshape(B, R * C, K, H) for x in (k_LNCKH, v_LNCKH))
+        kpos_1S = (start * C + jnp.arange(R * C))[None]
+        visible_BTS = ((kpos_1S >= i * R * C) & (kpos_1S < lengths_B[:, None]))[:, None] & visible(
+            qpos_BT1, kpos_1S[:, None], window)
+        s = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k_BSKH.astype(q_BTKGH.dtype)).astype(jnp.float32) * scale
+        s = jnp.where(visible_BTS[:, None, None], s, _NEG)
+        m_new = jnp.maximum(m, s.max(-1))
+        p = jnp.where(visible_BTS[:, None, None], jnp.exp(s - m_new[..., None]), 0.0)
+        correction = jnp.exp(m - m_new)
+        pv = jnp.einsum("bkgts,bskh->bkgth", p.astype(v_BSKH.dtype), v_BSKH).astype(jnp.float32)
+        return m_new, l * correction + p.sum(-1), acc * correction[..., None] + pv
+
+    init = (jnp.full((B, K, G, T), _NEG, jnp.float32), jnp.zeros((B, K, G, T), jnp.float32),
+            jnp.zeros((B, K, G, T, H), jnp.float32))
+    m, l, acc = jax.lax.fori_loop(0, (jnp.max(lengths_B) + R * C - 1) // (R * C), body, init)
+    if sinks_N is not None:  # the sink joins the denominator only
+        sink = sinks_N.astype(jnp.float32).reshape(1, K, G, 1)
+        m_sink = jnp.maximum(m, sink)
+        correction = jnp.exp(m - m_sink)
+        l, acc = l * correction + jnp.exp(sink - m_sink), acc * correction[..., None]
+    out_BKGTH = jnp.where(l[..., None] > 0, acc / jnp.where(l > 0, l, 1.0)[..., None], 0.0)
+    return jnp.transpose(out_BKGTH, (0, 3, 1, 2, 4)).reshape(B, T, N, H).astype(q_BTNH.dtype)
+
+
 def step_attention(attn, x_BTD, positions_BT, lengths_B, pool: gqa_cache.KV, j, shared: Table, variant: str,
                    prefill_cfg=None, rope_BT=None, blocks_BT=None):
     """gqa_cache.step_in_stack over a paged pool: the new keys written into their blocks, then the
@@ -78,9 +126,8 @@ def step_attention(attn, x_BTD, positions_BT, lengths_B, pool: gqa_cache.KV, j, 
     NB, C = pool.k_LBSKH.shape[1:3]
     pool = _write(pool, j, (k_new, v_new), *_targets(shared.table_BM, positions_BT, lengths_B, NB, C))
     scale = attn.query_scale or 1.0 / math.sqrt(q_BTNH.shape[-1])
-    out_BTNH = gqa_cache._attend(q_BTNH, _read(pool.k_LBSKH, j, shared.table_BM),
-                                 _read(pool.v_LBSKH, j, shared.table_BM), _kpos(shared.table_BM, lengths_B, C),
-                                 positions_BT, w, scale, attn.sinks_N())
+    out_BTNH = _attend_blocks(q_BTNH, pool.k_LBSKH, pool.v_LBSKH, j, shared.table_BM, positions_BT, lengths_B, w,
+                              scale, attn.sinks_N())
     return attn.out(attn.gated(out_BTNH, x_BTD)), pool
 
 
