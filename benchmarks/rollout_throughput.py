@@ -96,6 +96,16 @@ def _static(cfg, graphdef, params, prompts, args, end_ids, key, rows: int = 0) -
             "ended_fraction": round(float(1 - useful.sum() / (rows * steps)), 4)}
 
 
+def _unshared_peak(cfg, graphdef, params, prompts, args, end_ids, key) -> int:
+    """Peak bytes of the paged cache when each completion copies its prompt's blocks (no sharing)."""
+    from maxlite.rollout.engine import Sampling
+    from maxlite.rollout.paged import PagedEngine
+
+    engine = PagedEngine(cfg, graphdef, args.slots, args.batched_tokens, args.block_size, share_prefix=False)
+    s = engine.generate(params, prompts, Sampling(args.new, 1.0, args.generations, marker_ids=tuple(end_ids)), key).stats
+    return s["peak_blocks"] * s["block_bytes"]
+
+
 def _engine(cfg, graphdef, params, prompts, args, end_ids, key, block_size: int = 0) -> dict:
     import numpy as np
 
@@ -111,6 +121,7 @@ def _engine(cfg, graphdef, params, prompts, args, end_ids, key, block_size: int 
     s = done.stats
     useful = np.array([len(t) for t in done.tokens])
     paged = {"block_size": block_size, "peak_blocks": s["peak_blocks"], "num_blocks": s["num_blocks"],
+             "block_bytes_per_position": s["block_bytes"] // block_size,
              "peak_cache_bytes": s["peak_blocks"] * s["block_bytes"]} if block_size else {}
     return {**paged, "slots": args.slots, "steps": s["steps"], "prefills": s["prefills"], "seconds": round(s["seconds"], 3),
             "useful_tokens": int(useful.sum()), "useful_tokens_per_s": round(float(useful.sum() / s["seconds"]), 1),
@@ -135,6 +146,12 @@ def measure(model_name: str, args) -> dict:
     paged = {}
     if args.block_size:
         paged = {"engine_paged": _engine(cfg, graphdef, params, prompts, args, end_ids, key, args.block_size)}
+        paged["engine_paged"]["peak_cache_bytes_unshared"] = _unshared_peak(cfg, graphdef, params, prompts, args,
+                                                                            end_ids, key)
+        # the contiguous engine's cache: a row of (longest padded prompt + max_new_tokens) positions per slot
+        from maxlite.models.decode import prompt_length
+        positions = args.slots * (prompt_length(cfg, max(map(len, prompts))) + args.new)
+        engine["cache_bytes"] = positions * paged["engine_paged"]["block_bytes_per_position"]
         paged["paged_speedup"] = round(paged["engine_paged"]["useful_tokens_per_s"] / engine["useful_tokens_per_s"], 2)
         print(model_name, "engine, paged", paged, file=sys.stderr, flush=True)
     if args.engines_only:

@@ -1,10 +1,11 @@
 """maxlite's rollout engine: continuous batching over a fixed number of decode slots, each prompt
 prefilled once for its G completions.
 
-The cache is slot-contiguous, not paged: slot s owns row s of every layer's decode cache
+The cache here is slot-contiguous: slot s owns row s of every layer's decode cache
 (maxlite/models/decode.py, each mixer kind's own: K/V rings, MLA's latents, the delta-net's state,
-Gemma 4's shared K/V), sized for the longest padded prompt + max_new_tokens. A block table (paged
-K/V) is what would let long and short sequences share memory; it is not built.
+Gemma 4's shared K/V), sized for the longest padded prompt + max_new_tokens. The paged engine
+(maxlite/rollout/paged.py, `rollout_paged_kv`) keeps this loop and fills in its cache hooks
+(`_admits`, `_started`, `_release`, `_narrowed`, `_step`): a pool of blocks and a block table per slot.
 
 Three compiled functions with fixed shapes, called from a host loop:
 - `prefill`: a chunk of prompts ([Bp, P]: Bp = max_num_batched_tokens // P, the padded prompt
