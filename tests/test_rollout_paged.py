@@ -152,3 +152,20 @@ def test_the_config_chooses_the_paged_engine():
                                    "rollout_num_blocks=64"]), graphdef)
     assert isinstance(engine, PagedEngine) and (engine.block_size, engine.num_blocks) == (8, 64)
     assert type(E.make_engine(cfg, graphdef)) is ContinuousEngine
+
+
+def test_sequences_ending_early_free_their_blocks_for_waiting_ones():
+    """At temperature 1 with a tenth of the vocabulary ending a completion, 12 sequences over 3 slots
+    and a pool of the longest sequence's blocks + 2: the same draws as the contiguous engine (a
+    token's key depends on its sequence, not its slot), and every block back."""
+    cfg, graphdef, params = _small()
+    prompts = PROMPTS + [[7, 8]]
+    sampling = E.Sampling(10, 1.0, 3, marker_ids=tuple(range(100, 100 + cfg.vocab_size // 10)))
+    need = -(-(max(map(len, prompts)) + 10) // BLOCK)
+    paged = PagedEngine(cfg, graphdef, 3, 32, block_size=BLOCK, num_blocks=need + 3).generate(
+        params, prompts, sampling, jax.random.key(5))
+    contiguous = ContinuousEngine(cfg, graphdef, 3, 32).generate(params, prompts, sampling, jax.random.key(5))
+    assert [t.tolist() for t in paged.tokens] == [t.tolist() for t in contiguous.tokens]
+    assert paged.stops == contiguous.stops and "marker" in paged.stops and "length" in paged.stops
+    np.testing.assert_allclose(np.concatenate(paged.logps), np.concatenate(contiguous.logps), atol=1e-4)
+    assert paged.stats["free_blocks"] == need + 2

@@ -102,7 +102,7 @@ def _compile(cfg, graphdef, slots: int, P: int, width: int, num_blocks: int, C: 
                                         sampling.top_k, sampling.top_p)
         count_S = s.count_S + 1
         ended_S = jnp.isin(token_S, end_ids) | (count_S >= sampling.max_new_tokens)
-        # an idle or ended slot writes nothing (length 0): its blocks may be another sequence's by now
+        # an idle or ended slot writes nothing (length 0; its table row is the null block once released)
         lengths_S = jnp.where(s.live_S, s.pos_S + 1, 0)
         x_S1D, cache = decode.forward(model, token_S[:, None], s.pos_S[:, None], lengths_S,
                                       with_tables(s.cache, table_SM))
