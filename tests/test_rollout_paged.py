@@ -144,6 +144,11 @@ def test_kinds_without_a_paged_cache_are_refused_in_one_line():
     why = paged_cache.refusal({"attention", "gemma4_local", "gemma4_global_shared"})
     assert why is not None and "\n" not in why and "gemma4_global_shared, gemma4_local" in why
     assert paged_cache.refusal({"attention", "mla", "gated_deltanet", "mamba2", "none"}) is None
+    grpo = ["train_objective=grpo", "dataset_type=prompts", "max_target_length=32", "rollout_paged_kv=true",
+            "reward_functions=[maxlite.objectives.rewards:exact_answer]", "enable_tensorboard=false"]
+    assert C.load([*SMALL, *grpo]).rollout_paged_kv
+    with pytest.raises(C.ConfigError, match="rollout_paged_kv=true: mixer kind.*gemma4_local"):  # when the recipe is read
+        C.load(["base.yml", "model_name=gemma4-tiny", *grpo])
 
 
 def test_the_config_chooses_the_paged_engine():

@@ -27,10 +27,8 @@ import jax.numpy as jnp
 from maxlite.models import gqa_cache, mla_cache
 from maxlite.models.attention_mask import visible
 from maxlite.models.layout import window
+from maxlite.models.paged_kinds import PAGED, PER_SLOT, refusal  # noqa: F401 (the engine's)
 
-# the mixer kinds whose decode cache is paged, and the per-sequence fixed-size kinds kept per slot
-PAGED = ("attention", "mla")
-PER_SLOT = ("gated_deltanet", "mamba2", "none")
 
 
 class Table(NamedTuple):
@@ -168,12 +166,3 @@ def write_prompt(pool, prefilled, rows_K, cols_K, blocks_K):
     slots_KC = (cols_K[:, None] * C + jnp.arange(C)[None]) % prefilled[0].shape[2]
     return type(pool)(*(a.at[:, blocks_K].set(src[:, rows_K[:, None], slots_KC].astype(a.dtype), mode="drop")
                         for a, src in zip(pool, prefilled)))
-
-
-def refusal(kinds) -> str | None:
-    """The one line saying why a model with these mixer kinds cannot run paged, or None."""
-    other = sorted(set(kinds) - set(PAGED) - set(PER_SLOT))
-    if other:
-        return (f"rollout_paged_kv=true: mixer kind(s) {', '.join(other)} have no paged cache yet "
-                "(Gemma 4's shared K/V); set rollout_paged_kv=false")
-    return None
