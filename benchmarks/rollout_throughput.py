@@ -102,7 +102,8 @@ def _unshared_peak(cfg, graphdef, params, prompts, args, end_ids, key) -> int:
     from maxlite.rollout.paged import PagedEngine
 
     engine = PagedEngine(cfg, graphdef, args.slots, args.batched_tokens, args.block_size, share_prefix=False)
-    s = engine.generate(params, prompts, Sampling(args.new, 1.0, args.generations, marker_ids=tuple(end_ids)), key).stats
+    sampling = Sampling(args.new, 1.0, args.generations, marker_ids=tuple(end_ids))
+    s = engine.generate(params, prompts, sampling, key).stats
     return s["peak_blocks"] * s["block_bytes"]
 
 
@@ -123,7 +124,8 @@ def _engine(cfg, graphdef, params, prompts, args, end_ids, key, block_size: int 
     paged = {"block_size": block_size, "peak_blocks": s["peak_blocks"], "num_blocks": s["num_blocks"],
              "block_bytes_per_position": s["block_bytes"] // block_size,
              "peak_cache_bytes": s["peak_blocks"] * s["block_bytes"]} if block_size else {}
-    return {**paged, "slots": args.slots, "steps": s["steps"], "prefills": s["prefills"], "seconds": round(s["seconds"], 3),
+    return {**paged, "slots": args.slots, "steps": s["steps"], "prefills": s["prefills"],
+            "seconds": round(s["seconds"], 3),
             "useful_tokens": int(useful.sum()), "useful_tokens_per_s": round(float(useful.sum() / s["seconds"]), 1),
             "ended_fraction": round(s["ended_slot_steps"] / s["slot_steps"], 4),
             "lengths": {"mean": round(float(useful.mean()), 1), "min": int(useful.min()), "max": int(useful.max()),

@@ -147,7 +147,8 @@ def test_kinds_without_a_paged_cache_are_refused_in_one_line():
     grpo = ["train_objective=grpo", "dataset_type=prompts", "max_target_length=32", "rollout_paged_kv=true",
             "reward_functions=[maxlite.objectives.rewards:exact_answer]", "enable_tensorboard=false"]
     assert C.load([*SMALL, *grpo]).rollout_paged_kv
-    with pytest.raises(C.ConfigError, match="rollout_paged_kv=true: mixer kind.*gemma4_local"):  # when the recipe is read
+    # refused when the recipe is read
+    with pytest.raises(C.ConfigError, match="rollout_paged_kv=true: mixer kind.*gemma4_local"):
         C.load(["base.yml", "model_name=gemma4-tiny", *grpo])
 
 

@@ -191,7 +191,8 @@ class ContinuousEngine:
                 state, owner, fns = self._shrink(state, owner, live, P, Bp, sampling)
                 free, live = [], np.arange(len(live))
             if len(live):
-                state, out_3S = self._step(fns, params, state, key, live)  # dispatched: it runs while the host reads the last
+                # dispatched: it runs while the host reads the last
+                state, out_3S = self._step(fns, params, state, key, live)
                 steps += 1
                 dispatched[owner[live]] += 1
                 snapshot = owner.copy()
