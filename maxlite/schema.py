@@ -706,8 +706,9 @@ class Keys:
         "false: a [prompt + max_new_tokens] row per slot")
     rollout_block_size: int = key(16, "grpo, rollout_paged_kv: positions per cache block (vLLM's block_size)",
                                   positive=True)
-    rollout_num_blocks: int = key(0, "grpo, rollout_paged_kv: cache blocks in the pool (vLLM's num_gpu_blocks_override); "
-                                  "0: max_num_seqs x the longest sequence's blocks", bounds=(0, None))
+    rollout_num_blocks: int = key(0,
+        "grpo, rollout_paged_kv: cache blocks in the pool (vLLM's num_gpu_blocks_override); "
+        "0: max_num_seqs x the longest sequence's blocks", bounds=(0, None))
     reward_functions: tuple[str, ...] = key((),
         'grpo: "package.module:function" each; e.g. maxlite.objectives.rewards:exact_answer')
     reward_weights: tuple[float, ...] = key((), "grpo: one weight per reward function ([] = 1 each)")
