@@ -714,6 +714,15 @@ class Keys:
                             "(MaxText's / vLLM's max_num_seqs)", positive=True)
     max_num_batched_tokens: int = key(2048, "grpo: prompt tokens the rollout engine prefills at once "
                                       "(MaxText's / vLLM's max_num_batched_tokens)", positive=True)
+    rollout_paged_kv: bool = key(False,
+        "grpo: the rollout engine keeps attention's K/V and MLA's latents in a pool of blocks read through "
+        "per-sequence block tables (vLLM's PagedAttention; a prompt's full blocks shared by its completions); "
+        "false: a [prompt + max_new_tokens] row per slot")
+    rollout_block_size: int = key(16, "grpo, rollout_paged_kv: positions per cache block (vLLM's block_size)",
+                                  positive=True)
+    rollout_num_blocks: int = key(0,
+        "grpo, rollout_paged_kv: cache blocks in the pool (vLLM's num_gpu_blocks_override); "
+        "0: max_num_seqs x the longest sequence's blocks", bounds=(0, None))
     reward_functions: tuple[str, ...] = key((),
         'grpo: "package.module:function" each; e.g. maxlite.objectives.rewards:exact_answer')
     reward_weights: tuple[float, ...] = key((), "grpo: one weight per reward function ([] = 1 each)")
