@@ -1,7 +1,7 @@
 """GRPO rollouts: today's static sampler against the rollout engine → benchmarks/results/rollout_throughput.json.
 
     JAX_PLATFORMS=cpu python benchmarks/rollout_throughput.py [--models tiny llama-100m] [--prompts 16]
-        [--generations 8] [--new 256] [--slots 32] [--end-share 64]
+        [--generations 8] [--new 256] [--slots 32] [--end-share 64] [--block-size 16] [--engines-only]
 
 Prompts: the bundled arithmetic prompts (maxlite/data/bundled/arith_prompts_train.jsonl.zst) in a
 ChatML turn, tokenized with the bundled tokenizer; G completions each at temperature 1, random
@@ -19,6 +19,10 @@ Useful tokens: the completions' tokens up to and including their end. `ended_fra
 of row-steps (rows × decode steps) spent on rows whose completion had already ended (the static
 batch: 1 − useful / (rows × steps); the engine: slot-steps holding no live sequence). Compile
 excluded (a warm-up run first); seconds are the timed run's wall time.
+
+`--block-size C` also runs the engine over the paged cache (maxlite/rollout/paged.py, blocks of C
+positions, the default pool): `engine_paged`, its peak blocks and bytes held, and paged ÷ contiguous.
+`--engines-only`: the two engines, no static sampler.
 """
 
 from __future__ import annotations
@@ -92,19 +96,36 @@ def _static(cfg, graphdef, params, prompts, args, end_ids, key, rows: int = 0) -
             "ended_fraction": round(float(1 - useful.sum() / (rows * steps)), 4)}
 
 
-def _engine(cfg, graphdef, params, prompts, args, end_ids, key) -> dict:
+def _unshared_peak(cfg, graphdef, params, prompts, args, end_ids, key) -> int:
+    """Peak bytes of the paged cache when each completion copies its prompt's blocks (no sharing)."""
+    from maxlite.rollout.engine import Sampling
+    from maxlite.rollout.paged import PagedEngine
+
+    engine = PagedEngine(cfg, graphdef, args.slots, args.batched_tokens, args.block_size, share_prefix=False)
+    sampling = Sampling(args.new, 1.0, args.generations, marker_ids=tuple(end_ids))
+    s = engine.generate(params, prompts, sampling, key).stats
+    return s["peak_blocks"] * s["block_bytes"]
+
+
+def _engine(cfg, graphdef, params, prompts, args, end_ids, key, block_size: int = 0) -> dict:
     import numpy as np
 
     from maxlite.rollout.continuous import ContinuousEngine
     from maxlite.rollout.engine import Sampling
+    from maxlite.rollout.paged import PagedEngine
 
-    engine = ContinuousEngine(cfg, graphdef, args.slots, args.batched_tokens)
+    engine = (PagedEngine(cfg, graphdef, args.slots, args.batched_tokens, block_size) if block_size else
+              ContinuousEngine(cfg, graphdef, args.slots, args.batched_tokens))
     sampling = Sampling(args.new, 1.0, args.generations, marker_ids=tuple(end_ids))
     engine.generate(params, prompts, sampling, key)  # compiles
     done = engine.generate(params, prompts, sampling, key)
     s = done.stats
     useful = np.array([len(t) for t in done.tokens])
-    return {"slots": args.slots, "steps": s["steps"], "prefills": s["prefills"], "seconds": round(s["seconds"], 3),
+    paged = {"block_size": block_size, "peak_blocks": s["peak_blocks"], "num_blocks": s["num_blocks"],
+             "block_bytes_per_position": s["block_bytes"] // block_size,
+             "peak_cache_bytes": s["peak_blocks"] * s["block_bytes"]} if block_size else {}
+    return {**paged, "slots": args.slots, "steps": s["steps"], "prefills": s["prefills"],
+            "seconds": round(s["seconds"], 3),
             "useful_tokens": int(useful.sum()), "useful_tokens_per_s": round(float(useful.sum() / s["seconds"]), 1),
             "ended_fraction": round(s["ended_slot_steps"] / s["slot_steps"], 4),
             "lengths": {"mean": round(float(useful.mean()), 1), "min": int(useful.min()), "max": int(useful.max()),
@@ -122,13 +143,28 @@ def measure(model_name: str, args) -> dict:
     graphdef, params = nnx.split(api.create_model(cfg, seed=0), nnx.Param)
     end_ids = list(range(100, 100 + cfg.vocab_size // args.end_share))
     key = jax.random.key(0)
+    engine = _engine(cfg, graphdef, params, prompts, args, end_ids, key)
+    print(model_name, "engine", engine, file=sys.stderr, flush=True)
+    paged = {}
+    if args.block_size:
+        paged = {"engine_paged": _engine(cfg, graphdef, params, prompts, args, end_ids, key, args.block_size)}
+        paged["engine_paged"]["peak_cache_bytes_unshared"] = _unshared_peak(cfg, graphdef, params, prompts, args,
+                                                                            end_ids, key)
+        # the contiguous engine's cache: a row of (longest padded prompt + max_new_tokens) positions per slot
+        from maxlite.models.decode import prompt_length
+        positions = args.slots * (prompt_length(cfg, max(map(len, prompts))) + args.new)
+        engine["cache_bytes"] = positions * paged["engine_paged"]["block_bytes_per_position"]
+        paged["paged_speedup"] = round(paged["engine_paged"]["useful_tokens_per_s"] / engine["useful_tokens_per_s"], 2)
+        print(model_name, "engine, paged", paged, file=sys.stderr, flush=True)
+    if args.engines_only:
+        return {"model": model_name, "dtype": cfg.dtype, "prompts": len(prompts), "generations": args.generations,
+                "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts))], "max_new_tokens": args.new,
+                "end_ids": f"[100, {100 + len(end_ids)})", "engine": engine, **paged}
     static = _static(cfg, graphdef, params, prompts, args, end_ids, key)
     print(model_name, "static", static, file=sys.stderr, flush=True)
     chunked = _static(cfg, graphdef, params, prompts, args, end_ids, key, rows=args.slots)
     print(model_name, "static in chunks of max_num_seqs rows", chunked, file=sys.stderr, flush=True)
-    engine = _engine(cfg, graphdef, params, prompts, args, end_ids, key)
-    print(model_name, "engine", engine, file=sys.stderr, flush=True)
-    return {"model": model_name, "dtype": cfg.dtype, "prompts": len(prompts), "generations": args.generations,
+    return {**paged, "model": model_name, "dtype": cfg.dtype, "prompts": len(prompts), "generations": args.generations,
             "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts))], "max_new_tokens": args.new,
             "end_ids": f"[100, {100 + len(end_ids)})", "static": static, "static_chunked": chunked, "engine": engine,
             "useful_speedup": round(engine["useful_tokens_per_s"] / static["useful_tokens_per_s"], 2),
@@ -144,6 +180,8 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=32, help="the engine's max_num_seqs")
     ap.add_argument("--batched-tokens", type=int, default=2048, help="the engine's max_num_batched_tokens")
     ap.add_argument("--end-share", type=int, default=64, help="1 / the share of the vocabulary that ends a completion")
+    ap.add_argument("--block-size", type=int, default=0, help="also the paged engine, blocks of this many positions")
+    ap.add_argument("--engines-only", action="store_true", help="the engines only, no static sampler")
     ap.add_argument("--out", type=pathlib.Path, default=OUT)
     args = ap.parse_args()
     import jax

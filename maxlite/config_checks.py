@@ -17,6 +17,7 @@ from maxlite.models import lora_targets, names
 from maxlite.models.families import FAMILIES
 from maxlite.models.kinds import check_kinds
 from maxlite.models.layout import check_layer_pattern, layer_kinds, layer_stacks
+from maxlite.models.paged_kinds import refusal as paged_refusal
 from maxlite.models.sides import sides
 from maxlite.recipe import (FILE_DATASETS, OBJECTIVE_DATASET, Config, parse_max_time, parse_signals, parse_split,
                             topology_chips)
@@ -196,6 +197,8 @@ def _validate_objective(c: Config) -> None:
         raise ConfigError(f"eval_pass_k={c.eval_pass_k} needs at least that many samples per prompt: raise "
                           f"grpo_num_generations (now {c.grpo_num_generations}) or lower eval_pass_k")
     if (why := refusal(c.rollout_engine)) is not None:
+        raise ConfigError(why)
+    if c.rollout_paged_kv and (why := paged_refusal({k.mixer for k in layer_kinds(c)})) is not None:
         raise ConfigError(why)
 
 

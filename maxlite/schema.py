@@ -153,6 +153,17 @@ class Keys:
         bounds=(0, None), model=True)
     query_pre_attn_scalar: float = key(0.0, "attention scores scaled by this^-0.5 (Gemma 3); 0: head_dim",
         bounds=(0, None), model=True)
+    chunk_attn_window_size: int = key(0,
+        "chunked attention (Llama 4: 8192; MaxText's key): the layers of variant `chunked` (HF layer_types "
+        "chunked_attention) attend only to the earlier tokens of their own chunk of this many positions; "
+        "0: none", bounds=(0, None), model=True)
+    temperature_tuning: bool = key(False,
+        "Llama 4's global (NoPE) layers scale each query at position p by 1 + temperature_tuning_scale · "
+        "log(1 + floor((p + 1) / temperature_tuning_floor_scale)) (HF attn_temperature_tuning)", model=True)
+    temperature_tuning_scale: float = key(0.1, "temperature tuning: the log term's weight (HF attn_scale)",
+        bounds=(0, None), model=True)
+    temperature_tuning_floor_scale: float = key(8192.0,
+        "temperature tuning: positions per step of the log term (HF floor_scale)", positive=True, model=True)
     global_head_dim: int = key(0,
         "per-head width of the global (full-attention) layers when it differs from head_dim (Gemma 4: 512); "
         "0: head_dim", bounds=(0, None), model=True)
@@ -264,6 +275,9 @@ class Keys:
         "a learned per-expert bias added to the router's logits, before the top k and the weights (gpt-oss)",
         model=True)
     mlp_bias: bool = key(False, "the routed experts' gate, up and down projections have biases (gpt-oss)", model=True)
+    routed_weight_on_input: bool = key(False,
+        "the router's weight multiplies the token going into its expert, not the expert's output (Llama 4); "
+        "needs num_experts_per_tok=1", model=True)
     mlp_activations_limit: float = key(0.0,
         "gpt-oss's clamped SwiGLU: the experts' gate clamped above and up on both sides at this limit (7.0); "
         "0: unclamped", bounds=(0, None), model=True)
@@ -701,6 +715,15 @@ class Keys:
                             "(MaxText's / vLLM's max_num_seqs)", positive=True)
     max_num_batched_tokens: int = key(2048, "grpo: prompt tokens the rollout engine prefills at once "
                                       "(MaxText's / vLLM's max_num_batched_tokens)", positive=True)
+    rollout_paged_kv: bool = key(False,
+        "grpo: the rollout engine keeps attention's K/V and MLA's latents in a pool of blocks read through "
+        "per-sequence block tables (vLLM's PagedAttention; a prompt's full blocks shared by its completions); "
+        "false: a [prompt + max_new_tokens] row per slot")
+    rollout_block_size: int = key(16, "grpo, rollout_paged_kv: positions per cache block (vLLM's block_size)",
+                                  positive=True)
+    rollout_num_blocks: int = key(0,
+        "grpo, rollout_paged_kv: cache blocks in the pool (vLLM's num_gpu_blocks_override); "
+        "0: max_num_seqs x the longest sequence's blocks", bounds=(0, None))
     reward_functions: tuple[str, ...] = key((),
         'grpo: "package.module:function" each; e.g. maxlite.objectives.rewards:exact_answer')
     reward_weights: tuple[float, ...] = key((), "grpo: one weight per reward function ([] = 1 each)")

@@ -93,7 +93,7 @@ def one_torch_thread():
 # two cores starved a gloo collective past the 60 s hang watchdog. (xdist's own `loadgroup` cannot
 # do this with pytest 9.2: the group suffix it writes to `item._nodeid` is no longer read.)
 MULTI_PROCESS_FILES = {"test_ray.py", "test_resilience_procs.py", "test_checkpoints_procs.py", "test_context_procs.py",
-                       "test_compile_cache_procs.py", "test_rollout_actors.py"}
+                       "test_compile_cache_procs.py", "test_rollout_actors.py", "test_bridge_hf_procs.py"}
 
 
 def pytest_xdist_make_scheduler(config, log):

@@ -247,6 +247,9 @@ def shrunk(model_name: str) -> list[str]:
                    "base_moe_mlp_dim=32", f"first_num_dense_layers={min(cfg.first_num_dense_layers, 1)}"]
         if cfg.n_routing_groups > 0:  # groups of 4, the best of 2 open
             window += ["n_routing_groups=2", "topk_routing_group=1"]
+    if cfg.chunk_attn_window_size:  # chunks of 8 of the 32 tokens; tempered queries from position 3 on
+        window += [f"chunk_attn_window_size={min(cfg.chunk_attn_window_size, 8)}",
+                   f"temperature_tuning_floor_scale={min(cfg.temperature_tuning_floor_scale, 4)}"]
     if cfg.attention_type == "mla":  # narrow latents, values narrower than queries and keys (as published)
         window += [f"q_lora_rank={min(cfg.q_lora_rank, 32)}", "kv_lora_rank=16", "qk_nope_head_dim=16",
                    "qk_rope_head_dim=8", "v_head_dim=16"]

@@ -164,6 +164,17 @@ CONFIGS = {
         num_key_value_heads=2, head_dim=16, num_local_experts=6, num_experts_per_tok=2, max_position_embeddings=256,
         initializer_range=0.3, tie_word_embeddings=False, bos_token_id=None, eos_token_id=1,
         rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5}),
+    # Llama 4: chunks of 8 (the tests' prompts and 32 new tokens span several), 3 chunked RoPE layers : 1
+    # global NoPE layer whose queries are tempered from position 3 on (floor 4, not 8192), dense and MoE
+    # layers in turn (the NoPE layer MoE), the scaleless q/k norm, llama3 RoPE scaling as Scout's
+    "llama4_text": lambda: transformers.Llama4TextConfig(
+        vocab_size=4096, hidden_size=64, intermediate_size=32, intermediate_size_mlp=96, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=1,
+        interleave_moe_layer_step=2, attention_chunk_size=8, floor_scale=4, attn_scale=0.5, use_qk_norm=True,
+        max_position_embeddings=256, initializer_range=0.3, tie_word_embeddings=False, bos_token_id=None,
+        eos_token_id=1, rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 4.0,
+                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                         "original_max_position_embeddings": 32}),
     "qwen3_5_text": lambda: transformers.Qwen3_5TextConfig(**_HYBRID),
     # Kimi delta attention (per-channel decay, low-rank gates) around a NoPE latent-attention layer
     # (query latent), a dense first layer then DeepSeekMoE: groups of 2 experts, the best 1 of 2, weights × 2.5

@@ -1,5 +1,6 @@
 """Qwen2, Qwen3, Gemma 3 (text; also with a layer pattern of its own), Mistral with a sliding window, OLMo
-3, gpt-oss, Mistral 4 (latent attention + DeepSeekMoE), MiniMax-M2 and Nemotron-H (Mamba-2), each built small and random by transformers
+3, gpt-oss, Mistral 4 (latent attention + DeepSeekMoE), MiniMax-M2, Nemotron-H (Mamba-2) and Llama 4 (chunks of 8: the greedy
+paths run past several), each built small and random by transformers
 (tests/hf_models.py): import → float32 logits equal transformers' over a batch longer than the window
 (relative error ≤ 1e-5), greedy decoding of 32 tokens identical to `generate`, export → transformers
 loads it and its logits equal ours, the tokenizer and chat template come back unchanged, and the
@@ -27,10 +28,10 @@ TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% end
 
 
 FAMILIES = ["qwen2", "qwen3", "gemma3", "gemma3-own-pattern", "mistral", "olmo3", "gpt_oss", "mistral4", "minimax_m2",
-            "nemotron_h"]
+            "nemotron_h", "llama4_text"]
 DECODER_BLOCK = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3", "gemma3-own-pattern": "gemma3",
                  "mistral": "llama2", "olmo3": "olmo3", "gpt_oss": "gpt_oss", "mistral4": "mistral4",
-                 "minimax_m2": "minimax_m2", "nemotron_h": "nemotron_h"}
+                 "minimax_m2": "minimax_m2", "nemotron_h": "nemotron_h", "llama4_text": "llama4"}
 
 
 def _hf_model(family, path, dtype=torch.float32):
@@ -126,7 +127,7 @@ def test_a_multimodal_gemma3_checkpoint_imports_its_text_model(tmp_path):
      "sliding windows on layers 1..1 only"),
     (dict(model_type="gemma3_text", final_logit_softcapping=30.0), "softcapping"),
     (dict(model_type="gemma3_text", layer_types=["full_attention", "chunked_attention"]),
-     "'chunked_attention' is no layer kind maxlite has"),
+     "chunked_attention layers are Llama 4's"),
     (dict(model_type="olmo3", rope_parameters={
         "full_attention": {"rope_type": "default", "rope_theta": 5e5},
         "sliding_attention": {"rope_type": "yarn", "factor": 8.0, "rope_theta": 5e5}}),
@@ -141,6 +142,11 @@ def test_a_multimodal_gemma3_checkpoint_imports_its_text_model(tmp_path):
     (dict(model_type="kimi_linear", mla_use_nope=False), "mla_use_nope=false (RoPE in the latent attention"),
     (dict(model_type="kimi_linear", linear_attn_config={"use_full_rank_gate": True}), "use_full_rank_gate"),
     (dict(model_type="nemotron_h", layers_block_type=["linear_attention", "moe"]), "block type 'moe' is not modelled"),
+    (dict(model_type="llama4_text", attention_chunk_size=None), "attention_chunk_size=null (no chunked layers)"),
+    (dict(model_type="llama4_text", num_experts_per_tok=2), "num_experts_per_tok=2: Llama 4's router weight"),
+    (dict(model_type="llama4_text", num_hidden_layers=4, moe_layers=[0, 1]), "moe_layers=[0, 1] is not every"),
+    (dict(model_type="llama4_text", num_hidden_layers=4, no_rope_layers=[1, 0, 1, 1],
+          layer_types=["chunked_attention"] * 4), "are chunked with RoPE or global without it"),
 ])
 def test_what_maxlite_does_not_model_is_refused_in_one_line(config, message, tmp_path, capsys):
     base = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=V)

@@ -52,12 +52,15 @@ PRESETS = {"llama2": "tiny", "gpt3": "gpt3-126m", "qwen2": "qwen2.5-0.5b", "qwen
            "gemma4_moe": "gemma4-26b-a4b", "glm4_moe": "glm-4.5", "olmo3": "olmo3-7b", "mistral4": "mistral-small-4-119b", "minimax_m2": "minimax-m2", "qwen3_5": "qwen3.5-27b",
            "qwen3_5_moe": "qwen3.5-35b-a3b", "qwen3_next": "qwen3-next-80b-a3b", "qwen3_vl": "qwen3-vl-2b",
            "kimi_linear": "kimi-linear-48b-a3b",
-           "nemotron_h": "nemotron-h-8b"}
+           "nemotron_h": "nemotron-h-8b",
+           "llama4": "llama4-scout-17b-16e"}
 # the MoE hybrids: two layers of their own pattern (as their checkpoints' `layer_types` state it, and
 # as tests/hf_models.py builds them): one delta-net layer compiles for the MoE feed-forward what
 # qwen3_5's whole 3 : 1 period compiles again (a delta-net layer is the table's costliest compile)
 OVERRIDES = {fam: ["base_num_decoder_layers=2", "layer_types=[linear_attention, full_attention]"]
              for fam in ("qwen3_5_moe", "qwen3_next", "kimi_linear")}
+# Llama 4: Scout's layer (the q/k norm) with Maverick's dense and MoE layers in turn
+OVERRIDES["llama4"] = ["interleave_moe_layer_step=2"]
 UNROLLED = ("llama2", "gpt3", "qwen2", "qwen3", "gemma3", "mixtral", "qwen3_moe")
 CASES = [f"{fam}/{form}" for fam in PRESETS for form in (("scan", "unrolled") if fam in UNROLLED else ("scan",))]
 # what each newer family's shrunk preset must keep for its entry to cover the family
@@ -84,6 +87,9 @@ TRAITS = {
     and [k.mixer for k in kinds] == ["gated_deltanet", "attention"],
     "kimi_linear": lambda c, kinds: c.attention_type == "mla" and c.routed_bias and c.shared_experts > 0
     and [(k.mixer, k.ffn) for k in kinds] == [("kda", "dense"), ("mla", "moe")],
+    "llama4": lambda c, kinds: c.use_qk_norm and c.temperature_tuning and c.routed_weight_on_input
+    and [(k.variant, k.ffn) for k in kinds] == [("chunked", "dense"), ("chunked", "moe"), ("chunked", "dense"),
+                                                ("global", "moe")],
     "qwen3_vl": lambda c, kinds: c.vision_encoder == "qwen_vit" and len(c.mrope_sections) == 3
     and bool(c.vision_deepstack_layers),
     "nemotron_h": lambda c, kinds: [(k.mixer, k.ffn) for k in kinds] == [("mamba2", "none"), ("attention", "none"),

@@ -27,7 +27,8 @@ FAMILY_MODELS = {"llama2": "llama", "gpt3": "gpt2", "qwen2": "qwen2", "qwen3": "
                  "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe", "qwen3_next": "qwen3_next",
                  "mistral4": "mistral4", "minimax_m2": "minimax_m2", "qwen3_vl": "qwen3_vl",
                  "kimi_linear": "kimi_linear",
-                 "nemotron_h": "nemotron_h"}
+                 "nemotron_h": "nemotron_h",
+                 "llama4": "llama4_text"}
 
 
 @pytest.fixture(scope="module")

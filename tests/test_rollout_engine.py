@@ -64,9 +64,9 @@ def test_greedy_equals_the_static_sampler_with_slots_refilled():
 
 # every mixer kind: GQA (a global layer and a sliding-window ring), MLA's latent, the gated delta-net's
 # state beside attention, Gemma 4's local/global layers and those sharing K/V, Nemotron-H's Mamba-2 state
-# (and its layers without a mixer or without an MLP), Kimi delta attention's per-channel state beside NoPE
-# latent attention
-DEFAULT_LANE = ["llama", "mistral", "deepseek_v3", "qwen3_5_text", "gemma4", "nemotron_h", "kimi_linear"]
+# (and its layers without a mixer or without an MLP), Llama 4's chunked ring, Kimi delta attention's
+# per-channel state beside NoPE latent attention
+DEFAULT_LANE = ["llama", "mistral", "deepseek_v3", "qwen3_5_text", "gemma4", "nemotron_h", "llama4_text", "kimi_linear"]
 
 
 def _hf_families():

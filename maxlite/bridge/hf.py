@@ -98,6 +98,9 @@ def export_hf(cfg, params, out_dir: str, dtype: str = "float32", max_shard_size:
     """maxlite params (nnx.State or nested dict) → an HF directory (the family's architecture); returns
     the shard names."""
     arch = adapter(family(cfg).hf_module)
+    if cfg.chunk_attn_window_size and "chunked" not in family(cfg).layer_pattern:
+        raise ValueError(f"chunk_attn_window_size={cfg.chunk_attn_window_size}: chunked-attention layers are Llama "
+                         f"4's (decoder_block=llama4); {cfg.decoder_block}'s architecture has none")
     maps = arch.tensor_maps(cfg)  # refuses what the architecture cannot hold, before writing
     if dtype not in EXPORT_DTYPES:
         raise ValueError(f"--dtype {dtype}: choose float32, bfloat16, float16 or mxfp4")
@@ -263,7 +266,10 @@ def import_to_checkpoint(hf_dir: str, checkpoint: str, argv: Sequence[str] = (),
     leaves = [Streamed(path, shape, dtype, (1,) * lead + shape[lead:])
               for path, (shape, lead) in hf_convert.leaf_shapes(cfg, im.maps).items()]
     share = (jax.process_index(), jax.process_count())
-    total = -(-len(list(hf_convert.expand(cfg, im.maps))) // share[1])
+    total = len(range(share[0], len(list(hf_convert.expand(cfg, im.maps))), share[1]))  # this process's
+    if share[1] > 1 and verbose:
+        print(f"process {share[0]} of {share[1]}: converts {total} tensors (every {share[1]}-th)",
+              file=sys.stderr, flush=True)
     pieces = lambda: hf_convert.pieces(cfg, im.maps, im.source, dtype, share,  # noqa: E731
                                        _progress(total) if verbose else None)
     extra = {"hf_import": {"source": C.resolve_path(hf_dir), "dtype": im.stored_dtype}}
@@ -378,6 +384,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:  # what an export cannot write: one line, as before
         raise C.ConfigError(str(e)) from None
     if args.command == "import":
+        from maxlite.mesh import initialize_distributed
+
+        initialize_distributed()  # several hosts (as a training run finds them): each converts a share
         _, recipe = import_to_checkpoint(args.hf_dir, args.checkpoint, args.recipe, verbose=True)
         print(f"wrote {args.checkpoint}; train from it with: python -m maxlite.train {recipe} [key=value ...]")
     return 0

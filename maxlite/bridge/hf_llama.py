@@ -218,6 +218,9 @@ def windows_of(hf: dict, num_layers: int) -> list[int]:
     problem = check_layer_types(types, num_layers)
     if problem:
         raise ValueError(f"config.json: {problem}")
+    if "chunked_attention" in types:
+        raise ValueError(f"config.json: chunked_attention layers are Llama 4's (llama4_text), not "
+                         f"{hf.get('model_type')}'s as maxlite models it")
     return [window if t == "sliding_attention" else 0 for t in types]
 
 

@@ -54,6 +54,8 @@ def attention(cfg, notes: list[str]) -> Part:
     part.nemo.append(("add_qkv_bias", bool(cfg.use_bias and fam.biases in ("attention", "qkv"))))
     if cfg.attention_sink:
         part.refused.append("attention sinks")
+    if cfg.chunk_attn_window_size or fam.global_nope:
+        part.refused.append("Llama 4's chunked attention and NoPE global layers")
     return part
 
 

@@ -53,6 +53,12 @@ class Family:
     # wide global layers and key/value-sharing layers are mixer kinds of their own)
     layer_kinds: str = ""
     layer_scalar: bool = False  # each layer's output multiplied by a stored scalar (Gemma 4's layer_scalar)
+    # the global layers turn no RoPE (NoPE) and take no q/k norm; their queries are tempered by position
+    # instead (`temperature_tuning`: Llama 4's), the local (chunked) layers are the RoPE layers
+    global_nope: bool = False
+    # use_qk_norm is a q/k RMS norm per head without a learned scale, after RoPE, on RoPE layers only
+    # (Llama 4's "L2 norm"; no tensors)
+    qk_l2_norm: bool = False
 
     @property
     def mlp_matrices(self) -> int:

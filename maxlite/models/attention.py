@@ -52,16 +52,26 @@ _NEG = -1e30  # masked score; finite so that a fully masked key block gives exp(
 
 
 def attend(cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window: int = 0, scale: float | None = None,
-           sinks_N=None, blocks_BT=None):
+           sinks_N=None, blocks_BT=None, chunk: int = 0, positions_BT=None):
     """Dispatch on cfg.attention (resolved with the config; a config that never was — a model built
     by hand — is resolved here by the same rule); `window` (static) is the layer's sliding window,
     0 for a global layer; `sinks_N` the layer's attention sinks (None: none); `blocks_BT` each token's
     image block (−1: none; its tokens see each other both ways: attention_mask.visible_in_blocks),
-    None where the model has none. Returns out_BTNH in q's dtype."""
+    None where the model has none; `chunk` (static) a chunked-attention layer's chunk (0: none; its
+    `window` is the chunk): each query attends within its own chunk of `positions_BT` (each document's
+    own positions; None: the row's indices) only — every (document, chunk) its own segment
+    (`chunk_segments`), so every implementation runs it through its segment mask, visiting only the
+    key blocks its window reaches; cuDNN's packed layout counts documents, not chunks: a chunked layer
+    runs blockwise there. Returns out_BTNH in q's dtype."""
     T, n = q_BTNH.shape[1], context.shards()
+    if chunk:
+        assert n == 1, "kind_checks.chunked_layout refuses context parallelism"
+        segment_ids_BT = chunk_segments(segment_ids_BT, positions_BT, chunk)
     is_balanced = context.balanced(cfg)
     impl = resolve_attention(cfg.attention, target_platform(), T, cfg.attention_block_size, cfg.sa_block_q,
                              n * (2 if is_balanced else 1), sinks_N is not None, blocks_BT is not None, cfg.dtype)
+    if chunk and impl == "cudnn_flash":
+        impl = "blockwise"
     if blocks_BT is not None:  # config_checks refuses the others with a bidirectional vision encoder
         assert impl in IMAGE_BLOCK_ATTENTION and n == 1, (impl, n)
         return dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window=window, scale=scale, sinks_N=sinks_N,
@@ -82,6 +92,15 @@ def attend(cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window: int = 0, scale: 
 
 
 # ---- dot_product ----------------------------------------------------------------------------
+
+
+def chunk_segments(segment_ids_BT, positions_BT, chunk: int):
+    """Segment ids under which the segment mask is a chunked layer's: each (document, chunk of `chunk`
+    of its positions) its own id, padding (0) kept 0. `positions_BT` None: the row's indices."""
+    B, T = segment_ids_BT.shape
+    pos_BT = jnp.broadcast_to(jnp.arange(T), (B, T)) if positions_BT is None else positions_BT
+    per_document = T // chunk + 1  # chunk ids of one document's positions (< T) stay below it
+    return jnp.where(segment_ids_BT == 0, 0, segment_ids_BT * per_document + pos_BT // chunk)
 
 
 def dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window: int = 0, scale: float | None = None,

@@ -10,9 +10,13 @@ def scale_or_default(H: int, scale: float | None) -> float:
     return 1.0 / math.sqrt(H) if scale is None else scale
 
 
-def visible(q_idx, k_idx, window: int):
-    """Causal, and within the window when there is one (indices of one row, any broadcast shape)."""
+def visible(q_idx, k_idx, window: int, chunk: int = 0):
+    """Causal, and within the window when there is one (indices of one row, any broadcast shape); with
+    `chunk` C > 0 (a chunked-attention layer: Llama 4's) also within the query's own chunk of C positions
+    (q // C == k // C, Hugging Face's chunked mask), which holds only keys less than C back."""
     ok = q_idx >= k_idx
+    if chunk:
+        ok = ok & (q_idx // chunk == k_idx // chunk)
     return ok if not window else ok & (q_idx - k_idx < window)
 
 

@@ -23,11 +23,12 @@ _NEG = float(jnp.finfo(jnp.float32).min)
 
 
 def attend(q_BTNH, k_LBSKH, v_LBSKH, j, kpos_BS, qpos_BT, slots_BT, filled, window: int, scale: float,
-           sinks_N=None, block: int | None = None):
+           sinks_N=None, block: int | None = None, chunk: int = 0):
     """Queries at qpos_BT, whose own keys were just written to slots_BT (S: not written), against
     layer j's cache slots [0, filled); kpos_BS is each slot's position before this step (−1 empty),
     so the stack's shared record is advanced once per forward, not copied per layer. Key position p'
-    is visible to query position p iff 0 ≤ p' ≤ p (and p − p' < window). Returns out_BTNH."""
+    is visible to query position p iff 0 ≤ p' ≤ p (and p − p' < window; with `chunk` C, p' // C = p // C).
+    Returns out_BTNH."""
     _, B, S, K, H = k_LBSKH.shape
     T, N = q_BTNH.shape[1:3]
     G = N // K
@@ -47,7 +48,7 @@ def attend(q_BTNH, k_LBSKH, v_LBSKH, j, kpos_BS, qpos_BT, slots_BT, filled, wind
                             jax.lax.dynamic_slice(kpos_BS, (0, start), (B, C)))
         kpos_B1C = kpos_BC[:, None, :]
         fresh_C = slot_C >= c * C
-        visible_BTC = fresh_C & (kpos_B1C >= 0) & visible(qpos_BT1, kpos_B1C, window)
+        visible_BTC = fresh_C & (kpos_B1C >= 0) & visible(qpos_BT1, kpos_B1C, window, chunk)
         s = jnp.einsum("btkgh,bckh->bkgtc", q_BTKGH, k_BCKH.astype(q_BTKGH.dtype)).astype(jnp.float32) * scale
         s = jnp.where(visible_BTC[:, None, None], s, _NEG)
         m_new = jnp.maximum(m, s.max(-1))

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from maxlite.models import attention, context, matmul
+from maxlite.models import attention, context, matmul, paged_cache
 from maxlite.models.carry import Carry, layer_inputs
 from maxlite.models.kinds import MIXERS
 from maxlite.models.layout import cache_groups, layer_kinds, layer_stacks
@@ -39,6 +39,14 @@ class Cache(NamedTuple):
 def empty_cache(cfg, batch: int, length: int) -> Cache:
     return Cache({key: MIXERS[key[0]].cache().empty(cfg, key[1], len(layers), batch, length)
                   for key, layers in cache_groups(cfg).items()})
+
+
+def _cache_module(key, shared):
+    """The module stepping a stack's cache: its kind's, or the paged one when the stack's shared part
+    is a block table (maxlite/models/paged_cache.py, the rollout engine's paged layout)."""
+    if isinstance(shared, paged_cache.Table):
+        return paged_cache.MODULES[key[0]]
+    return MIXERS[key[0]].cache()
 
 
 def _tile(cfg, impl: str) -> int:
@@ -82,7 +90,7 @@ def _block(layer, key, x_BTD, positions_BT, lengths_B, stack, j, shared, prefill
     with `step_in_stack` updates the stack where it lies (the decode loop's carried buffer: no copy
     of it per step); the others step on layer j's slice, set back. `rope_BT`: multimodal RoPE's
     positions (grouped-query attention's cache reads them). Returns (x_BTD, the stack)."""
-    cache = MIXERS[key[0]].cache()
+    cache = _cache_module(key, shared)
     extra = {"context": context} if getattr(cache, "CONTEXT", False) else {}
     if rope_BT is not None:
         extra["rope_BT"] = rope_BT
@@ -138,7 +146,7 @@ def _forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache, prefill_cf
                                      cache.stacks[key][1], prefill_cfg, context,
                                      jax.tree.map(lambda a, i=i: a[i], inputs_L), rope_BT)
             count[key] += 1
-    stacks = {key: (new[key], MIXERS[key[0]].cache().advance(shared, positions_BT, lengths_B))
+    stacks = {key: (new[key], _cache_module(key, shared).advance(shared, positions_BT, lengths_B))
               for key, (_, shared) in cache.stacks.items()}
     return model.final_norm(x_BTD), Cache(stacks)
 

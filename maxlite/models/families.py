@@ -58,5 +58,7 @@ def family(cfg) -> Family:
 
 
 def has_qk_norm(cfg) -> bool:
-    """q and k RMS-normed before RoPE: the family's own norms, or the recipe's use_qk_norm (per head)."""
-    return family(cfg).qk_norm or cfg.use_qk_norm
+    """q and k RMS-normed before RoPE with a learned scale: the family's own norms, or the recipe's
+    use_qk_norm (per head; a family with `qk_l2_norm` reads use_qk_norm as its scaleless norm instead)."""
+    fam = family(cfg)
+    return fam.qk_norm or (cfg.use_qk_norm and not fam.qk_l2_norm)

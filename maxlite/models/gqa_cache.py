@@ -4,10 +4,11 @@ drives it for every layer of the kind).
 Shape legend as in layers.py, plus S cache slots and L the layers of one variant. The cache holds the
 K/V heads only (GQA: K of them, not N) in the compute dtype: a global layer keeps every position
 (S = prompt + new tokens), a sliding-window layer only its last W (S = min(W, prompt + new tokens))
-as a ring: position p lives in slot p mod S, and the layers of one variant share the record of the
-position in every slot (-1: empty). A step's queries attend to the cache as it was plus the step's
-own keys, under one rule: key position j is visible to query position p iff 0 ≤ j ≤ p (and
-p − j < W in a window); padding past len_b is never written. The prefill runs the training
+as a ring: position p lives in slot p mod S (a chunked layer's ring is its chunk C: its keys lie less
+than C back, and a query sees only those of its own chunk, j // C = p // C), and the layers of one
+variant share the record of the position in every slot (-1: empty). A step's queries attend to the
+cache as it was plus the step's own keys, under one rule: key position j is visible to query
+position p iff 0 ≤ j ≤ p (and p − j < W in a window); padding past len_b is never written. The prefill runs the training
 attention (maxlite.models.attention.attend: blockwise, splash, cuDNN, and with context parallelism
 the prompt split over the context axis), so a long prompt never builds its [P, P] scores; new keys
 go into their slots by a scatter, never a [T, S] one-hot.
@@ -23,7 +24,7 @@ import jax.numpy as jnp
 
 from maxlite.models import attention, cache_read
 from maxlite.models.layers import constrain
-from maxlite.models.layout import window
+from maxlite.models.layout import chunk, window
 
 # the cache's logical axes: K/V heads split like the attention's (tensor), layers and batch not split
 CACHE_AXES = ("layers", "activation_batch", "activation_length", "activation_kv_heads", "head_dim")
@@ -63,7 +64,7 @@ def _write(cache_BS, new_BT, slots_BT):
     return cache_BS.at[rows_B1, slots_BT].set(new_BT.astype(cache_BS.dtype), mode="drop")
 
 
-def _attend(q_BTNH, k_BSKH, v_BSKH, kpos_BS, qpos_BT, w: int, scale: float, sinks_N=None):
+def _attend(q_BTNH, k_BSKH, v_BSKH, kpos_BS, qpos_BT, w: int, scale: float, sinks_N=None, c: int = 0):
     B, T, N, H = q_BTNH.shape
     K = k_BSKH.shape[2]
     q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
@@ -72,6 +73,8 @@ def _attend(q_BTNH, k_BSKH, v_BSKH, kpos_BS, qpos_BT, w: int, scale: float, sink
     visible_BTS = (kpos >= 0) & (kpos <= qpos)
     if w:
         visible_BTS &= qpos - kpos < w
+    if c:  # a chunked layer: its own chunk only
+        visible_BTS &= qpos // c == kpos // c
     scores_BKGTS = jnp.where(visible_BTS[:, None, None], scores_BKGTS, jnp.finfo(jnp.float32).min)
     probs_BKGTS = attention.softmax_with_sinks(scores_BKGTS, sinks_N).astype(v_BSKH.dtype)
     return jnp.einsum("bkgts,bskh->btkgh", probs_BKGTS, v_BSKH).reshape(B, T, N, H)
@@ -85,19 +88,20 @@ def step(attn, x_BTD, positions_BT, lengths_B, kv: KV, pos_BS, variant: str, pre
     `rope_BT`: the positions RoPE turns by where they are not the slots' (multimodal RoPE's
     [B, T, 3]; decode.forward). `blocks_BT`: the prompt's image blocks, seen both ways in the prefill
     (later tokens are text: causal, as transformers' generate drops token_type_ids after the prefill)."""
-    w = window(attn.cfg, variant)
+    w, c = window(attn.cfg, variant), chunk(attn.cfg, variant)
     q_BTNH, k_new, v_new = attn.qkv(x_BTD, positions_BT if rope_BT is None else rope_BT, local=bool(w))
     scale = attn.query_scale or 1.0 / math.sqrt(q_BTNH.shape[-1])
     if prefill_cfg is not None:
         # right-padded rows: padding sits after every real token, so no real query sees it
         segment_ids_BT = jnp.ones(positions_BT.shape, jnp.int32)
         out_BTNH = attention.attend(prefill_cfg, q_BTNH, k_new, v_new, segment_ids_BT, window=w,
-                                    scale=attn.query_scale, sinks_N=attn.sinks_N(), blocks_BT=blocks_BT)
+                                    scale=attn.query_scale, sinks_N=attn.sinks_N(), blocks_BT=blocks_BT, chunk=c,
+                                    positions_BT=positions_BT)
     else:
         keys, values = (jnp.concatenate([c, new.astype(c.dtype)], axis=1)
                         for c, new in ((kv.k_LBSKH, k_new), (kv.v_LBSKH, v_new)))
         kpos_BS = jnp.concatenate([pos_BS, positions_BT], axis=1)
-        out_BTNH = _attend(q_BTNH, keys, values, kpos_BS, positions_BT, w, scale, attn.sinks_N())
+        out_BTNH = _attend(q_BTNH, keys, values, kpos_BS, positions_BT, w, scale, attn.sinks_N(), c)
     slots_BT = _slots(positions_BT, lengths_B, pos_BS.shape[1])
     new = KV(*(constrain(_write(c, n, slots_BT), CACHE_AXES[1:]) for c, n in
                ((kv.k_LBSKH, k_new), (kv.v_LBSKH, v_new))))
@@ -115,7 +119,7 @@ def step_in_stack(attn, x_BTD, positions_BT, lengths_B, kv: KV, j, pos_BS, varia
     """`step` on layer j of the variant's stack `kv` [L, B, S, K, H], updated where it lies: the new
     keys are written first, then the queries read the filled slots block by block
     (maxlite/models/cache_read.py), so a step copies no slot of the cache. Returns (x_BTD, the stack)."""
-    w = window(attn.cfg, variant)
+    w, c = window(attn.cfg, variant), chunk(attn.cfg, variant)
     T, S = x_BTD.shape[1], pos_BS.shape[1]
     if prefill_cfg is None and w and T > 1:
         # a ring's multi-token step could overwrite keys its own earlier queries still see: read first
@@ -128,12 +132,13 @@ def step_in_stack(attn, x_BTD, positions_BT, lengths_B, kv: KV, j, pos_BS, varia
     if prefill_cfg is not None:
         segment_ids_BT = jnp.ones(positions_BT.shape, jnp.int32)  # right-padded rows: no real query sees padding
         out_BTNH = attention.attend(prefill_cfg, q_BTNH, k_new, v_new, segment_ids_BT, window=w,
-                                    scale=attn.query_scale, sinks_N=attn.sinks_N(), blocks_BT=blocks_BT)
+                                    scale=attn.query_scale, sinks_N=attn.sinks_N(), blocks_BT=blocks_BT, chunk=c,
+                                    positions_BT=positions_BT)
     else:
         scale = attn.query_scale or 1.0 / math.sqrt(q_BTNH.shape[-1])
         filled = jnp.minimum(jnp.max(lengths_B), S)  # slots [0, filled) are all that was ever written
         out_BTNH = cache_read.attend(q_BTNH, kv.k_LBSKH, kv.v_LBSKH, j, pos_BS, positions_BT, slots_BT, filled, w,
-                                     scale, attn.sinks_N())
+                                     scale, attn.sinks_N(), chunk=c)
     return attn.out(attn.gated(out_BTNH, x_BTD)), kv
 
 

@@ -50,7 +50,45 @@ def moe(c, used: bool) -> str | None:
     if mlp:
         return (f"lora_rank={c.lora_rank} on a mixture of experts adapts the attention projections only "
                 f"(experts and router take no adapters): drop {', '.join(mlp)} from lora_targets")
+    if c.routed_weight_on_input and c.num_experts_per_tok != 1:
+        return (f"routed_weight_on_input=true with num_experts_per_tok={c.num_experts_per_tok}: the router's "
+                f"weight scales the expert's input for one expert per token only (Llama 4's): "
+                f"set num_experts_per_tok=1")
     return _routing_groups(c)
+
+
+def _chunked_layers(c, used: bool) -> bool:
+    """Whether an attention layer is of the chunked variant."""
+    return used and any(variant == "chunked" for _, variant in pattern_mixers(c))
+
+
+def chunked(c, used: bool) -> str | None:
+    """Chunked-attention layers: a chunk, an attention implementation that takes them through its
+    segment mask (not cuDNN's packed layout), no sliding window beside it (the local flag of a layer is
+    one or the other); the key refused where no layer is chunked."""
+    if not _chunked_layers(c, used):
+        if c.chunk_attn_window_size:
+            return (f"chunk_attn_window_size={c.chunk_attn_window_size}: no layer of decoder_block={c.decoder_block} "
+                    f"is chunked (layer_types chunked_attention; the llama4 family's pattern)")
+        return None
+    if c.chunk_attn_window_size < 1:
+        return "layers of variant chunked (chunked_attention) need chunk_attn_window_size > 0"
+    if c.sliding_window:
+        return (f"chunk_attn_window_size={c.chunk_attn_window_size} with sliding_window={c.sliding_window}: a "
+                f"model's local layers are chunked or sliding-window, not both (set sliding_window=0)")
+    if c.attention == "cudnn_flash":
+        return (f"attention={c.attention}: cuDNN's packed layout counts documents, not the chunks of "
+                f"chunked-attention layers: set attention=blockwise, dot_product, flash or autoselected")
+    return None
+
+
+def chunked_layout(c, used: bool) -> str | None:
+    """Context parallelism does not split chunked-attention layers (their chunks follow each document's
+    positions, which a shard's queries do not carry yet)."""
+    if _chunked_layers(c, used) and c.axis_size("context") > 1:
+        return (f"context parallelism (context={c.axis_size('context')}) does not split chunked-attention layers: "
+                f"set ici_context_parallelism=1 (and dcn_context_parallelism=1)")
+    return None
 
 
 def _routing_groups(c) -> str | None:

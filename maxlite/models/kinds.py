@@ -24,7 +24,7 @@ import importlib
 from typing import Callable
 
 from maxlite.models.families import family
-from maxlite.models.layout import ROUTED, VARIANTS, attention_shape, layer_kinds, load, window
+from maxlite.models.layout import ROUTED, VARIANTS, attention_shape, chunk, layer_kinds, load, window
 
 Flops = Callable[..., dict]
 
@@ -91,17 +91,21 @@ class FeedForwardKind(_Declared):
         return load(self.module)(cfg, rngs=rngs)
 
 
-def attention_core_flops(B: int, T: int, N: int, H: int, window: int = 0) -> float:
+def attention_core_flops(B: int, T: int, N: int, H: int, window: int = 0, chunk: int = 0) -> float:
     """Forward FLOPs of one layer's causal attention (QKᵀ and PV) over the keys it attends: the
-    causal half T²/2, or with a sliding window W < T the band T·W − W²/2 (the same T²/2 at W = T)."""
-    keys = T * T / 2 if not window or window >= T else T * window - window * window / 2
+    causal half T²/2, or with a sliding window W < T the band T·W − W²/2 (the same T²/2 at W = T), or
+    in chunks of C < T (Llama 4's chunked layers) a causal half per chunk, T·C/2."""
+    if chunk and chunk < T:
+        keys = T * chunk / 2
+    else:
+        keys = T * T / 2 if not window or window >= T else T * window - window * window / 2
     return 4 * B * N * H * keys
 
 
 def _attention_flops(cfg, B: int, T: int, variant: str) -> dict:
     D, N, K, H = cfg.base_emb_dim, cfg.base_num_query_heads, cfg.base_num_kv_heads, cfg.head_dim
     return {"qkv": 2 * B * T * D * (N + 2 * K) * H, "out": 2 * B * T * N * H * D,
-            "attention": attention_core_flops(B, T, N, H, window(cfg, variant))}
+            "attention": attention_core_flops(B, T, N, H, window(cfg, variant), chunk(cfg, variant))}
 
 
 def _attention_cache(cfg, variant: str, length: int) -> int:
@@ -222,7 +226,8 @@ _GEMMA4_REFUSAL = "Gemma 4's attention (a v norm; global layers of their own wid
 
 MIXERS = {m.name: m for m in (
     MixerKind("attention", "maxlite.models.layers:Attention", _attention_flops, _attention_cache,
-              "maxlite.models.gqa_cache", megatron=_MEGATRON + "attention"),
+              "maxlite.models.gqa_cache", checks=(_CHECKS + "chunked",),
+              layout_checks=(_CHECKS + "chunked_layout",), megatron=_MEGATRON + "attention"),
     MixerKind("mla", "maxlite.models.mla:MLA", _mla_flops, _mla_cache, "maxlite.models.mla_cache",
               checks=(_CHECKS + "mla",),
               megatron_refusal="multi-head latent attention (not mapped yet: --multi-latent-attention and its ranks)"),

@@ -114,8 +114,9 @@ def rope_frequencies(cfg, local: bool = False, dims: int | None = None) -> np.nd
     factor, lo, hi = cfg.rope_scaling_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
     old_len = cfg.rope_original_max_position
     wavelen = 2 * math.pi / inv_freq
-    smooth = (old_len / wavelen - lo) / (hi - lo)
-    smoothed = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    with np.errstate(divide="ignore", invalid="ignore"):  # hi = lo (Llama 4 Scout's): no band to smooth
+        smooth = (old_len / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * inv_freq / factor + smooth * inv_freq
     scaled = np.where(wavelen > old_len / lo, inv_freq / factor, inv_freq)
     is_medium = (wavelen <= old_len / lo) & (wavelen >= old_len / hi)
     return np.where(is_medium, smoothed, scaled).astype(np.float32)
@@ -198,6 +199,24 @@ def apply_rope(x_BTNH: jax.Array, positions_BT: jax.Array, inv_freq: jax.Array, 
     return out.astype(x_BTNH.dtype)
 
 
+def l2_norm(x_BTNH: jax.Array, eps: float) -> jax.Array:
+    """Each head RMS-normed over its dimensions in float32, no learned scale (Llama 4's q/k "L2" norm)."""
+    x = x_BTNH.astype(jnp.float32)
+    return (x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)).astype(x_BTNH.dtype)
+
+
+def tempered(cfg, q_BTNH: jax.Array, positions_BT: jax.Array) -> jax.Array:
+    """Attention temperature tuning (Llama 4's NoPE layers, arXiv 2501.19399): the query at position p
+    times 1 + temperature_tuning_scale · log(1 + ⌊(p + 1) / temperature_tuning_floor_scale⌋), which
+    sharpens the softmax of far-reaching layers at long context (1 below the floor scale); as it is
+    without temperature_tuning."""
+    if not cfg.temperature_tuning:
+        return q_BTNH
+    p = positions_BT.astype(jnp.float32)
+    scale_BT = jnp.log1p(jnp.floor((p + 1.0) / cfg.temperature_tuning_floor_scale)) * cfg.temperature_tuning_scale + 1.0
+    return (q_BTNH.astype(jnp.float32) * scale_BT[:, :, None, None]).astype(q_BTNH.dtype)
+
+
 def _adapters(module, cfg, rngs, kernels: dict) -> None:
     """LoRA A and B (`{kernel}_lora_a`, `{kernel}_lora_b`) beside each targeted kernel."""
     module.lora_scale = lora.scale(cfg) if cfg.lora_rank else 0.0
@@ -262,6 +281,8 @@ class Attention(nnx.Module):
         if fam.attn_output_gate:  # Qwen3.5's output gate: HF's q_proj holds it beside each head's query
             self.q_gate = param(rngs, (D, N, H), ("embed", "heads", "head_dim"), wd, scale=s)
         self.qk_norm, self.qk_norm_heads, self.use_rope = qk_norm, fam.qk_norm and fam.qk_norm_heads, fam.rope
+        # Llama 4: global layers without RoPE (tempered queries instead), a scaleless q/k norm on the others
+        self.global_nope, self.qk_l2_norm = fam.global_nope, fam.qk_l2_norm and cfg.use_qk_norm
         self.query_scale = cfg.query_pre_attn_scalar ** -0.5 if cfg.query_pre_attn_scalar > 0 else None
         if cfg.attention_sink:  # a learned logit per query head in every softmax's denominator (gpt-oss)
             self.sinks = param(rngs, (N,), ("heads",), wd, init="zeros")
@@ -290,8 +311,14 @@ class Attention(nnx.Module):
             factors = rope_attention_factor(self.cfg, local=True), rope_attention_factor(self.cfg)
             scale = factors[0] if factors[0] == factors[1] else pick(local, *factors)
             positions_BT = rope_positions(self.cfg, positions_BT, inv_freq.shape[-1])
-            q_BTNH = apply_rope(q_BTNH, positions_BT, inv_freq, scale)
-            k_BSKH = apply_rope(k_BSKH, positions_BT, inv_freq, scale)
+            roped = apply_rope(q_BTNH, positions_BT, inv_freq, scale), apply_rope(k_BSKH, positions_BT, inv_freq, scale)
+            if self.qk_l2_norm:  # after RoPE, as Llama 4 (a rotation keeps the norm: the order is rounding only)
+                roped = tuple(l2_norm(x, self.cfg.normalization_layer_epsilon) for x in roped)
+            if self.global_nope:  # only the local (chunked) layers turn; the global ones are tempered instead
+                q_BTNH, k_BSKH = (pick(local, r, x) for r, x in zip(roped, (q_BTNH, k_BSKH)))
+                q_BTNH = pick(local, q_BTNH, tempered(self.cfg, q_BTNH, positions_BT))
+            else:
+                q_BTNH, k_BSKH = roped
         return q_BTNH, k_BSKH, v_BSKH
 
     def gated(self, out_BTNH, x_BTD):
@@ -310,15 +337,19 @@ class Attention(nnx.Module):
         """The attention sinks (float32 [N]), or None."""
         return self.sinks[...].astype(jnp.float32) if self.cfg.attention_sink else None
 
-    def _attend(self, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, local, blocks_BT=None):
+    def _attend(self, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, local, blocks_BT=None, positions_BT=None):
         """The attention implementation with this layer's window: static for a Python bool; a
         scanned stack of local and global layers (Gemma 3) branches on its traced flag. `blocks_BT`:
-        the image blocks seen both ways (the "image_blocks" side; None without)."""
-        W = self.cfg.sliding_window
+        the image blocks seen both ways (the "image_blocks" side; None without). A model with
+        chunk_attn_window_size C has chunked local layers (config checks refuse it with a window too),
+        chunks of each document's own positions (`positions_BT`)."""
+        C = self.cfg.chunk_attn_window_size
+        W = C or self.cfg.sliding_window
 
         def run(window):
             return attention.attend(self.cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window=window,
-                                    scale=self.query_scale, sinks_N=self.sinks_N(), blocks_BT=blocks_BT)
+                                    scale=self.query_scale, sinks_N=self.sinks_N(), blocks_BT=blocks_BT,
+                                    chunk=C if window else 0, positions_BT=positions_BT)
         if isinstance(local, bool) or not W:
             return run(W if local else 0)
         return jax.lax.cond(local, lambda: run(W), lambda: run(0))
@@ -331,7 +362,9 @@ class Attention(nnx.Module):
         k_BSKH = checkpoint_name(k_BSKH, "key_proj")
         v_BSKH = checkpoint_name(v_BSKH, "value_proj")
 
-        out_BTNH = self.gated(self._attend(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, local, blocks_BT), x_BTD)
+        chunk_pos_BT = positions_BT if self.cfg.chunk_attn_window_size and positions_BT.ndim == 2 else None
+        out_BTNH = self.gated(self._attend(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, local, blocks_BT, chunk_pos_BT),
+                              x_BTD)
         out_BTNH = constrain(out_BTNH, ("activation_batch", "activation_length", "activation_heads", None))
         return constrain(checkpoint_name(self.out(out_BTNH, dropout_key), "out_proj"), BTD)
 

@@ -21,10 +21,11 @@ from typing import Callable
 from maxlite.models.families import family
 
 # Each mixer kind's variants (the forms a layer of it may take: attention a global or a sliding-window
-# layer), each with its HF `layer_types` name. Gemma 4 (maxlite/models/gemma4.py): local and (wide)
+# layer, or a chunked one: Llama 4's, each token attending within its own chunk of chunk_attn_window_size
+# positions), each with its HF `layer_types` name. Gemma 4 (maxlite/models/gemma4.py): local and (wide)
 # global layers, each also as a layer reusing the keys and values of the last earlier layer of its kind.
 VARIANTS: dict[str, dict[str, str]] = {
-    "attention": {"global": "full_attention", "local": "sliding_attention"},
+    "attention": {"global": "full_attention", "local": "sliding_attention", "chunked": "chunked_attention"},
     "mla": {"global": "full_attention", "local": "sliding_attention"},
     "gated_deltanet": {"linear": "linear_attention"},
     # Kimi delta attention takes the delta-net's name (a family's `layer_kinds` makes its linear layers KDA)
@@ -62,8 +63,17 @@ def load(path: str) -> Callable:
 
 
 def window(cfg, variant: str) -> int:
-    """A layer's sliding window (0: a global layer, or a mixer without one)."""
+    """A layer's sliding window (0: a global layer, or a mixer without one). A chunked layer's keys lie
+    less than its chunk back, so its window is the chunk: its decode cache is a ring of that many slots
+    (`chunk` adds the rule that cuts at chunk boundaries)."""
+    if variant == "chunked":
+        return cfg.chunk_attn_window_size
     return cfg.sliding_window if variant == "local" else 0
+
+
+def chunk(cfg, variant: str) -> int:
+    """A chunked-attention layer's chunk (0: every other layer)."""
+    return cfg.chunk_attn_window_size if variant == "chunked" else 0
 
 
 def attention_shape(cfg, wide: bool) -> tuple[int, int]:

@@ -17,7 +17,8 @@ scaled by sigmoid(x · w) with `shared_expert_gate`: Qwen3-Next's).
 Routing (`route`): router logits x·W_r in float32 (+ a learned bias with router_logit_bias: gpt-oss);
 scores softmax (or sigmoid) of them; the top k
 by score (+ `routed_bias` when set, for the choice only; ties go to the lower expert index, as
-jax.lax.top_k breaks them); weights the chosen scores, divided by their sum with norm_topk_prob.
+jax.lax.top_k breaks them); weights the chosen scores, divided by their sum with norm_topk_prob; with
+routed_weight_on_input (Llama 4, one expert per token) the weight scales the expert's input instead.
 With capacity_factor > 0 an expert takes at most C = ceil(capacity_factor · T · k / E) of a
 sequence's tokens: first choices first (every token's best expert, then every token's second ...),
 in token order within a rank; the rest are dropped (weight 0). The drop decision is part of the
@@ -268,6 +269,10 @@ class MoE(nnx.Module):
         bias = self.router_bias[...] if cfg.routed_bias else None
         routing = route(cfg, x_BTD, self.router[...], bias, valid_BT, slots,
                         self.router_logit_bias[...] if cfg.router_logit_bias else None)
+        x_in_BTD = x_BTD
+        if cfg.routed_weight_on_input:  # Llama 4: the expert takes w·x and its output is not weighted (k = 1)
+            x_in_BTD = (x_BTD.astype(jnp.float32) * routing.weights_BTk).astype(x_BTD.dtype)
+            routing = routing._replace(weights_BTk=routing.kept_BTk.astype(jnp.float32))
         in_bias = (self.gate_bias[...], self.up_bias[...]) if cfg.mlp_bias else ()
         gate, up, down = self.gate[...], self.up[...], self.down[...]
         if cfg.grad_dtype != "float32" and gate.dtype == jnp.float32 and self.dtype != jnp.float32:
@@ -277,7 +282,7 @@ class MoE(nnx.Module):
             # float32 [256, 2048, 7168] of 14 GiB each on every device)
             gate, up = (constrain(w.astype(self.dtype), ("exp", "embed_no_exp", "mlp")) for w in (gate, up))
             down = constrain(down.astype(self.dtype), ("exp", "mlp", "embed_no_exp"))
-        y_BTD, dropped = moe_parallel.experts(impl, x_BTD, routing, slots, gate, up, down, self.glu,
+        y_BTD, dropped = moe_parallel.experts(impl, x_in_BTD, routing, slots, gate, up, down, self.glu,
                                               -1.0 if dropless else cfg.ragged_buffer_factor, in_bias)
         if cfg.mlp_bias:  # Σ_j w_j (y_j + b_j): the down bias of each chosen expert, weighted (0 if dropped)
             bias_BTkD = jnp.take(self.down_bias[...].astype(jnp.float32), routing.experts_BTk, axis=0)

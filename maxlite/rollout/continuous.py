@@ -1,10 +1,11 @@
 """maxlite's rollout engine: continuous batching over a fixed number of decode slots, each prompt
 prefilled once for its G completions.
 
-The cache is slot-contiguous, not paged: slot s owns row s of every layer's decode cache
+The cache here is slot-contiguous: slot s owns row s of every layer's decode cache
 (maxlite/models/decode.py, each mixer kind's own: K/V rings, MLA's latents, the delta-net's state,
-Gemma 4's shared K/V), sized for the longest padded prompt + max_new_tokens. A block table (paged
-K/V) is what would let long and short sequences share memory; it is not built.
+Gemma 4's shared K/V), sized for the longest padded prompt + max_new_tokens. The paged engine
+(maxlite/rollout/paged.py, `rollout_paged_kv`) keeps this loop and fills in its cache hooks
+(`_admits`, `_started`, `_release`, `_narrowed`, `_step`): a pool of blocks and a block table per slot.
 
 Three compiled functions with fixed shapes, called from a host loop:
 - `prefill`: a chunk of prompts ([Bp, P]: Bp = max_num_batched_tokens // P, the padded prompt
@@ -168,7 +169,7 @@ class ContinuousEngine:
         steps = prefills = 0
         while True:
             inserts = []
-            while free and waiting:
+            while free and waiting and self._admits(waiting[0][0], lengths, sampling):
                 p, g = waiting[0]
                 if p >= chunk + Bp:  # the next prompts: prefill them (after placing the last ones' rows)
                     state = self._insert(fns, state, prefilled, inserts)
@@ -178,6 +179,7 @@ class ContinuousEngine:
                 waiting.popleft()
                 slot = free.pop()
                 owner[slot] = p * G + g
+                self._started(slot, p, g, p - chunk, lengths[p], sampling)
                 inserts.append((p - chunk, slot, first_prompt + p, g, lengths[p]))
             state = self._insert(fns, state, prefilled, inserts)
             live = np.flatnonzero(owner >= 0)
@@ -189,29 +191,49 @@ class ContinuousEngine:
                 state, owner, fns = self._shrink(state, owner, live, P, Bp, sampling)
                 free, live = [], np.arange(len(live))
             if len(live):
-                state, out_3S = fns.step(params, state, key)  # dispatched: it runs while the host reads the last
+                # dispatched: it runs while the host reads the last
+                state, out_3S = self._step(fns, params, state, key, live)
                 steps += 1
                 dispatched[owner[live]] += 1
                 snapshot = owner.copy()
                 full = live[dispatched[owner[live]] >= sampling.max_new_tokens]  # they end at this step
                 owner[full] = -1
                 free += full.tolist()
+                for slot in full:
+                    self._release(slot)
             if pending is not None:
                 self._free(book.read(*pending), owner, free)
             if not len(live):
+                assert not waiting, "nothing runs and nothing can start"
                 break
             pending = (out_3S, snapshot)
         return Completions(*book.completions(), {"steps": steps, "slot_steps": book.slot_steps,
                                                  "ended_slot_steps": book.slot_steps - book.live_slot_steps,
                                                  "prefills": prefills, "seconds": time.perf_counter() - started})
 
-    @staticmethod
-    def _free(ended: list, owner: np.ndarray, free: list) -> None:
+    def _free(self, ended: list, owner: np.ndarray, free: list) -> None:
         """Free the slots of the sequences that ended (slot, sequence), unless already refilled."""
         for slot, seq in ended:
             if owner[slot] == seq:
                 owner[slot] = -1
                 free.append(slot)
+                self._release(slot)
+
+    # what a cache layout adds to the slots' bookkeeping (the paged one: maxlite/rollout/paged.py)
+    def _admits(self, p: int, lengths: np.ndarray, sampling: Sampling) -> bool:
+        return True  # a slot holds any sequence
+
+    def _started(self, slot: int, p: int, g: int, row: int, length: int, sampling: Sampling) -> None:
+        pass
+
+    def _release(self, slot: int) -> None:
+        pass
+
+    def _narrowed(self, rows: np.ndarray) -> None:
+        pass
+
+    def _step(self, fns: _Compiled, params, state: Slots, key, live: np.ndarray):
+        return fns.step(params, state, key)
 
     def _functions(self, P: int, Bp: int, width: int, sampling: Sampling) -> _Compiled:
         where = (P, Bp, width, sampling)
@@ -227,6 +249,7 @@ class ContinuousEngine:
             width //= 2
         rows = np.concatenate([live, np.flatnonzero(owner < 0)[:width - len(live)]]).astype(np.int32)
         fns = self._functions(P, Bp, width, sampling)
+        self._narrowed(rows)
         return fns.shrink(state, rows), owner[rows], fns
 
     def _insert(self, fns: _Compiled, state: Slots, prefilled, inserts: list) -> Slots:

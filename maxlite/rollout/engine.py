@@ -57,5 +57,9 @@ def make_engine(cfg, graphdef) -> Engine:
     """The engine `cfg.rollout_engine` names, over the model `graphdef`."""
     if (why := refusal(cfg.rollout_engine)) is not None:
         raise ConfigError(why)
+    if cfg.rollout_engine == "maxlite" and cfg.rollout_paged_kv:  # the paged cache (maxlite/rollout/paged.py)
+        from maxlite.rollout.paged import PagedEngine
+        return PagedEngine(cfg, graphdef, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.rollout_block_size,
+                           cfg.rollout_num_blocks)
     module, _, name = ENGINES[cfg.rollout_engine].partition(":")
     return getattr(importlib.import_module(module), name)(cfg, graphdef, cfg.max_num_seqs, cfg.max_num_batched_tokens)
