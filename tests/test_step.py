@@ -1,3 +1,5 @@
+import functools
+
 import jax
 import numpy as np
 import pytest
@@ -14,8 +16,15 @@ TINY = ["base.yml", "model_name=tiny", "dtype=float32", "max_target_length=32", 
 GOLDEN = [8.360401, 8.369177, 8.305806]
 
 
+@functools.lru_cache(maxsize=None)
+def _one_device(batch: int, steps: int):
+    """(losses, final state) of TINY on one device with `batch` sequences per step: the reference
+    run several tests compare against, trained once per module (the tests only read it)."""
+    return train_losses(TINY + [f"per_device_batch_size={batch}"], 1, steps)
+
+
 def test_golden_first_steps_loss():
-    losses, _ = train_losses(TINY + ["per_device_batch_size=4"], 1, 3)
+    losses, _ = _one_device(4, 3)
     np.testing.assert_allclose(losses, GOLDEN, rtol=2e-5, err_msg=(
         "the tiny model's first losses changed: fine only if this change was MEANT to alter the "
         "numerics (then update GOLDEN and say why in the commit); otherwise it is a regression"))
@@ -26,7 +35,9 @@ def test_golden_first_steps_loss():
     (["ici_data_parallelism=2", "ici_fsdp_parallelism=4", "per_device_batch_size=1"], 8),
 ])
 def test_same_trajectory_on_other_meshes(mesh_args, devices):
-    reference, _ = train_losses(TINY + ["per_device_batch_size=8"], 1, 5)
+    # the first 5 steps of the one-device run test_loss_falls_on_synthetic_data trains (the same
+    # schedule: TINY's steps=20 sets it, not the number of steps run)
+    reference = _one_device(8, 20)[0][:5]
     losses, _ = train_losses(TINY + mesh_args, devices, 5)
     np.testing.assert_allclose(losses, reference, rtol=2e-4)
 
@@ -52,7 +63,7 @@ def test_parameter_and_optimizer_shardings():
 
 
 def test_loss_falls_on_synthetic_data():
-    losses, _ = train_losses(TINY + ["per_device_batch_size=8"], 1, 20)
+    losses, _ = _one_device(8, 20)
     assert losses[-3:].mean() < losses[0] - 1.5, losses
 
 
@@ -61,7 +72,7 @@ def test_loss_falls_on_synthetic_data():
                                      ["scan_layers=false", "remat_policy=none"]])
 def test_scan_and_remat_variants_agree(variant):
     steps = 3
-    reference, ref_state = train_losses(TINY + ["per_device_batch_size=4"], 1, steps)
+    reference, ref_state = _one_device(4, steps)
     losses, state = train_losses(TINY + ["per_device_batch_size=4"] + variant, 1, steps)
     np.testing.assert_allclose(losses, reference, rtol=1e-5)
     # The variants compute the same sums in another order, so their gradients agree to float32
@@ -98,7 +109,7 @@ def test_scan_and_remat_variants_agree(variant):
 
 
 def test_gradient_accumulation_equals_the_big_batch():
-    big, big_state = train_losses(TINY + ["per_device_batch_size=4"], 1, 3)
+    big, big_state = _one_device(4, 3)
     acc, acc_state = train_losses(TINY + ["per_device_batch_size=1", "gradient_accumulation_steps=4"], 1, 3)
     np.testing.assert_allclose(acc, big, rtol=1e-5)
     # Summation order differs (micro-batch partial sums), so equal up to float32 rounding.
