@@ -58,9 +58,22 @@ def _import(case: str, tmp_path) -> str:
     return ck
 
 
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    """`_import` once per case for the module: the tests after the first only read the checkpoint
+    (a run of its recipe restores from it, writes in its own directory)."""
+    done: dict[str, str] = {}
+
+    def get(case: str) -> str:
+        if case not in done:
+            done[case] = _import(case, tmp_path_factory.mktemp(case.replace(":", "_")))
+        return done[case]
+    return get
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_the_recipe_of_an_import_is_the_model_of_its_checkpoint(case, tmp_path):
-    ck = _import(case, tmp_path)
+def test_the_recipe_of_an_import_is_the_model_of_its_checkpoint(case, imported):
+    ck = imported(case)
     recipe = C.load([f"{ck}/recipe.yml"])
     saved = verified_meta(ck, 0)["config"]
     mine = C.to_plain_dict(recipe)
@@ -69,21 +82,20 @@ def test_the_recipe_of_an_import_is_the_model_of_its_checkpoint(case, tmp_path):
     check_compatible(saved_tree(ck, 0, "params"), abstract_params(recipe)[1], f"{ck}/0", mine)
 
 
-def test_a_qwen3_5_import_trains_from_its_recipe(tmp_path, monkeypatch):
+def test_a_qwen3_5_import_trains_from_its_recipe(tmp_path, monkeypatch, imported):
     """The journey that failed ("parameter 'layers/blocks/0/attn/A_log' is (1, 4) there but (1, 32)
     here"): import, then a step of a plain run of the recipe, from the imported weights."""
-    _trains_from_its_recipe("hf:qwen3_5_text", tmp_path, monkeypatch)
+    _trains_from_its_recipe(imported("hf:qwen3_5_text"), tmp_path, monkeypatch)
 
 
-def test_a_kimi_linear_import_trains_from_its_recipe(tmp_path, monkeypatch):
+def test_a_kimi_linear_import_trains_from_its_recipe(tmp_path, monkeypatch, imported):
     """Kimi delta attention's parameters (the delta-net's dims, its own gates) and NoPE latent
     attention: imported, then a step of a plain run of the recipe, from the imported weights."""
-    _trains_from_its_recipe("hf:kimi_linear", tmp_path, monkeypatch)
+    _trains_from_its_recipe(imported("hf:kimi_linear"), tmp_path, monkeypatch)
 
 
-def _trains_from_its_recipe(case: str, tmp_path, monkeypatch):
+def _trains_from_its_recipe(ck: str, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    ck = _import(case, tmp_path)
     argv = [f"{ck}/recipe.yml", "steps=1", "max_target_length=16", "per_device_batch_size=1", "run_name=r",
             "enable_checkpointing=false", "enable_tensorboard=false", "write_report=false"]
     result = train(C.load(argv))
@@ -92,9 +104,9 @@ def _trains_from_its_recipe(case: str, tmp_path, monkeypatch):
     assert status["resumed_from"]["source"] == "params" and status["step"] == 1
 
 
-def test_a_checkpoint_of_another_model_is_told_by_its_model_keys(tmp_path):
+def test_a_checkpoint_of_another_model_is_told_by_its_model_keys(imported):
     """The fit check names the model keys that differ, and what to do."""
-    ck = _import("hf:qwen3_5_text", tmp_path)
+    ck = imported("hf:qwen3_5_text")
     recipe = C.load([f"{ck}/recipe.yml", "gdn_num_value_heads=8"])
     with pytest.raises(C.ConfigError) as misfit:
         check_compatible(saved_tree(ck, 0, "params"), abstract_params(recipe)[1], f"{ck}/0",
