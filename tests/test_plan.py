@@ -337,7 +337,9 @@ def test_parameter_bytes_equal_eval_shape_count_times_dtype(tiny_plan):
 def test_two_slices_put_data_across_dcn():
     from maxlite.plan.compile import compile_plan
 
-    p = compile_plan(["base.yml", "model_name=tiny", "weight_dtype=bfloat16"], T.parse("v6e:2x2", 2))
+    # one sequence per chip: the same program at half the batch (a third less compile)
+    p = compile_plan(["base.yml", "model_name=tiny", "weight_dtype=bfloat16", "per_device_batch_size=1"],
+                     T.parse("v6e:2x2", 2))
     assert p.fits and p.num_devices == 8
     assert p.dcn == _axes(data=2) and p.ici == _axes(fsdp=4)
     assert p.mesh == _axes(data=2, fsdp=4)
@@ -363,7 +365,8 @@ def test_json_output(capsys):
 
     from maxlite.plan.__main__ import main
 
-    assert main(["base.yml", "model_name=tiny", "--topology", "v5e:2x2", "--json"]) == 0
+    # one sequence per chip: the same program at half the batch (a quarter less compile)
+    assert main(["base.yml", "model_name=tiny", "per_device_batch_size=1", "--topology", "v5e:2x2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["plan"]["fits"] and out["plan"]["mesh"] == _axes(fsdp=4)
     assert out["plan"]["estimate"]["is_estimate"] is True
@@ -460,7 +463,9 @@ def test_an_int8_plan_compiles_and_runs_its_projections_at_the_int8_peak():
     from maxlite.models.flops import forward_flops_by_part
     from maxlite.plan.compile import compile_plan, resolve
 
-    args = ["base.yml", "model_name=tiny", "max_target_length=512", "remat_policy=none"]
+    # tiny at its own sequence length (256 tokens: 512 cost twice the compile for the same claim), one
+    # sequence per chip; no remat, so each projection is its forward and two backward matmuls
+    args = ["base.yml", "model_name=tiny", "remat_policy=none", "per_device_batch_size=1"]
     topo = T.parse("v6e:2x2")
     plain, int8 = compile_plan(args, topo), compile_plan([*args, "quantization=int8"], topo)
     assert plain.fits and int8.fits and int8.recipe["quantization"] == "int8"
