@@ -222,14 +222,28 @@ def _final(run_dir, steps):
     return params, opt, loss
 
 
+def _resume_argv(out) -> list[str]:
+    return [*SMALL, f"base_output_directory={out}", "checkpoint_period=0", "straggler_report_interval=0",
+            "ici_fsdp_parallelism=2", "ici_data_parallelism=4",
+            "learning_rate_schedule_steps=8"]  # the same schedule for the run cut at step 4
+
+
+@pytest.fixture(scope="module")
+def plain_optimizer_dtypes(tmp_path_factory) -> list:
+    """The optimizer state's dtypes after a step of the unquantized recipe (one run for both modes)."""
+    from maxlite.train import train
+
+    out = tmp_path_factory.mktemp("plain")
+    train(C.load([*_resume_argv(out), "quantization=", "run_name=plain", "steps=1"]))
+    return [np.asarray(x).dtype for x in jax.tree.leaves(_final(f"{out}/plain", 1)[1])]
+
+
 @pytest.mark.parametrize("mode", ["int8", "fp8"])
-def test_a_quantized_run_resumes_bitwise_and_keeps_master_weights_and_exports(mode, tmp_path):
+def test_a_quantized_run_resumes_bitwise_and_keeps_master_weights_and_exports(mode, tmp_path, plain_optimizer_dtypes):
     from maxlite.bridge import hf
     from maxlite.train import train
 
-    argv = [*SMALL, f"quantization={mode}", f"base_output_directory={tmp_path}", "checkpoint_period=0",
-            "straggler_report_interval=0", "ici_fsdp_parallelism=2", "ici_data_parallelism=4",
-            "learning_rate_schedule_steps=8"]  # the same schedule for the run cut at step 4
+    argv = [*_resume_argv(tmp_path), f"quantization={mode}"]
     train(C.load([*argv, "run_name=whole", "steps=8"]))
     train(C.load([*argv, "run_name=resumed", "steps=4"]))
     train(C.load([*argv, "run_name=resumed", "steps=8"]))  # resumes from the final save of step 4
@@ -240,9 +254,7 @@ def test_a_quantized_run_resumes_bitwise_and_keeps_master_weights_and_exports(mo
         assert len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
     # master weights and optimizer moments in their own dtype, as a bf16 run keeps them
     assert {np.asarray(x).dtype for x in jax.tree.leaves(pa)} == {np.dtype("float32")}
-    train(C.load([*argv, "quantization=", "run_name=plain", "steps=1"]))
-    _, o_plain, _ = _final(f"{tmp_path}/plain", 1)
-    assert [np.asarray(x).dtype for x in jax.tree.leaves(oa)] == [np.asarray(x).dtype for x in jax.tree.leaves(o_plain)]
+    assert [np.asarray(x).dtype for x in jax.tree.leaves(oa)] == plain_optimizer_dtypes
     # an export of these weights is the same whatever the recipe's quantization
     cfg = C.load([*argv, "run_name=whole"])
     for name, q in (("q", mode), ("plain", "")):
