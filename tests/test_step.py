@@ -16,15 +16,17 @@ TINY = ["base.yml", "model_name=tiny", "dtype=float32", "max_target_length=32", 
 GOLDEN = [8.360401, 8.369177, 8.305806]
 
 
-@functools.lru_cache(maxsize=None)
-def _one_device(batch: int, steps: int):
-    """(losses, final state) of TINY on one device with `batch` sequences per step: the reference
-    run several tests compare against, trained once per module (the tests only read it)."""
-    return train_losses(TINY + [f"per_device_batch_size={batch}"], 1, steps)
+@pytest.fixture(scope="module")
+def one_device():
+    """(batch, steps) -> (losses, final state) of TINY on one device with `batch` sequences per step:
+    the reference runs several tests compare against, each trained once for the module (the tests
+    only read them; released with the module)."""
+    return functools.lru_cache(maxsize=None)(
+        lambda batch, steps: train_losses(TINY + [f"per_device_batch_size={batch}"], 1, steps))
 
 
-def test_golden_first_steps_loss():
-    losses, _ = _one_device(4, 3)
+def test_golden_first_steps_loss(one_device):
+    losses, _ = one_device(4, 3)
     np.testing.assert_allclose(losses, GOLDEN, rtol=2e-5, err_msg=(
         "the tiny model's first losses changed: fine only if this change was MEANT to alter the "
         "numerics (then update GOLDEN and say why in the commit); otherwise it is a regression"))
@@ -34,10 +36,10 @@ def test_golden_first_steps_loss():
     (["ici_fsdp_parallelism=4", "ici_tensor_parallelism=2", "per_device_batch_size=1"], 8),
     (["ici_data_parallelism=2", "ici_fsdp_parallelism=4", "per_device_batch_size=1"], 8),
 ])
-def test_same_trajectory_on_other_meshes(mesh_args, devices):
+def test_same_trajectory_on_other_meshes(mesh_args, devices, one_device):
     # the first 5 steps of the one-device run test_loss_falls_on_synthetic_data trains (the same
     # schedule: TINY's steps=20 sets it, not the number of steps run)
-    reference = _one_device(8, 20)[0][:5]
+    reference = one_device(8, 20)[0][:5]
     losses, _ = train_losses(TINY + mesh_args, devices, 5)
     np.testing.assert_allclose(losses, reference, rtol=2e-4)
 
@@ -62,17 +64,17 @@ def test_parameter_and_optimizer_shardings():
     assert adam.count.sharding.is_fully_replicated
 
 
-def test_loss_falls_on_synthetic_data():
-    losses, _ = _one_device(8, 20)
+def test_loss_falls_on_synthetic_data(one_device):
+    losses, _ = one_device(8, 20)
     assert losses[-3:].mean() < losses[0] - 1.5, losses
 
 
 @pytest.mark.parametrize("variant", [["remat_policy=none"], ["remat_policy=minimal"],
                                      ["remat_policy=save_dots"], ["scan_layers=false"],
                                      ["scan_layers=false", "remat_policy=none"]])
-def test_scan_and_remat_variants_agree(variant):
+def test_scan_and_remat_variants_agree(variant, one_device):
     steps = 3
-    reference, ref_state = _one_device(4, steps)
+    reference, ref_state = one_device(4, steps)
     losses, state = train_losses(TINY + ["per_device_batch_size=4"] + variant, 1, steps)
     np.testing.assert_allclose(losses, reference, rtol=1e-5)
     # The variants compute the same sums in another order, so their gradients agree to float32
@@ -108,8 +110,8 @@ def test_scan_and_remat_variants_agree(variant):
         assert rms <= rms_tol, f"{got.shape}: rms difference {rms:.2e} > {rms_tol:.2e}"
 
 
-def test_gradient_accumulation_equals_the_big_batch():
-    big, big_state = _one_device(4, 3)
+def test_gradient_accumulation_equals_the_big_batch(one_device):
+    big, big_state = one_device(4, 3)
     acc, acc_state = train_losses(TINY + ["per_device_batch_size=1", "gradient_accumulation_steps=4"], 1, 3)
     np.testing.assert_allclose(acc, big, rtol=1e-5)
     # Summation order differs (micro-batch partial sums), so equal up to float32 rounding.
