@@ -223,8 +223,9 @@ def test_bad_topology_is_one_line_exit_2():
 @pytest.fixture(scope="module")
 def tiny_plan():
     from maxlite.plan.compile import compile_plan
+    # one sequence per chip: the same program at half the batch (less compile)
     return compile_plan(["base.yml", "model_name=tiny", "ici_fsdp_parallelism=8",
-                         "ici_tensor_parallelism=2"], T.parse("v6e:4x4"))
+                         "ici_tensor_parallelism=2", "per_device_batch_size=1"], T.parse("v6e:4x4"))
 
 
 @needs_libtpu
