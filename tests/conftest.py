@@ -2,7 +2,6 @@
 
 `MAXLITE_TEST_PLATFORMS=cuda` runs the accelerator-only tests on a GPU machine (benchmarks/gpu.sh)."""
 
-import gc
 import os
 import sys
 
@@ -24,11 +23,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/.cache/maxlite/jax"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-
-# Python's cycle collector ran a tenth of a training test's main-thread samples (py-spy): tracing
-# leaves many short-lived cycles, and the default thresholds (700, 10, 10) walk the young objects every
-# few hundred allocations. Collect less often; memory stays bounded by the same collector.
-gc.set_threshold(50_000, 50, 100)
 
 import pytest  # noqa: E402
 
