@@ -14,7 +14,7 @@ bytes) and test_hf_parity (every family's logits against transformers'), start t
 
 # ... and one LLVM module per program: XLA:CPU splits a module in 32 for parallel code generation, which
 # at -O0 on two busy cores costs more (llvm::SplitModule, 4% of a GDN preset's compile) than it
-# saves: step + alignment + 4 presets, one process, empty cache, 217 → 201 CPU-seconds.
+# saves: step + alignment + 4 presets, one process, empty cache, 216 → 201 user CPU-seconds.
 CHEAP_COMPILE = ("--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false "
                  "--xla_cpu_parallel_codegen_split_count=1")
 
