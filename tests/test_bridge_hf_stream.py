@@ -2,6 +2,7 @@
 index, gs:// through the emulator, host memory of a few tensors (not the model), one-line errors."""
 
 import functools
+import gc
 import json
 import pathlib
 import tracemalloc
@@ -68,13 +69,18 @@ def test_bf16_round_trip_is_bit_exact_and_export_shards_with_an_index(hf_model, 
 
 
 def _peak_numpy_bytes(fn) -> int:
-    """Peak bytes Python and numpy hold at once while `fn` runs (tracemalloc traces numpy's buffers)."""
+    """Peak bytes Python and numpy hold at once while `fn` runs (tracemalloc traces numpy's buffers),
+    under Python's default cycle collector (what a user's process runs; tests/conftest.py's is lazier)."""
+    before = gc.get_threshold()
+    gc.collect()
+    gc.set_threshold(700, 10, 10)
     tracemalloc.start()
     try:
         fn()
         return tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
+        gc.set_threshold(*before)
 
 
 def test_import_and_export_hold_a_few_tensors_not_the_model(hf_model, tmp_path):
