@@ -24,6 +24,14 @@ from tests.xla_flags import cpu_xla_flags
 SMALL = ["base.yml", "model_name=tiny", "base_emb_dim=64", "base_mlp_dim=128", "base_num_query_heads=2",
          "base_num_kv_heads=2", "head_dim=32", "base_num_decoder_layers=2", "vocab_size=256",
          "max_target_length=16", "per_device_batch_size=1", "enable_tensorboard=false", "write_report=false"]
+# GRPO on SMALL with the bundled tokenizer's vocabulary, its rollouts on devices of their own (a
+# quarter each): tests/test_rollout_async.py's runs, and the colocated base of test_rollout_actors.py's
+GRPO_SEPARATE = [*SMALL, "vocab_size=4096", "dtype=float32", "train_objective=grpo", "dataset_type=prompts",
+                 "max_target_length=52",
+                 "reward_functions=[maxlite.objectives.rewards:exact_answer, maxlite.objectives.rewards:brevity]",
+                 "grpo_max_new_tokens=6", "grpo_num_generations=4", "per_device_batch_size=1", "learning_rate=1e-2",
+                 "lr_schedule_type=constant", "warmup_steps_fraction=0", "grpo_temperature=1.5", "log_period=1",
+                 "eval_interval=0", "trainer_devices_fraction=0.25", "sampler_devices_fraction=0.25"]
 
 # A very small mixture of experts (8 experts, top 2) in float32: what expert-parallel tests train.
 MOE = ["base.yml", "model_name=tiny-moe", "base_emb_dim=32", "base_moe_mlp_dim=16", "base_mlp_dim=32",
@@ -370,3 +378,11 @@ def selected_params(request, name: str) -> list:
         if item.module is request.module and name in params and params[name] not in values:
             values.append(params[name])
     return values
+
+
+def value_and_grads(fn, params, x_BTD):
+    """fn's output summed against a fixed random cotangent: its value and gradients in params and x_BTD."""
+    import jax.numpy as jnp
+
+    cotangent = jnp.asarray(np.random.default_rng(1).normal(0, 1, x_BTD.shape).astype(np.float32))
+    return jax.value_and_grad(lambda p, x: jnp.sum(fn(p, x) * cotangent), argnums=(0, 1))(params, x_BTD)

@@ -185,3 +185,12 @@ print(sorted(m for m in sys.modules if m.startswith(("maxlite.bridge", "safetens
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+def test_no_test_module_imports_another():
+    """A test file is not a library: what two files share lives in tests/helpers.py (or another
+    module that is not a test file), so a test file can change or go without breaking another."""
+    graph = imports(_modules(ROOT, "tests"), "tests")
+    found = sorted(f"{a} → {b}" for a, deps in graph.items() for b in deps
+                   if b.rpartition(".")[2].startswith("test_"))
+    assert found == []

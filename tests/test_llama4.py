@@ -17,7 +17,7 @@ from maxlite import config as C
 from maxlite.models import attention
 from maxlite.models.kinds import attention_core_flops
 from maxlite.models.moe import MoE
-from tests.test_moe import value_and_grads
+from tests.helpers import value_and_grads
 
 CHUNK = 8
 

@@ -16,6 +16,7 @@ from maxlite.models import Transformer
 from maxlite.models.layout import layer_mlps, layer_stacks
 from maxlite.models.moe import MoE
 from maxlite.state import abstract_params
+from tests.helpers import value_and_grads
 
 E, K, D, F, B, T = 8, 2, 16, 8, 2, 6
 
@@ -65,11 +66,6 @@ def loop_reference(cfg, params, x_BTD, kept=None):
 
     kept = jnp.ones(x_BTD.shape[:2] + (cfg.num_experts_per_tok,)) if kept is None else kept
     return jax.vmap(jax.vmap(one_token))(x_BTD, kept)
-
-
-def value_and_grads(fn, params, x_BTD):
-    cotangent = jnp.asarray(np.random.default_rng(1).normal(0, 1, x_BTD.shape).astype(np.float32))
-    return jax.value_and_grad(lambda p, x: jnp.sum(fn(p, x) * cotangent), argnums=(0, 1))(params, x_BTD)
 
 
 def layer_fn(layer, impl):

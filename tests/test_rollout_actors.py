@@ -21,7 +21,7 @@ from maxlite.rollout import actors
 from maxlite.rollout.engine import Sampling, make_engine
 from maxlite.train import train
 from tests.rollout_workers import HangsOnce, HoldsInGenerate
-from tests.test_rollout_async import GRPO as SEPARATE
+from tests.helpers import GRPO_SEPARATE as SEPARATE, SMALL
 
 pytestmark = pytest.mark.ray
 
@@ -158,6 +158,29 @@ def test_grpo_trains_with_a_worker_one_step_off_policy(local_ray, tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert [r["rollout_staleness"] for r in rows] == [0, 1, 1]
     assert all(r["rollout_worker_restarts"] == r["rollout_worker_hangs"] == 0 and np.isfinite(r["loss"]) for r in rows)
+
+
+def test_tool_rollouts_on_a_worker_equal_the_in_process_ones_and_run_one_step_off_policy(local_ray, tmp_path):
+    """Multi-turn rollouts with tools (maxlite/rollout/tools.py) through a rollout worker: each round is
+    one generate call on the actor, the tool runs in the trainer. Step 7 (the first GRPO step, after a
+    6-step warm-up that teaches the tool-call end) samples the same tool rounds as the in-process
+    engine and trains to the same loss; step 8, generated while step 7 trained, calls the tools too."""
+    argv = [*SMALL, "vocab_size=4096", "dtype=float32", "max_target_length=96", "train_objective=grpo",
+            "dataset_type=prompts", "reward_functions=[maxlite.objectives.rewards:exact_answer]",
+            "grpo_max_new_tokens=40", "grpo_num_generations=4", "per_device_batch_size=2", "alignment_sft_steps=6",
+            "learning_rate=1e-2", "rollout_tools=[tests.tool_fns:assistant, tests.tool_fns:raises]",
+            "tool_call_start=<|im_start|>", "tool_call_end=<", "max_tool_turns=2", "tool_workers=1",
+            "reward_workers=1", "lr_schedule_type=constant", "warmup_steps_fraction=0", "checkpoint_period=0",
+            "log_period=1", "eval_interval=0", f"base_output_directory={tmp_path}"]
+    train(C.load([*argv, "steps=7", "run_name=here"]))
+    train(C.load([*argv, "steps=8", "run_name=actor", "rollout_workers=1", "off_policy_steps=1"]))
+    here, actor = ([r for r in map(json.loads, open(f"{tmp_path}/{name}/metrics.jsonl")) if "reward" in r]
+                   for name in ("here", "actor"))
+    figures = ("reward", "tool_calls", "tool_failures", "tool_timeouts", "turns", "completion_length", "loss")
+    assert [r["step"] for r in actor] == [7, 8] and [r["rollout_staleness"] for r in actor] == [0, 1]
+    assert {k: actor[0][k] for k in figures} == {k: here[0][k] for k in figures}
+    assert here[0]["tool_calls"] > 0 and here[0]["turns"] > 1
+    assert actor[1]["tool_calls"] > 0 and actor[1]["rollout_worker_restarts"] == 0
 
 
 def test_bad_values_are_refused_in_one_line():

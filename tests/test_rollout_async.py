@@ -11,14 +11,9 @@ from maxlite.bridge import params as P
 from maxlite.data.lookahead import Lookahead
 from maxlite.data.synthetic import make_synthetic_iterator
 from maxlite.train import train
-from tests.helpers import SMALL
+from tests.helpers import GRPO_SEPARATE, SMALL
 
-TINY = [*SMALL, "vocab_size=4096", "dtype=float32"]  # the bundled tokenizer's vocabulary
-GRPO = [*TINY, "train_objective=grpo", "dataset_type=prompts", "max_target_length=52",
-        "reward_functions=[maxlite.objectives.rewards:exact_answer, maxlite.objectives.rewards:brevity]",
-        "grpo_max_new_tokens=6", "grpo_num_generations=4", "per_device_batch_size=1", "learning_rate=1e-2",
-        "lr_schedule_type=constant", "warmup_steps_fraction=0", "grpo_temperature=1.5", "log_period=1",
-        "eval_interval=0", "trainer_devices_fraction=0.25", "sampler_devices_fraction=0.25"]
+GRPO = GRPO_SEPARATE
 
 
 def test_reading_ahead_leaves_the_saved_position_at_the_loops_batch():
