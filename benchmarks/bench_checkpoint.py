@@ -2,7 +2,7 @@
 checksums cost a save and a restore.
 
     python benchmarks/bench_checkpoint.py [--dir /tmp/x] [--layers 16] [--repeats 5] [--out PATH]
-    python benchmarks/bench_checkpoint.py --checksums [--model llama-100m] [--repeats 5] [--gcs] [--out PATH]
+    python benchmarks/bench_checkpoint.py --checksums [--model llama-100m] [--repeats 5] [--gcs] [--without-isal] [--out PATH]
 
 Writes benchmarks/results/checkpoint.json (--layers 16: a 0.8 GiB state). A small state shows the
 fixed per-save cost instead of write speed: `--layers 4 --repeats 9 --out
@@ -30,9 +30,13 @@ What is compared with what, and why:
 `--checksums` (issue 29): a trained `--model` state saved and restored with and without its
 checksums (maxlite/checkpoints/checksums.py), interleaved, each timed section after `os.sync()`:
 a synchronous save until durable, an async save's blocking part and its total (the writer thread
-checksums the host copy before Orbax writes it), and a restore onto the run's shardings with and
-without verification (`restore_items(verify=...)`: the same checkpoint, from the page cache both
-times). Writes benchmarks/results/checkpoint_checksums_<model>.json. Aim: <= 5% of each.
+checksums the host copy before Orbax writes it), and then, in a phase of their own, restores onto
+the run's shardings with and without verification (`restore_items(verify=...)`: the same
+checkpoint, from the page cache both times). Besides wall time it records this process's CPU time
+and its user-mode part (the kernel's page-cache work varies 0.4-3 s between like saves on the
+2-core VM), and the wall cost with the order in each pair held fixed. Writes
+benchmarks/results/checkpoint_checksums_<model>.json. Aim: <= 5% of each. `--without-isal`
+measures the CRC32C python-isal replaced (libcrc32c's).
 `--gcs` does the same on `gs://` through a local fake-gcs-server (tests/gcs_emulator.py; its
 filesystem backend under --dir), written to checkpoint_checksums_<model>_gcs.json.
 """
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import pathlib
 import shutil
 import statistics
@@ -135,7 +140,7 @@ def _gcs_bucket(local: str):
 def checksum_cost(args) -> None:
     """Save and restore with and without checksums (see the module docstring)."""
     from maxlite import checkpoints as ck
-    from maxlite.checkpoints import checksums
+    from maxlite.checkpoints import checksums, crc
     from maxlite.checkpoints.storage import fs_of
 
     local = tempfile.mkdtemp(prefix="bench-ckpt-sum-", dir=args.dir)
@@ -167,43 +172,53 @@ def checksum_cost(args) -> None:
                                "record_alone", "pieces_alone")}
     cpu = {k: [] for k in ("sync_save_with", "sync_save_without", "async_total_with", "async_total_without",
                            "restore_verified", "restore_unverified", "record_alone", "pieces_alone")}
+    user = {k: [] for k in cpu}  # user-mode CPU only: the kernel's share (page cache, reclaim) is the noise
+    first = {k: [] for k in cpu}  # whether each sample ran first of its pair in its repeat
 
-    def timed(key: str, fn) -> None:
-        """Wall seconds into `samples`, this process's CPU seconds (every thread) into `cpu`."""
+    def timed(key: str, fn, went_first: bool = True) -> None:
+        """Wall seconds into `samples`, this process's CPU seconds (every thread) into `cpu`, its
+        user-mode part into `user`."""
         os.sync()
-        wall, used = time.perf_counter(), time.process_time()
+        wall, used, ru = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
         fn()
         samples[key].append(time.perf_counter() - wall)
         if key in cpu:
             cpu[key].append(time.process_time() - used)
+            user[key].append(resource.getrusage(resource.RUSAGE_SELF).ru_utime - ru.ru_utime)
+            first[key].append(went_first)
 
     for r in range(args.repeats):
         step = r + 2
         for sums in ((True, False) if r % 2 == 0 else (False, True)):  # alternate who goes first
-            tag = "with" if sums else "without"
-            timed(f"sync_save_{tag}", lambda: savers["false", sums].save(step, state, _Data()))
+            tag, went_first = "with" if sums else "without", sums == (r % 2 == 0)
+            timed(f"sync_save_{tag}", lambda: savers["false", sums].save(step, state, _Data()), went_first)
 
             def async_save():
                 savers["true", sums].save(step, state, _Data())
                 samples[f"async_block_{tag}"].append(time.perf_counter() - start)
                 savers["true", sums].poll(wait=True)
             start = time.perf_counter()
-            timed(f"async_total_{tag}", async_save)
+            timed(f"async_total_{tag}", async_save, went_first)
+        timed("record_alone", lambda: checksums.record(
+            {"params": state.params, "optimizer": {"step": state.step, "opt_state": state.opt_state}}, {}, 0, 1).result())
+        for c in savers.values():  # untimed: the disk holds two steps per saver, not every repeat's
+            fs_of(c.path).rm(f"{c.path}/{step - 1}", recursive=True)
+        print(f"repeat {r + 1}: " + ", ".join(f"{k} {v[-1]:.3f} s" for k, v in samples.items() if v), flush=True)
+    # Restores in a phase of their own, of the last step saved: a save's writes between two restores
+    # left the kernel reclaiming page cache during the next one (0.3-1.3 s for the same restore)
+    step, records = args.repeats + 1, checksums.read(root, args.repeats + 1)
+    for r in range(args.repeats):
         restored: dict = {}
         for verify in ((True, False) if r % 2 == 0 else (False, True)):
             def restore():
                 restored.update(ck.restore_items(root, step, targets, verify=verify))
                 jax.block_until_ready(restored)
-            timed("restore_verified" if verify else "restore_unverified", restore)
-        timed("record_alone", lambda: checksums.record(
-            {"params": state.params, "optimizer": {"step": state.step, "opt_state": state.opt_state}}, {}, 0, 1).result())
-        records = checksums.read(root, step)
+            timed("restore_verified" if verify else "restore_unverified", restore, verify == (r % 2 == 0))
         timed("pieces_alone", lambda: [checksums.damaged(records, [checksums.pieces(records, restored[item], item).result()[0]])
                                        for item in ("params", "optimizer")])
         restored.clear()
-        for c in savers.values():  # untimed: the disk holds two steps per saver, not every repeat's
-            fs_of(c.path).rm(f"{c.path}/{step - 1}", recursive=True)
-        print(f"repeat {r + 1}: " + ", ".join(f"{k} {v[-1]:.3f} s" for k, v in samples.items()), flush=True)
+        print(f"restore repeat {r + 1}: " + ", ".join(f"{k} {samples[k][-1]:.3f} s" for k in
+                                                      ("restore_verified", "restore_unverified", "pieces_alone")), flush=True)
     for c in savers.values():
         c.close()
     med = {k: statistics.median(v) for k, v in samples.items()}
@@ -215,6 +230,23 @@ def checksum_cost(args) -> None:
     cpu_cost = {"sync_save": med_cpu["sync_save_with"] / med_cpu["sync_save_without"] - 1,
                 "async_save_total": med_cpu["async_total_with"] / med_cpu["async_total_without"] - 1,
                 "restore": med_cpu["restore_verified"] / med_cpu["restore_unverified"] - 1}
+    med_user = {k: statistics.median(v) for k, v in user.items()}
+    pairs = {"sync_save": ("sync_save_with", "sync_save_without"),
+             "async_save_total": ("async_total_with", "async_total_without"),
+             "restore": ("restore_verified", "restore_unverified")}
+    user_cost = {op: (med_user[a] - med_user[b]) / med[b] for op, (a, b) in pairs.items()}
+
+    def by_position(a: str, b: str) -> float:
+        """The cost with the order of each pair held fixed: the geometric mean of the two ratios of
+        medians (both first in their repeat, both second), the first repeat (warm-up) left out.
+        The second of a pair often ran slower (the kernel reclaiming the first's page cache)."""
+        ratios = []
+        for pos in (True, False):
+            wa = [w for w, f in zip(samples[a][1:], first[a][1:]) if f == pos]
+            wb = [w for w, f in zip(samples[b][1:], first[b][1:]) if f == pos]
+            ratios.append(statistics.median(wa) / statistics.median(wb))
+        return (ratios[0] * ratios[1]) ** 0.5 - 1
+    position_cost = {op: by_position(a, b) for op, (a, b) in pairs.items()} if args.repeats >= 3 else {}
     result = {
         "command": " ".join(["python", "benchmarks/bench_checkpoint.py", *sys.argv[1:]]),
         "model": args.model, "state_bytes": nbytes, "devices": jax.device_count(),
@@ -224,8 +256,14 @@ def checksum_cost(args) -> None:
         "load_average_at_end": os.getloadavg()[:2], "dir": where,
         "median_seconds": med, "checksum_cost": cost,
         "median_cpu_seconds": med_cpu, "checksum_cpu_cost": cpu_cost,
+        "checksum_cost_by_position": position_cost, "median_user_cpu_seconds": med_user,
+        "checksum_user_cpu_cost": user_cost, "crc": crc.implementation(),
         "cost_is": "median with / median without - 1, wall time (checksum_cost) and this process's CPU time "
-                   "over all its threads (checksum_cpu_cost: less swayed by other processes on a shared host)",
+                   "over all its threads (checksum_cpu_cost: less swayed by other processes on a shared host); "
+                   "checksum_cost_by_position: wall, the order within each repeat held fixed; "
+                   "checksum_user_cpu_cost: the user-mode CPU seconds checksums add over the wall seconds of "
+                   "the operation without them (what the pass costs where no core is idle to hide it, "
+                   "without the kernel's page-cache work, which varies 0.4-3 s between like saves here)",
         "checksum_gb_per_s": {"save_record": nbytes / 1e9 / med["record_alone"],
                               "restore_check": nbytes / 1e9 / med["pieces_alone"]},
         # the CPU seconds of a CRC pass alone over those of a save / restore without checksums: what
@@ -233,7 +271,7 @@ def checksum_cost(args) -> None:
         "crc_pass_cpu_share": {"sync_save": med_cpu["record_alone"] / med_cpu["sync_save_without"],
                                "restore": med_cpu["pieces_alone"] / med_cpu["restore_unverified"]},
         "target": "checksum_cost <= 0.05 of a save and of a restore",
-        "samples": samples, "cpu_samples": cpu,
+        "samples": samples, "cpu_samples": cpu, "user_cpu_samples": user, "went_first": first,
     }
     out = pathlib.Path(args.out or pathlib.Path(__file__).resolve().parent / "results"
                        / f"checkpoint_checksums_{args.model}{'_gcs' if args.gcs else ''}.json")
@@ -260,7 +298,11 @@ def main() -> None:
     parser.add_argument("--checksums", action="store_true", help="what checksums cost a save and a restore")
     parser.add_argument("--model", default="llama-100m", help="with --checksums: the model_name")
     parser.add_argument("--gcs", action="store_true", help="with --checksums: on gs:// (a local fake-gcs-server)")
+    parser.add_argument("--without-isal", action="store_true",
+                        help="with --checksums: the CRC32C without ISA-L (libcrc32c's, as before python-isal)")
     args = parser.parse_args()
+    if args.without_isal:
+        sys.modules["isal"] = None  # crc._native then finds libcrc32c's, as where python-isal is not installed
     if args.checksums:
         return checksum_cost(args)
     where = tempfile.mkdtemp(prefix="bench-ckpt-", dir=args.dir)
