@@ -60,6 +60,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
 from maxlite import config as C, state as state_lib  # noqa: E402
 from maxlite import resume  # noqa: E402
@@ -221,6 +222,7 @@ def checksum_cost(args) -> None:
                                                       ("restore_verified", "restore_unverified", "pieces_alone")), flush=True)
     for c in savers.values():
         c.close()
+    crc_speed = _crc_speed(crc)
     med = {k: statistics.median(v) for k, v in samples.items()}
     cost = {"sync_save": med["sync_save_with"] / med["sync_save_without"] - 1,
             "async_save_total": med["async_total_with"] / med["async_total_without"] - 1,
@@ -257,7 +259,7 @@ def checksum_cost(args) -> None:
         "median_seconds": med, "checksum_cost": cost,
         "median_cpu_seconds": med_cpu, "checksum_cpu_cost": cpu_cost,
         "checksum_cost_by_position": position_cost, "median_user_cpu_seconds": med_user,
-        "checksum_user_cpu_cost": user_cost, "crc": crc.implementation(),
+        "checksum_user_cpu_cost": user_cost, "crc": crc.implementation(), "crc_gb_per_s_one_thread": crc_speed,
         "cost_is": "median with / median without - 1, wall time (checksum_cost) and this process's CPU time "
                    "over all its threads (checksum_cpu_cost: less swayed by other processes on a shared host); "
                    "checksum_cost_by_position: wall, the order within each repeat held fixed; "
@@ -279,6 +281,21 @@ def checksum_cost(args) -> None:
     if emulator is not None:
         emulator.stop()
     shutil.rmtree(local, ignore_errors=True)
+
+
+def _crc_speed(crc) -> dict[str, float]:
+    """GB/s of one thread's CRC32C (`crc.crc0`) over an 8 MiB buffer in cache (best of 50) and
+    over 512 MiB from memory (best of 3)."""
+    out = {}
+    for name, nbytes, reps in (("cached_8MiB", 8 << 20, 50), ("memory_512MiB", 512 << 20, 3)):
+        buf = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)
+        best = float("inf")
+        for _ in range(reps):
+            start = time.perf_counter()
+            crc.crc0(buf)
+            best = min(best, time.perf_counter() - start)
+        out[name] = nbytes / best / 1e9
+    return out
 
 
 def _cpu_model() -> str:
