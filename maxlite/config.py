@@ -68,6 +68,21 @@ def _load_chain(path: pathlib.Path, seen: tuple[pathlib.Path, ...] = ()) -> dict
     return merged
 
 
+def _preset_chain(path: pathlib.Path, seen: tuple[pathlib.Path, ...] = ()) -> dict[str, Any]:
+    """A model preset merged over the preset its `base_config:` names (a file beside it, never one
+    in the working directory): `gemma3-4b-vision.yml` is `gemma3-4b.yml` and its vision tower."""
+    if path in seen:
+        raise ConfigError(f"{path}: base_config chain loops back on itself")
+    data = _read_yaml(path)
+    parent = data.pop("base_config", None)
+    if parent is None:
+        return data
+    base = path.parent / str(parent)
+    if not base.is_file():
+        raise ConfigError(f"{path}: base_config '{parent}' is not a preset beside it")
+    return {**_preset_chain(base, seen + (path,)), **data}
+
+
 def _coerce(key: str, value: Any, from_cli: bool) -> Any:
     """Value → the key's type (the schema's), or a one-line error."""
     if FIELDS[key].metadata["kind"] == "blend":
@@ -160,7 +175,7 @@ def load(argv: Sequence[str] = (), **overrides: Any) -> Config:
             close = difflib.get_close_matches(str(model_name), names, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise ConfigError(f"unknown model_name '{model_name}'{hint}; presets: {', '.join(names)}")
-        preset = _read_yaml(preset_path)
+        preset = _preset_chain(preset_path)
         _check_keys(preset, str(preset_path))
 
     values = {k: f.default for k, f in FIELDS.items()}

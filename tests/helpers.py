@@ -284,7 +284,7 @@ def shrunk(model_name: str) -> list[str]:
         window += ["mamba_num_heads=4", "mamba_head_dim=16", "mamba_state_dim=16", "mamba_num_groups=2",
                    "layer_types=[mamba, full_attention, mlp]"]
     if cfg.mrope_sections:  # multimodal RoPE over the narrow heads: every axis keeps frequencies
-        half = head_dim // 2
+        half = int(head_dim * cfg.partial_rotary_factor) // 2
         window += [f"mrope_sections=[{half - 2 * (half // 3)}, {half // 3}, {half // 3}]"]
     if cfg.vision_encoder:  # a 2-layer tower of 32 wide (patch 8), DeepStack from its first layer; the
         # placeholder and marker ids inside the shrunk vocabulary
@@ -293,6 +293,8 @@ def shrunk(model_name: str) -> list[str]:
                    "vision_start_token_id=502", "vision_end_token_id=503", "image_min_pixels=1024",
                    "image_max_pixels=9216", "max_image_patches=256"]
         window += ["vision_deepstack_layers=[0]"] if cfg.vision_deepstack_layers else []
+        if cfg.vision_encoder == "siglip":  # 32-pixel squares: 4 × 4 patches pooled to 2 × 2 tokens
+            window += ["vision_image_size=32", "vision_tokens_per_image=4"]
     return ["base.yml", f"model_name={model_name}", "base_emb_dim=64", "base_mlp_dim=128",
             f"base_num_query_heads={heads}", f"base_num_kv_heads={kv}", f"head_dim={head_dim}",
             f"base_num_decoder_layers={layers}", "vocab_size=512", *window,

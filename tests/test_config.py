@@ -47,6 +47,29 @@ def test_user_mistakes_are_one_line(argv, message):
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
+def test_a_preset_extends_the_preset_its_base_config_names():
+    import yaml
+
+    text = yaml.safe_load((C.CONFIG_DIR / "models" / "gemma3-4b.yml").read_text())
+    cfg = C.load(["base.yml", "model_name=gemma3-4b-vision"])
+    assert {k: getattr(cfg, k) for k in text} == {k: getattr(C.load(["base.yml", "model_name=gemma3-4b"]), k) for k in text}
+    assert (cfg.vision_encoder, cfg.vision_image_size, cfg.decoder_block) == ("siglip", 896, "gemma3")
+    assert C.load(["base.yml", "model_name=gemma3-4b-vision", "vision_encoder="]).vision_encoder == ""
+
+
+def test_a_preset_chain_that_loops_or_names_no_preset_is_one_line(tmp_path, monkeypatch):
+    (tmp_path / "a.yml").write_text("base_config: b.yml\n")
+    (tmp_path / "b.yml").write_text("base_config: a.yml\n")
+    (tmp_path / "c.yml").write_text("base_config: nowhere.yml\n")
+    with pytest.raises(C.ConfigError, match="loops back on itself"):
+        C._preset_chain(tmp_path / "a.yml")
+    monkeypatch.chdir(tmp_path)  # a file of that name in the working directory is not a preset
+    (tmp_path / "gemma3-4b.yml").write_text("base_emb_dim: 8\n")
+    with pytest.raises(C.ConfigError, match="base_config 'nowhere.yml' is not a preset beside it"):
+        C._preset_chain(tmp_path / "c.yml")
+    assert C.load(["base.yml", "model_name=gemma3-4b-vision"]).base_emb_dim == 2560
+
+
 def test_unknown_key_in_yaml_names_file(tmp_path):
     (tmp_path / "bad.yml").write_text("base_config: base.yml\nlearning_rat: 0.1\n")
     with pytest.raises(C.ConfigError, match="learning_rat.*bad.yml.*did you mean 'learning_rate'"):

@@ -15,14 +15,14 @@ from maxlite.state import split_trainable
 def _traits(cfg) -> tuple:
     """What a shrunk preset keeps that changes its program: family, head, biases, RoPE scaling (and its
     kind) and local RoPE, a window, query scaling, the layer count (a family's pattern; Gemma 4's
-    key/value-sharing layers), multi-token prediction and per-layer embeddings. Presets that differ
+    key/value-sharing layers), multi-token prediction, per-layer embeddings and a vision tower. Presets that differ
     only in GQA or not, or in a head_dim that is or is not emb/heads, share one run: those are shapes
     the same program takes (the groups below still hold both kinds of each), which the attention
     tests vary for every implementation."""
     return (cfg.decoder_block, cfg.logits_via_embedding, cfg.use_bias, cfg.rope_scaling_factor > 0,
             cfg.rope_scaling_type if cfg.rope_scaling_factor > 0 else "", cfg.sliding_window > 0,
             cfg.local_rope_max_timescale > 0, cfg.query_pre_attn_scalar > 0, cfg.base_num_decoder_layers,
-            cfg.mtp_num_layers > 0, cfg.num_kv_shared_layers > 0, cfg.per_layer_embed_dim > 0)
+            cfg.mtp_num_layers > 0, cfg.num_kv_shared_layers > 0, cfg.per_layer_embed_dim > 0, cfg.vision_encoder)
 
 
 def _distinct(argvs: dict[str, list[str]]) -> dict[tuple, list[str]]:
@@ -103,7 +103,9 @@ def test_parameter_count_equals_the_hugging_face_model_of_the_same_config(name):
     cfg = C.load(["base.yml", f"model_name={name}"])
     config = transformers.AutoConfig.for_model(**adapter(family(cfg).hf_module).hf_config(cfg))
     with torch.device("meta"):
-        model = hf_models.auto_class(config.model_type).from_config(config)
+        # a preset with its tower: the image-text class a user loads it with
+        auto = transformers.AutoModelForImageTextToText if cfg.vision_encoder else hf_models.auto_class(config.model_type)
+        model = auto.from_config(config)
     assert type(model).__name__ == config.architectures[0]
     params = abstract_params(cfg)[1]
     # transformers builds no multi-token-prediction depths (DeepSeek-V3's: it skips their weights)

@@ -150,6 +150,23 @@ def test_a_bad_image_record_is_one_line_naming_it(hf_dir, tmp_path, case):
             "too_many_patches": "more than a row holds (max_image_patches=128)"}[case] in message, message
 
 
+def test_a_batch_holds_the_image_arrays_the_planner_compiles_for(hf_dir, tmp_path):
+    """The planner's abstract batch (image_docs' batch_shapes) is what the SFT pipeline hands the step."""
+    from maxlite.bridge import hf
+    from maxlite.data.image_docs import kind_of
+    from maxlite.data.sft_pipeline import make_sft_dataset
+    from maxlite.data.tokenizer import load_tokenizer
+
+    _png(tmp_path / "img.png")
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps(_turn(IMAGE_PART, {"type": "text", "text": "How many shapes?"})) + "\n")
+    cfg = hf.import_hf(str(hf_dir), ["dataset_type=sft", f"dataset_path={data}", "max_target_length=96",
+                                     "max_image_patches=128", "per_device_batch_size=2"])[0]
+    batch = next(iter(make_sft_dataset(cfg, "train", 0, 1, load_tokenizer(cfg.tokenizer_path, cfg.bos_id, cfg.eos_id))))
+    want = kind_of(cfg).batch_shapes(2, 96)
+    assert {k: (tuple(batch[k].shape), str(batch[k].dtype)) for k in want} == want
+
+
 def test_an_image_in_a_text_only_models_data_is_one_line_naming_the_record(tmp_path):
     _png(tmp_path / "img.png")
     message = _first_batch_error(["base.yml", "model_name=tiny", "sft_template=chatml"],

@@ -122,6 +122,14 @@ class QwenImages:
     def pack_lengths(self, length: int) -> dict[str, int]:
         return {"rope": length, **{k: self.cfg.max_image_patches for k in PATCH_KEYS}}
 
+    def batch_shapes(self, B: int, T: int) -> dict[str, tuple[tuple[int, ...], str]]:
+        """{key: (shape, dtype)} of what `finish` puts in a batch of B packed rows of T tokens beside the
+        text arrays (the planner's abstract batch)."""
+        N, width = self.cfg.max_image_patches, 3 * self.cfg.vision_temporal_patch_size * self.cfg.vision_patch_size ** 2
+        return {"positions": ((B, T, 3), "int32"), "image_pixels": ((B, N, width), "float32"),
+                "image_segment": ((B, N), "int32"), "image_rope_hw": ((B, N, 2), "int32"),
+                "image_pos_index": ((B, N, 4), "int32"), "image_pos_weight": ((B, N, 4), "float32")}
+
     def finish(self, row: dict, out: dict) -> None:
         out["positions"] = row["rope"].astype(np.int32)
         out.update({k: row[k] for k in PATCH_KEYS})
@@ -195,6 +203,11 @@ class SiglipImages:
 
     def pack_lengths(self, length: int) -> dict[str, int]:
         return {"image_pixels": self.cfg.max_images_per_row}
+
+    def batch_shapes(self, B: int, T: int) -> dict[str, tuple[tuple[int, ...], str]]:
+        """{key: (shape, dtype)} of what `finish` puts in a batch of B packed rows beside the text arrays."""
+        S = self.cfg.vision_image_size
+        return {"image_pixels": ((B, self.cfg.max_images_per_row, 3, S, S), "float32")}
 
     def finish(self, row: dict, out: dict) -> None:
         out["image_pixels"] = row["image_pixels"].astype(np.float32)
