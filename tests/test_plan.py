@@ -277,6 +277,22 @@ def test_offloaded_layer_inputs_are_host_memory_not_the_hbm_peak():
 
 
 @needs_libtpu
+def test_a_vision_plan_compiles_the_tower_on_its_images():
+    """A Qwen-ViT recipe's plan holds its image arrays (1024 patches a row) and compiles the tower over
+    them: the compiled step's FLOPs over the same recipe without the tower grow by about what the
+    formula counts for the tower (per device; XLA also counts its norms, activations and softmax)."""
+    from maxlite.plan.compile import compile_plan
+    from tests.helpers import shrunk
+
+    args = [*shrunk("qwen3-vl-2b"), "max_target_length=512", "max_image_patches=1024", "image_max_pixels=1048576"]
+    vision, text = (compile_plan(a, T.parse("v6e:2x2")) for a in (args, [*args, "vision_encoder="]))
+    assert vision.fits and text.fits
+    assert vision.batch_bytes - text.batch_bytes >= 1024 * 3 * 2 * 8 * 8 * 4  # at least the pixels of a row
+    tower_formula = (vision.flops_formula - text.flops_formula) / vision.num_devices
+    assert vision.flops_compiler - text.flops_compiler == pytest.approx(tower_formula, rel=0.35)
+
+
+@needs_libtpu
 def test_with_bfloat16_gradients_no_expert_tensor_is_whole_in_float32():
     """grad_dtype=bfloat16 on float32 weights: the experts are cast while sharded as stored, so the
     v6e program gathers them in bfloat16 and reduce-scatters their gradient in bfloat16 before widening

@@ -14,6 +14,7 @@ import pytest
 from flax import nnx
 from jax.sharding import AxisType
 
+from maxlite import config as C
 from maxlite.mesh import RULES
 from maxlite.models.vision import qwen_vit_hf
 from maxlite.models.vision.qwen_vit import QwenVisionSpec, QwenVisionTower, flops_per_patch, patch_layout, stack_layouts
@@ -236,3 +237,25 @@ def test_bfloat16_compute_stays_near_float32_and_padding_keeps_gradients_finite(
     assert tokens16.dtype == deep16.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(tokens16, np.float32), tokens32, atol=0.02 * float(jnp.abs(tokens32).max()))
     assert all(bool(jnp.isfinite(g).all()) for g in jax.tree.leaves(grads))
+
+
+def test_a_steps_flops_count_the_tower_as_vision_train_trains_it():
+    """The formula's tower share (train_flops_per_step − the same step without the tower's images),
+    frozen against all, moves as the compiled step's FLOPs do: a frozen tower runs its forward only
+    (XLA drops the backward nothing needs), a trained one its backward too (2 more matmuls each)."""
+    from maxlite.data.synthetic import make_synthetic_iterator
+    from maxlite.models.flops import train_flops_per_step
+    from tests.helpers import build, shrunk
+
+    def tower_share(vision_train: str) -> tuple[float, float]:
+        argv = shrunk("qwen3-vl-2b") + ["max_image_patches=16", "image_max_pixels=1048576", f"vision_train={vision_train}"]
+        cfg, mesh_, state, step, _ = build(argv, 1)
+        batch = next(make_synthetic_iterator(cfg, "train", 0, 1))  # one 4 × 4-patch image per row
+        text = {k: v for k, v in batch.items() if not k.startswith("image_")}
+        with jax.set_mesh(mesh_), nnx.logical_axis_rules(RULES):
+            compiled = [step.lower(state, b).compile().cost_analysis()["flops"] for b in (batch, text)]
+        without = train_flops_per_step(C.load([*argv, "vision_encoder="]))
+        return compiled[0] - compiled[1], train_flops_per_step(cfg) - without
+
+    (frozen_xla, frozen), (all_xla, trained) = tower_share("frozen"), tower_share("all")
+    assert frozen > 0 and trained / frozen == pytest.approx(all_xla / frozen_xla, rel=0.15)

@@ -12,7 +12,8 @@ per-layer embeddings (Gemma 4, P = per_layer_embed_dim): 2·B·T·D·L·P + L·2
 A mixture-of-experts layer counts its active parameters, as MaxText does: the router 2·B·T·D·E and
 the k routed experts plus the shared ones, each 2·B·T·D·F_moe·m (F_moe = base_moe_mlp_dim); what a
 `dense` implementation computes beyond that, and capacity padding, is overhead, not useful work.
-Training = 3 × forward (forward + backward's two matmuls per forward matmul). Rematerialised
+Training = 3 × forward (forward + backward's two matmuls per forward matmul); a vision tower adds
+its own (frozen: its forward only). Rematerialised
 recomputation is not counted (it is overhead, not useful work), as in MaxText's MFU.
 """
 
@@ -51,8 +52,12 @@ def mlp_flops(cfg, tokens: int, kind: str) -> float:
 
 
 def train_flops_per_step(cfg, batch_size: int | None = None) -> float:
-    """Total (all devices) training FLOPs for one optimizer step."""
-    return 3.0 * sum(forward_flops_by_part(cfg, batch_size).values())
+    """Total (all devices) training FLOPs for one optimizer step: 3 × the decoder's forward, and a
+    vision tower's as `vision_train` trains it (maxlite/models/vision/towers.py)."""
+    from maxlite.models.vision.towers import train_flops
+
+    B = cfg.global_batch_size if batch_size is None else batch_size
+    return 3.0 * sum(forward_flops_by_part(cfg, batch_size).values()) + train_flops(cfg, B)
 
 
 def param_count(abstract_params) -> int:

@@ -132,8 +132,11 @@ def compile_plan(args: list[str], topology: Topology, overrides: list[str] = ())
     built = wire(cfg, devs)  # the trainer's own wiring: what is planned is what would run
     mesh, abstract, shardings, batch_sharding = built.mesh, built.abstract, built.shardings, built.batch_sharding
     B, T = cfg.global_batch_size, cfg.max_target_length
-    batch = {k: jax.ShapeDtypeStruct((B, T), jnp.float32 if k == "weights" else jnp.int32,
-                                     sharding=batch_sharding) for k in _BATCH_KEYS}
+    shapes = {k: ((B, T), "float32" if k == "weights" else "int32") for k in _BATCH_KEYS}
+    if cfg.vision_encoder:  # the image arrays a packed batch holds (and multimodal positions)
+        from maxlite.data.image_docs import kind_of
+        shapes.update(kind_of(cfg).batch_shapes(B, T))
+    batch = {k: jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=batch_sharding) for k, (shape, dtype) in shapes.items()}
     state_in = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             abstract, shardings)
     param_total = state_lib.nbytes(abstract.params)
@@ -152,7 +155,7 @@ def compile_plan(args: list[str], topology: Topology, overrides: list[str] = ())
         param_bytes_total=param_total,
         param_bytes=_shard_bytes(abstract.params, shardings.params),
         optimizer_bytes=_shard_bytes(abstract.opt_state, shardings.opt_state),
-        batch_bytes=sum(math.prod(batch_sharding.shard_shape((B, T))) * 4 for _ in _BATCH_KEYS),
+        batch_bytes=sum(math.prod(batch_sharding.shard_shape(a.shape)) * a.dtype.itemsize for a in batch.values()),
         state_bytes_total=param_total + state_lib.grad_nbytes(cfg, abstract.params) + state_lib.nbytes(abstract.opt_state),
         peak_bytes=None, usable_bytes=None, temp_bytes=None,
         flops_formula=train_flops_per_step(cfg), flops_compiler=None, bytes_accessed=None,

@@ -176,10 +176,15 @@ def flops_per_patch(spec: QwenVisionSpec, patches_per_frame: int) -> float:
     frame): the patch embedding, the 4-tap blend of learned positions, per block q/k/v, the output
     projection, the MLP and the two attention products (q·k and p·v, over the frame), and the
     merger plus each DeepStack merger (computed once per merge² patches)."""
-    D, F, U, O = spec.hidden_size, spec.intermediate_size, spec.merge_unit * spec.hidden_size, spec.out_hidden_size
+    D, F = spec.hidden_size, spec.intermediate_size
     block = 2 * D * 3 * D + 2 * D * D + 2 * 2 * D * F + 2 * 2 * patches_per_frame * D
-    merger = (2 * U * U + 2 * U * O) / spec.merge_unit
-    return 2 * spec.patch_dim * D + 2 * 4 * D + spec.depth * block + (1 + len(spec.deepstack_visual_indexes)) * merger
+    return 2 * spec.patch_dim * D + 2 * 4 * D + spec.depth * block + projector_flops_per_patch(spec)
+
+
+def projector_flops_per_patch(spec: QwenVisionSpec) -> float:
+    """The part of `flops_per_patch` in the merger and the DeepStack mergers (`vision_train=projector`)."""
+    U, O = spec.merge_unit * spec.hidden_size, spec.out_hidden_size
+    return (1 + len(spec.deepstack_visual_indexes)) * (2 * U * U + 2 * U * O) / spec.merge_unit
 
 
 def _rotate(x_BNAH: jax.Array, angles_BNh: jax.Array) -> jax.Array:

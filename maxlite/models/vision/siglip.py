@@ -209,4 +209,9 @@ def flops_per_image(spec: SiglipSpec) -> int:
         spec.text_hidden_size
     patch = 2 * T * spec.num_channels * spec.patch_size ** 2 * D
     layer = 2 * T * D * D * 4 + 2 * 2 * T * T * D + 2 * 2 * T * D * F
-    return patch + spec.depth * layer + 2 * M * D * E
+    return patch + spec.depth * layer + projector_flops_per_image(spec)
+
+
+def projector_flops_per_image(spec: SiglipSpec) -> int:
+    """The part of `flops_per_image` in the projector (`vision_train=projector`)."""
+    return 2 * spec.mm_tokens_per_image * spec.hidden_size * spec.text_hidden_size

@@ -79,6 +79,32 @@ def encode(tower, cfg, images: dict):
     return tokens.reshape(B, I * tokens.shape[1], tokens.shape[2]), None
 
 
+def train_flops(cfg, rows: int) -> float:
+    """The tower's training FLOPs over `rows` packed rows' image budgets (every row full), as
+    `vision_train` trains it: frozen, its forward only (nothing upstream of its output needs a
+    gradient); projector, the forward and the projector's two backward matmuls; all, 3 × the forward.
+    qwen_vit: `max_image_patches` per row, attention counted within images of the pixel budget's
+    largest size (`image_max_pixels`; the tower attends within an image); siglip: `max_images_per_row`
+    images of vision_image_size."""
+    if not cfg.vision_encoder:
+        return 0.0
+    if cfg.vision_encoder == "qwen_vit":
+        from maxlite.models.vision.qwen_vit import flops_per_patch, projector_flops_per_patch
+
+        spec = qwen_spec(cfg)
+        frame = min(cfg.max_image_patches, cfg.image_max_pixels // cfg.vision_patch_size ** 2)
+        units = rows * cfg.max_image_patches
+        forward, projector = flops_per_patch(spec, frame), projector_flops_per_patch(spec)
+    else:
+        from maxlite.models.vision.siglip import flops_per_image, projector_flops_per_image
+
+        spec = siglip_spec(cfg)
+        units = rows * cfg.max_images_per_row
+        forward, projector = flops_per_image(spec), projector_flops_per_image(spec)
+    per_unit = {"frozen": forward, "projector": forward + 2 * projector, "all": 3 * forward}[cfg.vision_train]
+    return float(units * per_unit)
+
+
 def batch_images(cfg, batch: dict) -> dict | None:
     """The image arrays of a batch (None for a text-only model)."""
     if not cfg.vision_encoder:
