@@ -2,7 +2,8 @@
 checksums cost a save and a restore.
 
     python benchmarks/bench_checkpoint.py [--dir /tmp/x] [--layers 16] [--repeats 5] [--out PATH]
-    python benchmarks/bench_checkpoint.py --checksums [--model llama-100m] [--repeats 5] [--gcs] [--without-isal] [--out PATH]
+    python benchmarks/bench_checkpoint.py --checksums [--model llama-100m] [--repeats 5] [--gcs] [--without-isal]
+        [--out PATH]
 
 Writes benchmarks/results/checkpoint.json (--layers 16: a 0.8 GiB state). A small state shows the
 fixed per-save cost instead of write speed: `--layers 4 --repeats 9 --out

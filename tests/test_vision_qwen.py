@@ -248,7 +248,8 @@ def test_a_steps_flops_count_the_tower_as_vision_train_trains_it():
     from tests.helpers import build, shrunk
 
     def tower_share(vision_train: str) -> tuple[float, float]:
-        argv = shrunk("qwen3-vl-2b") + ["max_image_patches=16", "image_max_pixels=1048576", f"vision_train={vision_train}"]
+        argv = [*shrunk("qwen3-vl-2b"), "max_image_patches=16", "image_max_pixels=1048576",
+                f"vision_train={vision_train}"]
         cfg, mesh_, state, step, _ = build(argv, 1)
         batch = next(make_synthetic_iterator(cfg, "train", 0, 1))  # one 4 × 4-patch image per row
         text = {k: v for k, v in batch.items() if not k.startswith("image_")}

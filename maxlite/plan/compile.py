@@ -136,7 +136,8 @@ def compile_plan(args: list[str], topology: Topology, overrides: list[str] = ())
     if cfg.vision_encoder:  # the image arrays a packed batch holds (and multimodal positions)
         from maxlite.data.image_docs import kind_of
         shapes.update(kind_of(cfg).batch_shapes(B, T))
-    batch = {k: jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=batch_sharding) for k, (shape, dtype) in shapes.items()}
+    batch = {k: jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=batch_sharding)
+             for k, (shape, dtype) in shapes.items()}
     state_in = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             abstract, shardings)
     param_total = state_lib.nbytes(abstract.params)
