@@ -5,6 +5,7 @@ torchvision), the tower run on a mesh (fsdp 2 × tensor 2) under maxlite's logic
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -84,9 +85,9 @@ def mesh():
                          devices=jax.devices()[:4])
 
 
-def loaded_tower(model):
+def loaded_tower(model, max_frame_patches: int = 0):
     """Our tower with the HF model's vision weights (from_hf), and a jitted forward."""
-    spec = QwenVisionSpec.from_hf(model.config.vision_config)
+    spec = dataclasses.replace(QwenVisionSpec.from_hf(model.config.vision_config), max_frame_patches=max_frame_patches)
     state = {k: v.numpy() for k, v in model.state_dict().items()}
     tower_mesh = mesh()
     with jax.set_mesh(tower_mesh), nnx.logical_axis_rules(RULES):
@@ -144,12 +145,17 @@ def test_video_frames_equal_transformers(hf):
         np.testing.assert_allclose(deepstack[:, 0, :M], want_deepstack, rtol=1e-5, atol=1e-6)
 
 
-def test_images_in_one_row_and_a_padded_batch_equal_each_alone(hf):
+@pytest.mark.parametrize("band", ["dense", "banded"])
+def test_images_in_one_row_and_a_padded_batch_equal_each_alone(hf, band):
+    """Several images in a row and a padded batch give each image's transformers outputs: attention
+    dense over the row, or in bands of the largest frame (banded_attention: 2-3 chunks a row here,
+    frames across chunk boundaries)."""
     _, model = hf
-    spec, _, run = loaded_tower(model)
+    largest = max(math.prod(pixels(name)[1]) for name in SIZES)
+    spec, _, run = loaded_tower(model, max_frame_patches=largest if band == "banded" else 0)
     images = {name: pixels(name) for name in SIZES}
     max_patches = 128
-    batch_rows = [["A", "B"], ["C"]]
+    batch_rows = [["A", "B"], ["B", "A", "C"]]  # A and C across the chunk boundaries at 48 and 96
     pixels_BNC = np.stack([padded([images[n][0] for n in names], max_patches) for names in batch_rows])
     layout = stack_layouts([patch_layout([images[n][1] for n in names], spec, max_patches) for names in batch_rows])
     tokens, deepstack = run(pixels_BNC, layout)
@@ -237,6 +243,23 @@ def test_bfloat16_compute_stays_near_float32_and_padding_keeps_gradients_finite(
     assert tokens16.dtype == deep16.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(tokens16, np.float32), tokens32, atol=0.02 * float(jnp.abs(tokens32).max()))
     assert all(bool(jnp.isfinite(g).all()) for g in jax.tree.leaves(grads))
+
+
+def test_banded_attention_trains_like_dense():
+    """Gradients through the banded tower (chunks recomputed in the backward pass, a padded tail)
+    equal the dense tower's, and are finite."""
+    dense = QwenVisionSpec(**VISION, in_channels=3, deepstack_visual_indexes=(0,))
+    layout = {k: jnp.asarray(v) for k, v in stack_layouts([patch_layout([(1, 4, 6), (1, 6, 8)], dense, 80)]).items()}
+    pixels_BNC = jax.random.normal(jax.random.key(0), (1, 80, dense.patch_dim))
+    grads = []
+    for spec in (dense, dataclasses.replace(dense, max_frame_patches=48)):  # 2 chunks of 48, a tail of 16
+        with jax.set_mesh(mesh()), nnx.logical_axis_rules(RULES):
+            graph, state = nnx.split(QwenVisionTower(spec, rngs=nnx.Rngs(0)))
+            loss = lambda s: sum(x.sum() for x in nnx.merge(graph, s)(pixels_BNC, layout))  # noqa: E731
+            grads.append(jax.device_get(jax.jit(jax.grad(loss))(state)))
+    for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1])):
+        assert np.isfinite(b).all()
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
 
 
 def test_a_steps_flops_count_the_tower_as_vision_train_trains_it():

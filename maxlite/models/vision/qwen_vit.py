@@ -53,6 +53,9 @@ class QwenVisionSpec:
     rope_theta: float = 10000.0
     layer_norm_eps: float = 1e-6
     model_type: str = "qwen3_vl_vision"
+    # the most patches one image frame has (the image processor's pixel budget / patch²; not in HF's
+    # config): a row longer than that attends in bands of it (`banded_attention`); 0: dense over the row
+    max_frame_patches: int = 0
 
     def __post_init__(self):
         if self.model_type not in MODEL_TYPES:
@@ -196,6 +199,43 @@ def _rotate(x_BNAH: jax.Array, angles_BNh: jax.Array) -> jax.Array:
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x_BNAH.dtype)
 
 
+def _within_segments(q_BNAH, k_BSAH, v_BSAH, qseg_BN, kseg_BS, dt):
+    """Softmax attention of each query over the keys of its own segment (an image frame; padding's
+    0 over padding), scores and softmax in float32."""
+    scores_BANS = project("bnah,bsah->bans", q_BNAH, k_BSAH).astype(jnp.float32) * q_BNAH.shape[-1] ** -0.5
+    scores_BANS = jnp.where((qseg_BN[:, :, None] == kseg_BS[:, None, :])[:, None], scores_BANS, -jnp.inf)
+    probs_BANS = jax.nn.softmax(scores_BANS, axis=-1).astype(dt)
+    return project("bans,bsah->bnah", probs_BANS, v_BSAH)
+
+
+def banded_attention(q_BNAH, k_BNAH, v_BNAH, segment_BN, band: int, dt):
+    """The same attention as `_within_segments` over the whole row, for rows whose segments are
+    contiguous and at most `band` patches long (patch_layout's frames under the pixel budget): the
+    row in chunks of `band` queries, each against the keys from one band before it to one band after
+    (a frame that reaches a chunk lies there), one chunk at a time, each recomputed in the backward
+    pass. Scores held: chunks × band × 3·band, not the row's N × N (8 frames of 4,096 patches a row:
+    16 heads × 32,768² × 2 bytes = 32 GiB a layer in bfloat16 dense; 3/8 of that in all, 1/8·3/8 at
+    a time, here). Padding's segment 0 attends within its band: its outputs are noise either way."""
+    B, N = segment_BN.shape
+    chunks = -(-N // band)
+    tail = chunks * band - N
+
+    def padded(x, before, after, value=0):
+        return jnp.pad(x, [(0, 0), (before, after)] + [(0, 0)] * (x.ndim - 2), constant_values=value)
+    # the row's tail and the bands' margins are segment −1: no patch's, each tail query its own key
+    q_BcCAH = padded(q_BNAH, 0, tail).reshape(B, chunks, band, *q_BNAH.shape[2:])
+    qseg_BcC = padded(segment_BN, 0, tail, -1).reshape(B, chunks, band)
+    k_BWAH, v_BWAH = padded(k_BNAH, band, tail + band), padded(v_BNAH, band, tail + band)
+    kseg_BW = padded(segment_BN, band, tail + band, -1)
+
+    @jax.checkpoint
+    def chunk(c):
+        window = lambda x: jax.lax.dynamic_slice_in_dim(x, c * band, 3 * band, axis=1)  # noqa: E731
+        return _within_segments(q_BcCAH[:, c], window(k_BWAH), window(v_BWAH), qseg_BcC[:, c], window(kseg_BW), dt)
+    out_cBCAH = jax.lax.map(chunk, jnp.arange(chunks))
+    return jnp.moveaxis(out_cBCAH, 0, 1).reshape(B, chunks * band, *q_BNAH.shape[2:])[:, :N]
+
+
 class VisionBlock(nnx.Module):
     """x + attn(norm1(x)); x + mlp(norm2(x)): bidirectional attention within each image frame."""
 
@@ -215,20 +255,20 @@ class VisionBlock(nnx.Module):
         self.act = ACTIVATIONS[spec.hidden_act]
         self.dtype = dtype
 
-    def attend(self, x_BND, angles_BNh, same_BNS):
+    def attend(self, x_BND, angles_BNh, segment_BN, band: int = 0):
         dt = self.dtype
         qkv_BN3AH = project("bnd,dcah->bncah", x_BND, self.qkv[...]) + self.qkv_bias[...].astype(dt)
         q_BNAH, k_BSAH, v_BSAH = (qkv_BN3AH[:, :, i] for i in range(3))
         q_BNAH, k_BSAH = _rotate(q_BNAH, angles_BNh), _rotate(k_BSAH, angles_BNh)
-        scores_BANS = project("bnah,bsah->bans", q_BNAH, k_BSAH).astype(jnp.float32) * q_BNAH.shape[-1] ** -0.5
-        scores_BANS = jnp.where(same_BNS[:, None], scores_BANS, -jnp.inf)
-        probs_BANS = jax.nn.softmax(scores_BANS, axis=-1).astype(dt)
-        out_BNAH = project("bans,bsah->bnah", probs_BANS, v_BSAH)
+        if 0 < band < x_BND.shape[1]:
+            out_BNAH = banded_attention(q_BNAH, k_BSAH, v_BSAH, segment_BN, band, dt)
+        else:
+            out_BNAH = _within_segments(q_BNAH, k_BSAH, v_BSAH, segment_BN, segment_BN, dt)
         return project("bnah,ahd->bnd", out_BNAH, self.o[...]) + self.o_bias[...].astype(dt)
 
-    def __call__(self, x_BND, angles_BNh, same_BNS):
+    def __call__(self, x_BND, angles_BNh, segment_BN, band: int = 0):
         dt = self.dtype
-        x_BND = x_BND + self.attend(self.norm1(x_BND), angles_BNh, same_BNS)
+        x_BND = x_BND + self.attend(self.norm1(x_BND), angles_BNh, segment_BN, band)
         h_BNF = self.act(project("bnd,df->bnf", self.norm2(x_BND), self.fc1[...]) + self.fc1_bias[...].astype(dt))
         return x_BND + project("bnf,fd->bnd", h_BNF, self.fc2[...]) + self.fc2_bias[...].astype(dt)
 
@@ -287,11 +327,10 @@ class QwenVisionTower(nnx.Module):
         pos_BND = jnp.einsum("bnkd,bnk->bnd", pos_BN4D, layout["pos_weight"].astype(pos_BN4D.dtype))
         x_BND = x_BND + pos_BND.astype(dt)
         angles_BNh = self.rotary_angles(layout["rope_hw"])
-        segment_BN = layout["segment"]
-        same_BNS = segment_BN[:, :, None] == segment_BN[:, None, :]  # padding (0) attends only padding
+        segment_BN = layout["segment"]  # padding (0) attends only padding
         deepstack = []
         for i, block in enumerate(self.blocks):
-            x_BND = block(x_BND, angles_BNh, same_BNS)
+            x_BND = block(x_BND, angles_BNh, segment_BN, self.spec.max_frame_patches)
             if i in self.spec.deepstack_visual_indexes:
                 deepstack.append(self.deepstack[self.spec.deepstack_visual_indexes.index(i)](x_BND))
         tokens_BMO = self.merger(x_BND)

@@ -30,7 +30,9 @@ def qwen_spec(cfg):
         temporal_patch_size=cfg.vision_temporal_patch_size, spatial_merge_size=cfg.vision_merge_size,
         in_channels=3, out_hidden_size=cfg.base_emb_dim, num_position_embeddings=cfg.vision_num_positions,
         deepstack_visual_indexes=tuple(cfg.vision_deepstack_layers), hidden_act=cfg.vision_act,
-        layer_norm_eps=cfg.vision_norm_epsilon)
+        layer_norm_eps=cfg.vision_norm_epsilon,
+        # the image processor resizes every image under image_max_pixels: no frame has more patches
+        max_frame_patches=cfg.image_max_pixels // cfg.vision_patch_size ** 2)
 
 
 def siglip_spec(cfg):
