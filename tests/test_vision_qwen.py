@@ -227,6 +227,8 @@ def test_patch_layout_refuses_what_does_not_fit():
         patch_layout([(1, 6, 8), (1, 6, 8)], spec, 64)
     with pytest.raises(ValueError, match="multiple of spatial_merge_size"):
         patch_layout([(1, 6, 8)], spec, 50)
+    with pytest.raises(ValueError, match=r"^image grid 6×8 patches is more than the pixel budget's 36 patches"):
+        patch_layout([(1, 6, 8)], dataclasses.replace(spec, max_frame_patches=36), 64)  # banded in 36s: cut
 
 
 def test_bfloat16_compute_stays_near_float32_and_padding_keeps_gradients_finite():

@@ -154,6 +154,9 @@ def patch_layout(grids, spec: QwenVisionSpec, max_patches: int) -> dict[str, np.
     for t, h, w in grids:
         if h % merge or w % merge:
             raise ValueError(f"image grid {h}×{w} patches is not a multiple of spatial_merge_size {merge}")
+        if spec.max_frame_patches and h * w > spec.max_frame_patches:  # its attention would be cut short
+            raise ValueError(f"image grid {h}×{w} patches is more than the pixel budget's "
+                             f"{spec.max_frame_patches} patches a frame (image_max_pixels)")
         rows, cols = _block_order(h, w, merge)
         h_taps, h_weights = _bilinear_taps(rows, h, side)
         w_taps, w_weights = _bilinear_taps(cols, w, side)

@@ -94,7 +94,7 @@ def train_flops(cfg, rows: int) -> float:
         from maxlite.models.vision.qwen_vit import flops_per_patch, projector_flops_per_patch
 
         spec = qwen_spec(cfg)
-        frame = min(cfg.max_image_patches, cfg.image_max_pixels // cfg.vision_patch_size ** 2)
+        frame = min(cfg.max_image_patches, spec.max_frame_patches)
         units = rows * cfg.max_image_patches
         forward, projector = flops_per_patch(spec, frame), projector_flops_per_patch(spec)
     else:
