@@ -74,6 +74,8 @@ def _preset_chain(path: pathlib.Path, seen: tuple[pathlib.Path, ...] = ()) -> di
     if path in seen:
         raise ConfigError(f"{path}: base_config chain loops back on itself")
     data = _read_yaml(path)
+    if not data:  # a preset that sets nothing would train the default model under its name
+        raise ConfigError(f"{path}: the preset sets no key")
     parent = data.pop("base_config", None)
     if parent is None:
         return data

@@ -58,10 +58,13 @@ def test_a_preset_extends_the_preset_its_base_config_names():
     assert C.load(["base.yml", "model_name=gemma3-4b-vision", "vision_encoder="]).vision_encoder == ""
 
 
-def test_a_preset_chain_that_loops_or_names_no_preset_is_one_line(tmp_path, monkeypatch):
+def test_a_preset_chain_that_loops_names_no_preset_or_is_empty_is_one_line(tmp_path, monkeypatch):
     (tmp_path / "a.yml").write_text("base_config: b.yml\n")
     (tmp_path / "b.yml").write_text("base_config: a.yml\n")
     (tmp_path / "c.yml").write_text("base_config: nowhere.yml\n")
+    (tmp_path / "empty.yml").write_text("# nothing yet\n")
+    with pytest.raises(C.ConfigError, match=r"empty.yml: the preset sets no key$"):
+        C._preset_chain(tmp_path / "empty.yml")
     with pytest.raises(C.ConfigError, match="loops back on itself"):
         C._preset_chain(tmp_path / "a.yml")
     monkeypatch.chdir(tmp_path)  # a file of that name in the working directory is not a preset
