@@ -55,6 +55,21 @@ def qwen3_vl(layers: int = 2, positions: int = 256, depth: int = 1, init: float 
         image_token_id=250, video_token_id=251, vision_start_token_id=252, vision_end_token_id=253)
 
 
+def gemma3_vl(tokens: int = 16, boi: int = 250, eoi: int = 251, image: int = 252):
+    """A small Gemma3ForConditionalGeneration config: a 2-layer decoder of 64 (one sliding, one full
+    layer), a 2-layer SigLIP tower of 32 over 64-pixel squares in 8-pixel patches, `tokens` soft
+    tokens an image."""
+    text = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, layer_types=["sliding_attention", "full_attention"],
+                sliding_window=6, max_position_embeddings=512, query_pre_attn_scalar=16,
+                rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                 "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}})
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=64,
+                  patch_size=8)
+    return transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=tokens,
+                                     boi_token_index=boi, eoi_token_index=eoi, image_token_index=image)
+
+
 def qwen3_5_vl(layer_types=("linear_attention", "full_attention"), depth: int = 2, moe: bool = False, **top):
     """A small multimodal Qwen3.5 config (Qwen3_5ForConditionalGeneration, or Qwen3.5-MoE's with `moe`):
     the hybrid decoder of 64 (`layer_types`), 12 of each head's 16 dims rotated by M-RoPE, sections

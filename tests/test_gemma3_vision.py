@@ -15,6 +15,7 @@ from PIL import Image
 from maxlite.bridge import hf, params as P
 from maxlite.data import image_docs
 from maxlite.generate import Sampling, generate_ids
+from tests import hf_models
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -24,15 +25,7 @@ MEAN, STD = [0.45, 0.5, 0.55], [0.3, 0.25, 0.35]
 
 
 def _config():
-    text = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=16, layer_types=["sliding_attention", "full_attention"],
-                sliding_window=6, max_position_embeddings=512, query_pre_attn_scalar=16,
-                rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                                 "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}})
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=64,
-                  patch_size=8)
-    return transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=TOKENS,
-                                     boi_token_index=BOI, eoi_token_index=EOI, image_token_index=IMG)
+    return hf_models.gemma3_vl(TOKENS, BOI, EOI, IMG)
 
 
 def _processor():

@@ -184,19 +184,20 @@ def test_lora_is_refused_in_one_line_for_a_family_without_gated_projections():
     assert C.load(["base.yml", "model_name=gemma3-1b", "lora_rank=4"]).lora_rank == 4
 
 
-VISION_TARGETS = {"qwen3_vl": "[q_proj, v_proj, o_proj, down_proj]", "qwen3_5": "[q_proj, in_proj_qkv, out_proj, down_proj]"}
+VISION_TARGETS = {"qwen3_vl": "[q_proj, v_proj, o_proj, down_proj]", "qwen3_5": "[q_proj, in_proj_qkv, out_proj, down_proj]",
+                  "gemma3": "[q_proj, v_proj, o_proj, down_proj]"}
 
 
 @pytest.mark.parametrize("family", sorted(VISION_TARGETS))
 def test_peft_adapter_of_a_vision_model_loads_on_its_multimodal_class(family, tmp_path):
-    """A LoRA run on an imported vision-language model (Qwen3VL / Qwen3_5ForConditionalGeneration, the
+    """A LoRA run on an imported vision-language model (Qwen3VL / Qwen3_5 / Gemma3ForConditionalGeneration, the
     tower frozen, trained on image rows): peft finds every adapter tensor on the multimodal class
     (its decoder under model.language_model.) and computes maxlite's LoRA model's logits."""
     peft = pytest.importorskip("peft")
-    from tests.hf_models import qwen3_5_vl, qwen3_vl
+    from tests.hf_models import gemma3_vl, qwen3_5_vl, qwen3_vl
 
     torch.manual_seed(0)
-    config = qwen3_vl() if family == "qwen3_vl" else qwen3_5_vl()
+    config = {"qwen3_vl": qwen3_vl, "qwen3_5": qwen3_5_vl, "gemma3": gemma3_vl}[family]()
     transformers.AutoModelForImageTextToText.from_config(config).save_pretrained(str(tmp_path / "base_hf"))
     cfg, pure = hf.import_hf(str(tmp_path / "base_hf"), ["dtype=float32"])
     checkpoints.save_params(str(tmp_path / "base"), cfg, P.to_state(cfg, P.to_jax_inplace(pure)))
@@ -220,5 +221,6 @@ def test_peft_adapter_of_a_vision_model_loads_on_its_multimodal_class(family, tm
     loaded = {k for k in with_adapter.state_dict() if "lora_" in k}
     # every tensor written is one peft placed (its names drop the adapter's ".default")
     assert {k.replace(".weight", ".default.weight") for k in written} <= loaded, sorted(written)[:3]
+    assert all(".language_model." in k for k in loaded), sorted(loaded)[:3]  # none on the tower (SigLIP's q_proj)
     with torch.no_grad():
         np.testing.assert_allclose(with_adapter(input_ids=torch.tensor(ids)).logits.numpy(), ours, atol=2e-4)

@@ -18,6 +18,7 @@ import dataclasses
 import importlib
 import json
 import pathlib
+import re
 
 import numpy as np
 
@@ -56,10 +57,25 @@ def tensor_maps(cfg) -> list[hf_convert.TensorMap]:
 
 
 def decoder_prefix(arch, cfg) -> str:
-    """Where the exported class holds the decoder's layers ("model." or a vision model's
-    "model.language_model."): the prefix of the family's own first per-layer tensor name."""
+    """Where the exported class holds the decoder's layers as modules ("model." or a vision model's
+    "model.language_model."), which is where peft attaches adapters: the family's `peft_prefix`
+    where the file it saves names them otherwise (Gemma 3 with its tower saves transformers 4's
+    `language_model.model.`), else the prefix of its own first per-layer tensor name."""
+    if hasattr(arch, "peft_prefix"):
+        return arch.peft_prefix(cfg)
     name = next(t.hf for t in arch.tensor_maps(cfg) if t.layer and "layers.{i}." in t.hf)
     return name[:name.index("layers.{i}.")]
+
+
+def target_modules(cfg) -> list[str] | str:
+    """adapter_config.json's target_modules: the projections' names; for a vision model a pattern
+    that holds them to the decoder's layers (a tower has its own q_proj / v_proj: SigLIP's), which
+    peft matches against the whole module name."""
+    if not cfg.vision_encoder:
+        return sorted(cfg.lora_targets)
+    arch = importlib.import_module(family(cfg).hf_module)
+    prefix = re.escape(decoder_prefix(arch, cfg))
+    return rf"{prefix}layers\.\d+\.(?:.*\.)?(?:{'|'.join(sorted(cfg.lora_targets))})"
 
 
 def export_peft(cfg, params, out_dir: str, base_model: str = "") -> pathlib.Path:
@@ -74,7 +90,7 @@ def export_peft(cfg, params, out_dir: str, base_model: str = "") -> pathlib.Path
     entries = hf_convert.export_entries(cfg, maps, P.to_pure(params), np.float32)
     _write_file(out / ADAPTER_FILE, entries, {"format": "pt"}, None)
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": cfg.lora_rank, "lora_alpha": cfg.lora_alpha,
-              "lora_dropout": cfg.lora_dropout, "target_modules": sorted(cfg.lora_targets), "bias": "none",
+              "lora_dropout": cfg.lora_dropout, "target_modules": target_modules(cfg), "bias": "none",
               "base_model_name_or_path": base_model or None, "fan_in_fan_out": False, "inference_mode": True,
               "init_lora_weights": True, "use_rslora": False, "use_dora": False, "modules_to_save": None,
               "layers_to_transform": None}

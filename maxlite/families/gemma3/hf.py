@@ -51,6 +51,12 @@ def check_supported(cfg) -> None:
         raise ValueError(f"decoder_block=gemma3 with vision_encoder={cfg.vision_encoder!r}: Gemma 3's encoder is siglip")
 
 
+def peft_prefix(cfg) -> str:
+    """Where the class holds the decoder's layers as modules (peft's names): with the tower,
+    transformers 5's in-memory `model.language_model.`, not the `language_model.model.` it saves."""
+    return VISION_LAYOUTS[1][1] if cfg.vision_encoder else "model."
+
+
 def tensor_maps(cfg) -> list[TensorMap]:
     check_supported(cfg)
     if not cfg.vision_encoder:
