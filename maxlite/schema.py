@@ -1,22 +1,26 @@
 """The recipe's schema: every key, its type, its default, the values it may take and the one line
 of doc base.yml shows.
 
-This is the one place a key is declared. `Keys` is the frozen, statically typed dataclass of them
-all (`maxlite.recipe.Config`, what `maxlite.config.load` builds, adds what follows from them);
-`configs/base.yml` is written from it (maxlite/base_yml.py: `python -m maxlite.base_yml`) and tests/test_schema.py fails
-when the two differ. Adding a key: one `name: type = key(default, "doc", ...)` line in its section
+This is the one place a key is declared (with the two modules named below). `Keys` is the frozen,
+statically typed dataclass of them all (`maxlite.recipe.Config`, what `maxlite.config.load` builds,
+adds what follows from them); `configs/base.yml` is written from it (maxlite/base_yml.py: `python -m
+maxlite.base_yml`) and tests/test_schema.py fails when the two differ. Adding a key: one `name: type = key(default, "doc", ...)` line in its section
 below (with `choices=`, `bounds=` or `positive=` when its values are limited; `kind=` when it names
 files), then `python -m maxlite.base_yml` to rewrite base.yml.
 
-A leaf: no JAX and nothing of maxlite, so that loading (config.py),
-the derived values (recipe.py) and the checks (config_checks.py) all import it and none imports
-another back.
+The model's sections live in schema_model.py and the alignment ones in schema_alignment.py (each a
+dataclass `Keys` inherits, in base.yml's order); `key` in schema_key.py. A leaf with them: no JAX and
+nothing else of maxlite, so that loading (config.py), the derived values (recipe.py) and the checks
+(config_checks.py) all import it and none imports another back.
 """
 
 # No `from __future__ import annotations` here: loading reads each field's type as a type (Field.type).
 import dataclasses
 import pathlib
-from typing import Any
+
+from maxlite.schema_alignment import AlignmentKeys
+from maxlite.schema_key import KINDS, key  # noqa: F401 (KINDS: config.py's kinds of value)
+from maxlite.schema_model import ModelKeys
 
 BASE_YML = pathlib.Path(__file__).parent / "configs" / "base.yml"
 MESH_AXES = ("data", "stage", "fsdp", "context", "expert", "tensor")  # order of the device mesh axes
@@ -26,29 +30,15 @@ def parallelism_key(prefix: str, axis: str) -> str:
     """The recipe key of a mesh axis's size: `{ici|dcn}_{axis}_parallelism`; the `stage` axis's keys
     keep MaxText's name, `{ici|dcn}_pipeline_parallelism`."""
     return f"{prefix}_{'pipeline' if axis == 'stage' else axis}_parallelism"
-KINDS = ("path", "paths", "blend")  # values config.py resolves: a path, comma-separated paths, a data blend
 
 
 class ConfigError(ValueError):
     """A user mistake in the recipe: printed as one line, exit code 2."""
 
 
-def key(default: Any, doc: str, *, kind: str = "", section: str = "", choices: tuple = (),
-        bounds: tuple[float | None, float | None] | None = None, positive: bool = False, model: bool = False) -> Any:
-    """A key's default and its line in base.yml, and what its values may be (config_checks.validate
-    refuses the rest in one line): one of `choices` (each item of a list), within inclusive `bounds`
-    (low, high; None: unbounded), or `positive` (> 0). `kind` (KINDS) marks a value that names files;
-    `section` opens a new section of base.yml, with this heading, at this key. `model`: the key is
-    the model's (MODEL_KEYS)."""
-    assert kind in ("", *KINDS), kind
-    return dataclasses.field(default=default, metadata={
-        "doc": doc, "kind": kind, "section": section, "choices": choices, "bounds": bounds, "positive": positive,
-        "model": model})
-
-
 @dataclasses.dataclass(frozen=True)
-class Keys:
-    """Every key of the recipe, typed; frozen. Lists are tuples."""
+class _RunKeys:
+    """The run and its loggers."""
 
     run_name: str = key("",
         "run directory name under base_output_directory; empty → <recipe>_<model_name> (demo_tiny), plus the "
@@ -96,287 +86,10 @@ class Keys:
         bounds=(1, None))
     profiler_steps: int = key(5, "profiler: steps in the trace", bounds=(1, None))
 
-    model_name: str = key("default",
-        'preset in configs/models/<model_name>.yml; "default" uses the keys below', section="model")
-    decoder_block: str = key("llama2",
-        "the family (maxlite/models/families.py): llama2 (RMSNorm, RoPE, SwiGLU, GQA; also llama3/mistral) | "
-        "gpt3 (LayerNorm, GELU, learned positions) | qwen2 (q/k/v biases) | qwen3 (q/k norms) | gemma3 (5 "
-        "local : 1 global layers, sandwich norms, GeGLU) | olmo3 (post-norms only, 3 local : 1 global; "
-        "maxlite/families/olmo3/) | mixtral, qwen3_moe (mixtures of experts: the keys below)", model=True)
-    base_emb_dim: int = key(2048, "model width D", positive=True, model=True)
-    base_num_decoder_layers: int = key(16, "number of decoder layers L", positive=True, model=True)
-    base_num_query_heads: int = key(16, "query heads N", positive=True, model=True)
-    base_num_kv_heads: int = key(16, "key/value heads K (grouped-query attention when K < N)", positive=True,
-        model=True)
-    base_mlp_dim: int = key(7168, "MLP hidden width F", positive=True, model=True)
-    head_dim: int = key(128, "per-head width H", positive=True, model=True)
-    vocab_size: int = key(32000, "vocabulary size V (must cover every token id in the data)", positive=True, model=True)
-    max_position_embeddings: int = key(8192,
-        "gpt3: learned position table size; llama2 block: the context length recorded on HF export", model=True)
-    rope_max_timescale: int = key(10000, "RoPE base theta", positive=True, model=True)
-    rope_scaling_factor: float = key(0.0,
-        "RoPE scaling factor of the global layers (rope_scaling_type); 0 disables scaling", model=True)
-    rope_scaling_type: str = key("llama3",
-        "how rope_scaling_factor scales: llama3 (Llama 3.1's piecewise rule, the factors below) | linear "
-        "(positions ÷ factor; Gemma 3) | yarn (YaRN: DeepSeek-V3, gpt-oss, Kimi K2; the keys below)",
-        choices=("llama3", "linear", "yarn"), model=True)
-    rope_low_freq_factor: float = key(1.0, "Llama 3.1 RoPE scaling low-frequency factor", model=True)
-    rope_high_freq_factor: float = key(4.0, "Llama 3.1 RoPE scaling high-frequency factor", model=True)
-    rope_original_max_position: int = key(8192,
-        "the pre-trained context length the scaling extends (llama3 and yarn)", positive=True, model=True)
-    beta_fast: float = key(32.0, "YaRN: rotations below which a frequency is interpolated fully", positive=True,
-        model=True)
-    beta_slow: float = key(1.0, "YaRN: rotations above which a frequency is kept (extrapolated)", positive=True,
-        model=True)
-    mscale: float = key(0.0,
-        "YaRN: with mscale_all_dim, the attention factor is m(mscale)/m(mscale_all_dim), m(s) = 0.1·s·ln(factor) + 1 "
-        "(DeepSeek); 0: m(1)", bounds=(0, None), model=True)
-    mscale_all_dim: float = key(0.0, "YaRN: the divisor's scale of the attention factor (see mscale); 0: unset",
-        bounds=(0, None), model=True)
-    rope_truncate: bool = key(True, "YaRN: round the interpolation ramp's bounds to whole dimensions (gpt-oss: false)",
-        model=True)
-    rope_attention_factor: float = key(0.0,
-        "YaRN: the factor the rotated q and k are multiplied by, when a checkpoint states it; 0: from mscale",
-        bounds=(0, None), model=True)
-    partial_rotary_factor: float = key(1.0,
-        "the fraction of each head's dimensions RoPE rotates (the first ones; GLM-4.5 0.5, Qwen3-Next 0.25); the "
-        "rest pass unrotated", bounds=(0, 1), model=True)
-    sliding_window: int = key(0,
-        'tokens a sliding-window ("local") layer attends to, itself included (Mistral, Gemma 3); which layers '
-        "are local is the family's pattern; 0: every layer global", bounds=(0, None), model=True)
-    layer_types: tuple[str, ...] = key((),
-        "each layer's kind by its HF `layer_types` name (full_attention | sliding_attention), one per layer: a "
-        "checkpoint's own pattern (hf import writes it when it differs from the family's); []: the family's "
-        "pattern", model=True)
-    local_rope_max_timescale: int = key(0,
-        "RoPE base theta of the sliding-window layers, unscaled (Gemma 3: 10000); 0: the global layers' RoPE",
-        bounds=(0, None), model=True)
-    query_pre_attn_scalar: float = key(0.0, "attention scores scaled by this^-0.5 (Gemma 3); 0: head_dim",
-        bounds=(0, None), model=True)
-    chunk_attn_window_size: int = key(0,
-        "chunked attention (Llama 4: 8192; MaxText's key): the layers of variant `chunked` (HF layer_types "
-        "chunked_attention) attend only to the earlier tokens of their own chunk of this many positions; "
-        "0: none", bounds=(0, None), model=True)
-    temperature_tuning: bool = key(False,
-        "Llama 4's global (NoPE) layers scale each query at position p by 1 + temperature_tuning_scale · "
-        "log(1 + floor((p + 1) / temperature_tuning_floor_scale)) (HF attn_temperature_tuning)", model=True)
-    temperature_tuning_scale: float = key(0.1, "temperature tuning: the log term's weight (HF attn_scale)",
-        bounds=(0, None), model=True)
-    temperature_tuning_floor_scale: float = key(8192.0,
-        "temperature tuning: positions per step of the log term (HF floor_scale)", positive=True, model=True)
-    global_head_dim: int = key(0,
-        "per-head width of the global (full-attention) layers when it differs from head_dim (Gemma 4: 512); "
-        "0: head_dim", bounds=(0, None), model=True)
-    global_num_kv_heads: int = key(0,
-        "key/value heads of the global layers when they differ (Gemma 4 31B: 4); 0: base_num_kv_heads",
-        bounds=(0, None), model=True)
-    attention_k_eq_v: bool = key(False,
-        "global layers compute no value projection: their values are the key projection, normed (Gemma 4)", model=True)
-    global_rope_fraction: float = key(1.0,
-        "fraction of each global head's RoPE frequencies that rotate, the rest at frequency 0 (Gemma 4's "
-        "proportional RoPE: 0.25)", bounds=(0, 1), model=True)
-    num_kv_shared_layers: int = key(0,
-        "the last this many layers compute no keys and values: each reuses those of the last earlier layer "
-        "of its kind (Gemma 4), in training and decoding (no cache of their own)", bounds=(0, None), model=True)
-    use_double_wide_mlp: bool = key(False,
-        "the key/value-sharing layers' MLPs are 2 × base_mlp_dim wide (Gemma 4 E2B)",
-        model=True)
-    per_layer_embed_dim: int = key(0,
-        "per-layer embeddings (Gemma 4 E2B/E4B): a second table gives each layer a vector of this width per "
-        "token, projected and added inside the layer; 0: none", bounds=(0, None), model=True)
-    per_layer_vocab_size: int = key(0, "rows of the per-layer embedding table; 0: vocab_size", bounds=(0, None),
-        model=True)
-    final_logit_softcapping: float = key(0.0,
-        "logits → c·tanh(logits / c) (Gemma 4: 30); 0: none", bounds=(0, None), model=True)
-    normalization_layer_epsilon: float = key(1e-05, "epsilon of RMSNorm / LayerNorm", positive=True, model=True)
-    attention_type: str = key("global",
-        "the token mixer: global (grouped-query attention; sliding windows by the family's pattern or "
-        "layer_types) | mla (multi-head latent attention, DeepSeek-V2/V3: the keys below; maxlite/models/mla.py)",
-        choices=("global", "mla"), model=True)
-    q_lora_rank: int = key(0, "mla: the queries' low-rank latent width (DeepSeek-V3 1536); 0: a full query "
-        "projection (DeepSeek-V2-Lite)", bounds=(0, None), model=True)
-    kv_lora_rank: int = key(512, "mla: the keys' and values' shared latent width (what decoding caches)",
-        positive=True, model=True)
-    qk_nope_head_dim: int = key(128, "mla: each query/key head's width without RoPE", positive=True, model=True)
-    qk_rope_head_dim: int = key(64, "mla: each query head's RoPE width, and the one RoPE key all heads share "
-        "(cached beside the latent)", positive=True, model=True)
-    v_head_dim: int = key(128, "mla: each value head's width", positive=True, model=True)
-    mtp_num_layers: int = key(0,
-        "multi-token prediction (DeepSeek-V3): extra layers, the k-th predicting token t+1+k from the previous "
-        "depth's hidden state and token t+k's embedding, sharing embedding and output head; 0: none",
-        bounds=(0, None), model=True)
-    mtp_loss_scaling_factor: float = key(0.1,
-        "multi-token prediction: weight of the mean of the extra layers' losses in the objective (reported as "
-        "mtp_loss)", bounds=(0, None))
-    logits_via_embedding: bool = key(False, "tie input embedding and output projection", model=True)
-    use_qk_norm: bool = key(False,
-        "RMSNorm over each head of q and k before RoPE in a family without q/k norms of its own (GLM-4.5's "
-        "use_qk_norm); families with them (Qwen3, Gemma 3, OLMo 3) always have them", model=True)
-    use_bias: bool = key(False,
-        "the family's biases: q/k/v/o (llama2, qwen3, gemma3), q/k/v (qwen2: true), every linear and norm "
-        "(gpt3: true)", model=True)
-    attention_sink: bool = key(False,
-        "a learned logit per query head joins every attention softmax's denominator and takes no value "
-        "(gpt-oss's attention sinks)", model=True)
-    init_scale: float = key(0.02, "stddev of normal initialisation", positive=True)
-    dtype: str = key("bfloat16", "activation / compute dtype: float32 | bfloat16", choices=("float32", "bfloat16"))
-    weight_dtype: str = key("float32", "parameter and optimizer-state dtype", choices=("float32", "bfloat16"))
-    grad_dtype: str = key("float32",
-        "the gradients' dtype from the backward pass to the optimizer (MaxText's grad_dtype): float32 gradients are "
-        "cast to it before clipping and the update; a bfloat16 weight's gradient stays bfloat16",
-        choices=("float32", "bfloat16"))
-    scan_layers: bool = key(True, "stack layers and run them with scan (faster compiles for deep models)", model=True)
-    remat_policy: str = key("full",
-        "none | full | minimal | save_dots | save_qkv_proj | save_dot_except_mlp | save_attn_mlp_proj | "
-        "offload_layer_inputs (what the backward pass keeps, offloads or recomputes)")
 
-    num_experts: int = key(0,
-        "routed experts per MoE layer (Mixtral 8, Qwen3-30B-A3B 128); must be > 0 for a MoE family, 0 "
-        "otherwise", section="mixture of experts (decoder_block mixtral, qwen3_moe; docs/moe.md)", model=True)
-    num_experts_per_tok: int = key(2, "experts each token is routed to (top-k)", model=True)
-    base_moe_mlp_dim: int = key(0,
-        "each routed expert's MLP width (Mixtral 8x7B 14336, Qwen3-30B-A3B 768); base_mlp_dim is the dense "
-        "layers'", model=True)
-    shared_experts: int = key(0,
-        "experts every token also goes through, as one SwiGLU MLP of shared_experts × base_moe_mlp_dim "
-        "(DeepSeek's); 0: none", model=True)
-    shared_expert_gate: bool = key(False,
-        "the shared experts' output scaled by sigmoid(x · w), w [base_emb_dim] learned (Qwen3-Next, Qwen3.5-MoE)",
-        model=True)
-    first_num_dense_layers: int = key(0,
-        "the first this many layers keep a dense MLP (base_mlp_dim); the MoE layers follow", model=True)
-    interleave_moe_layer_step: int = key(1,
-        "after those, every this-th layer is MoE and the others dense (1: all MoE)", model=True)
-    norm_topk_prob: bool = key(True,
-        "divide each token's top-k router weights by their sum (Mixtral always; Qwen3-MoE's norm_topk_prob)",
-        model=True)
-    routed_score_func: str = key("softmax",
-        "router scores: softmax over experts (Mixtral, Qwen3-MoE) | sigmoid (each expert alone; DeepSeek-V3)",
-        choices=("softmax", "sigmoid"), model=True)
-    routed_bias: bool = key(False,
-        "a per-expert bias added to the scores when choosing the top k only, not to the weights "
-        "(DeepSeek-V3's, trained by no gradient: imported, zero, or moved by routed_bias_update_rate)", model=True)
-    routed_bias_update_rate: float = key(0.0,
-        "auxiliary-loss-free balancing (DeepSeek-V3: 0.001): after each optimizer step every MoE layer's "
-        "routed_bias moves by this × sign(mean load - expert's load), from the step's expert load, outside "
-        "the gradient; needs routed_bias; 0: the bias stays", bounds=(0, None))
-    routed_scaling_factor: float = key(1.0,
-        "the routed experts' weights multiplied by this after normalisation (DeepSeek-V3, GLM-4.5 2.5; GLM-4.5-Air 1.0)",
-        positive=True, model=True)
-    n_routing_groups: int = key(-1,
-        "group-limited routing: the experts in this many equal groups, each token choosing only among the "
-        "best topk_routing_group groups (a group's score: the sum of its top 2 choice scores with sigmoid, "
-        "its best score with softmax; DeepSeek-V3 8); -1: no groups", model=True)
-    topk_routing_group: int = key(-1, "the groups each token may route to (DeepSeek-V3 4); -1: no groups", model=True)
-    routed_seq_aux_loss_weight: float = key(0.0,
-        "weight of DeepSeek-V3's sequence-wise balance loss (E/k · Σ_e f_e · P_e per sequence, P from the "
-        "scores normalised over experts; DeepSeek-V3 0.0001); reported as moe_seq_lb_loss", bounds=(0, None))
-    router_logit_bias: bool = key(False,
-        "a learned per-expert bias added to the router's logits, before the top k and the weights (gpt-oss)",
-        model=True)
-    mlp_bias: bool = key(False, "the routed experts' gate, up and down projections have biases (gpt-oss)", model=True)
-    routed_weight_on_input: bool = key(False,
-        "the router's weight multiplies the token going into its expert, not the expert's output (Llama 4); "
-        "needs num_experts_per_tok=1", model=True)
-    mlp_activations_limit: float = key(0.0,
-        "gpt-oss's clamped SwiGLU: the experts' gate clamped above and up on both sides at this limit (7.0); "
-        "0: unclamped", bounds=(0, None), model=True)
-    capacity_factor: float = key(-1.0,
-        "-1: dropless; > 0: an expert takes at most ceil(this × T × k / E) of a sequence's tokens (first "
-        "choices first, then in order), the rest are dropped (that expert adds 0)")
-    ragged_buffer_factor: float = key(-1.0,
-        "expert parallelism with a dropless implementation: each device's receive buffer holds this many times "
-        "a balanced routing's rows (MaxText's key; e.g. 2), rows past it dropped and counted in moe_dropped; "
-        "-1: every sender's rows (the worst case, expert-parallelism × a balanced routing's; nothing dropped)")
-    load_balance_loss_weight: float = key(0.01,
-        "weight of the auxiliary load-balancing loss added to the objective (Hugging Face's "
-        "router_aux_loss_coef: Mixtral 0.02, Qwen3-MoE 0.001); reported as moe_lb_loss")
-    router_z_loss_weight: float = key(0.0,
-        "weight of the router z-loss (ST-MoE: mean squared log-sum-exp of the router logits); reported as "
-        "moe_z_loss")
-    moe_implementation: str = key("autoselected",
-        "how the experts run: autoselected (capacity when capacity_factor > 0, else megablox on TPU, ragged "
-        "on GPU, blocked on CPU) | dense (every expert on every token, masked: the reference) | ragged "
-        "(tokens sorted by expert, jax.lax.ragged_dot) | blocked (sorted, each expert's rows padded to "
-        "blocks, batched matmuls) | megablox (sorted, the Pallas grouped matmul; TPU, interpreted elsewhere) "
-        "| capacity (fixed [E, capacity] buffers; needs capacity_factor > 0)")
-
-    gdn_num_key_heads: int = key(16,
-        "gated delta-net layers: query/key heads (each serves gdn_num_value_heads / this value heads)",
-        section="gated delta-net layers (decoder_block qwen3_5, qwen3_5_moe, qwen3_next; docs/qwen.md) and "
-        "Kimi delta attention layers (kimi_linear, as many key as value heads of one width; docs/families.md)",
-        positive=True, model=True)
-    gdn_num_value_heads: int = key(32, "gated delta-net layers: value heads (each its own state matrix)",
-        positive=True, model=True)
-    gdn_key_head_dim: int = key(128, "gated delta-net layers: query/key head width", positive=True, model=True)
-    gdn_value_head_dim: int = key(128, "gated delta-net layers: value head width", positive=True, model=True)
-    gdn_conv_kernel_dim: int = key(4, "gated delta-net layers: taps of the causal depthwise convolution",
-        bounds=(2, None), model=True)
-    gdn_chunk_size: int = key(64,
-        "gated delta-net layers: tokens per chunk of the chunked parallel form (the state passes between "
-        "chunks in float32); results do not depend on it beyond float32 rounding", positive=True)
-
-    mamba_num_heads: int = key(128, "Mamba-2 layers: heads M (each its own state matrix [P, S])",
-        section="Mamba-2 layers (decoder_block nemotron_h; maxlite/models/mamba2.py)", positive=True, model=True)
-    mamba_head_dim: int = key(64, "Mamba-2 layers: head width P", positive=True, model=True)
-    mamba_state_dim: int = key(128, "Mamba-2 layers: state width S (of B and C)", positive=True, model=True)
-    mamba_num_groups: int = key(8, "Mamba-2 layers: groups of B and C (each read by mamba_num_heads / this "
-        "heads) and of the gated norm", positive=True, model=True)
-    mamba_conv_kernel_dim: int = key(4, "Mamba-2 layers: taps of the causal depthwise convolution",
-        bounds=(2, None), model=True)
-    mamba_conv_bias: bool = key(True, "Mamba-2 layers: the convolution has a bias", model=True)
-    mamba_chunk_size: int = key(128,
-        "Mamba-2 layers: tokens per chunk of the chunked scan (the state passes between chunks in float32); "
-        "results do not depend on it beyond float32 rounding", positive=True)
-
-    vision_encoder: str = key("",
-        "the image encoder kind (maxlite/models/vision/): qwen_vit (Qwen3-VL / Qwen3.5: patches at the image's "
-        "own resolution, 2-D RoPE, 2×2 merger, DeepStack) | siglip (Gemma 3: a fixed-size SigLIP tower and "
-        "its pooled soft tokens); empty: a text-only model", choices=("", "qwen_vit", "siglip"),
-        section="vision encoder (Qwen3-VL, Gemma 3; docs/vision.md)", model=True)
-    vision_num_layers: int = key(0, "vision encoder: transformer layers", bounds=(0, None), model=True)
-    vision_emb_dim: int = key(0, "vision encoder: width", bounds=(0, None), model=True)
-    vision_mlp_dim: int = key(0, "vision encoder: MLP hidden width", bounds=(0, None), model=True)
-    vision_num_heads: int = key(0, "vision encoder: attention heads", bounds=(0, None), model=True)
-    vision_patch_size: int = key(16, "vision encoder: pixels per patch side", positive=True, model=True)
-    vision_temporal_patch_size: int = key(2, "qwen_vit: frames per patch (an image is repeated to fill them)",
-        positive=True, model=True)
-    vision_merge_size: int = key(2, "qwen_vit: patches merged per side into one decoder token", positive=True,
-        model=True)
-    vision_num_positions: int = key(0, "qwen_vit: learned position table (a square grid, interpolated to "
-        "each image's grid)", bounds=(0, None), model=True)
-    vision_deepstack_layers: tuple[int, ...] = key((), "qwen_vit: encoder layers whose merged features are "
-        "added to the first decoder layers' outputs at the image tokens (DeepStack; Qwen3-VL: [5, 11, 17])",
-        model=True)
-    vision_act: str = key("gelu_pytorch_tanh", "vision encoder: MLP activation (HF's names)",
-        choices=("gelu_pytorch_tanh", "gelu"),
-        model=True)
-    vision_norm_epsilon: float = key(1e-6, "vision encoder: LayerNorm epsilon", positive=True, model=True)
-    vision_image_size: int = key(0, "siglip: the square side every image is resized to", bounds=(0, None),
-        model=True)
-    vision_tokens_per_image: int = key(0, "siglip: soft tokens per image after pooling (Gemma 3: 256)",
-        bounds=(0, None), model=True)
-    image_token_id: int = key(-1, "the placeholder token each image token takes the place of (Qwen "
-        "<|image_pad|>, Gemma <image_soft_token>); -1: none", bounds=(-1, None), model=True)
-    vision_train: str = key("frozen", "what of the vision encoder trains: frozen (none of it; the default) | "
-        "projector (the layers that map its features to the decoder's width: qwen_vit's mergers, siglip's "
-        "projector) | all. LoRA trains its adapters only, the encoder frozen", choices=("frozen", "projector", "all"))
-    vision_start_token_id: int = key(-1, "the token before an image's placeholders (Qwen <|vision_start|>, "
-        "Gemma <start_of_image>: the one a Gemma 3 prompt writes per image); -1: none", bounds=(-1, None), model=True)
-    vision_end_token_id: int = key(-1, "the token after an image's placeholders (Qwen <|vision_end|>, Gemma "
-        "<end_of_image>); -1: none", bounds=(-1, None), model=True)
-    video_token_id: int = key(-1, "Qwen's video placeholder (<|video_pad|>; kept for export, videos are not "
-        "read); -1: none", bounds=(-1, None), model=True)
-    image_min_pixels: int = key(0, "qwen_vit: an image smaller than this is scaled up (the processor's "
-        "min_pixels)", bounds=(0, None), model=True)
-    image_max_pixels: int = key(0, "qwen_vit: an image larger than this is scaled down (the processor's "
-        "max_pixels); 0: as it is", bounds=(0, None), model=True)
-    image_mean: tuple[float, ...] = key((0.5, 0.5, 0.5), "per-channel mean the pixels are normalised by",
-        model=True)
-    image_std: tuple[float, ...] = key((0.5, 0.5, 0.5), "per-channel standard deviation the pixels are "
-        "normalised by", model=True)
-    mrope_sections: tuple[int, ...] = key((), "multimodal RoPE (Qwen3-VL): frequencies per time, height, width "
-        "position, interleaved; summing to the rotated dims / 2. Empty: one position per token", model=True)
+@dataclasses.dataclass(frozen=True)
+class _TrainingKeys:
+    """Performance, batch and sequence, optimizer, mesh, data, checkpoints, launch and resilience."""
 
     attention: str = key("autoselected",
         "autoselected (flash on TPU, cudnn_flash on GPU, blockwise on CPU at T >= 2048, else dot_product) | "
@@ -637,168 +350,11 @@ class Keys:
         "also roll back when the loss stays above this × the median of the last 32 good losses (0: non-finite "
         "only; 2–4 is usual)", bounds=(0, None))
     spike_patience: int = key(3, "... for this many steps in a row", bounds=(1, None))
-    train_objective: str = key("lm",
-        "lm (next-token loss: pre-training, SFT) | dpo (dataset_type=preference) | grpo "
-        "(dataset_type=prompts)", section="alignment: DPO and GRPO after SFT (docs/alignment.md)",
-        choices=("lm", "dpo", "grpo"))
-    alignment_sft_steps: int = key(0,
-        "dpo/grpo: first train this many steps with the lm loss on the data's reference answers (chosen / "
-        "answer); their end is the reference policy", bounds=(0, None))
-    alignment_sft_learning_rate: float = key(0.0,
-        "dpo/grpo: the warm-up's constant learning rate (0: the run's schedule); the objective's schedule "
-        "then spans the steps left", bounds=(0, None))
-    dpo_beta: float = key(0.1, "dpo: β, how far the policy may move from the reference", bounds=(0, None))
-    dpo_label_smoothing: float = key(0.0,
-        "dpo: ε of conservative DPO (the share of pairs assumed mislabelled), in [0, 0.5)", bounds=(0, 0.499))
-    dpo_precompute_reference: bool = key(False,
-        "dpo: the reference's log-probs computed once before step 0 (saved in the run dir) instead of keeping "
-        "a reference copy of the weights; needs alignment_sft_steps=0")
-    grpo_num_generations: int = key(8, "grpo: completions sampled per prompt (G); rows per step = prompts × G",
-        positive=True)
-    grpo_max_new_tokens: int = key(16,
-        "grpo: tokens sampled per completion; prompts get max_target_length minus this", positive=True)
-    grpo_temperature: float = key(1.0, "grpo: sampling temperature (> 0)", positive=True)
-    # not sample_top_k: that is the sample_prompts hook's display sampling (greedy by default), this the
-    # behaviour policy the loss corrects for; both cut with decode.sample
-    grpo_top_k: int = key(0,
-        "grpo: rollouts sample among the k most likely tokens (MaxText decode_sampling_top_k, vLLM/NeMo-RL "
-        "top_k); 0: no cut; the sampler's log-probs are the cut, renormalised distribution's", bounds=(0, None))
-    grpo_top_p: float = key(1.0,
-        "grpo: ... then among the fewest top tokens holding this probability (MaxText decode_sampling_nucleus_p, "
-        "vLLM/NeMo-RL top_p); 1: no cut", positive=True, bounds=(0.0, 1.0))
-    grpo_beta: float = key(-1.0,
-        "grpo: weight β of the k3 KL penalty to the reference (MaxText/TRL beta, verl kl_loss_coef); -1: the "
-        "loss_algo's own (0.04; dapo 0); 0: no penalty, and no reference copy of the weights is kept",
-        bounds=(-1, None))
-    grpo_epsilon: float = key(0.2,
-        "grpo: ε_low of the ratio clipping clip(ρ, 1 − ε_low, 1 + ε_high) (MaxText epsilon, verl clip_ratio_low)",
-        bounds=(0, None))
-    grpo_iterations: int = key(1,
-        "grpo: updates per batch of completions (μ); > 1 uses the sampling policy's log-probs for ρ", positive=True)
-    # RL losses (objectives/rl_loss.py, docs/alignment.md)
-    loss_algo: str = key("grpo",
-        "grpo: the policy loss (MaxText/Tunix loss_algo): grpo (per-token ratio, (r − mean)/std advantage) | "
-        "gspo-token (GSPO's sequence ratio, per token) | dapo (clip-higher, no KL) | dr_grpo (r − mean, "
-        "constant normaliser)", choices=("grpo", "gspo-token", "dapo", "dr_grpo"))
-    loss_agg_mode: str = key("",
-        "grpo: how token losses add up (verl/MaxText loss_agg_mode): token-mean | sequence-mean-token-mean | "
-        "sequence-sum (÷ grpo_max_new_tokens × rows, Dr. GRPO's); \"\": the loss_algo's own (grpo, dapo: "
-        "token-mean; gspo-token: sequence-mean-token-mean; dr_grpo: sequence-sum)",
-        choices=("", "token-mean", "sequence-mean-token-mean", "sequence-sum"))
-    epsilon_high: float = key(-1.0,
-        "grpo: ε_high of the ratio clipping (MaxText/Tunix epsilon_high, verl clip_ratio_high); -1: the "
-        "loss_algo's own (grpo_epsilon: symmetric; dapo 0.28, clip-higher)", bounds=(-1, None))
-    dynamic_sampling: bool = key(False,
-        "grpo: groups whose rewards are all equal get no loss weight, their share logged as groups_dropped "
-        "(DAPO's dynamic sampling; verl algorithm.filter_groups.enable, NeMo-RL grpo.use_dynamic_sampling); the refill: "
-        "dynamic_sampling_max_batches")
-    dynamic_sampling_max_batches: int = key(1,
-        "grpo with dynamic_sampling: the most prompt batches a step samples to fill its batch with groups whose "
-        "rewards differ (DAPO's refill; verl algorithm.filter_groups.max_num_gen_batches, NeMo-RL "
-        "grpo.dynamic_sampling_max_gen_batches): further batches are read from the run's data (its saved position "
-        "counts them), the groups past the batch's number dropped; still short after this many, the step trains "
-        "on the groups it found and the rest of its batch carries no weight (logged: generation_batches, "
-        "groups_kept; verl and NeMo-RL raise instead, and verl's 0 = unlimited has no equal here); 1: no refill",
-        positive=True)
-    overlong_filtering: bool = key(False,
-        "grpo: completions that reach grpo_max_new_tokens without ending get no loss weight (NeMo-RL "
-        "overlong_filtering, DAPO's overlong filtering)")
-    tis_cap: float = key(2.0,
-        "grpo: with the sampler's log-probs in the batch (sampler_logps), each token's policy loss × "
-        "min(π_old/π_sampler, this): truncated importance sampling (verl tis_imp_ratio_cap)", positive=True)
-    # RL rollout engine
-    rollout_engine: str = key("maxlite",
-        "grpo: what samples the completions: maxlite (continuous batching over decode slots, "
-        "maxlite/rollout/) | vllm (needs the vllm package; MaxText's RL samples with vLLM)",
-        choices=("maxlite", "vllm"))
-    max_num_seqs: int = key(64, "grpo: decode slots of the rollout engine, sequences decoded at once "
-                            "(MaxText's / vLLM's max_num_seqs)", positive=True)
-    max_num_batched_tokens: int = key(2048, "grpo: prompt tokens the rollout engine prefills at once "
-                                      "(MaxText's / vLLM's max_num_batched_tokens)", positive=True)
-    rollout_paged_kv: bool = key(False,
-        "grpo: the rollout engine keeps attention's K/V and MLA's latents in a pool of blocks read through "
-        "per-sequence block tables (vLLM's PagedAttention; a prompt's full blocks shared by its completions); "
-        "false: a [prompt + max_new_tokens] row per slot")
-    rollout_block_size: int = key(16, "grpo, rollout_paged_kv: positions per cache block (vLLM's block_size)",
-                                  positive=True)
-    rollout_num_blocks: int = key(0,
-        "grpo, rollout_paged_kv: cache blocks in the pool (vLLM's num_gpu_blocks_override); "
-        "0: max_num_seqs x the longest sequence's blocks", bounds=(0, None))
-    reward_functions: tuple[str, ...] = key((),
-        'grpo: "package.module:function" each; e.g. maxlite.objectives.rewards:exact_answer')
-    reward_weights: tuple[float, ...] = key((), "grpo: one weight per reward function ([] = 1 each)")
-    # RL tools: multi-turn rollouts (maxlite/rollout/tools.py, docs/rl.md)
-    rollout_tools: tuple[str, ...] = key((),
-        'grpo: tools a completion may call, "package.module:function" each, called by the function\'s name '
-        "(MaxText/Tunix agentic rollouts, NeMo-RL multi-turn environments): a completion that ends on "
-        "tool_call_end has its call run in a worker process and the answer appended as a turn (not trained on), "
-        "then generation continues; [] = none")
-    max_tool_turns: int = key(4,
-        "grpo with rollout_tools: the most tool calls a completion makes; a call past them ends the completion "
-        "unanswered (not ended: overlong_filtering drops it) (NeMo-RL grpo.max_rollout_turns counts the model's "
-        "turns: this + 1)", positive=True)
-    tool_call_start: str = key("<tool_call>",
-        "grpo with rollout_tools: the text before a call; the call is the text after the last one in the turn "
-        "and what came just before it (the prompt, or the last tool answer): {\"name\": ..., \"arguments\": "
-        "{...}} or `name argument text`")
-    tool_call_end: str = key("</tool_call>",
-        "grpo with rollout_tools: the text that ends a call and the model's turn; one token of the tokenizer "
-        "(the rollout engine stops on it)")
-    tool_response_format: str = key("<tool_response>{answer}</tool_response>",
-        "grpo with rollout_tools: the turn appended after a call, {answer} replaced by the tool's answer (or "
-        "its error); write the chat template's turn markers here too (docs/rl.md)")
-    tool_timeout_seconds: float = key(5.0,
-        "grpo with rollout_tools: time limit of one tool call, in a worker process: past it the worker is "
-        "killed and the model is answered an error (counted in tool_timeouts)", positive=True)
-    tool_workers: int = key(2, "grpo with rollout_tools: worker processes the tools run in (per training process)",
-        positive=True)
-    # RL placement: where the rollouts run (maxlite/rollout/reshard.py; MaxText's RL hardware keys)
-    trainer_devices_fraction: float = key(1.0,
-        "grpo: the first this share of the devices train (MaxText's name); 1 with sampler_devices_fraction 1: "
-        "trainer and rollouts share every device, alternating (colocated)", bounds=(0.0, 1.0))
-    sampler_devices_fraction: float = key(1.0,
-        "grpo: the last this share of the devices generate (MaxText's name); below 1, trainer and sampler "
-        "shares must not overlap (separate placement: weights resharded onto them each step)", bounds=(0.0, 1.0))
-    rollout_data_parallelism: int = key(-1,
-        "grpo: model replicas on the sampler's devices (MaxText's name; -1: the devices left by "
-        "rollout_tensor_parallelism)", bounds=(-1, None))
-    rollout_tensor_parallelism: int = key(1,
-        "grpo: tensor shards of each replica on the sampler's devices (MaxText's name)", positive=True)
-    off_policy_steps: int = key(0,
-        "grpo: sample the prompts of the next this many steps while a step trains (MaxText's name; NeMo-RL's "
-        "max_trajectory_age_steps); needs separate placement; 0: synchronous", bounds=(0, None))
-    rollout_workers: int = key(0,
-        "grpo: rollout workers as Ray actors of their own, each generating a share of the prompts on its own "
-        "devices (NeMo-RL's separate generation cluster, policy.generation.colocated.enabled=false); weights "
-        "pushed through Ray's object store each step, a dead worker replaced; 0: in-process", bounds=(0, None))
-    rollout_worker_cpus: float = key(1.0,
-        "grpo: CPUs Ray reserves for each rollout worker (NeMo-RL: generation resources.num_nodes × "
-        "gpus_per_node, here per actor)", bounds=(0.0, None))
-    rollout_worker_gpus: float = key(0.0,
-        "grpo: GPUs Ray reserves for each rollout worker (NeMo-RL's generation resources.gpus_per_node; "
-        "0 on CPU)", bounds=(0.0, None))
-    rollout_worker_timeout_s: float = key(600.0,
-        "grpo: a rollout worker's share not answered within this many seconds (its start, weights and first "
-        "compile included) is a hang: the worker is killed and replaced, the share re-run (counted in "
-        "rollout_worker_restarts and rollout_worker_hangs); 600: minutes above a share's time for a model that "
-        "fits a host, and below watchdog_initial_timeout, so one worker is replaced before the watchdog "
-        "restarts the run; raise it for long completions on big models; 0: wait forever", bounds=(0.0, None))
-    # RL rewards
-    reward_timeout_seconds: float = key(5.0,
-        "grpo: time limit of one reward call (a batch, or one completion of a per-completion function such as "
-        "math_verify), run in a worker process: past it the worker is killed and those completions score 0, "
-        "counted in reward_timeouts (a raise or a dead worker: reward_failures)", positive=True)
-    reward_workers: int = key(2, "grpo: worker processes the reward functions run in (per training process)",
-        positive=True)
-    bundled_prompts: str = key("arith",
-        'prompts: the bundled set read when dataset_path is "": arith ("What is 2 + 3?") | word_problems '
-        "(grade-school word problems, integer answers; data/bundled/build_word_problems.py)",
-        choices=("arith", "word_problems"))
-    eval_pass_k: int = key(0,
-        "grpo: eval also reports pass_at_{k}, from grpo_num_generations samples per prompt at grpo_temperature "
-        "(the unbiased estimator of Chen et al. 2021); 0: only the greedy pass_at_1", bounds=(0, None))
-    eval_pass_threshold: float = key(1.0,
-        "grpo: an eval completion passes when its summed reward is at least this")
+
+
+@dataclasses.dataclass(frozen=True)
+class _AdapterSamplingFaultKeys:
+    """LoRA, sampling and fault injection."""
 
     lora_rank: int = key(0,
         "adapter rank r; 0 = off (full fine-tuning)",
@@ -832,6 +388,13 @@ class Keys:
         "slow: that process's step work takes this many times longer from fault_step on", bounds=(1, None))
     fault_pause_seconds: float = key(10.0,
         "pause: that process sleeps this long once, after dispatching step fault_step", bounds=(0, None))
+
+
+@dataclasses.dataclass(frozen=True)
+class Keys(_AdapterSamplingFaultKeys, AlignmentKeys, _TrainingKeys, ModelKeys, _RunKeys):
+    """Every key of the recipe, typed; frozen. Lists are tuples. A dataclass takes its bases' fields
+    from the last base to the first: run, model, training, alignment, then LoRA, sampling and faults:
+    base.yml's order."""
 
 
 FIELDS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(Keys)}
