@@ -38,10 +38,14 @@ class Built:
 
 
 def build(cfg: C.Config, devices=None, num_processes: int | None = None) -> Built:
-    """Resolve `cfg` against `devices` (default: all of this job's devices) and wire it onto them."""
+    """Resolve `cfg` against `devices` (default: all of this job's devices) and wire it onto them.
+    The process then traces and compiles: its cycle collector runs less often (maxlite/gc_policy.py)."""
     import jax
 
     from maxlite import mesh as mesh_lib
+    from maxlite.gc_policy import collect_less_often
+
+    collect_less_often()
 
     devices = list(jax.devices() if devices is None else devices)
     if cfg.train_objective == "grpo":  # the trainer's own share when the rollouts have theirs

@@ -2,7 +2,6 @@
 
 `MAXLITE_TEST_PLATFORMS=cuda` runs the accelerator-only tests on a GPU machine (benchmarks/gpu.sh)."""
 
-import gc
 import os
 import sys
 
@@ -10,13 +9,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from tests.xla_flags import cpu_xla_flags  # noqa: E402  (imports no JAX)
+from tests.xla_flags import CHEAP_TRACE_ENV, cpu_xla_flags  # noqa: E402  (imports no JAX)
 
 os.environ["JAX_PLATFORMS"] = os.environ.get("MAXLITE_TEST_PLATFORMS", "cpu")
-# On CPU, also tests/xla_flags.py's cheaper compile; a GPU run keeps XLA's own code generation.
+# On CPU, also tests/xla_flags.py's cheaper compile and locations; a GPU run keeps XLA's own code
+# generation.
 os.environ["XLA_FLAGS"] = (cpu_xla_flags(8) if os.environ["JAX_PLATFORMS"] == "cpu"
                            else "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+if os.environ["JAX_PLATFORMS"] == "cpu":
+    os.environ.update(CHEAP_TRACE_ENV)
 # JAX's persistent compilation cache for the tests' own processes, where the trainer's subprocesses
 # keep theirs (base.yml jax_cache_dir): many tests build the same small programs in new closures,
 # which the in-memory cache cannot match; a compiled program's disk copy can (about 8% of the CPU
@@ -25,12 +27,14 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/.cache/
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
-# Python's cycle collector ran a tenth of a training test's main-thread samples (py-spy): tracing
-# leaves many short-lived cycles, and the default thresholds (700, 10, 10) walk the young objects every
-# few hundred allocations. Collecting less often took test_step + test_alignment + test_lora (40 tests,
-# `-n 0`, empty compile cache) from 265 to 233 user CPU-seconds. A test that measures memory a user's
-# process would hold runs under Python's defaults (tests/test_bridge_hf_stream.py).
-gc.set_threshold(50_000, 50, 100)
+# The tests' processes trace and compile as a training process does, and outside `build` too (a
+# module's forward, a sampler): the same cycle collector thresholds (maxlite/gc_policy.py) from the
+# start. test_step + test_alignment + test_lora (40 tests, `-n 0`, empty compile cache) took 233 user
+# CPU-seconds with them, 265 under Python's defaults. A test that measures memory a user's process
+# would hold runs under Python's defaults (tests/test_bridge_hf_stream.py).
+from maxlite.gc_policy import collect_less_often  # noqa: E402  (imports no JAX)
+
+collect_less_often()
 
 import pytest  # noqa: E402
 

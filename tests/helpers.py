@@ -18,7 +18,7 @@ from flax import nnx
 
 from maxlite import build as build_lib, config as C, mesh as mesh_lib, resume, state as state_lib
 from maxlite.data.synthetic import make_synthetic_iterator
-from tests.xla_flags import cpu_xla_flags
+from tests.xla_flags import CHEAP_TRACE_ENV, cpu_xla_flags
 
 # A very small llama: compiles fast on 2 busy cores.
 SMALL = ["base.yml", "model_name=tiny", "base_emb_dim=64", "base_mlp_dim=128", "base_num_query_heads=2",
@@ -101,10 +101,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def process_env(devices: int, cheap_compile: bool = True, **extra: str) -> dict:
     """The environment of a CPU subprocess with `devices` simulated devices, no launcher's variables;
-    the tests' cheaper compile unless `cheap_compile=False` (tests/xla_flags.py)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAXLITE_", "RAY_ADDRESS"))}
+    the tests' cheaper compile and locations unless `cheap_compile=False` (tests/xla_flags.py)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MAXLITE_", "RAY_ADDRESS")) and (cheap_compile or k not in CHEAP_TRACE_ENV)}
     env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_xla_flags(devices, cheap_compile),
-               TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT, **extra)
+               TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT, **(CHEAP_TRACE_ENV if cheap_compile else {}), **extra)
     return env
 
 

@@ -16,7 +16,7 @@ import tempfile
 import time
 import urllib.request
 from tests.helpers import free_ports
-from tests.xla_flags import CHEAP_COMPILE
+from tests.xla_flags import CHEAP_COMPILE, CHEAP_TRACE_ENV
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 VENV_BIN = pathlib.Path(sys.executable).parent
@@ -34,11 +34,11 @@ FAST_POLLS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5", "RAY_TRAIN_PREEMPTION_
 
 def ray_env(**extra: str) -> dict[str, str]:
     """Env for Ray commands: no auth token (GOTCHAS), `python` = this venv's python, the tests'
-    cheaper compile (tests/xla_flags.py), which the launcher passes on to its CPU workers, and
+    cheaper compile and locations (tests/xla_flags.py), which the launcher passes on to its CPU workers, and
     FAST_POLLS."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "JAX_", "XLA_"))}
     env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", XLA_FLAGS=CHEAP_COMPILE,
-               PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}", **FAST_POLLS, **extra)
+               PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}", **CHEAP_TRACE_ENV, **FAST_POLLS, **extra)
     return env
 
 
