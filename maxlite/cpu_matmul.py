@@ -6,7 +6,8 @@ kernels (`maxlite.models.matmul`). Which is faster is the CPU's: with bf16 matri
 won by 1.35× per step. So `auto` times both at the model's own shapes (the forward and both
 backward products of a step's projections, capped at 512 rows and 1024 elsewhere), keeps the faster,
 and caches the answer per CPU model (its name and instruction flags), JAX version and shapes, in
-`cpu_matmul.json` beside the compile cache: a machine measures once. `bf16` / `f32` force a path.
+`cpu_matmul.json` beside the compile cache: a machine measures once (the MFU's measured peak,
+maxlite/peak.py, is cached there too). `bf16` / `f32` force a path.
 With `dtype=float32` there is nothing to choose.
 """
 
@@ -51,13 +52,13 @@ def choose(cfg, time_paths: Callable[[object], dict] | None = None) -> Choice:
         return Choice(cfg.cpu_matmul, "forced", {})
     cache_file = default_cache_file(cfg)
     key = f"{cpu_identity()} | jax {_jax_version()} | {_shapes(cfg)}"
-    cached = _read(cache_file).get(key)
+    cached = read_entries(cache_file).get(key)
     if cached:
         return Choice(cached["path"], "cached", cached["seconds"])
     seconds = (time_paths or probe)(cfg)
     choice = Choice(faster(seconds), "measured", seconds)
     if cache_file:
-        _write(cache_file, key, {"path": choice.path, "seconds": seconds})
+        write_entry(cache_file, key, {"path": choice.path, "seconds": seconds})
     return choice
 
 
@@ -151,7 +152,7 @@ def probe(cfg, repeats: int = 5) -> dict:
     return best
 
 
-def _read(cache_file: str) -> dict:
+def read_entries(cache_file: str) -> dict:
     try:
         with open(cache_file) as f:
             return json.load(f)
@@ -159,9 +160,9 @@ def _read(cache_file: str) -> dict:
         return {}
 
 
-def _write(cache_file: str, key: str, entry: dict) -> None:
+def write_entry(cache_file: str, key: str, entry: dict) -> None:
     """Add one answer (atomic rename: concurrent runs lose an entry at worst, never the file)."""
-    entries = _read(cache_file)
+    entries = read_entries(cache_file)
     entries[key] = entry
     os.makedirs(os.path.dirname(cache_file) or ".", exist_ok=True)
     tmp = f"{cache_file}.{os.getpid()}.tmp"

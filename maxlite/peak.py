@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import jax
@@ -30,10 +31,13 @@ def measure_matmul_tflops(dtype: str = "float32", size: int = 2048, repeats: int
     return 2 * size**3 / best / 1e12
 
 
-def peak_tflops_per_device(dtype: str = "bfloat16", cpu_matmul: str = "bf16") -> tuple[float, str]:
+def peak_tflops_per_device(dtype: str = "bfloat16", cpu_matmul: str = "bf16",
+                           cache_file: str = "") -> tuple[float, str]:
     """(peak, where it came from): the published bf16 figure for known chips, else (CPU) measured
     for the product that runs: `dtype`, the model's compute dtype, or float32 where the CPU path
-    upcasts it (`cpu_matmul` f32, maxlite/cpu_matmul.py)."""
+    upcasts it (`cpu_matmul` f32, maxlite/cpu_matmul.py). With a `cache_file` (cpu_matmul.json beside
+    the compile cache) a CPU model measures each product once, as it chooses its matmul path once:
+    the probe was half a CPU-second at the end of every run (tiny, 2 cores)."""
     device = jax.local_devices()[0]
     for name, peak in PEAK_TFLOPS.items():
         if device.device_kind.startswith(name):
@@ -43,5 +47,15 @@ def peak_tflops_per_device(dtype: str = "bfloat16", cpu_matmul: str = "bf16") ->
     # on CPU a 1024 product reaches the 2048 one's rate (0.099 against 0.084 TFLOP/s, 2 loaded cores)
     # at an eighth of the work: the 2048 probe was 9 s of the README demo's wall time
     size = 1024 if device.platform == "cpu" else 2048
-    return (measure_matmul_tflops(dtype, size=size, device=device),
-            f"measured XLA {jnp.dtype(dtype).name} matmul on {device.device_kind}")
+    source = f"measured XLA {jnp.dtype(dtype).name} matmul on {device.device_kind}"
+    if device.platform != "cpu" or not cache_file:
+        return measure_matmul_tflops(dtype, size=size, device=device), source
+    from maxlite import cpu_matmul as cache
+
+    key = f"peak | {cache.cpu_identity()} | jax {jax.__version__} | {jnp.dtype(dtype).name} {size}x{size}"
+    cached = cache.read_entries(cache_file).get(key)
+    if cached:
+        return cached["tflops"], f"{source} (cached in {os.path.basename(cache_file)})"
+    peak = measure_matmul_tflops(dtype, size=size, device=device)
+    cache.write_entry(cache_file, key, {"tflops": peak})
+    return peak, source

@@ -332,14 +332,15 @@ def _finish(run: _Run, res, state, reason: str | None, started: float) -> dict[s
     """Summary (MFU against the measured peak), goodput, the outcome (maxlite.outcome), status.json."""
     import jax
 
-    from maxlite import report
+    from maxlite import cpu_matmul, report
     from maxlite.peak import peak_tflops_per_device
 
     logger, primary = run.logger, run.primary
     summary = logger.summary(time.perf_counter() - started, None)
     if primary and "tokens_per_second" in summary and not reason:  # stopped: exit fast, no peak probe
         with res.section("peak_probe"):
-            peak, source = peak_tflops_per_device(run.cfg.dtype, run.cfg.cpu_matmul)
+            peak, source = peak_tflops_per_device(run.cfg.dtype, run.cfg.cpu_matmul,
+                                                  cpu_matmul.default_cache_file(run.cfg))
         if jax.devices()[0].platform == "cpu":
             peak /= jax.local_device_count()  # simulated CPU devices share the host's cores
         summary = logger.summary(time.perf_counter() - started, peak)

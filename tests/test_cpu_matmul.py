@@ -102,3 +102,26 @@ def test_the_mfu_peak_is_the_running_paths(path, dtype):
     from maxlite.peak import peak_tflops_per_device
     peak, source = peak_tflops_per_device("bfloat16", path)
     assert peak > 0 and source.startswith(f"measured XLA {dtype} matmul"), source
+
+
+def test_the_mfu_peak_is_measured_once_per_cpu_and_product(tmp_path, monkeypatch):
+    """The end of every run asked for the peak; with the cache beside the compile cache a CPU model
+    measures each product (the model's dtype, or float32 on the upcast path) once."""
+    from maxlite import peak as peak_lib
+
+    measured = []
+
+    def measure(dtype, size, device):
+        measured.append(dtype)
+        return {"bfloat16": 0.5, "float32": 0.25}[dtype]
+
+    monkeypatch.setattr(peak_lib, "measure_matmul_tflops", measure)
+    cache_file = str(tmp_path / "cpu_matmul.json")
+    first = peak_lib.peak_tflops_per_device("bfloat16", "bf16", cache_file)
+    again = peak_lib.peak_tflops_per_device("bfloat16", "bf16", cache_file)
+    upcast = peak_lib.peak_tflops_per_device("bfloat16", "f32", cache_file)
+    assert measured == ["bfloat16", "float32"]
+    assert (first[0], again[0], upcast[0]) == (0.5, 0.5, 0.25)
+    assert "cached" not in first[1] and again[1].endswith("(cached in cpu_matmul.json)")
+    peak_lib.peak_tflops_per_device("bfloat16", "bf16")  # no cache file: measured each time
+    assert measured == ["bfloat16", "float32", "bfloat16"]
