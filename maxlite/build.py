@@ -38,14 +38,10 @@ class Built:
 
 
 def build(cfg: C.Config, devices=None, num_processes: int | None = None) -> Built:
-    """Resolve `cfg` against `devices` (default: all of this job's devices) and wire it onto them.
-    The process then traces and compiles: its cycle collector runs less often (maxlite/gc_policy.py)."""
+    """Resolve `cfg` against `devices` (default: all of this job's devices) and wire it onto them."""
     import jax
 
     from maxlite import mesh as mesh_lib
-    from maxlite.gc_policy import collect_less_often
-
-    collect_less_often()
 
     devices = list(jax.devices() if devices is None else devices)
     if cfg.train_objective == "grpo":  # the trainer's own share when the rollouts have theirs
@@ -75,8 +71,12 @@ def _choose_cpu_matmul(cfg: C.Config):
 
 def wire(cfg: C.Config, devices) -> Built:
     """Wire an already resolved `cfg` (`attention` resolved, the platform checked: `config.resolve`) onto `devices`
-    (the planner's: a TPU topology's, compiled ahead of time from this CPU)."""
+    (the planner's: a TPU topology's, compiled ahead of time from this CPU). The process then traces and
+    compiles: its cycle collector runs less often from here on (maxlite/gc_policy.py)."""
     from maxlite import mesh as mesh_lib, objectives, optim, state as state_lib
+    from maxlite.gc_policy import collect_less_often
+
+    collect_less_often()
 
     # the CPU matmul path is set before anything traces (maxlite/models/matmul.py); a float32 model's product is the same on
     # both paths, so it leaves the process's path as it was
