@@ -134,7 +134,7 @@ def plot(runs: Sequence[Run]) -> bytes:
                 ax.legend(fontsize=8)
         else:
             ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes, color="gray")
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.06, right=0.99, bottom=0.07, top=0.96, wspace=0.28, hspace=0.32)
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
