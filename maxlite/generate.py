@@ -55,6 +55,8 @@ class Generated:
     compile_seconds: float
     steps: int  # decode steps run (the loop ends when every row has ended)
     cache_bytes_per_token: float = 0.0  # the decode cache per position of the longest row, every layer
+    cache_state_bytes: float = 0.0  # of that row's cache, the recurrent layers' state: the same at any length
+    cache_positions: int = 0  # what each layer's cache was sized for: the longest prompt + max_new_tokens
     prompts: list[list[int]] | None = None  # with images: the prompts as decoded, placeholders expanded
 
     @property
@@ -124,10 +126,23 @@ def generate_ids(cfg, params, prompts: Sequence[Sequence[int]], sampling: Sampli
     tokens = []
     for row in out.tolist():
         tokens.append(row[:row.index(eos)] if eos in row else row)
-    from maxlite.models.kinds import cache_numbers_per_token
+    from maxlite.models.kinds import decode_cache_numbers
     length = P + sampling.max_new_tokens  # what each layer's cache was sized for
-    per_token = cache_numbers_per_token(cfg, length) * np.dtype(jax.numpy.dtype(cfg.dtype)).itemsize
-    return Generated(tokens, seconds, compiled - start, steps, per_token, prompts if vision is not None else None)
+    itemsize = np.dtype(jax.numpy.dtype(cfg.dtype)).itemsize
+    total, state = decode_cache_numbers(cfg, length)
+    return Generated(tokens, seconds, compiled - start, steps, total * itemsize / length, state * itemsize, length,
+                     prompts if vision is not None else None)
+
+
+def cache_line(got: Generated) -> str:
+    """The decode cache of the longest row, in words: per token, and the recurrent layers' state of
+    fixed size apart (a hybrid's delta-net or Mamba-2 layers hold the same bytes at any length)."""
+    line = f"decode cache {got.cache_bytes_per_token:,.0f} bytes per token"
+    if not got.cache_state_bytes:
+        return line
+    growing = got.cache_bytes_per_token * got.cache_positions - got.cache_state_bytes
+    return (f"decode cache {growing / got.cache_positions:,.0f} bytes per token + a recurrent state of "
+            f"{got.cache_state_bytes:,.0f} bytes per sequence at any length")
 
 
 def _with_images(cfg, prompts, images) -> tuple[list[list[int]], dict]:
@@ -300,8 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     n = sum(map(len, got.tokens))
     print(f"maxlite: generated {n} tokens for {len(prompts)} prompt(s) in {got.seconds:.2f} s "
           f"({got.tokens_per_second:,.1f} tokens/s; {got.steps} decode steps; compiled in "
-          f"{got.compile_seconds:.1f} s; decode cache {got.cache_bytes_per_token:,.0f} bytes per token)",
-          file=sys.stderr)
+          f"{got.compile_seconds:.1f} s; {cache_line(got)})", file=sys.stderr)
     return 0
 
 

@@ -71,3 +71,29 @@ def test_the_compiled_decode_loop_keeps_no_copy_of_the_cache():
     (kv, _), = decode.empty_cache(cfg, 1, length).stacks.values()
     cache_bytes = sum(a.nbytes for a in kv)
     assert temp < cache_bytes + kv.k_LBSKH[0].nbytes
+
+
+@pytest.mark.parametrize("preset", ["qwen3.5-27b", "kimi-linear-48b-a3b", "nemotron-h-8b", "deepseek-v3"])
+def test_a_recurrent_kinds_cache_is_the_same_at_any_length_and_the_others_grow(preset):
+    """Each mixer kind's `recurrent` declaration, held against the arrays decoding allocates: the stacks
+    of a recurrent kind (delta-net, Kimi delta attention, Mamba-2) hold the same bytes at 64 and 4096
+    positions, every other stack more at 4096 (but a layer without a mixer, which keeps nothing);
+    `decode_cache_numbers` counts exactly those bytes."""
+    from maxlite.models.kinds import MIXERS, decode_cache_numbers
+    from tests.helpers import shrunk
+
+    cfg = C.load(shrunk(preset) + ["dtype=float32"])
+    sizes = {}
+    for length in (64, 4096):
+        cache = jax.eval_shape(lambda: decode.empty_cache(cfg, 1, length))
+        sizes[length] = {key: sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(layers))
+                         for key, (layers, _) in cache.stacks.items()}
+        total, state = decode_cache_numbers(cfg, length)
+        assert (4 * total, 4 * state) == (sum(sizes[length].values()),
+                                          sum(b for key, b in sizes[length].items() if MIXERS[key[0]].recurrent))
+    assert any(MIXERS[mixer].recurrent for mixer, _ in sizes[64]) == (preset != "deepseek-v3")
+    for key in sizes[64]:
+        if key[0] == "none":
+            assert sizes[64][key] == sizes[4096][key] == 0
+        else:
+            assert (sizes[64][key] == sizes[4096][key]) == MIXERS[key[0]].recurrent, key

@@ -84,22 +84,25 @@ def test_export_loads_in_transformers_with_the_same_logits(imported):
 
 
 def test_the_decode_state_of_the_kda_layers_is_the_same_size_at_any_length(imported):
-    """What `generate` reports per sequence (bytes per token × length) grows only by the latent
-    attention layer's C + R numbers per token; the KDA layers' part is their state and windows."""
+    """What `generate` reports: the KDA layers' state and windows as a state of fixed bytes per sequence,
+    the same at two lengths; the rest of the cache, the latent attention layer's C + R numbers per
+    token, is what grows."""
+    from maxlite.generate import cache_line
     from maxlite.models.kinds import MIXERS
 
     _, _, cfg, pure = imported
     params = P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure)))
-    reported = {}
-    for new in (4, 36):
-        got = generate_ids(cfg, params, [[5, 6, 7, 8]], Sampling(max_new_tokens=new))
-        reported[new] = got.cache_bytes_per_token * (4 + new)
     H, E = cfg.gdn_num_value_heads, cfg.gdn_key_head_dim
     kda = H * E * E + (cfg.gdn_conv_kernel_dim - 1) * 3 * H * E  # float32: one number each
     assert MIXERS["kda"].cache_numbers(cfg, "linear", 40) == MIXERS["kda"].cache_numbers(cfg, "linear", 1 << 20) == kda
     latent = cfg.kv_lora_rank + cfg.qk_rope_head_dim
-    assert reported[4] == pytest.approx(4 * (3 * kda + 8 * latent))
-    assert reported[36] - reported[4] == pytest.approx(4 * 32 * latent)
+    for new in (4, 36):
+        got = generate_ids(cfg, params, [[5, 6, 7, 8]], Sampling(max_new_tokens=new))
+        assert got.cache_positions == 4 + new
+        assert got.cache_state_bytes == 4 * 3 * kda  # three KDA layers
+        assert got.cache_bytes_per_token * got.cache_positions == pytest.approx(4 * (3 * kda + (4 + new) * latent))
+        assert cache_line(got) == (f"decode cache {4 * latent:,} bytes per token + a recurrent state of "
+                                   f"{4 * 3 * kda:,} bytes per sequence at any length")
 
 
 def _recurrent(q, k, v, g, beta, seg):

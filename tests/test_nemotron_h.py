@@ -85,22 +85,25 @@ def test_export_loads_in_transformers_with_the_same_logits(imported):
 
 
 def test_the_decode_state_is_the_same_size_at_any_context(imported):
-    """generate's cache per token × the length: the two Mamba-2 layers' state and windows, the same at
-    any length (the arrays the decode loop allocates say so too), beside the attention layer's K/V."""
+    """generate's recurrent state per sequence: the two Mamba-2 layers' state and windows, the arrays the
+    decode loop allocates for them, the same at two lengths; the attention layer's K/V is the cache
+    per token beside it."""
     from maxlite.models.decode import empty_cache
 
     model, _, cfg, pure = imported
     params = P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure)))
     kv = 2 * cfg.base_num_kv_heads * cfg.head_dim * 4  # bytes per position of the attention layer
-    fixed = []
+    states = []
     for prompt, new in (([5, 6, 7], 8), ([5, 6, 7] * 10, 60)):
         got = generate_ids(cfg, params, [prompt], Sampling(max_new_tokens=new))
         length = len(prompt) + new
-        fixed.append(got.cache_bytes_per_token * length - kv * length)
+        assert got.cache_positions == length
+        assert got.cache_bytes_per_token * length - got.cache_state_bytes == kv * length
         cache = jax.eval_shape(lambda: empty_cache(cfg, 1, length))
         arrays = cache.stacks[("mamba2", "mamba")][0]
-        assert fixed[-1] == sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(arrays))
-    assert fixed[0] == fixed[1] > 0
+        assert got.cache_state_bytes == sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(arrays))
+        states.append(got.cache_state_bytes)
+    assert states[0] == states[1] > 0
 
 
 def _recurrent(x, dt, A, Bm, Cm, seg, h0):

@@ -67,6 +67,8 @@ class MixerKind(_Declared):
                                         # BATCH_AXES: the batch axis of (every per-layer leaf,
                                         # every shared leaf), where a sequence's cache is cut
     raw_input: bool = False             # reads the un-normed residual (no norm before it: the `none` kind)
+    recurrent: bool = False             # its decode cache is a state of fixed size per sequence
+                                        # (cache_numbers the same at any length), not a record per token
 
     def cls(self):
         return load(self.module)
@@ -232,14 +234,14 @@ MIXERS = {m.name: m for m in (
               checks=(_CHECKS + "mla",),
               megatron_refusal="multi-head latent attention (not mapped yet: --multi-latent-attention and its ranks)"),
     MixerKind("gated_deltanet", "maxlite.models.gated_deltanet:GatedDeltaNet", _gdn_flops, _gdn_cache,
-              "maxlite.models.gdn_cache", layout_checks=(_CHECKS + "gated_deltanet_layout",),
+              "maxlite.models.gdn_cache", recurrent=True, layout_checks=(_CHECKS + "gated_deltanet_layout",),
               megatron_refusal="gated delta-net layers (its GPT layer is attention only)"),
     # Kimi Linear's delta attention: the delta-net's decode cache (the same state and windows) and checks
     MixerKind("kda", "maxlite.models.kda:KimiDeltaAttention", _kda_flops, _gdn_cache, "maxlite.models.gdn_cache",
-              checks=(_CHECKS + "kda",), layout_checks=(_CHECKS + "gated_deltanet_layout",),
+              recurrent=True, checks=(_CHECKS + "kda",), layout_checks=(_CHECKS + "gated_deltanet_layout",),
               megatron_refusal="Kimi delta attention layers (its GPT layer is attention only)"),
     MixerKind("mamba2", "maxlite.models.mamba2:Mamba2", _mamba2_flops, _mamba2_cache, "maxlite.models.mamba2_cache",
-              checks=(_CHECKS + "mamba2",), layout_checks=(_CHECKS + "mamba2_layout",),
+              recurrent=True, checks=(_CHECKS + "mamba2",), layout_checks=(_CHECKS + "mamba2_layout",),
               megatron_refusal="Mamba-2 layers (its GPT layer is attention only; Megatron's hybrid model is not mapped)"),
     # a layer without a mixer (Nemotron-H's MLP blocks): nothing added, no norm, no cache
     MixerKind("none", "maxlite.models.no_branch:NoMixer", lambda cfg, B, T, variant: {},
@@ -294,7 +296,20 @@ def check_kinds(cfg, layout: bool = False) -> str | None:
     return next(filter(None, (load(path)(cfg, used) for path, used in checks.items())), None)
 
 
+def decode_cache_numbers(cfg, length: int) -> tuple[int, int]:
+    """(The decode cache of one sequence of `length` positions, all layers; the part of it the
+    recurrent layers hold: their state, the same at any length), in numbers of the compute dtype. The
+    rest grows with the length (a sliding window's keeps at most W positions)."""
+    total = state = 0
+    for k in layer_kinds(cfg):
+        mixer = MIXERS[k.mixer]
+        numbers = mixer.cache_numbers(cfg, k.variant, length)
+        total += numbers
+        state += numbers if mixer.recurrent else 0
+    return total, state
+
+
 def cache_numbers_per_token(cfg, length: int) -> float:
     """Decode-cache numbers per token of a sequence of `length` positions, all layers (a sliding
     window's keeps at most W positions whatever the length)."""
-    return sum(MIXERS[k.mixer].cache_numbers(cfg, k.variant, length) for k in layer_kinds(cfg)) / length
+    return decode_cache_numbers(cfg, length)[0] / length
