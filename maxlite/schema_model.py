@@ -117,6 +117,13 @@ class ModelKeys:
     qk_rope_head_dim: int = key(64, "mla: each query head's RoPE width, and the one RoPE key all heads share "
         "(cached beside the latent)", positive=True, model=True)
     v_head_dim: int = key(128, "mla: each value head's width", positive=True, model=True)
+    index_topk: int = key(2048,
+        "DeepSeek sparse attention (decoder_block deepseek_v32; maxlite/models/dsa.py): the earlier tokens each "
+        "query attends, chosen by the lightning indexer's scores (every token while there are no more)",
+        positive=True, model=True)
+    index_n_heads: int = key(64, "DeepSeek sparse attention: the indexer's heads", positive=True, model=True)
+    index_head_dim: int = key(128, "DeepSeek sparse attention: the indexer's head width (its first "
+        "qk_rope_head_dim dims rotated)", positive=True, model=True)
     mtp_num_layers: int = key(0,
         "multi-token prediction (DeepSeek-V3): extra layers, the k-th predicting token t+1+k from the previous "
         "depth's hidden state and token t+k's embedding, sharing embedding and output head; 0: none",

@@ -236,7 +236,8 @@ def shrunk(model_name: str) -> list[str]:
     pattern: Gemma 3's 5 local + 1 global; a published Gemma 4: one local and one global layer), tied
     head or not, biases, RoPE scaling and local RoPE, a sliding window (8 of 32 tokens), query scaling, GQA (or not), a head_dim that is (or is not)
     emb/heads; a mixture of experts with at most 8 experts of width 32 (at most 1 dense layer first);
-    latent attention with narrow latents. Default dtypes (bf16 compute)."""
+    latent attention with narrow latents (and DeepSeek sparse attention a narrow indexer keeping 8 of 32). Default dtypes
+    (bf16 compute)."""
     from maxlite.models.families import family
     from maxlite.models.layout import layer_kinds
 
@@ -262,6 +263,8 @@ def shrunk(model_name: str) -> list[str]:
     if cfg.attention_type == "mla":  # narrow latents, values narrower than queries and keys (as published)
         window += [f"q_lora_rank={min(cfg.q_lora_rank, 32)}", "kv_lora_rank=16", "qk_nope_head_dim=16",
                    "qk_rope_head_dim=8", "v_head_dim=16"]
+    if any(k.mixer == "dsa" for k in layer_kinds(cfg)):  # a narrow indexer keeping 8 of the 32 tokens
+        window += ["index_topk=8", "index_n_heads=4", "index_head_dim=16"]
     pattern = len(family(cfg).layer_pattern)
     if cfg.global_head_dim:  # Gemma 4: wider global layers with fewer kv heads, per-layer embeddings
         window += [f"global_head_dim={2 * head_dim}"]

@@ -130,6 +130,26 @@ def mla(c, used: bool) -> str | None:
     return None
 
 
+def dsa(c, used: bool) -> str | None:
+    """DeepSeek sparse attention (maxlite/models/dsa.py): the indexer's queries come from the query
+    latent, and RoPE covers the first qk_rope_head_dim dims of its heads."""
+    if used and not c.q_lora_rank:
+        return "DeepSeek sparse attention's indexer reads the query latent: set q_lora_rank > 0"
+    if used and c.index_head_dim < c.qk_rope_head_dim:
+        return (f"index_head_dim={c.index_head_dim} must be at least qk_rope_head_dim={c.qk_rope_head_dim} "
+                f"(the indexer rotates that many of its dims)")
+    return None
+
+
+def dsa_layout(c, used: bool) -> str | None:
+    """Each query's choice reads every earlier token: not split over context shards."""
+    context = c.axis_size("context")
+    if used and context > 1:
+        return (f"context parallelism (context={context}) does not split DeepSeek sparse attention's indexer "
+                f"({c.decoder_block}): set ici_context_parallelism=1 (and dcn_context_parallelism=1)")
+    return None
+
+
 def gated_deltanet_layout(c, used: bool) -> str | None:
     """The recurrence runs along the whole sequence: its state would have to cross context shards."""
     context = c.axis_size("context")

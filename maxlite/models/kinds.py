@@ -133,6 +133,24 @@ def _mla_cache(cfg, variant: str, length: int) -> int:
     return (min(w, length) if w else length) * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
 
 
+def _dsa_flops(cfg, B: int, T: int, variant: str) -> dict:
+    """DeepSeek sparse attention (maxlite/models/dsa.py): latent attention's projections, the
+    indexer's (queries from the query latent, one key, a weight per head) and its scores over the
+    causal half, and the attention over min(s, index_topk) keys per query (the band of a window of
+    index_topk: the sparse algorithm's count; maxlite's dense masked softmax computes more)."""
+    D, N, Q, I, J = cfg.base_emb_dim, cfg.base_num_query_heads, cfg.q_lora_rank, cfg.index_n_heads, cfg.index_head_dim
+    P, R, V = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+    mla = _mla_flops(cfg, B, T, "global")
+    index = 2 * B * T * (Q * I * J + D * J + D * I) + 2 * B * (T * T / 2) * I * J
+    return {"qkv": mla["qkv"] + index, "out": mla["out"],
+            "attention": attention_core_flops(B, T, N, (P + R + V) / 2, cfg.index_topk)}
+
+
+def _dsa_cache(cfg, variant: str, length: int) -> int:
+    """Latent attention's C + R numbers per token and the indexer's key, J more."""
+    return length * (cfg.kv_lora_rank + cfg.qk_rope_head_dim + cfg.index_head_dim)
+
+
 def gated_matrices(cfg) -> int:
     """Weight matrices of the family's MLP (3 gated, 2 for GELU's up/down)."""
     return family(cfg).mlp_matrices
@@ -233,6 +251,9 @@ MIXERS = {m.name: m for m in (
     MixerKind("mla", "maxlite.models.mla:MLA", _mla_flops, _mla_cache, "maxlite.models.mla_cache",
               checks=(_CHECKS + "mla",),
               megatron_refusal="multi-head latent attention (not mapped yet: --multi-latent-attention and its ranks)"),
+    MixerKind("dsa", "maxlite.models.dsa:DSA", _dsa_flops, _dsa_cache, "maxlite.models.dsa_cache",
+              checks=(_CHECKS + "mla", _CHECKS + "dsa"), layout_checks=(_CHECKS + "dsa_layout",),
+              megatron_refusal="DeepSeek sparse attention (its indexer is not Megatron-LM's GPT layer)"),
     MixerKind("gated_deltanet", "maxlite.models.gated_deltanet:GatedDeltaNet", _gdn_flops, _gdn_cache,
               "maxlite.models.gdn_cache", recurrent=True, layout_checks=(_CHECKS + "gated_deltanet_layout",),
               megatron_refusal="gated delta-net layers (its GPT layer is attention only)"),

@@ -27,6 +27,9 @@ from maxlite.models.families import family
 VARIANTS: dict[str, dict[str, str]] = {
     "attention": {"global": "full_attention", "local": "sliding_attention", "chunked": "chunked_attention"},
     "mla": {"global": "full_attention", "local": "sliding_attention"},
+    # DeepSeek sparse attention: latent attention over the tokens its indexer keeps (a family's
+    # `layer_kinds` makes its latent attention layers DSA)
+    "dsa": {"global": "indexed_attention"},
     "gated_deltanet": {"linear": "linear_attention"},
     # Kimi delta attention takes the delta-net's name (a family's `layer_kinds` makes its linear layers KDA)
     "kda": {"linear": "linear_attention"},

@@ -37,7 +37,7 @@ def check(cfg) -> str | None:
     kinds = {k.mixer for k in layer_kinds(cfg)}
     valid = set(MLP_TARGETS)
     for kind in kinds:
-        valid |= set({"mla": mla_targets(cfg), "gated_deltanet": GDN_TARGETS}.get(kind, GQA_TARGETS))
+        valid |= set({"mla": mla_targets(cfg), "dsa": mla_targets(cfg), "gated_deltanet": GDN_TARGETS}.get(kind, GQA_TARGETS))
     unknown = [t for t in cfg.lora_targets if t not in valid]
     if unknown:
         return (f"lora_targets: {', '.join(unknown)} is not a projection of this model (its layers: "

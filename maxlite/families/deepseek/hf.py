@@ -217,8 +217,8 @@ def hf_config(cfg, dtype: str = "float32", bos_id: int | None = None, eos_id: in
 
 def _refuse_unmodelled(hf: dict) -> None:
     if hf.get("index_topk") or hf.get("index_n_heads"):
-        raise ValueError("config.json: DeepSeek-V3.2's sparse-attention indexer (index_topk, index_n_heads) is "
-                         "not modelled by maxlite (dense MLA is)")
+        raise ValueError(f"config.json: index_topk and index_n_heads are DeepSeek-V3.2's sparse-attention indexer, "
+                         f"which model_type deepseek_v32 has (maxlite/families/deepseek_v32), not {hf.get('model_type')}")
     if hf.get("model_type") != "deepseek_v2" and hf.get("rope_interleave") is False:
         raise ValueError("config.json: rope_interleave=false (RoPE on split halves) is not modelled by maxlite's "
                          "DeepSeek import, which converts the interleaved layout DeepSeek publishes")

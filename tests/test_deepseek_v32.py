@@ -1,0 +1,150 @@
+"""DeepSeek-V3.2: DeepSeek sparse attention (the `dsa` mixer kind: latent attention over the tokens a
+lightning indexer keeps) in DeepSeek-V3's model.
+
+A random model built by transformers (tests/hf_models.py: each query keeps the indexer's best 6
+tokens) imports, gives float32 logits within 1e-5 relative over 40 tokens (the same weights attending
+densely do not: the indexer's choice is what is compared), decodes greedily to transformers' own
+tokens (a batch of prompts of different lengths equal to each alone), exports so that transformers
+loads a DeepseekV32ForCausalLM with the same logits, and goes import → SFT from the written
+recipe.yml → chat → export with transformers answering as maxlite does."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from maxlite.bridge import hf
+from maxlite.bridge import params as P
+from maxlite.generate import Sampling, generate_ids
+from tests import hf_models
+from tests.helpers import jax_logits
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+V = 256
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def _relative(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor(ids)).logits.float().numpy()
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    """(the transformers model, its directory, maxlite's import of it)."""
+    path = tmp_path_factory.mktemp("deepseek_v32")
+    model = hf_models.model("deepseek_v32")
+    model.save_pretrained(str(path / "hf"))
+    cfg, pure = hf.import_hf(str(path / "hf"), ["max_target_length=64"])
+    return model, path, cfg, pure
+
+
+def test_import_gives_transformers_logits_through_the_indexers_choice(imported):
+    from maxlite.models.layout import layer_kinds
+
+    model, _, cfg, pure = imported
+    assert cfg.decoder_block == "deepseek_v32" and (cfg.index_topk, cfg.index_n_heads, cfg.index_head_dim) == (6, 16, 16)
+    assert [(k.mixer, k.ffn) for k in layer_kinds(cfg)] == [("dsa", "dense"), ("dsa", "moe"), ("dsa", "moe")]
+    ids = np.random.default_rng(1).integers(0, V, (2, 40))
+    theirs = _logits(model, ids)
+    assert _relative(jax_logits(cfg, pure, ids), theirs) <= 1e-5
+    # every earlier token kept (what latent attention alone computes) is another model
+    assert _relative(jax_logits(dataclasses.replace(cfg, index_topk=64), pure, ids), theirs) > 1e-2
+
+
+def test_greedy_decoding_equals_transformers_and_a_batch_equals_each_alone(imported):
+    """32 new tokens from batched prompts of different lengths (right-padded), each step's indexer
+    choosing among the cached keys; each prompt alone decodes the same."""
+    model, _, cfg, pure = imported
+    params = P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure)))
+    prompts, new = [list(range(100, 120)), [7, 8, 9]], 32
+    batched = generate_ids(cfg, params, prompts, Sampling(max_new_tokens=new)).tokens
+    for prompt, got in zip(prompts, batched):
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=new, min_new_tokens=new,
+                                 eos_token_id=None, pad_token_id=0)
+        assert got == out[0, len(prompt):].tolist()
+        assert len(set(got)) > 4, got  # a varied path, not one token repeated
+        assert generate_ids(cfg, params, [prompt], Sampling(max_new_tokens=new)).tokens == [got]
+
+
+def test_export_loads_in_transformers_with_the_same_logits(imported):
+    model, path, cfg, pure = imported
+    hf.export_hf(cfg, pure, str(path / "back"))
+    back = transformers.AutoModelForCausalLM.from_pretrained(str(path / "back"), dtype=torch.float32)
+    assert type(back) is type(model)
+    assert back.config.layer_types == model.config.layer_types
+    assert (back.config.index_topk, back.config.index_n_heads, back.config.index_head_dim) == (6, 16, 16)
+    ids = np.random.default_rng(2).integers(0, V, (1, 40))
+    assert _relative(_logits(back, ids), _logits(model, ids)) <= 1e-6
+
+
+def _run(module: str, *args):
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT, process_env
+    return subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=ROOT, env=process_env(1),
+                          capture_output=True, text=True, timeout=900)
+
+
+def test_import_sft_from_the_recipe_chat_export_and_transformers_answers_alike(tmp_path):
+    """The journey as a user runs it: a random DeepSeek-V3.2 (the bundled tokenizer, a ChatML
+    template) → `hf import` → SFT from the written recipe.yml on chat records → `generate --chat` →
+    `hf export` → transformers' greedy answer is ours."""
+    from maxlite.data.tokenizer import BUNDLED_DIR
+
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(BUNDLED_DIR / "tokenizer.json"),
+                                               eos_token="<|im_end|>")
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>"], "eos_token": "<|im_end|>"})
+    tok.chat_template = CHATML
+    config = hf_models.config("deepseek_v32")
+    config.vocab_size, config.eos_token_id, config.bos_token_id = 4104, tok.eos_token_id, None
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).eval().save_pretrained(str(tmp_path / "hf"))
+    tok.save_pretrained(str(tmp_path / "hf"))
+    rng = np.random.default_rng(0)
+    with open(tmp_path / "chat.jsonl", "w") as f:
+        for _ in range(48):
+            a, b = rng.integers(0, 10, 2)
+            f.write(json.dumps({"messages": [{"role": "user", "content": f"What is {a} plus {b}?"},
+                                             {"role": "assistant", "content": f"It is {a + b}."}]}) + "\n")
+    done = _run("maxlite.bridge.hf", "import", tmp_path / "hf", tmp_path / "ck")
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = _run("maxlite.train", tmp_path / "ck" / "recipe.yml", "dataset_type=sft",
+                f"dataset_path={tmp_path / 'chat.jsonl'}", "sft_template=auto", "steps=6", "learning_rate=0.003",
+                "max_target_length=32", "per_device_batch_size=4", "checkpoint_period=6", "eval_interval=0",
+                "run_name=sft", f"base_output_directory={tmp_path}", "enable_tensorboard=false",
+                "write_report=false", "dtype=float32")
+    assert done.returncode == 0, done.stderr[-3000:]
+    losses = [json.loads(line)["loss"] for line in open(tmp_path / "sft" / "metrics.jsonl") if '"loss"' in line]
+    assert len(losses) == 6 and all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+
+    question = "What is 2 plus 3?"
+    done = _run("maxlite.generate", tmp_path / "sft", "--prompt", question, "--chat", "--max-new-tokens", "8",
+                "dtype=float32")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith(question), done.stdout
+    ours = done.stdout.rstrip("\n")[len(question):]
+
+    done = _run("maxlite.bridge.hf", "export", tmp_path / "sft" / "checkpoints", tmp_path / "out")
+    assert done.returncode == 0, done.stderr[-3000:]
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), dtype=torch.float32).eval()
+    assert type(model).__name__ == "DeepseekV32ForCausalLM"
+    back = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "out"))
+    ids = back.apply_chat_template([{"role": "user", "content": question}], tokenize=True, add_generation_prompt=True)
+    ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=8,
+                             eos_token_id=back.eos_token_id, pad_token_id=0)  # the answer ends with its turn
+    theirs = back.decode(out[0, len(ids):], skip_special_tokens=True)
+    assert ours.strip() == theirs.strip() and ours.strip(), (ours, theirs)
