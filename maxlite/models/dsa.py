@@ -11,12 +11,14 @@ in float32; the top `index_topk` of the causal (and same-document) tokens are ke
 DeepseekV32Attention (the reference computes the same scores through a Hadamard rotation and FP8,
 which leave the dot products as they are up to rounding), the indexer takes no gradient here.
 
-Attention over the kept tokens runs as a dense masked softmax ([B, N, T, S] scores, the indexer's
-choice a mask): exact, but the memory and FLOPs of dense attention. The model's FLOP count (MFU, the
-planner) counts what the sparse algorithm computes, min(s, index_topk) keys per query. Not yet
-modelled: the indexer's own training loss (DeepSeek's warm-up of the indexer against the dense
-attention's distribution, then sparse training: until then its parameters are tagged `frozen`, kept as
-initialised or imported and out of the optimizer), a gather kernel that reads only the kept latents.
+Attention reads the kept tokens only: each query's index_topk latents and RoPE keys are gathered and
+attended with the key and value up-projections absorbed into the query and the output (no head is
+expanded: multi-query attention over C + R wide keys, as DeepSeek's sparse kernels run it), in
+training, the prefill and every decode step alike. The indexer's scores are still [B, T, S] (J
+numbers per key, float32), and the gather is XLA's (no fused kernel yet). Not yet modelled: the
+indexer's own training loss (DeepSeek's warm-up of the indexer against the dense attention's
+distribution, then sparse training: until then its parameters are tagged `frozen`, kept as
+initialised or imported and out of the optimizer).
 
 Shape legend as in mla.py, plus I the indexer's heads and J their width.
 """
@@ -66,35 +68,47 @@ class DSA(MLA):
         k_BTJ = self.index_norm(project("btd,dj->btj", x_BTD, self.index_k[...]))
         return self._rope(k_BTJ[:, :, None].astype(jnp.float32), positions_BT, False)[:, :, 0]
 
-    def keep(self, q_BTIJ, w_BTI, k_BSJ, visible_BTS):
-        """The indexer's choice [B, T, S]: the `index_topk` visible keys of each query with the highest
-        scores (every visible key while there are no more)."""
+    def choose(self, q_BTIJ, w_BTI, k_BSJ, visible_BTS):
+        """The indexer's choice: (the `index_topk` visible keys of each query with the highest scores,
+        [B, T, k] slot indices (k = min(index_topk, S)); whether each is visible [B, T, k]: every
+        visible key is chosen while there are fewer)."""
         scores_BTIS = jnp.einsum("btij,bsj->btis", q_BTIJ, k_BSJ.astype(jnp.float32)) * self.cfg.index_head_dim ** -0.5
         scores_BTS = jnp.einsum("bti,btis->bts", w_BTI, jax.nn.relu(scores_BTIS))
         scores_BTS = jax.lax.stop_gradient(jnp.where(visible_BTS, scores_BTS, -jnp.inf))
-        k = min(self.cfg.index_topk, scores_BTS.shape[-1])
-        _, top_BTk = jax.lax.top_k(scores_BTS, k)
-        kept_BTS = jnp.zeros(scores_BTS.shape, bool).at[
-            jnp.arange(scores_BTS.shape[0])[:, None, None], jnp.arange(scores_BTS.shape[1])[None, :, None],
-            top_BTk].set(True)
-        return kept_BTS & visible_BTS
+        top_BTk, index_BTk = jax.lax.top_k(scores_BTS, min(self.cfg.index_topk, scores_BTS.shape[-1]))
+        return index_BTk, top_BTk > -jnp.inf
 
-    def attend_kept(self, q_BTNK, k_BSNK, v_BSNV, kept_BTS):
-        """Softmax attention of each query over its kept keys, float32 scores: out_BTNV."""
-        scores_BNTS = jnp.einsum("btnk,bsnk->bnts", q_BTNK, k_BSNK).astype(jnp.float32) * self.scale
-        scores_BNTS = jnp.where(kept_BTS[:, None], scores_BNTS, jnp.finfo(jnp.float32).min)
-        probs_BNTS = jax.nn.softmax(scores_BNTS, axis=-1).astype(v_BSNV.dtype)
-        return jnp.einsum("bnts,bsnv->btnv", probs_BNTS, v_BSNV)
+    def attend_chosen(self, q_nope_BTNP, q_rope_BTNR, c_BSC, k_rope_BSR, index_BTk, valid_BTk):
+        """Latent attention over each query's chosen slots only: their latents and RoPE keys gathered
+        ([B, T, k, C + R]), the key and value up-projections absorbed into the query and the output
+        (mla_cache's form: no head is expanded), float32 scores. out_BTNV."""
+        P = self.cfg.qk_nope_head_dim
+        kv_b_CNc = lora.weight(self, "kv_b").astype(q_nope_BTNP.dtype)  # a LoRA adapter folded in: absorbed too
+        rows_B11 = jnp.arange(c_BSC.shape[0])[:, None, None]
+        c_BTkC, k_rope_BTkR = c_BSC[rows_B11, index_BTk], k_rope_BSR[rows_B11, index_BTk]
+        q_lat_BTNC = jnp.einsum("btnp,cnp->btnc", q_nope_BTNP, kv_b_CNc[..., :P])
+        scores_BTNk = (jnp.einsum("btnc,btkc->btnk", q_lat_BTNC, c_BTkC.astype(q_lat_BTNC.dtype))
+                       + jnp.einsum("btnr,btkr->btnk", q_rope_BTNR, k_rope_BTkR.astype(q_rope_BTNR.dtype)))
+        scores_BTNk = jnp.where(valid_BTk[:, :, None], scores_BTNk.astype(jnp.float32) * self.scale,
+                                jnp.finfo(jnp.float32).min)
+        probs_BTNk = jax.nn.softmax(scores_BTNk, axis=-1).astype(c_BTkC.dtype)
+        out_lat_BTNC = jnp.einsum("btnk,btkc->btnc", probs_BTNk, c_BTkC)
+        return jnp.einsum("btnc,cnv->btnv", out_lat_BTNC, kv_b_CNc[..., P:].astype(out_lat_BTNC.dtype))
+
+    def sparse(self, x_BTD, positions_BT, c_BSC, k_rope_BSR, k_index_BSJ, visible_BTS, dropout_key=None):
+        """The new tokens' attention over the keys `visible_BTS` lets them see (the sequence itself in
+        training and the prefill, the cache and themselves in a decode step): out_BTNV."""
+        q_nope, q_rope = self.queries(x_BTD, positions_BT, False, dropout_key)
+        q_BTIJ, w_BTI = self.index_queries(x_BTD, positions_BT)
+        index_BTk, valid_BTk = self.choose(q_BTIJ, w_BTI, k_index_BSJ, visible_BTS)
+        return self.attend_chosen(q_nope, q_rope, c_BSC, k_rope_BSR, index_BTk, valid_BTk)
 
     def __call__(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None, local=False):
-        q_nope, q_rope = self.queries(x_BTD, positions_BT, False, dropout_key)
         c_BTC, k_rope_BTR = self.latent(x_BTD, positions_BT, False, dropout_key)
-        q_BTNK, k_BTNK, v_BTNV = self.expand(q_nope, q_rope, c_BTC, k_rope_BTR, dropout_key)
         T = x_BTD.shape[1]
         causal = jnp.arange(T)[:, None] >= jnp.arange(T)[None, :]
         visible_BTS = causal[None] & (segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :])
-        q_BTIJ, w_BTI = self.index_queries(x_BTD, positions_BT)
-        kept_BTS = self.keep(q_BTIJ, w_BTI, self.index_keys(x_BTD, positions_BT), visible_BTS)
-        out_BTNV = self.attend_kept(q_BTNK, k_BTNK, v_BTNV, kept_BTS)
+        out_BTNV = self.sparse(x_BTD, positions_BT, c_BTC, k_rope_BTR, self.index_keys(x_BTD, positions_BT),
+                               visible_BTS, dropout_key)
         out_BTNV = constrain(out_BTNV, ("activation_batch", "activation_length", "activation_heads", None))
         return constrain(self.out(out_BTNV, dropout_key), BTD)

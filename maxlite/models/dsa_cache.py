@@ -2,11 +2,10 @@
 
 Latent attention's cache (maxlite/models/mla_cache.py: the normed latent and the shared RoPE key,
 C + R numbers per token) and beside it the indexer's key of every token (J = index_head_dim
-numbers), so C + R + J per token and layer. A decode step scores every filled slot with the new
-tokens' indexer queries, keeps the `index_topk` best visible ones and attends the latent over those
-only (the up-projections absorbed, as mla_cache). The prefill runs the training form (dsa.DSA: the
-indexer over the prompt, attention over the expanded heads it keeps), then writes the prompt's
-latents and indexer keys. Slots and the shared record of slot positions are grouped-query
+numbers), so C + R + J per token and layer. A decode step scores every filled slot's indexer key with
+the new tokens' indexer queries, keeps the `index_topk` best visible ones and reads only those slots'
+latents (the up-projections absorbed, as mla_cache); the prefill runs the same over the prompt, then
+writes the prompt's latents and indexer keys. Slots and the shared record of slot positions are grouped-query
 attention's (maxlite/models/gqa_cache.py).
 
 Shape legend as in dsa.py, plus S cache slots and L the layers.
@@ -21,7 +20,7 @@ import jax.numpy as jnp
 
 from maxlite.models.gqa_cache import _slots, _write, advance, slots  # noqa: F401 (advance: this kind's)
 from maxlite.models.layers import constrain
-from maxlite.models.mla_cache import CACHE_AXES, _attend_latent
+from maxlite.models.mla_cache import CACHE_AXES
 
 BATCH_AXES = (1, 0)  # of (every per-layer leaf [L, B, S, ·], the shared slot record [B, S])
 
@@ -43,27 +42,24 @@ def empty(cfg, variant: str, layers: int, batch: int, length: int) -> tuple[Inde
 
 
 def step(dsa, x_BTD, positions_BT, lengths_B, cache: Indexed, pos_BS, variant: str, prefill_cfg=None):
-    """One layer over T new tokens (`cache` this layer's [B, S, ·]): the prefill through the training
-    form over the new tokens alone, a decode step over the cache and the new tokens; then the new
-    latents and indexer keys written. Returns (the attention's output x_BTD, the new cache)."""
-    q_nope, q_rope = dsa.queries(x_BTD, positions_BT)
+    """One layer over T new tokens (`cache` this layer's [B, S, ·]): the prefill attends the new
+    tokens among themselves (right-padded rows: padding sits after every real token, so no real query
+    sees it), a decode step the filled slots and the new tokens; both read each query's chosen latents
+    only (dsa.DSA.sparse). Then the new latents and indexer keys are written. Returns (the attention's
+    output x_BTD, the new cache)."""
     c_new, k_rope_new = dsa.latent(x_BTD, positions_BT)
     k_index_new = dsa.index_keys(x_BTD, positions_BT)
-    q_BTIJ, w_BTI = dsa.index_queries(x_BTD, positions_BT)
     if prefill_cfg is not None:
-        # right-padded rows: padding sits after every real token, so no real query sees it
         T = x_BTD.shape[1]
         visible_BTS = jnp.broadcast_to(jnp.arange(T)[:, None] >= jnp.arange(T)[None, :], (x_BTD.shape[0], T, T))
-        q_BTNK, k_BTNK, v_BTNV = dsa.expand(q_nope, q_rope, c_new, k_rope_new)
-        out_BTNV = dsa.attend_kept(q_BTNK, k_BTNK, v_BTNV, dsa.keep(q_BTIJ, w_BTI, k_index_new, visible_BTS))
+        out_BTNV = dsa.sparse(x_BTD, positions_BT, c_new, k_rope_new, k_index_new, visible_BTS)
     else:
         c_BSC, k_rope_BSR, k_index_BSJ = (
             jnp.concatenate([old, new.astype(old.dtype)], axis=1)
             for old, new in ((cache.c_LBSC, c_new), (cache.k_rope_LBSR, k_rope_new), (cache.k_index_LBSJ, k_index_new)))
         kpos_BS = jnp.concatenate([pos_BS, positions_BT], axis=1)
         kpos, qpos = kpos_BS[:, None, :], positions_BT[:, :, None]
-        kept_BTS = dsa.keep(q_BTIJ, w_BTI, k_index_BSJ, (kpos >= 0) & (kpos <= qpos))
-        out_BTNV = _attend_latent(dsa, q_nope, q_rope, c_BSC, k_rope_BSR, kpos_BS, positions_BT, 0, kept_BTS)
+        out_BTNV = dsa.sparse(x_BTD, positions_BT, c_BSC, k_rope_BSR, k_index_BSJ, (kpos >= 0) & (kpos <= qpos))
     slots_BT = _slots(positions_BT, lengths_B, pos_BS.shape[1])
     new = Indexed(*(constrain(_write(old, n, slots_BT), CACHE_AXES[1:]) for old, n in
                     ((cache.c_LBSC, c_new), (cache.k_rope_LBSR, k_rope_new), (cache.k_index_LBSJ, k_index_new))))

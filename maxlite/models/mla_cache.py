@@ -45,9 +45,8 @@ def empty(cfg, variant: str, layers: int, batch: int, length: int) -> tuple[Late
     return Latent(zeros(cfg.kv_lora_rank), zeros(cfg.qk_rope_head_dim)), jnp.full((batch, S), -1, jnp.int32)
 
 
-def _attend_latent(mla, q_nope_BTNP, q_rope_BTNR, c_BSC, k_rope_BSR, kpos_BS, qpos_BT, w: int, kept_BTS=None):
-    """Attention against the latent with the up-projections absorbed: out_BTNV (`kept_BTS`: only
-    those keys, where an indexer chose them: maxlite/models/dsa_cache.py)."""
+def _attend_latent(mla, q_nope_BTNP, q_rope_BTNR, c_BSC, k_rope_BSR, kpos_BS, qpos_BT, w: int):
+    """Attention against the latent with the up-projections absorbed: out_BTNV."""
     P = mla.cfg.qk_nope_head_dim
     kv_b_CNc = lora.weight(mla, "kv_b").astype(q_nope_BTNP.dtype)  # a LoRA adapter folded in: absorbed too
     q_lat_BTNC = jnp.einsum("btnp,cnp->btnc", q_nope_BTNP, kv_b_CNc[..., :P])
@@ -58,8 +57,6 @@ def _attend_latent(mla, q_nope_BTNP, q_rope_BTNR, c_BSC, k_rope_BSR, kpos_BS, qp
     visible_BTS = (kpos >= 0) & (kpos <= qpos)
     if w:
         visible_BTS &= qpos - kpos < w
-    if kept_BTS is not None:
-        visible_BTS &= kept_BTS
     scores_BNTS = jnp.where(visible_BTS[:, None], scores_BNTS, jnp.finfo(jnp.float32).min)
     probs_BNTS = jax.nn.softmax(scores_BNTS, axis=-1).astype(c_BSC.dtype)
     out_lat_BTNC = jnp.einsum("bnts,bsc->btnc", probs_BNTS, c_BSC)
