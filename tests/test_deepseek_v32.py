@@ -148,3 +148,60 @@ def test_import_sft_from_the_recipe_chat_export_and_transformers_answers_alike(t
                              eos_token_id=back.eos_token_id, pad_token_id=0)  # the answer ends with its turn
     theirs = back.decode(out[0, len(ids):], skip_special_tokens=True)
     assert ours.strip() == theirs.strip() and ours.strip(), (ours, theirs)
+
+
+def test_training_sends_the_indexers_loss_to_the_indexer_alone():
+    """The gradient a training step gives the indexer's parameters is that of Σ_t KL(target_t ‖
+    softmax(the indexer's scores of t's chosen keys)), the target the heads' attention over them
+    (summed, normalised); the other parameters' gradients are the language model's alone (the same as
+    with the indexer's loss left out)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from maxlite import config as C
+    from maxlite.models import dsa as dsa_lib
+    from tests.helpers import shrunk
+
+    cfg = C.load(shrunk("deepseek-v3.2") + ["dtype=float32"])
+    with nnx.use_eager_sharding(False):  # no mesh: the parameters' logical axes unused
+        layer = dsa_lib.DSA(cfg, rngs=nnx.Rngs(0))
+    B, T = 2, 24
+    x = jax.random.normal(jax.random.key(1), (B, T, cfg.base_emb_dim))
+    positions, segments = jnp.broadcast_to(jnp.arange(T), (B, T)), jnp.ones((B, T), jnp.int32).at[1, 15:].set(2)
+    probe = jax.random.normal(jax.random.key(2), (B, T, cfg.base_emb_dim))
+    graphdef, params = nnx.split(layer, nnx.Param)
+
+    def objective(params):  # a language model's loss stands in: any function of the layer's output
+        return jnp.sum(nnx.merge(graphdef, params)(x, positions, segments) * probe)
+
+    def indexer_kl(params):  # the indexer's loss written out, from the same choice and attention
+        m = nnx.merge(graphdef, params)
+        c, k_rope = m.latent(x, positions)
+        visible = (jnp.arange(T)[:, None] >= jnp.arange(T)[None, :])[None] & (segments[:, :, None] == segments[:, None, :])
+        q_nope, q_rope = m.queries(x, positions)
+        q_i, w_i = m.index_queries(x, positions)
+        index, valid, logits = m.choose(q_i, w_i, m.index_keys(x, positions), visible)
+        _, probs = m.attend_chosen(q_nope, q_rope, c, k_rope, index, valid)
+        target = jax.lax.stop_gradient(jnp.sum(probs, axis=2) * valid)
+        target = target / jnp.sum(target, axis=-1, keepdims=True)
+        log_p = jax.nn.log_softmax(jnp.where(valid, logits, -jnp.inf), axis=-1)
+        return jnp.sum(jnp.where(valid, target * (jnp.log(jnp.where(valid, target, 1.0)) - log_p), 0.0))
+
+    got = nnx.to_pure_dict(jax.grad(objective)(params))
+    kl = nnx.to_pure_dict(jax.grad(indexer_kl)(params))
+    original = dsa_lib.with_indexer_loss
+    try:
+        dsa_lib.with_indexer_loss = lambda out, *_: out  # the language model's gradient alone
+        lm = nnx.to_pure_dict(jax.grad(objective)(params))
+    finally:
+        dsa_lib.with_indexer_loss = original
+    indexer = ("index_q", "index_k", "index_norm", "index_w")
+    for name in indexer:
+        for a, b in zip(jax.tree.leaves(got[name]), jax.tree.leaves(kl[name])):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+        assert all(np.any(a != 0) for a in jax.tree.leaves(got[name])), name
+        assert all(not np.any(a) for a in jax.tree.leaves(lm[name])), name  # the language model's loss leaves it
+    for name in set(got) - set(indexer):
+        for a, b in zip(jax.tree.leaves(got[name]), jax.tree.leaves(lm[name])):
+            np.testing.assert_array_equal(a, b)

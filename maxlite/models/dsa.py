@@ -7,18 +7,21 @@ indexer has its own small heads: queries from MLA's query latent, q_I = RMSNorm(
 ([H_I, D_I]), one key per token, k_I = LayerNorm(x·W_Ik) ([D_I]), both with RoPE on their first R =
 qk_rope_head_dim dims (split halves, unlike DeepSeek's interleaved MLA RoPE), and a weight per head
 and token, w = x·W_Iw / √H_I. A token t's score for query s is Σ_h w_{s,h}·ReLU(q_{s,h}·k_t / √D_I),
-in float32; the top `index_topk` of the causal (and same-document) tokens are kept. As transformers'
-DeepseekV32Attention (the reference computes the same scores through a Hadamard rotation and FP8,
-which leave the dot products as they are up to rounding), the indexer takes no gradient here.
+in float32; the top `index_topk` of the causal (and same-document) tokens are kept, as transformers'
+DeepseekV32Attention computes them (the reference computes the same scores through a Hadamard
+rotation and FP8, which leave the dot products as they are up to rounding).
 
 Attention reads the kept tokens only: each query's index_topk latents and RoPE keys are gathered and
 attended with the key and value up-projections absorbed into the query and the output (no head is
 expanded: multi-query attention over C + R wide keys, as DeepSeek's sparse kernels run it), in
 training, the prefill and every decode step alike. The indexer's scores are still [B, T, S] (J
-numbers per key, float32), and the gather is XLA's (no fused kernel yet). Not yet modelled: the
-indexer's own training loss (DeepSeek's warm-up of the indexer against the dense attention's
-distribution, then sparse training: until then its parameters are tagged `frozen`, kept as
-initialised or imported and out of the optimizer).
+numbers per key, float32), and the gather is XLA's (no fused kernel yet).
+
+Training trains the indexer as DeepSeek-V3.2's sparse stage does: the indexer's loss is the KL
+divergence from the heads' attention over each query's chosen keys (summed over heads, normalised,
+detached) to the softmax of the indexer's scores for them, its inputs detached so that it trains the
+indexer alone; the language model's loss trains the rest (`with_indexer_loss`). Not modelled: the
+dense warm-up stage (the indexer trained against dense attention before sparse training starts).
 
 Shape legend as in mla.py, plus I the indexer's heads and J their width.
 """
@@ -46,10 +49,6 @@ class DSA(MLA):
         self.index_k = param(rngs, (D, J), ("embed", None), wd, scale=s)
         self.index_norm = LayerNorm(J, 1e-6, jnp.dtype(cfg.dtype), wd, rngs=rngs)
         self.index_w = param(rngs, (D, I), ("embed", None), wd, scale=s)
-        # no gradient reaches the indexer (its choice is discrete); its own loss is not modelled yet:
-        # it stays as initialised or imported, out of the optimizer (maxlite.state.split_trainable)
-        for variable in (self.index_q, self.index_k, self.index_norm.scale, self.index_norm.bias, self.index_w):
-            variable.set_metadata(frozen=True)
 
     def query_latent(self, x_BTD):
         """RMSNorm(x·W_q_a) (with a LoRA adapter's part): what MLA's queries and the indexer's both
@@ -57,31 +56,36 @@ class DSA(MLA):
         return self.q_norm(lora.adapt(self, "q_a", x_BTD, project("btd,dq->btq", x_BTD, self.q_a[...])))
 
     def index_queries(self, x_BTD, positions_BT):
-        """(q_I [B, T, I, J] rotated, w [B, T, I] already / √I), float32."""
-        q_BTIJ = project("btq,qij->btij", self.query_latent(x_BTD), self.index_q[...])
+        """(q_I [B, T, I, J] rotated, w [B, T, I] already / √I), float32. The indexer's inputs are
+        detached: its loss trains the indexer alone (index_keys likewise)."""
+        x_BTD = jax.lax.stop_gradient(x_BTD)
+        q_BTIJ = project("btq,qij->btij", jax.lax.stop_gradient(self.query_latent(x_BTD)), self.index_q[...])
         q_BTIJ = self._rope(q_BTIJ.astype(jnp.float32), positions_BT, False)
         w_BTI = project("btd,di->bti", x_BTD, self.index_w[...]).astype(jnp.float32) * self.cfg.index_n_heads ** -0.5
         return q_BTIJ, w_BTI
 
     def index_keys(self, x_BTD, positions_BT):
         """k_I [B, T, J] rotated, float32: what decoding caches beside the latent."""
-        k_BTJ = self.index_norm(project("btd,dj->btj", x_BTD, self.index_k[...]))
+        k_BTJ = self.index_norm(project("btd,dj->btj", jax.lax.stop_gradient(x_BTD), self.index_k[...]))
         return self._rope(k_BTJ[:, :, None].astype(jnp.float32), positions_BT, False)[:, :, 0]
 
     def choose(self, q_BTIJ, w_BTI, k_BSJ, visible_BTS):
         """The indexer's choice: (the `index_topk` visible keys of each query with the highest scores,
         [B, T, k] slot indices (k = min(index_topk, S)); whether each is visible [B, T, k]: every
-        visible key is chosen while there are fewer)."""
+        visible key is chosen while there are fewer; the chosen keys' scores [B, T, k], the indexer's
+        logits its loss reads)."""
         scores_BTIS = jnp.einsum("btij,bsj->btis", q_BTIJ, k_BSJ.astype(jnp.float32)) * self.cfg.index_head_dim ** -0.5
         scores_BTS = jnp.einsum("bti,btis->bts", w_BTI, jax.nn.relu(scores_BTIS))
-        scores_BTS = jax.lax.stop_gradient(jnp.where(visible_BTS, scores_BTS, -jnp.inf))
-        top_BTk, index_BTk = jax.lax.top_k(scores_BTS, min(self.cfg.index_topk, scores_BTS.shape[-1]))
-        return index_BTk, top_BTk > -jnp.inf
+        scores_BTS = jnp.where(visible_BTS, scores_BTS, -jnp.inf)
+        top_BTk, index_BTk = jax.lax.top_k(jax.lax.stop_gradient(scores_BTS), min(self.cfg.index_topk, scores_BTS.shape[-1]))
+        chosen_BTk = jnp.take_along_axis(scores_BTS, index_BTk, axis=-1)
+        return index_BTk, top_BTk > -jnp.inf, chosen_BTk
 
     def attend_chosen(self, q_nope_BTNP, q_rope_BTNR, c_BSC, k_rope_BSR, index_BTk, valid_BTk):
         """Latent attention over each query's chosen slots only: their latents and RoPE keys gathered
         ([B, T, k, C + R]), the key and value up-projections absorbed into the query and the output
-        (mla_cache's form: no head is expanded), float32 scores. out_BTNV."""
+        (mla_cache's form: no head is expanded), float32 scores. (out_BTNV, the heads' attention
+        probabilities [B, T, N, k])."""
         P = self.cfg.qk_nope_head_dim
         kv_b_CNc = lora.weight(self, "kv_b").astype(q_nope_BTNP.dtype)  # a LoRA adapter folded in: absorbed too
         rows_B11 = jnp.arange(c_BSC.shape[0])[:, None, None]
@@ -91,17 +95,22 @@ class DSA(MLA):
                        + jnp.einsum("btnr,btkr->btnk", q_rope_BTNR, k_rope_BTkR.astype(q_rope_BTNR.dtype)))
         scores_BTNk = jnp.where(valid_BTk[:, :, None], scores_BTNk.astype(jnp.float32) * self.scale,
                                 jnp.finfo(jnp.float32).min)
-        probs_BTNk = jax.nn.softmax(scores_BTNk, axis=-1).astype(c_BTkC.dtype)
-        out_lat_BTNC = jnp.einsum("btnk,btkc->btnc", probs_BTNk, c_BTkC)
-        return jnp.einsum("btnc,cnv->btnv", out_lat_BTNC, kv_b_CNc[..., P:].astype(out_lat_BTNC.dtype))
+        probs_BTNk = jax.nn.softmax(scores_BTNk, axis=-1)
+        out_lat_BTNC = jnp.einsum("btnk,btkc->btnc", probs_BTNk.astype(c_BTkC.dtype), c_BTkC)
+        out_BTNV = jnp.einsum("btnc,cnv->btnv", out_lat_BTNC, kv_b_CNc[..., P:].astype(out_lat_BTNC.dtype))
+        return out_BTNV, probs_BTNk
 
     def sparse(self, x_BTD, positions_BT, c_BSC, k_rope_BSR, k_index_BSJ, visible_BTS, dropout_key=None):
         """The new tokens' attention over the keys `visible_BTS` lets them see (the sequence itself in
         training and the prefill, the cache and themselves in a decode step): out_BTNV."""
         q_nope, q_rope = self.queries(x_BTD, positions_BT, False, dropout_key)
         q_BTIJ, w_BTI = self.index_queries(x_BTD, positions_BT)
-        index_BTk, valid_BTk = self.choose(q_BTIJ, w_BTI, k_index_BSJ, visible_BTS)
-        return self.attend_chosen(q_nope, q_rope, c_BSC, k_rope_BSR, index_BTk, valid_BTk)
+        index_BTk, valid_BTk, chosen_BTk = self.choose(q_BTIJ, w_BTI, k_index_BSJ, visible_BTS)
+        out_BTNV, probs_BTNk = self.attend_chosen(q_nope, q_rope, c_BSC, k_rope_BSR, index_BTk, valid_BTk)
+        # the indexer's target: the heads' attention over the chosen keys, summed and normalised
+        target_BTk = jnp.sum(jax.lax.stop_gradient(probs_BTNk), axis=2) * valid_BTk
+        target_BTk = target_BTk / jnp.maximum(jnp.sum(target_BTk, axis=-1, keepdims=True), 1e-30)
+        return with_indexer_loss(out_BTNV, chosen_BTk, target_BTk, valid_BTk)
 
     def __call__(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None, local=False):
         c_BTC, k_rope_BTR = self.latent(x_BTD, positions_BT, False, dropout_key)
@@ -112,3 +121,28 @@ class DSA(MLA):
                                visible_BTS, dropout_key)
         out_BTNV = constrain(out_BTNV, ("activation_batch", "activation_length", "activation_heads", None))
         return constrain(self.out(out_BTNV, dropout_key), BTD)
+
+
+@jax.custom_vjp
+def with_indexer_loss(out_BTNV, logits_BTk, target_BTk, valid_BTk):
+    """`out_BTNV` as it is, and in the backward pass the gradient of the indexer's loss,
+    Σ_t KL(target_t ‖ softmax(logits_t)) over each query's chosen keys (DeepSeek-V3.2's sparse-stage
+    indexer loss), sent to the indexer's logits: added to the objective's gradient as if the loss were
+    (the loss is summed over tokens as the objective's is, then divided with it by the tokens), while
+    the objective's value stays the language model's. The logits are the indexer's own (its inputs
+    detached), so this trains the indexer and nothing else."""
+    return out_BTNV
+
+
+def _with_indexer_loss_fwd(out_BTNV, logits_BTk, target_BTk, valid_BTk):
+    return out_BTNV, (logits_BTk, target_BTk, valid_BTk)
+
+
+def _with_indexer_loss_bwd(residuals, g_BTNV):
+    logits_BTk, target_BTk, valid_BTk = residuals
+    p_BTk = jax.nn.softmax(jnp.where(valid_BTk, logits_BTk, -jnp.inf), axis=-1)
+    d_logits = jnp.where(valid_BTk, p_BTk - target_BTk, 0.0)  # ∂ KL(target ‖ softmax(logits)) / ∂ logits
+    return g_BTNV, d_logits.astype(logits_BTk.dtype), jnp.zeros_like(target_BTk), None
+
+
+with_indexer_loss.defvjp(_with_indexer_loss_fwd, _with_indexer_loss_bwd)
