@@ -205,3 +205,37 @@ def test_training_sends_the_indexers_loss_to_the_indexer_alone():
     for name in set(got) - set(indexer):
         for a, b in zip(jax.tree.leaves(got[name]), jax.tree.leaves(lm[name])):
             np.testing.assert_array_equal(a, b)
+
+
+def test_a_long_sequence_in_query_blocks_computes_what_one_block_does(monkeypatch):
+    """Queries in blocks (dsa.QUERY_BLOCK: a 128k sequence's indexer scores never whole), each block's
+    work recomputed in the backward pass: the same outputs and gradients as all queries at once, over
+    two packed documents."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from maxlite import config as C
+    from maxlite.models import dsa as dsa_lib
+    from tests.helpers import shrunk
+
+    cfg = C.load(shrunk("deepseek-v3.2") + ["dtype=float32"])
+    with nnx.use_eager_sharding(False):
+        layer = dsa_lib.DSA(cfg, rngs=nnx.Rngs(0))
+    B, T = 2, 24
+    x = jax.random.normal(jax.random.key(1), (B, T, cfg.base_emb_dim))
+    positions = jnp.concatenate([jnp.arange(T)[None], jnp.concatenate([jnp.arange(15), jnp.arange(9)])[None]])
+    segments = jnp.ones((B, T), jnp.int32).at[1, 15:].set(2)
+    probe = jax.random.normal(jax.random.key(2), (B, T, cfg.base_emb_dim))
+    graphdef, params = nnx.split(layer, nnx.Param)
+
+    def run(params):
+        out = nnx.merge(graphdef, params)(x, positions, segments)
+        return jnp.sum(out * probe), out
+
+    (_, whole), whole_grads = jax.value_and_grad(run, has_aux=True)(params)
+    monkeypatch.setattr(dsa_lib, "QUERY_BLOCK", 8)  # three blocks of 8 queries
+    (_, blocked), blocked_grads = jax.value_and_grad(run, has_aux=True)(params)
+    np.testing.assert_allclose(blocked, whole, rtol=1e-5, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(blocked_grads), jax.tree.leaves(whole_grads)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)

@@ -28,6 +28,8 @@ Shape legend as in mla.py, plus I the indexer's heads and J their width.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -36,6 +38,29 @@ from maxlite.models import lora
 from maxlite.models.layers import BTD, LayerNorm, constrain, param
 from maxlite.models.matmul import project
 from maxlite.models.mla import MLA
+
+
+# queries scored at once: a longer sequence runs in blocks of this many (the largest divisor of its
+# length up to it), each block's work recomputed in the backward pass, so that the indexer's scores
+# ([B, block, S] float32, heads added one at a time) and the gathered latents ([B, block, k, C + R])
+# are never held for the whole sequence: at 128k tokens, not [B, T, S]
+QUERY_BLOCK = 512
+
+
+class Keys(NamedTuple):
+    """What the new tokens attend: each key's latent [B, S, C], RoPE key [B, S, R], indexer key
+    [B, S, J], position [B, S] (−1: an empty cache slot) and segment [B, S]."""
+    c_BSC: jax.Array
+    k_rope_BSR: jax.Array
+    k_index_BSJ: jax.Array
+    pos_BS: jax.Array
+    seg_BS: jax.Array
+
+
+def visible(qpos_BT, qseg_BT, kpos_BS, kseg_BS):
+    """[B, T, S]: a filled key at or before the query's position, in its segment (document)."""
+    kpos, kseg = kpos_BS[:, None, :], kseg_BS[:, None, :]
+    return (kpos >= 0) & (kpos <= qpos_BT[:, :, None]) & (kseg == qseg_BT[:, :, None])
 
 
 class DSA(MLA):
@@ -73,9 +98,15 @@ class DSA(MLA):
         """The indexer's choice: (the `index_topk` visible keys of each query with the highest scores,
         [B, T, k] slot indices (k = min(index_topk, S)); whether each is visible [B, T, k]: every
         visible key is chosen while there are fewer; the chosen keys' scores [B, T, k], the indexer's
-        logits its loss reads)."""
-        scores_BTIS = jnp.einsum("btij,bsj->btis", q_BTIJ, k_BSJ.astype(jnp.float32)) * self.cfg.index_head_dim ** -0.5
-        scores_BTS = jnp.einsum("bti,btis->bts", w_BTI, jax.nn.relu(scores_BTIS))
+        logits its loss reads). The heads' scores are added one head at a time ([B, T, S] held)."""
+        k_BSJ = k_BSJ.astype(jnp.float32)
+        scale = self.cfg.index_head_dim ** -0.5
+
+        def add_head(scores_BTS, head):
+            q_BTJ, w_BT = head
+            return scores_BTS + w_BT[..., None] * jax.nn.relu(jnp.einsum("btj,bsj->bts", q_BTJ, k_BSJ) * scale), None
+        zeros = jnp.zeros((*q_BTIJ.shape[:2], k_BSJ.shape[1]), jnp.float32)
+        scores_BTS, _ = jax.lax.scan(add_head, zeros, (jnp.moveaxis(q_BTIJ, 2, 0), jnp.moveaxis(w_BTI, 2, 0)))
         scores_BTS = jnp.where(visible_BTS, scores_BTS, -jnp.inf)
         top_BTk, index_BTk = jax.lax.top_k(jax.lax.stop_gradient(scores_BTS), min(self.cfg.index_topk, scores_BTS.shape[-1]))
         chosen_BTk = jnp.take_along_axis(scores_BTS, index_BTk, axis=-1)
@@ -100,25 +131,34 @@ class DSA(MLA):
         out_BTNV = jnp.einsum("btnc,cnv->btnv", out_lat_BTNC, kv_b_CNc[..., P:].astype(out_lat_BTNC.dtype))
         return out_BTNV, probs_BTNk
 
-    def sparse(self, x_BTD, positions_BT, c_BSC, k_rope_BSR, k_index_BSJ, visible_BTS, dropout_key=None):
-        """The new tokens' attention over the keys `visible_BTS` lets them see (the sequence itself in
-        training and the prefill, the cache and themselves in a decode step): out_BTNV."""
+    def _sparse_block(self, x_BTD, positions_BT, segments_BT, keys: Keys, dropout_key=None):
         q_nope, q_rope = self.queries(x_BTD, positions_BT, False, dropout_key)
         q_BTIJ, w_BTI = self.index_queries(x_BTD, positions_BT)
-        index_BTk, valid_BTk, chosen_BTk = self.choose(q_BTIJ, w_BTI, k_index_BSJ, visible_BTS)
-        out_BTNV, probs_BTNk = self.attend_chosen(q_nope, q_rope, c_BSC, k_rope_BSR, index_BTk, valid_BTk)
+        seen_BTS = visible(positions_BT, segments_BT, keys.pos_BS, keys.seg_BS)
+        index_BTk, valid_BTk, chosen_BTk = self.choose(q_BTIJ, w_BTI, keys.k_index_BSJ, seen_BTS)
+        out_BTNV, probs_BTNk = self.attend_chosen(q_nope, q_rope, keys.c_BSC, keys.k_rope_BSR, index_BTk, valid_BTk)
         # the indexer's target: the heads' attention over the chosen keys, summed and normalised
         target_BTk = jnp.sum(jax.lax.stop_gradient(probs_BTNk), axis=2) * valid_BTk
         target_BTk = target_BTk / jnp.maximum(jnp.sum(target_BTk, axis=-1, keepdims=True), 1e-30)
         return with_indexer_loss(out_BTNV, chosen_BTk, target_BTk, valid_BTk)
 
+    def sparse(self, x_BTD, positions_BT, segments_BT, keys: Keys, dropout_key=None):
+        """The new tokens' attention over `keys` (the sequence itself in training and the prefill, the
+        cache and themselves in a decode step), each reading its chosen latents only: out_BTNV. A long
+        sequence's queries in blocks (QUERY_BLOCK), each block's work recomputed in the backward pass."""
+        B, T = x_BTD.shape[:2]
+        block = max(d for d in range(1, min(T, QUERY_BLOCK) + 1) if T % d == 0)
+        if block == T:
+            return self._sparse_block(x_BTD, positions_BT, segments_BT, keys, dropout_key)
+        split = lambda a: jnp.moveaxis(a.reshape(B, T // block, block, *a.shape[2:]), 1, 0)  # noqa: E731
+        run = jax.checkpoint(lambda xs: self._sparse_block(*xs, keys, dropout_key))
+        out = jax.lax.map(run, (split(x_BTD), split(positions_BT), split(segments_BT)))
+        return jnp.moveaxis(out, 0, 1).reshape(B, T, *out.shape[3:])
+
     def __call__(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None, local=False):
         c_BTC, k_rope_BTR = self.latent(x_BTD, positions_BT, False, dropout_key)
-        T = x_BTD.shape[1]
-        causal = jnp.arange(T)[:, None] >= jnp.arange(T)[None, :]
-        visible_BTS = causal[None] & (segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :])
-        out_BTNV = self.sparse(x_BTD, positions_BT, c_BTC, k_rope_BTR, self.index_keys(x_BTD, positions_BT),
-                               visible_BTS, dropout_key)
+        keys = Keys(c_BTC, k_rope_BTR, self.index_keys(x_BTD, positions_BT), positions_BT, segment_ids_BT)
+        out_BTNV = self.sparse(x_BTD, positions_BT, segment_ids_BT, keys, dropout_key)
         out_BTNV = constrain(out_BTNV, ("activation_batch", "activation_length", "activation_heads", None))
         return constrain(self.out(out_BTNV, dropout_key), BTD)
 

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from maxlite.models.dsa import Keys
 from maxlite.models.gqa_cache import _slots, _write, advance, slots  # noqa: F401 (advance: this kind's)
 from maxlite.models.layers import constrain
 from maxlite.models.mla_cache import CACHE_AXES
@@ -49,17 +50,16 @@ def step(dsa, x_BTD, positions_BT, lengths_B, cache: Indexed, pos_BS, variant: s
     output x_BTD, the new cache)."""
     c_new, k_rope_new = dsa.latent(x_BTD, positions_BT)
     k_index_new = dsa.index_keys(x_BTD, positions_BT)
+    ones_BT = jnp.ones(positions_BT.shape, jnp.int32)
     if prefill_cfg is not None:
-        T = x_BTD.shape[1]
-        visible_BTS = jnp.broadcast_to(jnp.arange(T)[:, None] >= jnp.arange(T)[None, :], (x_BTD.shape[0], T, T))
-        out_BTNV = dsa.sparse(x_BTD, positions_BT, c_new, k_rope_new, k_index_new, visible_BTS)
+        keys = Keys(c_new, k_rope_new, k_index_new, positions_BT, ones_BT)
     else:
         c_BSC, k_rope_BSR, k_index_BSJ = (
             jnp.concatenate([old, new.astype(old.dtype)], axis=1)
             for old, new in ((cache.c_LBSC, c_new), (cache.k_rope_LBSR, k_rope_new), (cache.k_index_LBSJ, k_index_new)))
         kpos_BS = jnp.concatenate([pos_BS, positions_BT], axis=1)
-        kpos, qpos = kpos_BS[:, None, :], positions_BT[:, :, None]
-        out_BTNV = dsa.sparse(x_BTD, positions_BT, c_BSC, k_rope_BSR, k_index_BSJ, (kpos >= 0) & (kpos <= qpos))
+        keys = Keys(c_BSC, k_rope_BSR, k_index_BSJ, kpos_BS, jnp.ones(kpos_BS.shape, jnp.int32))
+    out_BTNV = dsa.sparse(x_BTD, positions_BT, ones_BT, keys)
     slots_BT = _slots(positions_BT, lengths_B, pos_BS.shape[1])
     new = Indexed(*(constrain(_write(old, n, slots_BT), CACHE_AXES[1:]) for old, n in
                     ((cache.c_LBSC, c_new), (cache.k_rope_LBSR, k_rope_new), (cache.k_index_LBSJ, k_index_new))))
