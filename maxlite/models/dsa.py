@@ -119,8 +119,9 @@ class DSA(MLA):
         probabilities [B, T, N, k])."""
         P = self.cfg.qk_nope_head_dim
         kv_b_CNc = lora.weight(self, "kv_b").astype(q_nope_BTNP.dtype)  # a LoRA adapter folded in: absorbed too
-        rows_B11 = jnp.arange(c_BSC.shape[0])[:, None, None]
-        c_BTkC, k_rope_BTkR = c_BSC[rows_B11, index_BTk], k_rope_BSR[rows_B11, index_BTk]
+        # a gather per row (batched over B: a batch-sharded cache stays where it is)
+        take = jax.vmap(lambda a_SX, i_Tk: a_SX[i_Tk])
+        c_BTkC, k_rope_BTkR = take(c_BSC, index_BTk), take(k_rope_BSR, index_BTk)
         q_lat_BTNC = jnp.einsum("btnp,cnp->btnc", q_nope_BTNP, kv_b_CNc[..., :P])
         scores_BTNk = (jnp.einsum("btnc,btkc->btnk", q_lat_BTNC, c_BTkC.astype(q_lat_BTNC.dtype))
                        + jnp.einsum("btnr,btkr->btnk", q_rope_BTNR, k_rope_BTkR.astype(q_rope_BTNR.dtype)))
