@@ -392,3 +392,69 @@ def value_and_grads(fn, params, x_BTD):
 
     cotangent = jnp.asarray(np.random.default_rng(1).normal(0, 1, x_BTD.shape).astype(np.float32))
     return jax.value_and_grad(lambda p, x: jnp.sum(fn(p, x) * cotangent), argnums=(0, 1))(params, x_BTD)
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def assert_import_sft_chat_export(tmp_path, config, class_name: str) -> None:
+    """The journey as a user runs it, for a random transformers model of `config` (the bundled
+    tokenizer, a ChatML template): `hf import` → SFT from the written recipe.yml on chat records (its
+    loss falls) → `generate --chat` → `hf export` → transformers loads `class_name` and its greedy
+    answer is maxlite's."""
+    import json
+
+    import torch
+    import transformers
+
+    from maxlite.data.tokenizer import BUNDLED_DIR
+
+    def run(module: str, *args):
+        return subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=ROOT, env=process_env(1),
+                              capture_output=True, text=True, timeout=900)
+
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(BUNDLED_DIR / "tokenizer.json"),
+                                               eos_token="<|im_end|>")
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>"], "eos_token": "<|im_end|>"})
+    tok.chat_template = CHATML
+    config.vocab_size, config.eos_token_id, config.bos_token_id = 4104, tok.eos_token_id, None
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).eval().save_pretrained(str(tmp_path / "hf"))
+    tok.save_pretrained(str(tmp_path / "hf"))
+    rng = np.random.default_rng(0)
+    with open(tmp_path / "chat.jsonl", "w") as f:
+        for _ in range(48):
+            a, b = rng.integers(0, 10, 2)
+            f.write(json.dumps({"messages": [{"role": "user", "content": f"What is {a} plus {b}?"},
+                                             {"role": "assistant", "content": f"It is {a + b}."}]}) + "\n")
+    done = run("maxlite.bridge.hf", "import", tmp_path / "hf", tmp_path / "ck")
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = run("maxlite.train", tmp_path / "ck" / "recipe.yml", "dataset_type=sft",
+               f"dataset_path={tmp_path / 'chat.jsonl'}", "sft_template=auto", "steps=6", "learning_rate=0.003",
+               "max_target_length=32", "per_device_batch_size=4", "checkpoint_period=6", "eval_interval=0",
+               "run_name=sft", f"base_output_directory={tmp_path}", "enable_tensorboard=false",
+               "write_report=false", "dtype=float32")
+    assert done.returncode == 0, done.stderr[-3000:]
+    losses = [json.loads(line)["loss"] for line in open(tmp_path / "sft" / "metrics.jsonl") if '"loss"' in line]
+    assert len(losses) == 6 and all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+
+    question = "What is 2 plus 3?"
+    done = run("maxlite.generate", tmp_path / "sft", "--prompt", question, "--chat", "--max-new-tokens", "8",
+               "dtype=float32")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith(question), done.stdout
+    ours = done.stdout.rstrip("\n")[len(question):]
+
+    done = run("maxlite.bridge.hf", "export", tmp_path / "sft" / "checkpoints", tmp_path / "out")
+    assert done.returncode == 0, done.stderr[-3000:]
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), dtype=torch.float32).eval()
+    assert type(model).__name__ == class_name
+    back = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "out"))
+    ids = back.apply_chat_template([{"role": "user", "content": question}], tokenize=True, add_generation_prompt=True)
+    ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=8,
+                             eos_token_id=back.eos_token_id, pad_token_id=0)  # the answer ends with its turn
+    theirs = back.decode(out[0, len(ids):], skip_special_tokens=True)
+    assert ours.strip() == theirs.strip() and ours.strip(), (ours, theirs)

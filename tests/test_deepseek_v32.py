@@ -9,7 +9,6 @@ loads a DeepseekV32ForCausalLM with the same logits, and goes import → SFT fro
 recipe.yml → chat → export with transformers answering as maxlite does."""
 
 import dataclasses
-import json
 
 import numpy as np
 import pytest
@@ -20,13 +19,11 @@ from maxlite.bridge import hf
 from maxlite.bridge import params as P
 from maxlite.generate import Sampling, generate_ids
 from tests import hf_models
-from tests.helpers import jax_logits
+from tests.helpers import assert_import_sft_chat_export, jax_logits
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 V = 256
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
 def _relative(a, b):
@@ -88,66 +85,10 @@ def test_export_loads_in_transformers_with_the_same_logits(imported):
     assert _relative(_logits(back, ids), _logits(model, ids)) <= 1e-6
 
 
-def _run(module: str, *args):
-    import subprocess
-    import sys
-
-    from tests.helpers import ROOT, process_env
-    return subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=ROOT, env=process_env(1),
-                          capture_output=True, text=True, timeout=900)
-
-
 def test_import_sft_from_the_recipe_chat_export_and_transformers_answers_alike(tmp_path):
-    """The journey as a user runs it: a random DeepSeek-V3.2 (the bundled tokenizer, a ChatML
-    template) → `hf import` → SFT from the written recipe.yml on chat records → `generate --chat` →
-    `hf export` → transformers' greedy answer is ours."""
-    from maxlite.data.tokenizer import BUNDLED_DIR
-
-    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(BUNDLED_DIR / "tokenizer.json"),
-                                               eos_token="<|im_end|>")
-    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>"], "eos_token": "<|im_end|>"})
-    tok.chat_template = CHATML
-    config = hf_models.config("deepseek_v32")
-    config.vocab_size, config.eos_token_id, config.bos_token_id = 4104, tok.eos_token_id, None
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(config).eval().save_pretrained(str(tmp_path / "hf"))
-    tok.save_pretrained(str(tmp_path / "hf"))
-    rng = np.random.default_rng(0)
-    with open(tmp_path / "chat.jsonl", "w") as f:
-        for _ in range(48):
-            a, b = rng.integers(0, 10, 2)
-            f.write(json.dumps({"messages": [{"role": "user", "content": f"What is {a} plus {b}?"},
-                                             {"role": "assistant", "content": f"It is {a + b}."}]}) + "\n")
-    done = _run("maxlite.bridge.hf", "import", tmp_path / "hf", tmp_path / "ck")
-    assert done.returncode == 0, done.stderr[-3000:]
-    done = _run("maxlite.train", tmp_path / "ck" / "recipe.yml", "dataset_type=sft",
-                f"dataset_path={tmp_path / 'chat.jsonl'}", "sft_template=auto", "steps=6", "learning_rate=0.003",
-                "max_target_length=32", "per_device_batch_size=4", "checkpoint_period=6", "eval_interval=0",
-                "run_name=sft", f"base_output_directory={tmp_path}", "enable_tensorboard=false",
-                "write_report=false", "dtype=float32")
-    assert done.returncode == 0, done.stderr[-3000:]
-    losses = [json.loads(line)["loss"] for line in open(tmp_path / "sft" / "metrics.jsonl") if '"loss"' in line]
-    assert len(losses) == 6 and all(np.isfinite(losses)) and losses[-1] < losses[0], losses
-
-    question = "What is 2 plus 3?"
-    done = _run("maxlite.generate", tmp_path / "sft", "--prompt", question, "--chat", "--max-new-tokens", "8",
-                "dtype=float32")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.startswith(question), done.stdout
-    ours = done.stdout.rstrip("\n")[len(question):]
-
-    done = _run("maxlite.bridge.hf", "export", tmp_path / "sft" / "checkpoints", tmp_path / "out")
-    assert done.returncode == 0, done.stderr[-3000:]
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), dtype=torch.float32).eval()
-    assert type(model).__name__ == "DeepseekV32ForCausalLM"
-    back = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "out"))
-    ids = back.apply_chat_template([{"role": "user", "content": question}], tokenize=True, add_generation_prompt=True)
-    ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-    with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=8,
-                             eos_token_id=back.eos_token_id, pad_token_id=0)  # the answer ends with its turn
-    theirs = back.decode(out[0, len(ids):], skip_special_tokens=True)
-    assert ours.strip() == theirs.strip() and ours.strip(), (ours, theirs)
+    """The journey as a user runs it for a random DeepSeek-V3.2: `hf import` → SFT from the written recipe.yml
+    → `generate --chat` → `hf export` → transformers' greedy answer is ours (tests/helpers.py)."""
+    assert_import_sft_chat_export(tmp_path, hf_models.config("deepseek_v32"), "DeepseekV32ForCausalLM")
 
 
 def test_training_sends_the_indexers_loss_to_the_indexer_alone():
