@@ -151,6 +151,8 @@ def test_kinds_without_a_paged_cache_are_refused_in_one_line():
     # refused when the recipe is read
     with pytest.raises(C.ConfigError, match="rollout_paged_kv=true: mixer kind.*gemma4_local"):
         C.load(["base.yml", "model_name=gemma4-tiny", *grpo])
+    with pytest.raises(C.ConfigError, match="rollout_paged_kv=true: mixer kind.s. dsa have no paged cache"):
+        C.load(["base.yml", "model_name=deepseek-v3.2", *grpo])
 
 
 def test_the_config_chooses_the_paged_engine():

@@ -13,5 +13,5 @@ def refusal(kinds) -> str | None:
     other = sorted(set(kinds) - set(PAGED) - set(PER_SLOT))
     if other:
         return (f"rollout_paged_kv=true: mixer kind(s) {', '.join(other)} have no paged cache yet "
-                "(Gemma 4's shared K/V); set rollout_paged_kv=false")
+                "(Gemma 4's shared K/V, DeepSeek sparse attention's indexer keys); set rollout_paged_kv=false")
     return None
