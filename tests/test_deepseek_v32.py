@@ -180,3 +180,27 @@ def test_a_long_sequence_in_query_blocks_computes_what_one_block_does(monkeypatc
     np.testing.assert_allclose(blocked, whole, rtol=1e-5, atol=1e-6)
     for a, b in zip(jax.tree.leaves(blocked_grads), jax.tree.leaves(whole_grads)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_a_published_checkpoints_prediction_layer_is_left_out_in_one_line(imported, tmp_path, capsys):
+    """DeepSeek publishes its multi-token-prediction layer as layer num_hidden_layers (transformers'
+    DeepseekV32ForCausalLM holds none): the import leaves those tensors out, says so in one line, and
+    gives the same model."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    model, path, cfg, pure = imported
+    shutil.copytree(path / "hf", tmp_path / "hf")
+    tensors = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    L = model.config.num_hidden_layers
+    for name in ("eh_proj.weight", "enorm.weight", "self_attn.indexer.wk.weight", "mlp.experts.0.up_proj.weight"):
+        tensors[f"model.layers.{L}.{name}"] = np.ones((4, 4), np.float32)
+    save_file(tensors, str(tmp_path / "hf" / "model.safetensors"), metadata={"format": "pt"})
+    with_mtp, again = hf.import_hf(str(tmp_path / "hf"), ["max_target_length=64"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert [line for line in err if "multi-token-prediction" in line] == [
+        f"maxlite: 4 tensors of DeepSeek-V3.2's multi-token-prediction layer (model.layers.{L}+) are not imported: "
+        "maxlite's model predicts the next token only"]
+    ids = np.random.default_rng(3).integers(0, V, (1, 24))
+    np.testing.assert_array_equal(jax_logits(with_mtp, again, ids), jax_logits(cfg, pure, ids))
