@@ -46,6 +46,10 @@ MOE = "model_name=tiny-moe"
      "num_kv_shared_layers=6: at least one layer must compute keys and values"),
     (["model_name=gemma4-tiny", "decoder_block=gemma4_moe", "num_experts=4", "base_moe_mlp_dim=32"],
      "use_double_wide_mlp widens dense MLPs, not a mixture of experts' (gemma4_moe)"),
+    (["model_name=deepseek-v3.2", "q_lora_rank=0"],
+     "DeepSeek sparse attention's indexer reads the query latent: set q_lora_rank > 0"),
+    (["model_name=deepseek-v3.2", "index_head_dim=32"],
+     "index_head_dim=32 must be at least qk_rope_head_dim=64 (the indexer rotates that many of its dims)"),
 ])
 def test_each_kinds_mistakes_are_refused_in_its_words(argv, message):
     with pytest.raises(C.ConfigError, match=re.escape(message)):
@@ -57,6 +61,9 @@ def test_each_kinds_mistakes_are_refused_in_its_words(argv, message):
      "base_moe_mlp_dim=383 is not divisible by tensor parallelism 2"),
     (["model_name=tiny-hybrid", "ici_context_parallelism=2"], 2,
      "context parallelism (context=2) does not split gated delta-net layers (qwen3_5): "
+     "set ici_context_parallelism=1 (and dcn_context_parallelism=1)"),
+    (["model_name=deepseek-v3.2", "ici_context_parallelism=2"], 2,
+     "context parallelism (context=2) does not split DeepSeek sparse attention's indexer (deepseek_v32): "
      "set ici_context_parallelism=1 (and dcn_context_parallelism=1)"),
 ])
 def test_each_kinds_mesh_mistakes_are_refused_in_its_words(argv, devices, message):

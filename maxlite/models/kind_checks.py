@@ -130,6 +130,15 @@ def mla(c, used: bool) -> str | None:
     return None
 
 
+def _not_split_over_context(c, used: bool, what: str) -> str | None:
+    """The one line refusing context parallelism for layers that read the whole sequence (`what`)."""
+    context = c.axis_size("context")
+    if used and context > 1:
+        return (f"context parallelism (context={context}) does not split {what} "
+                f"({c.decoder_block}): set ici_context_parallelism=1 (and dcn_context_parallelism=1)")
+    return None
+
+
 def dsa(c, used: bool) -> str | None:
     """DeepSeek sparse attention (maxlite/models/dsa.py): the indexer's queries come from the query
     latent, and RoPE covers the first qk_rope_head_dim dims of its heads."""
@@ -143,20 +152,12 @@ def dsa(c, used: bool) -> str | None:
 
 def dsa_layout(c, used: bool) -> str | None:
     """Each query's choice reads every earlier token: not split over context shards."""
-    context = c.axis_size("context")
-    if used and context > 1:
-        return (f"context parallelism (context={context}) does not split DeepSeek sparse attention's indexer "
-                f"({c.decoder_block}): set ici_context_parallelism=1 (and dcn_context_parallelism=1)")
-    return None
+    return _not_split_over_context(c, used, "DeepSeek sparse attention's indexer")
 
 
 def gated_deltanet_layout(c, used: bool) -> str | None:
     """The recurrence runs along the whole sequence: its state would have to cross context shards."""
-    context = c.axis_size("context")
-    if used and context > 1:
-        return (f"context parallelism (context={context}) does not split gated delta-net layers "
-                f"({c.decoder_block}): set ici_context_parallelism=1 (and dcn_context_parallelism=1)")
-    return None
+    return _not_split_over_context(c, used, "gated delta-net layers")
 
 
 def kda(c, used: bool) -> str | None:
@@ -178,11 +179,7 @@ def mamba2(c, used: bool) -> str | None:
 
 def mamba2_layout(c, used: bool) -> str | None:
     """The scan runs along the whole sequence: its state would have to cross context shards."""
-    context = c.axis_size("context")
-    if used and context > 1:
-        return (f"context parallelism (context={context}) does not split Mamba-2 layers "
-                f"({c.decoder_block}): set ici_context_parallelism=1 (and dcn_context_parallelism=1)")
-    return None
+    return _not_split_over_context(c, used, "Mamba-2 layers")
 
 
 def gemma4(c, used: bool) -> str | None:
