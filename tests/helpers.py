@@ -458,3 +458,29 @@ def assert_import_sft_chat_export(tmp_path, config, class_name: str) -> None:
                              eos_token_id=back.eos_token_id, pad_token_id=0)  # the answer ends with its turn
     theirs = back.decode(out[0, len(ids):], skip_special_tokens=True)
     assert ours.strip() == theirs.strip() and ours.strip(), (ours, theirs)
+
+
+def relative(a, b) -> float:
+    """‖a − b‖ / ‖b‖: how far maxlite's numbers are from the reference's."""
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def torch_logits(model, ids):
+    """A transformers model's float32 logits [B, T, V] on token ids [B, T] (numpy)."""
+    import torch
+
+    with torch.no_grad():
+        return model(torch.tensor(ids)).logits.float().numpy()
+
+
+def imported_random_model(tmp_path_factory, name: str, overrides=()):
+    """(the random transformers model `name` (tests/hf_models.py), its directory, maxlite's import of
+    it as cfg and a nested numpy params tree): a module fixture's body. The model is saved in DIR/hf."""
+    from maxlite.bridge import hf
+    from tests import hf_models
+
+    path = tmp_path_factory.mktemp(name)
+    model = hf_models.model(name)
+    model.save_pretrained(str(path / "hf"))
+    cfg, pure = hf.import_hf(str(path / "hf"), list(overrides))
+    return model, path, cfg, pure

@@ -19,30 +19,19 @@ from maxlite.bridge import hf
 from maxlite.bridge import params as P
 from maxlite.generate import Sampling, generate_ids
 from tests import hf_models
-from tests.helpers import assert_import_sft_chat_export, jax_logits
+from tests.helpers import assert_import_sft_chat_export, imported_random_model, jax_logits, relative, torch_logits
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 V = 256
 
 
-def _relative(a, b):
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
-def _logits(model, ids):
-    with torch.no_grad():
-        return model(torch.tensor(ids)).logits.float().numpy()
 
 
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory):
     """(the transformers model, its directory, maxlite's import of it)."""
-    path = tmp_path_factory.mktemp("deepseek_v32")
-    model = hf_models.model("deepseek_v32")
-    model.save_pretrained(str(path / "hf"))
-    cfg, pure = hf.import_hf(str(path / "hf"), ["max_target_length=64"])
-    return model, path, cfg, pure
+    return imported_random_model(tmp_path_factory, "deepseek_v32", ["max_target_length=64"])
 
 
 def test_import_gives_transformers_logits_through_the_indexers_choice(imported):
@@ -52,10 +41,10 @@ def test_import_gives_transformers_logits_through_the_indexers_choice(imported):
     assert cfg.decoder_block == "deepseek_v32" and (cfg.index_topk, cfg.index_n_heads, cfg.index_head_dim) == (6, 16, 16)
     assert [(k.mixer, k.ffn) for k in layer_kinds(cfg)] == [("dsa", "dense"), ("dsa", "moe"), ("dsa", "moe")]
     ids = np.random.default_rng(1).integers(0, V, (2, 40))
-    theirs = _logits(model, ids)
-    assert _relative(jax_logits(cfg, pure, ids), theirs) <= 1e-5
+    theirs = torch_logits(model, ids)
+    assert relative(jax_logits(cfg, pure, ids), theirs) <= 1e-5
     # every earlier token kept (what latent attention alone computes) is another model
-    assert _relative(jax_logits(dataclasses.replace(cfg, index_topk=64), pure, ids), theirs) > 1e-2
+    assert relative(jax_logits(dataclasses.replace(cfg, index_topk=64), pure, ids), theirs) > 1e-2
 
 
 def test_greedy_decoding_equals_transformers_and_a_batch_equals_each_alone(imported):
@@ -82,7 +71,7 @@ def test_export_loads_in_transformers_with_the_same_logits(imported):
     assert back.config.layer_types == model.config.layer_types
     assert (back.config.index_topk, back.config.index_n_heads, back.config.index_head_dim) == (6, 16, 16)
     ids = np.random.default_rng(2).integers(0, V, (1, 40))
-    assert _relative(_logits(back, ids), _logits(model, ids)) <= 1e-6
+    assert relative(torch_logits(back, ids), torch_logits(model, ids)) <= 1e-6
 
 
 def test_import_sft_from_the_recipe_chat_export_and_transformers_answers_alike(tmp_path):

@@ -19,30 +19,19 @@ from maxlite.bridge import hf
 from maxlite.bridge import params as P
 from maxlite.generate import Sampling, generate_ids
 from tests import hf_models
-from tests.helpers import assert_import_sft_chat_export, jax_logits
+from tests.helpers import assert_import_sft_chat_export, imported_random_model, jax_logits, relative, torch_logits
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 V = 256
 
 
-def _relative(a, b):
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
-def _logits(model, ids):
-    with torch.no_grad():
-        return model(torch.tensor(ids)).logits.float().numpy()
 
 
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory):
     """(the transformers model, its directory, maxlite's import of it)."""
-    path = tmp_path_factory.mktemp("kimi_linear")
-    model = hf_models.model("kimi_linear")
-    model.save_pretrained(str(path / "hf"))
-    cfg, pure = hf.import_hf(str(path / "hf"), ["max_target_length=160"])
-    return model, path, cfg, pure
+    return imported_random_model(tmp_path_factory, "kimi_linear", ["max_target_length=160"])
 
 
 def test_import_gives_transformers_logits_over_several_chunks(imported):
@@ -52,7 +41,7 @@ def test_import_gives_transformers_logits_over_several_chunks(imported):
     assert [(k.mixer, k.ffn) for k in layer_kinds(cfg)] == [("kda", "dense"), ("mla", "moe"), ("kda", "moe"),
                                                             ("kda", "moe")]
     ids = np.random.default_rng(1).integers(0, V, (2, 150))  # 150: three chunks of 64, the last cut
-    assert _relative(jax_logits(cfg, pure, ids), _logits(model, ids)) <= 1e-5
+    assert relative(jax_logits(cfg, pure, ids), torch_logits(model, ids)) <= 1e-5
 
 
 def test_greedy_decoding_equals_transformers_and_a_batch_equals_each_alone(imported):
@@ -80,7 +69,7 @@ def test_export_loads_in_transformers_with_the_same_logits(imported):
     assert back.config.layer_types == model.config.layer_types
     assert back.config.mlp_layer_types == model.config.mlp_layer_types
     ids = np.random.default_rng(2).integers(0, V, (1, 70))
-    assert _relative(_logits(back, ids), _logits(model, ids)) <= 1e-6
+    assert relative(torch_logits(back, ids), torch_logits(model, ids)) <= 1e-6
 
 
 def test_the_decode_state_of_the_kda_layers_is_the_same_size_at_any_length(imported):
@@ -136,7 +125,7 @@ def test_the_per_channel_chunked_form_is_the_recurrence_for_any_chunk_size():
     for chunk in (64, 7):
         got, S = jax.jit(chunked_delta_rule, static_argnames="chunk")(
             *(x.astype(np.float32) for x in (q, k, v, g, beta)), seg, chunk=chunk)
-        assert _relative(np.asarray(got), want) <= 1e-5 and _relative(np.asarray(S), want_S) <= 1e-5
+        assert relative(np.asarray(got), want) <= 1e-5 and relative(np.asarray(S), want_S) <= 1e-5
 
 
 KIMI = ["base.yml", "decoder_block=kimi_linear", "attention_type=mla",
@@ -175,7 +164,7 @@ def test_a_packed_row_equals_its_documents_run_one_by_one():
     nnx.replace_by_pure_dict(state, pure)
     logits = np.asarray(nnx.jit(lambda m, *a: m(*a))(nnx.merge(graphdef, state), ids, positions, segments))
     for row, (a, b) in enumerate(zip(starts[:-1], starts[1:]), start=1):
-        assert _relative(logits[0, a:b], logits[row, :b - a]) <= 1e-5
+        assert relative(logits[0, a:b], logits[row, :b - a]) <= 1e-5
 
 
 def test_the_flop_count_is_the_layers_projections_and_a_chunked_rule_linear_in_length():
@@ -206,7 +195,7 @@ def test_lora_adapters_of_the_kda_layers_fold_into_their_weights():
     assert "q_lora_b" in pure["layers"]["blocks"][0]["attn"] and "k_lora_b" in pure["layers"]["blocks"][0]["attn"]
     ids = np.random.default_rng(4).integers(0, V, (1, 40))
     base = dataclasses.replace(cfg, lora_rank=0)
-    assert _relative(jax_logits(base, lora.merged(cfg, pure), ids), jax_logits(cfg, pure, ids)) <= 1e-5
+    assert relative(jax_logits(base, lora.merged(cfg, pure), ids), jax_logits(cfg, pure, ids)) <= 1e-5
 
 
 

@@ -19,7 +19,7 @@ from maxlite.bridge import hf
 from maxlite.bridge import params as P
 from maxlite.generate import Sampling, generate_ids
 from tests import hf_models
-from tests.helpers import jax_logits
+from tests.helpers import imported_random_model, jax_logits, relative, torch_logits
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -30,23 +30,12 @@ TINY = ["base.yml", "decoder_block=nemotron_h", "base_emb_dim=64", "base_mlp_dim
         "layer_types=[mamba,full_attention,mlp,mamba]"]
 
 
-def _relative(a, b):
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
-def _logits(model, ids):
-    with torch.no_grad():
-        return model(torch.tensor(ids)).logits.float().numpy()
 
 
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory):
     """(the transformers model, its directory, maxlite's import of it)."""
-    path = tmp_path_factory.mktemp("nemotron_h")
-    model = hf_models.model("nemotron_h")
-    model.save_pretrained(str(path / "hf"))
-    cfg, pure = hf.import_hf(str(path / "hf"), ["dtype=float32", "max_target_length=128"])
-    return model, path, cfg, pure
+    return imported_random_model(tmp_path_factory, "nemotron_h", ["dtype=float32", "max_target_length=128"])
 
 
 def test_import_gives_transformers_logits_over_several_chunks(imported):
@@ -54,7 +43,7 @@ def test_import_gives_transformers_logits_over_several_chunks(imported):
     assert cfg.decoder_block == "nemotron_h" and list(cfg.layer_types) == ["mamba", "full_attention", "mlp", "mamba"]
     assert cfg.mamba_chunk_size == 8
     ids = np.random.default_rng(1).integers(0, V, (2, 43))  # 6 chunks, the last cut
-    assert _relative(jax_logits(cfg, pure, ids), _logits(model, ids)) <= 1e-5
+    assert relative(jax_logits(cfg, pure, ids), torch_logits(model, ids)) <= 1e-5
 
 
 def test_greedy_decoding_from_the_state_equals_transformers_and_one_at_a_time(imported):
@@ -81,7 +70,7 @@ def test_export_loads_in_transformers_with_the_same_logits(imported):
     assert type(back) is transformers.NemotronHForCausalLM
     assert back.config.layers_block_type == model.config.layers_block_type
     ids = np.random.default_rng(2).integers(0, V, (1, 40))
-    assert _relative(_logits(back, ids), _logits(model, ids)) <= 1e-6
+    assert relative(torch_logits(back, ids), torch_logits(model, ids)) <= 1e-6
 
 
 def test_the_decode_state_is_the_same_size_at_any_context(imported):
@@ -138,7 +127,7 @@ def test_the_chunked_scan_is_the_recurrence_for_any_chunk_size():
     for chunk in (64, 7, 1):
         got, h = jax.jit(chunked_scan, static_argnames="chunk")(
             *(v.astype(np.float32) for v in (x, dt, A, Bm, Cm)), seg, h0.astype(np.float32), chunk=chunk)
-        assert _relative(np.asarray(got), want) <= 1e-5 and _relative(np.asarray(h), want_h) <= 1e-5
+        assert relative(np.asarray(got), want) <= 1e-5 and relative(np.asarray(h), want_h) <= 1e-5
 
 
 def test_a_packed_row_equals_its_documents_run_one_by_one():
@@ -163,7 +152,7 @@ def test_a_packed_row_equals_its_documents_run_one_by_one():
     nnx.replace_by_pure_dict(state, pure)
     logits = np.asarray(nnx.jit(lambda m, *a: m(*a))(nnx.merge(graphdef, state), ids, positions, segments))
     for row, (a, b) in enumerate(zip(starts[:-1], starts[1:]), start=1):
-        assert _relative(logits[0, a:b], logits[row, :b - a]) <= 1e-5
+        assert relative(logits[0, a:b], logits[row, :b - a]) <= 1e-5
 
 
 def test_a_block_is_a_mixer_or_an_mlp_never_both():
