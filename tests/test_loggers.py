@@ -22,8 +22,12 @@ def read_wandb_records(path: str) -> list:
     """Every protobuf Record of a `.wandb` transaction log: a 7-byte W&B header (':W&B', magic
     0xBEE1, version), then LevelDB log framing (32 KiB blocks; 7-byte chunk headers: crc32c,
     length, type FULL/FIRST/MIDDLE/LAST)."""
+    import wandb
     from wandb.proto import wandb_internal_pb2 as pb
 
+    # W&B's service process writes this file; run.finish() can return before it has flushed the file
+    # (CI once read a log without its run record). teardown() waits for the service to exit.
+    wandb.teardown()
     data = open(path, "rb").read()
     assert data[:4] == b":W&B" and struct.unpack("<H", data[4:6])[0] == 0xBEE1
     records, pos, parts, block = [], 7, b"", 32768
