@@ -4,7 +4,8 @@ refusing a command that lands in another recipe's run.
 A run directory holds one run, and running the same command again resumes it (a larger `steps=`
 extends it). Recipes that cannot continue each other's state must not share one: another data
 source (a saved data position means nothing in other data), another objective, another LoRA
-setting or another model shape (the checkpoint does not fit). So:
+setting or another choice of what trains (the optimizer holds state for those parameters only), or
+another model shape (the checkpoint does not fit). So:
 - the default name (`run_name` unset) is `<recipe>_<model>`, plus a part for each of data source,
   objective and LoRA that the command line changes from the recipe (`base_tiny_text`,
   `base_tiny_sft_lora16`, `base_tiny_text-3fa9c1` for other files): the same command always gives
@@ -34,8 +35,10 @@ from maxlite.schema import MODEL_KEYS
 DATA = ("dataset_type", "dataset_path", "bundled_prompts", "data_prefix", "tokenizer_path")
 OBJECTIVE = ("train_objective",)
 LORA = ("lora_rank", "lora_targets")
+# what trains besides LoRA's choice: a vision tower's part, DeepSeek sparse attention's dense warm-up
+TRAINS = ("vision_train", "index_stage")
 # the model's keys (schema.py): a checkpoint of one model neither fits nor continues another
-KEYS = DATA + OBJECTIVE + LORA + MODEL_KEYS
+KEYS = DATA + OBJECTIVE + LORA + TRAINS + MODEL_KEYS
 
 
 def _plain(value: Any) -> Any:
@@ -52,7 +55,7 @@ def default_run_name(recipe_path: str | None, model_name: str, recipe: dict[str,
     model preset give them; `values`: with the command line applied."""
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", pathlib.Path(recipe_path).stem) if recipe_path else "run"
     parts = [stem if model_name in ("default", stem) else f"{stem}_{model_name}"]
-    changed = {k for k in DATA + OBJECTIVE + LORA if _plain(values[k]) != _plain(recipe[k])}
+    changed = {k for k in DATA + OBJECTIVE + LORA + TRAINS if _plain(values[k]) != _plain(recipe[k])}
     if changed & set(DATA):
         files = DATA[1:]
         parts.append(str(values["dataset_type"]) + (f"-{_digest(values, files)}" if changed & set(files) else ""))
@@ -61,6 +64,10 @@ def default_run_name(recipe_path: str | None, model_name: str, recipe: dict[str,
     if changed & set(LORA):
         parts.append(f"lora{values['lora_rank']}" + (f"-{_digest(values, ('lora_targets',))}"
                                                      if "lora_targets" in changed else ""))
+    if "vision_train" in changed:
+        parts.append(f"vision-{values['vision_train']}")
+    if "index_stage" in changed:
+        parts.append(str(values["index_stage"]))
     return "_".join(parts)
 
 

@@ -124,6 +124,12 @@ class ModelKeys:
     index_n_heads: int = key(64, "DeepSeek sparse attention: the indexer's heads", positive=True, model=True)
     index_head_dim: int = key(128, "DeepSeek sparse attention: the indexer's head width (its first "
         "qk_rope_head_dim dims rotated)", positive=True, model=True)
+    index_stage: str = key("sparse",
+        "DeepSeek sparse attention's training stage (DeepSeek-V3.2's recipe): sparse (each query attends its "
+        "index_topk tokens; the indexer learns the heads' attention over them, everything trains) | "
+        "dense_warmup (every query attends every earlier token; the indexer learns the heads' attention "
+        "over all of them and is the only part that trains: start the sparse stage from its checkpoint with "
+        "load_parameters_path)", choices=("sparse", "dense_warmup"))
     mtp_num_layers: int = key(0,
         "multi-token prediction (DeepSeek-V3): extra layers, the k-th predicting token t+1+k from the previous "
         "depth's hidden state and token t+k's embedding, sharing embedding and output head; 0: none",

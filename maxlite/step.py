@@ -67,7 +67,7 @@ def with_aux_losses(cfg, loss_sum, sums: dict, stats, denominator):
     losses = moe.aux_losses(cfg, stats)
     loss_sum = loss_sum + denominator * moe.objective_terms(cfg, losses)
     sums = {**sums, **{k: denominator * v for k, v in moe.step_metrics(cfg, losses).items()}}
-    if cfg.routed_bias_update_rate:  # the per-expert load the train step balances the routing bias by
+    if moe.balances_routing(cfg):  # the per-expert load the train step balances the routing bias by
         sums["moe_expert_load"] = denominator * losses["moe_expert_load"]
     return loss_sum, (sums, denominator)
 
@@ -241,7 +241,7 @@ def jit_step(cfg, graphdef, tx, schedule, state_shardings, batch_sharding, loss_
     fn = functools.partial(train_step, graphdef=graphdef, tx=tx, schedule=schedule,
                            accumulation_steps=cfg.gradient_accumulation_steps, loss_fn=loss_fn,
                            dropout_seed=cfg.seed if cfg.lora_rank and cfg.lora_dropout > 0 else None,
-                           balance=cfg if cfg.routed_bias_update_rate else None, grad_dtype=cfg.grad_dtype,
+                           balance=cfg if moe.balances_routing(cfg) else None, grad_dtype=cfg.grad_dtype,
                            **kwargs)
     return jax.jit(fn, in_shardings=(state_shardings, batch_sharding),
                    out_shardings=(state_shardings, None), donate_argnums=0)

@@ -137,6 +137,81 @@ def test_training_sends_the_indexers_loss_to_the_indexer_alone():
             np.testing.assert_array_equal(a, b)
 
 
+def test_the_dense_warmup_attends_every_earlier_token_and_its_indexer_learns_all_of_them():
+    """index_stage=dense_warmup: the layer's output and every gradient (the indexer's loss included,
+    now over every visible key) are those of the sparse stage keeping every earlier token
+    (index_topk ≥ the length), over two packed documents; and not the sparse stage's 8 of 24."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from maxlite import config as C
+    from maxlite.models import dsa as dsa_lib
+    from tests.helpers import shrunk
+
+    B, T = 2, 24
+    base = shrunk("deepseek-v3.2") + ["dtype=float32"]
+    x = jax.random.normal(jax.random.key(1), (B, T, C.load(base).base_emb_dim))
+    positions = jnp.concatenate([jnp.arange(T)[None], jnp.concatenate([jnp.arange(15), jnp.arange(9)])[None]])
+    segments = jnp.ones((B, T), jnp.int32).at[1, 15:].set(2)
+    probe = jax.random.normal(jax.random.key(2), x.shape)
+
+    def run(extra):
+        with nnx.use_eager_sharding(False):
+            layer = dsa_lib.DSA(C.load(base + extra), rngs=nnx.Rngs(0))  # the same parameters each time
+        graphdef, params = nnx.split(layer, nnx.Param)
+
+        def objective(params):
+            out = nnx.merge(graphdef, params)(x, positions, segments)
+            return jnp.sum(out * probe), out
+        (_, out), grads = jax.value_and_grad(objective, has_aux=True)(params)
+        return out, nnx.to_pure_dict(grads)
+
+    warm, warm_grads = run(["index_stage=dense_warmup"])
+    every, every_grads = run([f"index_topk={T}"])
+    chosen, _ = run([])
+    assert C.load(base).index_topk == 8
+    np.testing.assert_allclose(warm, every, rtol=1e-5, atol=1e-6)
+    assert relative(np.asarray(chosen), np.asarray(warm)) > 1e-2
+    assert set(warm_grads) >= set(dsa_lib.INDEXER)
+    for a, b in zip(jax.tree.leaves(warm_grads), jax.tree.leaves(every_grads), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    assert all(np.any(a != 0) for name in dsa_lib.INDEXER for a in jax.tree.leaves(warm_grads[name]))
+
+
+def test_a_dense_warmup_step_trains_the_indexers_and_nothing_else():
+    """Training steps of the whole model (deepseek-v3.2 shrunk: two dsa layers, DeepSeekMoE with its
+    routing bias, multi-token prediction) under index_stage=dense_warmup: every indexer parameter
+    moves, every other parameter keeps its bytes (the routing biases too), and the optimizer holds
+    state for the indexers only."""
+    import jax
+
+    from maxlite.models.dsa import INDEXER
+    from maxlite.state import split_trainable
+    from tests.helpers import build, shrunk
+
+    from flax import nnx
+    from maxlite import mesh as mesh_lib
+    from maxlite.data.synthetic import make_synthetic_iterator
+
+    cfg, mesh, state, step, sharding = build(shrunk("deepseek-v3.2") + ["index_stage=dense_warmup"], 1)
+    before = jax.device_get(nnx.to_pure_dict(state.params))
+    trainable, _ = split_trainable(state.params)
+    names = {jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(trainable))}
+    assert names and all(any(f"'{n}'" in name for n in INDEXER) for name in names)
+    data = make_synthetic_iterator(cfg, "train", 0, 1)
+    with jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.RULES):
+        for _ in range(2):  # the first step's learning rate is the warm-up's 0
+            state, metrics = step(state, {k: jax.device_put(v, sharding) for k, v in next(data).items()})
+    assert np.isfinite(float(metrics["loss"])) and float(metrics["learning_rate"]) > 0
+    after = jax.device_get(nnx.to_pure_dict(state.params))
+    moved = {jax.tree_util.keystr(p) for (p, a), b in zip(jax.tree_util.tree_leaves_with_path(before),
+                                                         jax.tree.leaves(after)) if np.any(a != b)}
+    assert moved == names
+    opt_leaves = [x for x in jax.tree.leaves(state.opt_state) if np.ndim(x) > 0]
+    assert sum(np.size(x) for x in opt_leaves) == 2 * sum(np.size(x) for x in jax.tree.leaves(trainable))
+
+
 def test_a_long_sequence_in_query_blocks_computes_what_one_block_does(monkeypatch):
     """Queries in blocks (dsa.QUERY_BLOCK: a 128k sequence's indexer scores never whole), each block's
     work recomputed in the backward pass: the same outputs and gradients as all queries at once, over

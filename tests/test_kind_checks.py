@@ -50,6 +50,12 @@ MOE = "model_name=tiny-moe"
      "DeepSeek sparse attention's indexer reads the query latent: set q_lora_rank > 0"),
     (["model_name=deepseek-v3.2", "index_head_dim=32"],
      "index_head_dim=32 must be at least qk_rope_head_dim=64 (the indexer rotates that many of its dims)"),
+    (["model_name=deepseek-v3", "index_stage=dense_warmup"],
+     "index_stage=dense_warmup trains DeepSeek sparse attention's indexer: decoder_block=deepseek has none "
+     "(deepseek_v32 has)"),
+    (["model_name=deepseek-v3.2", "index_stage=dense_warmup", "lora_rank=4", "lora_targets=[o_proj]"],
+     "index_stage=dense_warmup trains the indexer alone, lora_rank=4 trains adapters alone: set lora_rank=0 "
+     "for the warm-up"),
 ])
 def test_each_kinds_mistakes_are_refused_in_its_words(argv, message):
     with pytest.raises(C.ConfigError, match=re.escape(message)):

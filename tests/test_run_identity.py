@@ -120,3 +120,15 @@ def test_a_run_that_never_saved_binds_nothing_its_checkpoint_fixed(tmp_path, mon
     assert train(C.load([*command, "base_num_decoder_layers=3"]))["exit_code"] == 0
     assert sum("never saved" in line for line in capsys.readouterr().out.splitlines()) == 1
     assert _status(str(tmp_path / "runs" / "r"))["resumed_from"]["source"] == "params"
+
+
+def test_what_trains_is_part_of_the_recipe():
+    """DeepSeek sparse attention's dense warm-up (the indexers alone) and a vision tower's training
+    choice name runs of their own: their optimizer state holds other parameters."""
+    from maxlite.run_identity import differences
+
+    warm = C.load(["base.yml", "model_name=deepseek-v3.2", "index_stage=dense_warmup"])
+    sparse = C.load(["base.yml", "model_name=deepseek-v3.2"])
+    assert (warm.run_name, sparse.run_name) == ("base_deepseek-v3.2_dense_warmup", "base_deepseek-v3.2")
+    assert differences(C.to_plain_dict(warm), C.to_plain_dict(sparse)) == ["index_stage"]
+    assert C.load(["base.yml", "model_name=qwen3-vl-2b", "vision_train=all"]).run_name == "base_qwen3-vl-2b_vision-all"

@@ -20,8 +20,12 @@ numbers per key, float32), and the gather is XLA's (no fused kernel yet).
 Training trains the indexer as DeepSeek-V3.2's sparse stage does: the indexer's loss is the KL
 divergence from the heads' attention over each query's chosen keys (summed over heads, normalised,
 detached) to the softmax of the indexer's scores for them, its inputs detached so that it trains the
-indexer alone; the language model's loss trains the rest (`with_indexer_loss`). Not modelled: the
-dense warm-up stage (the indexer trained against dense attention before sparse training starts).
+indexer alone; the language model's loss trains the rest (`with_indexer_loss`). Its dense warm-up
+stage (`index_stage=dense_warmup`, which comes first in DeepSeek's recipe) attends every earlier token
+instead, trains the indexer towards the heads' attention over all of them, and freezes every other
+parameter (`freeze_all_but_the_indexers`). That dense attention holds [B, block, N, S] float32
+probabilities per query block: a few thousand tokens on a CPU or one accelerator, not the 128k
+warm-up of the paper, which needs a fused kernel.
 
 Shape legend as in mla.py, plus I the indexer's heads and J their width.
 """
@@ -94,11 +98,9 @@ class DSA(MLA):
         k_BTJ = self.index_norm(project("btd,dj->btj", jax.lax.stop_gradient(x_BTD), self.index_k[...]))
         return self._rope(k_BTJ[:, :, None].astype(jnp.float32), positions_BT, False)[:, :, 0]
 
-    def choose(self, q_BTIJ, w_BTI, k_BSJ, visible_BTS):
-        """The indexer's choice: (the `index_topk` visible keys of each query with the highest scores,
-        [B, T, k] slot indices (k = min(index_topk, S)); whether each is visible [B, T, k]: every
-        visible key is chosen while there are fewer; the chosen keys' scores [B, T, k], the indexer's
-        logits its loss reads). The heads' scores are added one head at a time ([B, T, S] held)."""
+    def index_scores(self, q_BTIJ, w_BTI, k_BSJ, visible_BTS):
+        """The indexer's scores of every key [B, T, S] (−inf where not visible), float32: the heads'
+        scores added one head at a time ([B, T, S] held)."""
         k_BSJ = k_BSJ.astype(jnp.float32)
         scale = self.cfg.index_head_dim ** -0.5
 
@@ -107,7 +109,14 @@ class DSA(MLA):
             return scores_BTS + w_BT[..., None] * jax.nn.relu(jnp.einsum("btj,bsj->bts", q_BTJ, k_BSJ) * scale), None
         zeros = jnp.zeros((*q_BTIJ.shape[:2], k_BSJ.shape[1]), jnp.float32)
         scores_BTS, _ = jax.lax.scan(add_head, zeros, (jnp.moveaxis(q_BTIJ, 2, 0), jnp.moveaxis(w_BTI, 2, 0)))
-        scores_BTS = jnp.where(visible_BTS, scores_BTS, -jnp.inf)
+        return jnp.where(visible_BTS, scores_BTS, -jnp.inf)
+
+    def choose(self, q_BTIJ, w_BTI, k_BSJ, visible_BTS):
+        """The indexer's choice: (the `index_topk` visible keys of each query with the highest scores,
+        [B, T, k] slot indices (k = min(index_topk, S)); whether each is visible [B, T, k]: every
+        visible key is chosen while there are fewer; the chosen keys' scores [B, T, k], the indexer's
+        logits its loss reads)."""
+        scores_BTS = self.index_scores(q_BTIJ, w_BTI, k_BSJ, visible_BTS)
         top_BTk, index_BTk = jax.lax.top_k(jax.lax.stop_gradient(scores_BTS), min(self.cfg.index_topk, scores_BTS.shape[-1]))
         chosen_BTk = jnp.take_along_axis(scores_BTS, index_BTk, axis=-1)
         return index_BTk, top_BTk > -jnp.inf, chosen_BTk
@@ -117,18 +126,29 @@ class DSA(MLA):
         ([B, T, k, C + R]), the key and value up-projections absorbed into the query and the output
         (mla_cache's form: no head is expanded), float32 scores. (out_BTNV, the heads' attention
         probabilities [B, T, N, k])."""
-        P = self.cfg.qk_nope_head_dim
-        kv_b_CNc = lora.weight(self, "kv_b").astype(q_nope_BTNP.dtype)  # a LoRA adapter folded in: absorbed too
         # a gather per row (batched over B: a batch-sharded cache stays where it is)
         take = jax.vmap(lambda a_SX, i_Tk: a_SX[i_Tk])
-        c_BTkC, k_rope_BTkR = take(c_BSC, index_BTk), take(k_rope_BSR, index_BTk)
+        return self._absorbed(q_nope_BTNP, q_rope_BTNR, take(c_BSC, index_BTk), take(k_rope_BSR, index_BTk),
+                              valid_BTk, "btk")
+
+    def attend_all(self, q_nope_BTNP, q_rope_BTNR, c_BSC, k_rope_BSR, visible_BTS):
+        """The dense warm-up's attention: every visible key, in the same absorbed form, nothing
+        gathered. (out_BTNV, probabilities [B, T, N, S])."""
+        return self._absorbed(q_nope_BTNP, q_rope_BTNR, c_BSC, k_rope_BSR, visible_BTS, "bs")
+
+    def _absorbed(self, q_nope_BTNP, q_rope_BTNR, c_C, k_rope_R, valid_BTk, keys: str):
+        """Attention with the up-projections absorbed over latents and RoPE keys laid out as `keys`
+        says ("btk": each query's own [B, T, k, ...]; "bs": shared by the queries, [B, S, ...])."""
+        P = self.cfg.qk_nope_head_dim
+        kv_b_CNc = lora.weight(self, "kv_b").astype(q_nope_BTNP.dtype)  # a LoRA adapter folded in: absorbed too
         q_lat_BTNC = jnp.einsum("btnp,cnp->btnc", q_nope_BTNP, kv_b_CNc[..., :P])
-        scores_BTNk = (jnp.einsum("btnc,btkc->btnk", q_lat_BTNC, c_BTkC.astype(q_lat_BTNC.dtype))
-                       + jnp.einsum("btnr,btkr->btnk", q_rope_BTNR, k_rope_BTkR.astype(q_rope_BTNR.dtype)))
+        k = keys[-1]
+        scores_BTNk = (jnp.einsum(f"btnc,{keys}c->btn{k}", q_lat_BTNC, c_C.astype(q_lat_BTNC.dtype))
+                       + jnp.einsum(f"btnr,{keys}r->btn{k}", q_rope_BTNR, k_rope_R.astype(q_rope_BTNR.dtype)))
         scores_BTNk = jnp.where(valid_BTk[:, :, None], scores_BTNk.astype(jnp.float32) * self.scale,
                                 jnp.finfo(jnp.float32).min)
         probs_BTNk = jax.nn.softmax(scores_BTNk, axis=-1)
-        out_lat_BTNC = jnp.einsum("btnk,btkc->btnc", probs_BTNk.astype(c_BTkC.dtype), c_BTkC)
+        out_lat_BTNC = jnp.einsum(f"btn{k},{keys}c->btnc", probs_BTNk.astype(c_C.dtype), c_C)
         out_BTNV = jnp.einsum("btnc,cnv->btnv", out_lat_BTNC, kv_b_CNc[..., P:].astype(out_lat_BTNC.dtype))
         return out_BTNV, probs_BTNk
 
@@ -136,12 +156,13 @@ class DSA(MLA):
         q_nope, q_rope = self.queries(x_BTD, positions_BT, False, dropout_key)
         q_BTIJ, w_BTI = self.index_queries(x_BTD, positions_BT)
         seen_BTS = visible(positions_BT, segments_BT, keys.pos_BS, keys.seg_BS)
+        if self.cfg.index_stage == "dense_warmup":
+            out_BTNV, probs_BTNS = self.attend_all(q_nope, q_rope, keys.c_BSC, keys.k_rope_BSR, seen_BTS)
+            return with_indexer_loss(out_BTNV, self.index_scores(q_BTIJ, w_BTI, keys.k_index_BSJ, seen_BTS),
+                                     _target(probs_BTNS, seen_BTS), seen_BTS)
         index_BTk, valid_BTk, chosen_BTk = self.choose(q_BTIJ, w_BTI, keys.k_index_BSJ, seen_BTS)
         out_BTNV, probs_BTNk = self.attend_chosen(q_nope, q_rope, keys.c_BSC, keys.k_rope_BSR, index_BTk, valid_BTk)
-        # the indexer's target: the heads' attention over the chosen keys, summed and normalised
-        target_BTk = jnp.sum(jax.lax.stop_gradient(probs_BTNk), axis=2) * valid_BTk
-        target_BTk = target_BTk / jnp.maximum(jnp.sum(target_BTk, axis=-1, keepdims=True), 1e-30)
-        return with_indexer_loss(out_BTNV, chosen_BTk, target_BTk, valid_BTk)
+        return with_indexer_loss(out_BTNV, chosen_BTk, _target(probs_BTNk, valid_BTk), valid_BTk)
 
     def sparse(self, x_BTD, positions_BT, segments_BT, keys: Keys, dropout_key=None):
         """The new tokens' attention over `keys` (the sequence itself in training and the prefill, the
@@ -162,6 +183,23 @@ class DSA(MLA):
         out_BTNV = self.sparse(x_BTD, positions_BT, segment_ids_BT, keys, dropout_key)
         out_BTNV = constrain(out_BTNV, ("activation_batch", "activation_length", "activation_heads", None))
         return constrain(self.out(out_BTNV, dropout_key), BTD)
+
+
+INDEXER = ("index_q", "index_k", "index_norm", "index_w")
+
+
+def freeze_all_but_the_indexers(model: nnx.Module) -> None:
+    """The dense warm-up: every parameter but the indexers' tagged `frozen` (maxlite.state.split_trainable
+    leaves them out of the optimizer, as a vision tower's)."""
+    for path, variable in nnx.iter_graph(model):
+        if isinstance(variable, nnx.Param) and not any(part in INDEXER for part in path):
+            variable.set_metadata(frozen=True)
+
+
+def _target(probs_BTNk, valid_BTk):
+    """The indexer's target: the heads' attention over its keys, summed over heads and normalised, detached."""
+    target_BTk = jnp.sum(jax.lax.stop_gradient(probs_BTNk), axis=2) * valid_BTk
+    return target_BTk / jnp.maximum(jnp.sum(target_BTk, axis=-1, keepdims=True), 1e-30)
 
 
 @jax.custom_vjp

@@ -141,7 +141,14 @@ def _not_split_over_context(c, used: bool, what: str) -> str | None:
 
 def dsa(c, used: bool) -> str | None:
     """DeepSeek sparse attention (maxlite/models/dsa.py): the indexer's queries come from the query
-    latent, and RoPE covers the first qk_rope_head_dim dims of its heads."""
+    latent, and RoPE covers the first qk_rope_head_dim dims of its heads; its dense warm-up trains the
+    indexer alone."""
+    if c.index_stage == "dense_warmup" and not used:
+        return (f"index_stage=dense_warmup trains DeepSeek sparse attention's indexer: decoder_block={c.decoder_block} "
+                f"has none (deepseek_v32 has)")
+    if c.index_stage == "dense_warmup" and c.lora_rank:
+        return (f"index_stage=dense_warmup trains the indexer alone, lora_rank={c.lora_rank} trains adapters alone: "
+                f"set lora_rank=0 for the warm-up")
     if used and not c.q_lora_rank:
         return "DeepSeek sparse attention's indexer reads the query latent: set q_lora_rank > 0"
     if used and c.index_head_dim < c.qk_rope_head_dim:

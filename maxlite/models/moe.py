@@ -196,6 +196,12 @@ def objective_terms(cfg, losses: dict):
     return terms
 
 
+def balances_routing(cfg) -> bool:
+    """Whether a training step moves the routing biases (update_routed_bias): with a rate, and not in
+    DeepSeek sparse attention's dense warm-up, which trains the indexers alone (index_stage)."""
+    return cfg.routed_bias_update_rate > 0 and cfg.index_stage != "dense_warmup"
+
+
 def update_routed_bias(cfg, params, load_LE):
     """Auxiliary-loss-free balancing (DeepSeek-V3): each MoE layer's routed_bias in `params` (a
     model's nnx.State, changed in place) moves by routed_bias_update_rate × sign(mean load - load)

@@ -213,6 +213,10 @@ class Transformer(nnx.Module):
             self.unembedding = param(rngs, (D, V), ("embed", "vocab"), wd, scale=cfg.init_scale)
         if cfg.vision_encoder:  # last: a text model's parameters draw the same random numbers either way
             self.vision = towers.build(cfg, rngs)
+        if cfg.index_stage == "dense_warmup":
+            from maxlite.models.dsa import freeze_all_but_the_indexers
+
+            freeze_all_but_the_indexers(self)
 
     def _run_layers(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None, inputs_L=None):
         """(x_BTD, the MoE layers' routing statistics stacked in layer order [L_moe, ...] or None).
