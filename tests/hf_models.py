@@ -161,6 +161,11 @@ CONFIGS = {
         **_DEEPSEEK, num_key_value_heads=4, q_lora_rank=16, n_shared_experts=1, n_group=2, topk_group=1,
         routed_scaling_factor=2.5, rope_parameters=_yarn(1.0, 0.8), index_topk=6, index_n_heads=16,
         index_head_dim=16),
+    # GLM-5: DeepSeek-V3.2's model with the indexer's RoPE on interleaved pairs; no expert groups, no
+    # YaRN (GLM's own); the indexer as deepseek_v32's (16 heads, best 6)
+    "glm_moe_dsa": lambda: transformers.GlmMoeDsaConfig(
+        **_DEEPSEEK, num_key_value_heads=4, q_lora_rank=16, n_shared_experts=1, n_group=1, topk_group=1,
+        routed_scaling_factor=2.5, index_topk=6, index_n_heads=16, index_head_dim=16),
     "gemma4": gemma4_text,
     # a dense MLP beside 4 experts (top 2) in every layer
     "gemma4_moe": lambda: gemma4_text(enable_moe_block=True, num_experts=4, top_k_experts=2,
@@ -293,7 +298,7 @@ def _minimax_perturbed(model, seed: int = 0):
 
 PERTURB = {"llama": lambda m, seed: _perturbed(m, seed, 0.3),
            "gemma3": _gemma3_perturbed, "gemma3-own-pattern": _gemma3_perturbed, "deepseek_v2": _deepseek_perturbed,
-           "deepseek_v3": _deepseek_perturbed, "deepseek_v32": _deepseek_perturbed, "kimi_linear": _deepseek_perturbed, "gemma4": gemma4_perturbed, "gemma4_moe": gemma4_perturbed,
+           "deepseek_v3": _deepseek_perturbed, "deepseek_v32": _deepseek_perturbed, "glm_moe_dsa": _deepseek_perturbed, "kimi_linear": _deepseek_perturbed, "gemma4": gemma4_perturbed, "gemma4_moe": gemma4_perturbed,
            "glm4_moe": _glm_perturbed, "minimax_m2": _minimax_perturbed}
 # Gemma 4's MoE at seed 0 puts a router near-tie (2nd and 3rd expert 9e-8 apart) on a greedy path,
 # where float32 rounding picks either: seed 1 has none

@@ -48,7 +48,7 @@ pytestmark = pytest.mark.timeout(TIMEOUT_S)
 # families; of the newer, the one with the most of its family's traits (TRAITS below)
 PRESETS = {"llama2": "tiny", "gpt3": "gpt3-126m", "qwen2": "qwen2.5-0.5b", "qwen3": "qwen3-0.6b",
            "gemma3": "gemma3-1b", "mixtral": "tiny-moe", "qwen3_moe": "qwen3-30b-a3b",
-           "deepseek": "deepseek-v3", "deepseek_v32": "deepseek-v3.2", "gpt_oss": "gpt-oss-20b", "gemma4": "gemma4-tiny",
+           "deepseek": "deepseek-v3", "deepseek_v32": "deepseek-v3.2", "glm_moe_dsa": "glm-5", "gpt_oss": "gpt-oss-20b", "gemma4": "gemma4-tiny",
            "gemma4_moe": "gemma4-26b-a4b", "glm4_moe": "glm-4.5", "olmo3": "olmo3-7b", "mistral4": "mistral-small-4-119b", "minimax_m2": "minimax-m2", "qwen3_5": "qwen3.5-27b",
            "qwen3_5_moe": "qwen3.5-35b-a3b", "qwen3_next": "qwen3-next-80b-a3b", "qwen3_vl": "qwen3-vl-2b",
            "kimi_linear": "kimi-linear-48b-a3b",
@@ -69,6 +69,8 @@ TRAITS = {
     and c.n_routing_groups > 1 and c.rope_scaling_type == "yarn" and [k.ffn for k in kinds] == ["dense", "moe"],
     "deepseek_v32": lambda c, kinds: c.q_lora_rank > 0 and c.index_topk < c.max_target_length
     and c.index_head_dim > c.qk_rope_head_dim and [(k.mixer, k.ffn) for k in kinds] == [("dsa", "dense"), ("dsa", "moe")],
+    "glm_moe_dsa": lambda c, kinds: c.q_lora_rank > 0 and c.index_topk < c.max_target_length
+    and c.n_routing_groups < 1 and [(k.mixer, k.ffn) for k in kinds] == [("dsa", "dense"), ("dsa", "moe")],
     "gpt_oss": lambda c, kinds: c.attention_sink and c.mlp_activations_limit > 0 and c.router_logit_bias
     and {k.variant for k in kinds} == {"local", "global"},
     "gemma4": lambda c, kinds: c.per_layer_embed_dim > 0 and c.num_kv_shared_layers > 0 and c.attention_k_eq_v
