@@ -1,6 +1,6 @@
 """The paged rollout engine (maxlite/rollout/paged.py, maxlite/models/paged_cache.py): greedy
 completions equal today's static sampler (decode.generate_tokens) token for token and the contiguous
-engine's log-probs, for GQA, a sliding-window model, MLA and a delta-net hybrid, with fewer slots than
+engine's log-probs, for GQA, a sliding-window model, MLA, DeepSeek sparse attention and a delta-net hybrid, with fewer slots than
 sequences and blocks small enough that every sequence spans several; its log-probs equal the
 trainer's recomputed token_logps; a prompt's G completions share its full blocks (the cache held
 measured against copying them); every block is back on the free list after generate, a pool of
@@ -69,8 +69,9 @@ def test_greedy_equals_the_static_sampler_and_the_contiguous_engine(read, monkey
 
 # GQA with sliding-window layers (mistral: window 6, passed during decoding), MLA's latent (deepseek_v3),
 # the delta-net's fixed state beside paged attention (qwen3_5_text), Kimi delta attention's beside paged
-# NoPE latent attention (kimi_linear)
-FAMILIES = ["mistral", "deepseek_v3", "qwen3_5_text", "kimi_linear"]
+# NoPE latent attention (kimi_linear), DeepSeek sparse attention's latents and indexer keys (deepseek_v32:
+# each query keeps 6 of up to 15 positions, read through the block table)
+FAMILIES = ["mistral", "deepseek_v3", "qwen3_5_text", "kimi_linear", "deepseek_v32"]
 
 
 @pytest.mark.usefixtures("one_torch_thread")
@@ -144,15 +145,14 @@ def test_too_small_a_pool_is_refused_in_one_line_before_any_work():
 def test_kinds_without_a_paged_cache_are_refused_in_one_line():
     why = paged_cache.refusal({"attention", "gemma4_local", "gemma4_global_shared"})
     assert why is not None and "\n" not in why and "gemma4_global_shared, gemma4_local" in why
-    assert paged_cache.refusal({"attention", "mla", "gated_deltanet", "mamba2", "none"}) is None
+    assert paged_cache.refusal({"attention", "mla", "dsa", "gated_deltanet", "mamba2", "none"}) is None
     grpo = ["train_objective=grpo", "dataset_type=prompts", "max_target_length=32", "rollout_paged_kv=true",
             "reward_functions=[maxlite.objectives.rewards:exact_answer]", "enable_tensorboard=false"]
     assert C.load([*SMALL, *grpo]).rollout_paged_kv
     # refused when the recipe is read
     with pytest.raises(C.ConfigError, match="rollout_paged_kv=true: mixer kind.*gemma4_local"):
         C.load(["base.yml", "model_name=gemma4-tiny", *grpo])
-    with pytest.raises(C.ConfigError, match="rollout_paged_kv=true: mixer kind.s. dsa have no paged cache"):
-        C.load(["base.yml", "model_name=deepseek-v3.2", *grpo])
+    assert C.load(["base.yml", "model_name=deepseek-v3.2", *grpo]).rollout_paged_kv  # DSA pages (below)
 
 
 def test_the_config_chooses_the_paged_engine():

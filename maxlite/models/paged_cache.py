@@ -12,7 +12,9 @@ the training attention) and its positions copied into blocks (`write_prompt`). T
 attention's read gathers READ positions of a row's table at a time into an online softmax, up to
 the longest row's length only (as maxlite/models/cache_read.py reads the contiguous cache); MLA's
 gathers the row's whole table ([B, M·C] latents) and attends with mla_cache's `_attend_latent`, the
-positions past a row's length masked. Shape legend as in gqa_cache.py / mla.py,
+positions past a row's length masked; DeepSeek sparse attention's pools hold the indexer's key beside
+the latent, and its read gathers the row's table as MLA's and lets the indexer choose among those
+positions (dsa.DSA.sparse: each query reads its index_topk chosen latents only). Shape legend as in gqa_cache.py / mla.py,
 plus NB blocks, C positions per block, M table columns.
 """
 
@@ -24,7 +26,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from maxlite.models import gqa_cache, mla_cache
+from maxlite.models import dsa_cache, gqa_cache, mla_cache
 from maxlite.models.attention_mask import visible
 from maxlite.models.layout import window
 from maxlite.models.paged_kinds import PAGED, PER_SLOT, refusal  # noqa: F401 (the engine's)
@@ -42,7 +44,10 @@ def empty(cfg, kind: str, variant: str, layers: int, num_blocks: int, block_size
     if kind == "attention":
         K, H = cfg.base_num_kv_heads, cfg.head_dim  # as gqa_cache.empty
         return gqa_cache.KV(jnp.zeros((*shape, K, H), dt), jnp.zeros((*shape, K, H), dt))
-    return mla_cache.Latent(jnp.zeros((*shape, cfg.kv_lora_rank), dt), jnp.zeros((*shape, cfg.qk_rope_head_dim), dt))
+    latent = jnp.zeros((*shape, cfg.kv_lora_rank), dt), jnp.zeros((*shape, cfg.qk_rope_head_dim), dt)
+    if kind == "dsa":
+        return dsa_cache.Indexed(*latent, jnp.zeros((*shape, cfg.index_head_dim), dt))
+    return mla_cache.Latent(*latent)
 
 
 def _targets(table_BM, positions_BT, lengths_B, num_blocks: int, C: int):
@@ -144,6 +149,22 @@ def step_mla(mla, x_BTD, positions_BT, lengths_B, pool: mla_cache.Latent, j, sha
     return mla.out(out_BTNV.astype(x_BTD.dtype)), pool
 
 
+def step_dsa(dsa, x_BTD, positions_BT, lengths_B, pool: dsa_cache.Indexed, j, shared: Table, variant: str,
+             prefill_cfg=None):
+    """dsa_cache.step's decode over a paged pool: the new latents and indexer keys written into their
+    blocks, then each query's index_topk chosen positions of its row's table attended."""
+    from maxlite.models.dsa import Keys
+
+    assert prefill_cfg is None, "the prefill runs on the contiguous cache (paged_cache.write_prompt)"
+    new = (*dsa.latent(x_BTD, positions_BT), dsa.index_keys(x_BTD, positions_BT))
+    NB, C = pool.c_LBSC.shape[1:3]
+    pool = _write(pool, j, new, *_targets(shared.table_BM, positions_BT, lengths_B, NB, C))
+    kpos_BS = _kpos(shared.table_BM, lengths_B, C)
+    keys = Keys(*(_read(a, j, shared.table_BM) for a in pool), kpos_BS, jnp.ones(kpos_BS.shape, jnp.int32))
+    out_BTNV = dsa.sparse(x_BTD, positions_BT, jnp.ones(positions_BT.shape, jnp.int32), keys)
+    return dsa.out(out_BTNV.astype(x_BTD.dtype)), pool
+
+
 class _Module:
     """What decode.forward asks of a cache module, for a paged stack of one kind."""
 
@@ -155,7 +176,7 @@ class _Module:
         return shared  # the host owns the table
 
 
-MODULES = {"attention": _Module(step_attention), "mla": _Module(step_mla)}
+MODULES = {"attention": _Module(step_attention), "mla": _Module(step_mla), "dsa": _Module(step_dsa)}
 
 
 def write_prompt(pool, prefilled, rows_K, cols_K, blocks_K):

@@ -4,7 +4,7 @@ JAX-free, so the recipe check refuses `rollout_paged_kv` for the rest before any
 from __future__ import annotations
 
 # caches that grow per position: a pool of blocks; fixed-size per-sequence states: kept per slot
-PAGED = ("attention", "mla")
+PAGED = ("attention", "mla", "dsa")
 PER_SLOT = ("gated_deltanet", "kda", "mamba2", "none")
 
 
@@ -13,5 +13,5 @@ def refusal(kinds) -> str | None:
     other = sorted(set(kinds) - set(PAGED) - set(PER_SLOT))
     if other:
         return (f"rollout_paged_kv=true: mixer kind(s) {', '.join(other)} have no paged cache yet "
-                "(Gemma 4's shared K/V, DeepSeek sparse attention's indexer keys); set rollout_paged_kv=false")
+                "(Gemma 4's shared K/V); set rollout_paged_kv=false")
     return None
