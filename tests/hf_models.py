@@ -55,6 +55,18 @@ def qwen3_vl(layers: int = 2, positions: int = 256, depth: int = 1, init: float 
         image_token_id=250, video_token_id=251, vision_start_token_id=252, vision_end_token_id=253)
 
 
+def qwen3_vl_moe(experts: int = 8, width: int = 24, **dense):
+    """A small Qwen3-VL-MoE config: qwen3_vl(**dense)'s decoder and tower, with `experts` experts of
+    `width` (top 2) in every decoder layer. 2·width ≠ 64 (the decoder's width): the two layouts of its
+    fused expert tensors (tests/test_qwen3_vl_moe.py) read apart."""
+    config = qwen3_vl(**dense).to_dict()
+    text, vision = ({k: v for k, v in config[part].items() if k != "model_type"} for part in ("text_config", "vision_config"))
+    text.update(num_experts=experts, num_experts_per_tok=2, moe_intermediate_size=width, decoder_sparse_step=1,
+                mlp_only_layers=[], router_aux_loss_coef=0.001)
+    return transformers.Qwen3VLMoeConfig(text_config=text, vision_config=vision, image_token_id=250, video_token_id=251,
+                                         vision_start_token_id=252, vision_end_token_id=253)
+
+
 def gemma3_vl(tokens: int = 16, boi: int = 250, eoi: int = 251, image: int = 252):
     """A small Gemma3ForConditionalGeneration config: a 2-layer decoder of 64 (one sliding, one full
     layer), a 2-layer SigLIP tower of 32 over 64-pixel squares in 8-pixel patches, `tokens` soft
@@ -226,6 +238,7 @@ CONFIGS = {
     # Qwen3-Next's first layer dense (mlp_only_layers)
     # Qwen3-VL's decoder on text (multimodal RoPE with every axis equal; images: tests/test_qwen3_vl.py)
     "qwen3_vl": lambda: qwen3_vl(),
+    "qwen3_vl_moe": lambda: qwen3_vl_moe(),
     "qwen3_next": lambda: transformers.Qwen3NextConfig(**{**_HYBRID, **HYBRID_TWO}, **_HYBRID_MOE, mlp_only_layers=[0]),
     "qwen3_5_moe": lambda: transformers.Qwen3_5MoeTextConfig(**{**_HYBRID, **HYBRID_TWO}, **_HYBRID_MOE),
 }
@@ -305,7 +318,8 @@ PERTURB = {"llama": lambda m, seed: _perturbed(m, seed, 0.3),
 SEEDS = {"gemma4_moe": 1}
 # transformers 5.25 registers Mistral4ForCausalLM with AutoModelForPreTraining, not AutoModelForCausalLM;
 # keyed by model type (the CONFIGS names of these models are their model types)
-AUTO = {"mistral4": transformers.AutoModelForPreTraining, "qwen3_vl": transformers.AutoModelForImageTextToText}
+AUTO = {"mistral4": transformers.AutoModelForPreTraining, "qwen3_vl": transformers.AutoModelForImageTextToText,
+        "qwen3_vl_moe": transformers.AutoModelForImageTextToText}
 
 
 def auto_class(name: str):

@@ -50,7 +50,7 @@ PRESETS = {"llama2": "tiny", "gpt3": "gpt3-126m", "qwen2": "qwen2.5-0.5b", "qwen
            "gemma3": "gemma3-1b", "mixtral": "tiny-moe", "qwen3_moe": "qwen3-30b-a3b",
            "deepseek": "deepseek-v3", "deepseek_v32": "deepseek-v3.2", "glm_moe_dsa": "glm-5", "gpt_oss": "gpt-oss-20b", "gemma4": "gemma4-tiny",
            "gemma4_moe": "gemma4-26b-a4b", "glm4_moe": "glm-4.5", "olmo3": "olmo3-7b", "mistral4": "mistral-small-4-119b", "minimax_m2": "minimax-m2", "qwen3_5": "qwen3.5-27b",
-           "qwen3_5_moe": "qwen3.5-35b-a3b", "qwen3_next": "qwen3-next-80b-a3b", "qwen3_vl": "qwen3-vl-2b",
+           "qwen3_5_moe": "qwen3.5-35b-a3b", "qwen3_next": "qwen3-next-80b-a3b", "qwen3_vl": "qwen3-vl-2b", "qwen3_vl_moe": "qwen3-vl-30b-a3b",
            "kimi_linear": "kimi-linear-48b-a3b",
            "nemotron_h": "nemotron-h-8b",
            "llama4": "llama4-scout-17b-16e"}
@@ -96,6 +96,8 @@ TRAITS = {
                                                 ("global", "moe")],
     "qwen3_vl": lambda c, kinds: c.vision_encoder == "qwen_vit" and len(c.mrope_sections) == 3
     and bool(c.vision_deepstack_layers),
+    "qwen3_vl_moe": lambda c, kinds: c.vision_encoder == "qwen_vit" and len(c.mrope_sections) == 3
+    and bool(c.vision_deepstack_layers) and c.num_experts > 0 and {k.ffn for k in kinds} == {"moe"},
     "nemotron_h": lambda c, kinds: [(k.mixer, k.ffn) for k in kinds] == [("mamba2", "none"), ("attention", "none"),
                                                                           ("none", "dense")],
 }

@@ -25,7 +25,7 @@ FAMILY_MODELS = {"llama2": "llama", "gpt3": "gpt2", "qwen2": "qwen2", "qwen3": "
                  "mixtral": "mixtral", "qwen3_moe": "qwen3_moe", "deepseek": "deepseek_v3", "gpt_oss": "gpt_oss",
                  "gemma4": "gemma4", "gemma4_moe": "gemma4_moe", "glm4_moe": "glm4_moe", "olmo3": "olmo3",
                  "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe", "qwen3_next": "qwen3_next",
-                 "mistral4": "mistral4", "minimax_m2": "minimax_m2", "qwen3_vl": "qwen3_vl",
+                 "mistral4": "mistral4", "minimax_m2": "minimax_m2", "qwen3_vl": "qwen3_vl", "qwen3_vl_moe": "qwen3_vl_moe",
                  "kimi_linear": "kimi_linear", "deepseek_v32": "deepseek_v32", "glm_moe_dsa": "glm_moe_dsa",
                  "nemotron_h": "nemotron_h",
                  "llama4": "llama4_text"}

@@ -36,6 +36,8 @@ class TensorMap:
     mixer: str | None = None   # only in layers whose mixer is this (a family whose layers differ in shape)
     stacked: tuple[int, int] | None = None  # (k, n): the HF tensor is slice k of leaves stacked [n, ...] (not a
                                             # decoder layer's: a vision tower's scanned layer k of n)
+    alt_hf_shape: tuple[int, ...] | None = None  # the same tensor as another writer lays it out (transformers 5
+                                                 # saves Qwen3-VL-MoE's experts transposed): from_hf reads both
 
 
 def of_expert(t: TensorMap, j: int) -> TensorMap:
@@ -139,7 +141,7 @@ def check_tensors(cfg, maps: list[TensorMap], source, ignore: Callable[[str], bo
             hint = " but tie_word_embeddings is false" if name == "lm_head.weight" else \
                 " (does config.json match the weights?)"
             raise ConfigError(f"{source.path}: tensor {name} missing{hint}")
-        if shape_of is not None and shape_of(name) != t.hf_shape:
+        if shape_of is not None and shape_of(name) not in (t.hf_shape, t.alt_hf_shape):
             raise ConfigError(f"{source.path}: {name} has shape {shape_of(name)}, config.json implies {t.hf_shape}")
         names.discard(name)
     if cfg.logits_via_embedding:
@@ -160,7 +162,7 @@ def pieces(cfg, maps: list[TensorMap], source, dtype, share: tuple[int, int] = (
         if number % n != k:
             continue
         raw = source.get(name)
-        if tuple(raw.shape) != t.hf_shape:
+        if tuple(raw.shape) not in (t.hf_shape, t.alt_hf_shape):
             raise ConfigError(f"{source.path}: {name} has shape {tuple(raw.shape)}, config.json implies {t.hf_shape}")
         for path, value in zip(t.paths, t.from_hf(raw)):
             where, index = _place(cfg, path, t, i)
