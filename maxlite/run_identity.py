@@ -7,9 +7,9 @@ source (a saved data position means nothing in other data), another objective, a
 setting or another choice of what trains (the optimizer holds state for those parameters only), or
 another model shape (the checkpoint does not fit). So:
 - the default name (`run_name` unset) is `<recipe>_<model>`, plus a part for each of data source,
-  objective and LoRA that the command line changes from the recipe (`base_tiny_text`,
-  `base_tiny_sft_lora16`, `base_tiny_text-3fa9c1` for other files): the same command always gives
-  the same name;
+  objective, LoRA and what trains that the command line changes from the recipe (`base_tiny_text`,
+  `base_tiny_sft_lora16`, `base_tiny_text-3fa9c1` for other files, `base_deepseek-v3.2_dense_warmup`):
+  the same command always gives the same name;
 - a run whose directory already holds a run of a recipe that differs in one of these keys (a
   model key changed on the command line, an explicit `run_name`, a path that resolves elsewhere)
   is refused in one line naming the keys and a `run_name=` to use, before anything is written;
