@@ -118,7 +118,7 @@ class ModelKeys:
         "(cached beside the latent)", positive=True, model=True)
     v_head_dim: int = key(128, "mla: each value head's width", positive=True, model=True)
     index_topk: int = key(2048,
-        "DeepSeek sparse attention (decoder_block deepseek_v32; maxlite/models/dsa.py): the earlier tokens each "
+        "DeepSeek sparse attention (decoder_block deepseek_v32, glm_moe_dsa; maxlite/models/dsa.py): the earlier tokens each "
         "query attends, chosen by the lightning indexer's scores (every token while there are no more)",
         positive=True, model=True)
     index_n_heads: int = key(64, "DeepSeek sparse attention: the indexer's heads", positive=True, model=True)

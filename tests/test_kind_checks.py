@@ -52,7 +52,7 @@ MOE = "model_name=tiny-moe"
      "index_head_dim=32 must be at least qk_rope_head_dim=64 (the indexer rotates that many of its dims)"),
     (["model_name=deepseek-v3", "index_stage=dense_warmup"],
      "index_stage=dense_warmup trains DeepSeek sparse attention's indexer: decoder_block=deepseek has none "
-     "(deepseek_v32 has)"),
+     "(deepseek_v32 and glm_moe_dsa have)"),
     (["model_name=deepseek-v3.2", "index_stage=dense_warmup", "lora_rank=4", "lora_targets=[o_proj]"],
      "index_stage=dense_warmup trains the indexer alone, lora_rank=4 trains adapters alone: set lora_rank=0 "
      "for the warm-up"),

@@ -145,7 +145,7 @@ def dsa(c, used: bool) -> str | None:
     indexer alone."""
     if c.index_stage == "dense_warmup" and not used:
         return (f"index_stage=dense_warmup trains DeepSeek sparse attention's indexer: decoder_block={c.decoder_block} "
-                f"has none (deepseek_v32 has)")
+                f"has none (deepseek_v32 and glm_moe_dsa have)")
     if c.index_stage == "dense_warmup" and c.lora_rank:
         return (f"index_stage=dense_warmup trains the indexer alone, lora_rank={c.lora_rank} trains adapters alone: "
                 f"set lora_rank=0 for the warm-up")
