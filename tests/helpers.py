@@ -355,23 +355,26 @@ def plain_attention(q, k, v, seg, window=0, scale=None, sinks=None):
     return jnp.einsum("bnts,bsnh->btnh", jax.nn.softmax(scores, axis=-1), v)
 
 
-def assert_greedy_like_transformers(cfg, pure, model, new_tokens: int = 32):
-    """maxlite's greedy decoding (batched prompts of different lengths, 12 and 3 tokens, with the KV
-    cache) gives the tokens transformers' `generate` gives, on a varied path (not one token repeated)."""
+def assert_greedy_like_transformers(cfg, pure, model, new_tokens: int = 32, prompts=None, alone: bool = False):
+    """maxlite's greedy decoding (batched prompts of different lengths, by default 12 and 3 tokens, with
+    the KV cache) gives the tokens transformers' `generate` gives, on a varied path (not one token
+    repeated); with `alone`, each prompt decoded by itself gives the same tokens as in the batch."""
     import torch
 
     from maxlite.bridge import params as P
     from maxlite.generate import Sampling, generate_ids
 
-    prompts = [list(range(100, 112)), [7, 8, 9]]
-    ours = generate_ids(cfg, P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure))), prompts,
-                        Sampling(max_new_tokens=new_tokens)).tokens
+    prompts = prompts or [list(range(100, 112)), [7, 8, 9]]
+    params = P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure)))
+    ours = generate_ids(cfg, params, prompts, Sampling(max_new_tokens=new_tokens)).tokens
     for prompt, got in zip(prompts, ours):
         with torch.no_grad():
             out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=new_tokens,
                                  min_new_tokens=new_tokens, eos_token_id=None, pad_token_id=0)
         assert got == out[0, len(prompt):].tolist()
         assert len(set(got)) > 4, got
+        if alone:
+            assert generate_ids(cfg, params, [prompt], Sampling(max_new_tokens=new_tokens)).tokens == [got]
 
 
 def selected_params(request, name: str) -> list:

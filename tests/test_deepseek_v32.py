@@ -16,10 +16,9 @@ import torch
 import transformers
 
 from maxlite.bridge import hf
-from maxlite.bridge import params as P
-from maxlite.generate import Sampling, generate_ids
 from tests import hf_models
-from tests.helpers import assert_import_sft_chat_export, imported_random_model, jax_logits, relative, torch_logits
+from tests.helpers import (assert_greedy_like_transformers, assert_import_sft_chat_export, imported_random_model,
+                           jax_logits, relative, torch_logits)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -51,16 +50,7 @@ def test_greedy_decoding_equals_transformers_and_a_batch_equals_each_alone(impor
     """32 new tokens from batched prompts of different lengths (right-padded), each step's indexer
     choosing among the cached keys; each prompt alone decodes the same."""
     model, _, cfg, pure = imported
-    params = P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure)))
-    prompts, new = [list(range(100, 120)), [7, 8, 9]], 32
-    batched = generate_ids(cfg, params, prompts, Sampling(max_new_tokens=new)).tokens
-    for prompt, got in zip(prompts, batched):
-        with torch.no_grad():
-            out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=new, min_new_tokens=new,
-                                 eos_token_id=None, pad_token_id=0)
-        assert got == out[0, len(prompt):].tolist()
-        assert len(set(got)) > 4, got  # a varied path, not one token repeated
-        assert generate_ids(cfg, params, [prompt], Sampling(max_new_tokens=new)).tokens == [got]
+    assert_greedy_like_transformers(cfg, pure, model, 32, [list(range(100, 120)), [7, 8, 9]], alone=True)
 
 
 def test_export_loads_in_transformers_with_the_same_logits(imported):

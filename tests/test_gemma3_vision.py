@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from PIL import Image
 
 from maxlite.bridge import hf, params as P
 from maxlite.data import image_docs
 from maxlite.generate import Sampling, generate_ids
 from tests import hf_models
+from tests.vision_helpers import logits_with_images, random_image
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -30,10 +30,6 @@ def _config():
 
 def _processor():
     return transformers.Gemma3ImageProcessorPil(size={"height": 64, "width": 64}, image_mean=MEAN, image_std=STD)
-
-
-def _image(h: int, w: int, seed: int) -> Image.Image:
-    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8))
 
 
 def _random_model():
@@ -78,20 +74,6 @@ def _theirs(model, ids, images):
     return logits, new
 
 
-def _logits(cfg, pure, ids, arrays):
-    from flax import nnx
-
-    from maxlite.state import abstract_params
-
-    graphdef, state = abstract_params(cfg)
-    nnx.replace_by_pure_dict(state, pure)
-    model = nnx.merge(graphdef, state)
-    T = len(ids)
-    images = {k: v[None] for k, v in arrays.items()} or None
-    run = nnx.jit(lambda m, i, p, s, im: m(i, p, s, images=im))
-    return np.asarray(run(model, np.asarray(ids)[None], np.arange(T)[None], np.ones((1, T), np.int32), images))[0]
-
-
 def test_import_reads_the_tower_the_token_ids_and_the_processor(imported):
     _, cfg, _, _ = imported
     assert (cfg.decoder_block, cfg.vision_encoder, cfg.vision_num_layers, cfg.vision_image_size,
@@ -103,14 +85,14 @@ def test_import_reads_the_tower_the_token_ids_and_the_processor(imported):
 @pytest.mark.parametrize("size", [(45, 70)])
 def test_logits_and_greedy_tokens_equal_transformers_with_an_image(imported, size):
     model, cfg, pure, _ = imported
-    image = _image(*size, seed=size[0])
+    image = random_image(*size, seed=size[0])
     ids = _expanded([BOS, 17, 42], [99, 7, 23])
     want, theirs = _theirs(model, ids, [image])
 
     ours_ids, _, positions, arrays = image_docs.doc_arrays(image_docs.kind_of(cfg), np.asarray(ids, np.int32),
                                                           np.zeros(len(ids), bool), [image], "test")
     assert ours_ids.tolist() == ids and positions is None
-    got = _logits(cfg, pure, ours_ids, arrays)
+    got = logits_with_images(cfg, pure, ours_ids, np.arange(len(ours_ids)), arrays)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
     state = P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure)))
@@ -126,7 +108,7 @@ def test_the_decode_prefill_sees_each_image_both_ways_as_transformers(imported):
     from maxlite.state import abstract_params
 
     model, cfg, pure, _ = imported
-    image = _image(45, 70, 3)
+    image = random_image(45, 70, 3)
     ids = _expanded([BOS, 17], [99, 7])
     want, _ = _theirs(model, ids, [image])
     _, _, _, arrays = image_docs.doc_arrays(image_docs.kind_of(cfg), np.asarray(ids, np.int32),
@@ -146,7 +128,7 @@ def test_the_decode_prefill_sees_each_image_both_ways_as_transformers(imported):
 
 def test_two_images_in_one_prompt_and_a_batch_decode_as_each_alone(imported):
     model, cfg, pure, _ = imported
-    images = [_image(45, 70, 1), _image(61, 37, 2)]
+    images = [random_image(45, 70, 1), random_image(61, 37, 2)]
     ids = _expanded([BOS, 5], [9], [10, 11])
     want, theirs = _theirs(model, ids, images)
     state = P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure)))
@@ -162,7 +144,7 @@ def test_export_loads_in_transformers_with_the_same_logits(imported, tmp_path):
     back = transformers.AutoModelForImageTextToText.from_pretrained(str(tmp_path / "out")).eval()
     processor = transformers.Gemma3ImageProcessorPil.from_pretrained(str(tmp_path / "out"))
     assert (list(processor.image_mean), processor.size["height"]) == (MEAN, 64)
-    image = _image(45, 70, 5)
+    image = random_image(45, 70, 5)
     ids = _expanded([BOS, 17], [99, 7])
     pixels = processor(images=[image], return_tensors="pt")["pixel_values"]
     inputs = dict(input_ids=torch.tensor([ids]), pixel_values=pixels, token_type_ids=(torch.tensor([ids]) == IMG).long())
@@ -176,7 +158,7 @@ def test_images_and_their_placeholders_must_match(imported):
     state = P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure)))
     with pytest.raises(ValueError, match=r"prompt 0: 2 image\(s\) but 1 image placeholder\(s\)"):
         generate_ids(cfg, state, [_expanded([BOS], [5])], Sampling(max_new_tokens=2),
-                     images=[[_image(40, 40, 0), _image(40, 40, 1)]])
+                     images=[[random_image(40, 40, 0), random_image(40, 40, 1)]])
 
 
 def test_attention_that_cannot_draw_image_blocks_is_refused(imported):
@@ -202,7 +184,7 @@ def test_vision_encoder_empty_imports_the_text_model_alone(imported):
     ids = [BOS, 17, 42, 99, 7, 23, 5, 9, 11]
     with torch.no_grad():
         want = model(input_ids=torch.tensor([ids])).logits[0].numpy()
-    np.testing.assert_allclose(_logits(cfg, pure, ids, {}), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    np.testing.assert_allclose(logits_with_images(cfg, pure, ids, np.arange(len(ids)), {}), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
 def test_synthetic_rows_with_an_image_train_the_decoder_and_leave_the_frozen_tower(imported, tmp_path):

@@ -16,9 +16,7 @@ import torch
 import transformers
 
 from maxlite.bridge import hf
-from maxlite.bridge import params as P
-from maxlite.generate import Sampling, generate_ids
-from tests.helpers import imported_random_model, jax_logits, relative, torch_logits
+from tests.helpers import assert_greedy_like_transformers, imported_random_model, jax_logits, relative, torch_logits
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -50,16 +48,7 @@ def test_import_gives_transformers_logits_through_the_interleaved_indexer(import
 
 def test_greedy_decoding_equals_transformers_and_a_batch_equals_each_alone(imported):
     model, _, cfg, pure = imported
-    params = P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure)))
-    prompts, new = [list(range(100, 120)), [7, 8, 9]], 32
-    batched = generate_ids(cfg, params, prompts, Sampling(max_new_tokens=new)).tokens
-    for prompt, got in zip(prompts, batched):
-        with torch.no_grad():
-            out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=new, min_new_tokens=new,
-                                 eos_token_id=None, pad_token_id=0)
-        assert got == out[0, len(prompt):].tolist()
-        assert len(set(got)) > 4, got  # a varied path, not one token repeated
-        assert generate_ids(cfg, params, [prompt], Sampling(max_new_tokens=new)).tokens == [got]
+    assert_greedy_like_transformers(cfg, pure, model, 32, [list(range(100, 120)), [7, 8, 9]], alone=True)
 
 
 def test_export_loads_in_transformers_with_the_same_logits(imported):

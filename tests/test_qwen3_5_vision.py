@@ -12,29 +12,18 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from PIL import Image
 
 from maxlite.bridge import hf, params as P
 from maxlite.data import image_docs
 from maxlite.generate import Sampling, generate_ids
 from tests.hf_models import qwen3_5_vl
+from tests.vision_helpers import QWEN_MAX_PIXELS, QWEN_MIN_PIXELS, logits_with_images, qwen_processor, random_image
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 IMAGE, START, END = 250, 252, 253
-MIN_PIXELS, MAX_PIXELS = 32 * 32, 96 * 96
 MODELS = {"qwen3_5": (transformers.Qwen3_5ForConditionalGeneration, ("linear_attention",) * 3 + ("full_attention",)),
           "qwen3_5_moe": (transformers.Qwen3_5MoeForConditionalGeneration, ("linear_attention", "full_attention"))}
-
-
-def _image(h: int, w: int, seed: int) -> Image.Image:
-    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8))
-
-
-def _processor():
-    return transformers.Qwen2VLImageProcessorPil(
-        patch_size=8, temporal_patch_size=2, merge_size=2, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
-        size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS})
 
 
 def _hf_model(family: str):
@@ -53,7 +42,7 @@ def imported(request, tmp_path_factory):
     model = _hf_model(request.param)
     path = tmp_path_factory.mktemp(request.param)
     model.save_pretrained(str(path))
-    _processor().save_pretrained(str(path))
+    qwen_processor().save_pretrained(str(path))
     cfg, pure = hf.import_hf(str(path), ["dtype=float32", "max_target_length=128"])
     return request.param, model, cfg, pure, path
 
@@ -72,14 +61,14 @@ def test_import_reads_the_vision_tower_and_the_processor(imported):
     assert (cfg.decoder_block, cfg.vision_encoder, cfg.vision_num_layers, cfg.vision_deepstack_layers) == \
         (family, "qwen_vit", 2, ())
     assert (cfg.mrope_sections, cfg.partial_rotary_factor, cfg.image_token_id, cfg.image_min_pixels,
-            cfg.image_max_pixels) == ((2, 2, 2), 0.75, IMAGE, MIN_PIXELS, MAX_PIXELS)
+            cfg.image_max_pixels) == ((2, 2, 2), 0.75, IMAGE, QWEN_MIN_PIXELS, QWEN_MAX_PIXELS)
 
 
 def test_logits_and_greedy_tokens_equal_transformers_with_an_image(imported):
     family, model, cfg, pure, _ = imported
-    image = _image(45, 70, seed=45)
+    image = random_image(45, 70, seed=45)
     prompt = [1, 2, START, IMAGE, END, 17, 42, 99]
-    theirs_in = _processor()(images=[image], return_tensors="pt")
+    theirs_in = qwen_processor()(images=[image], return_tensors="pt")
     grids = theirs_in["image_grid_thw"].tolist()
     ids = _theirs_expanded(prompt, grids)
     inputs = dict(input_ids=torch.tensor([ids]), pixel_values=theirs_in["pixel_values"],
@@ -93,7 +82,7 @@ def test_logits_and_greedy_tokens_equal_transformers_with_an_image(imported):
     ours_ids, _, rope, arrays = image_docs.doc_arrays(kind, np.asarray(prompt, np.int32), np.zeros(len(prompt), bool),
                                                      [image], "test")
     assert ours_ids.tolist() == ids
-    got = _logits(cfg, pure, ours_ids, rope, arrays)
+    got = logits_with_images(cfg, pure, ours_ids, rope, arrays)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
     state = P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure)))
@@ -101,25 +90,11 @@ def test_logits_and_greedy_tokens_equal_transformers_with_an_image(imported):
     assert ours == theirs and len(set(ours)) > 3, (ours, theirs)
 
 
-def _logits(cfg, pure, ids, rope, arrays):
-    from flax import nnx
-
-    from maxlite.state import abstract_params
-
-    graphdef, state = abstract_params(cfg)
-    nnx.replace_by_pure_dict(state, pure)
-    model = nnx.merge(graphdef, state)
-    T = len(ids)
-    images = {k: v[None] for k, v in arrays.items()}
-    run = nnx.jit(lambda m, i, p, s, im: m(i, p, s, images=im))
-    return np.asarray(run(model, ids[None], rope[None], np.ones((1, T), np.int32), images))[0]
-
-
 def test_batched_prompts_with_different_images_decode_as_each_alone(imported):
     _, _, cfg, pure, _ = imported
     state = P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure)))
     prompts = [[1, START, IMAGE, END, 5], [3, 4, START, IMAGE, END, START, IMAGE, END, 9, 10]]
-    images = [[_image(45, 70, 1)], [_image(61, 37, 2), _image(33, 90, 3)]]
+    images = [[random_image(45, 70, 1)], [random_image(61, 37, 2), random_image(33, 90, 3)]]
     together = generate_ids(cfg, state, prompts, Sampling(max_new_tokens=8), images=images).tokens
     alone = [generate_ids(cfg, state, [p], Sampling(max_new_tokens=8), images=[i]).tokens[0]
              for p, i in zip(prompts, images)]
@@ -139,9 +114,9 @@ def test_export_writes_the_multimodal_class_and_its_processor(imported, tmp_path
     for name in theirs:
         np.testing.assert_array_equal(ours[name].numpy(), theirs[name].numpy(), err_msg=name)
     processor = transformers.Qwen2VLImageProcessorPil.from_pretrained(str(tmp_path / "out"))
-    image = _image(61, 37, 4)
+    image = random_image(61, 37, 4)
     np.testing.assert_array_equal(processor(images=[image], return_tensors="np")["pixel_values"],
-                                  _processor()(images=[image], return_tensors="np")["pixel_values"])
+                                  qwen_processor()(images=[image], return_tensors="np")["pixel_values"])
 
 
 def test_a_text_only_checkpoint_stays_a_text_model(tmp_path):

@@ -8,32 +8,21 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from PIL import Image
 
 from maxlite.bridge import hf, params as P
 from maxlite.data import image_docs
 from maxlite.generate import Sampling, generate_ids
 from tests.hf_models import qwen3_vl
+from tests.vision_helpers import QWEN_MAX_PIXELS, QWEN_MIN_PIXELS, logits_with_images, qwen_processor, random_image
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 IMAGE, START, END, VIDEO = 250, 252, 253, 251
-MIN_PIXELS, MAX_PIXELS = 32 * 32, 96 * 96
 
 
 def _config():
     return qwen3_vl(layers=3, positions=512, depth=2, init=0.2, temporal_patch_size=2, spatial_merge_size=2,
                     in_channels=3, initializer_range=0.2)
-
-
-def _image(h: int, w: int, seed: int) -> Image.Image:
-    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8))
-
-
-def _processor():
-    return transformers.Qwen2VLImageProcessorPil(
-        patch_size=8, temporal_patch_size=2, merge_size=2, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
-        size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS})
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +31,7 @@ def imported(tmp_path_factory):
     model = transformers.Qwen3VLForConditionalGeneration(_config()).eval()
     path = tmp_path_factory.mktemp("qwen3_vl")
     model.save_pretrained(str(path))
-    _processor().save_pretrained(str(path))
+    qwen_processor().save_pretrained(str(path))
     cfg, pure = hf.import_hf(str(path), ["dtype=float32", "max_target_length=128"])
     return model, cfg, pure
 
@@ -61,15 +50,15 @@ def test_import_reads_the_vision_tower_and_the_processor(imported):
     assert (cfg.decoder_block, cfg.vision_encoder, cfg.vision_num_layers, cfg.vision_deepstack_layers) == \
         ("qwen3_vl", "qwen_vit", 2, (0, 1))
     assert (cfg.mrope_sections, cfg.image_token_id, cfg.image_min_pixels, cfg.image_max_pixels) == \
-        ((3, 3, 2), IMAGE, MIN_PIXELS, MAX_PIXELS)
+        ((3, 3, 2), IMAGE, QWEN_MIN_PIXELS, QWEN_MAX_PIXELS)
 
 
 @pytest.mark.parametrize("size", [(45, 70), (61, 37)])
 def test_logits_and_greedy_tokens_equal_transformers_with_an_image(imported, size):
     model, cfg, pure = imported
-    image = _image(*size, seed=size[0])
+    image = random_image(*size, seed=size[0])
     prompt = [1, 2, START, IMAGE, END, 17, 42, 99]
-    theirs_in = _processor()(images=[image], return_tensors="pt")
+    theirs_in = qwen_processor()(images=[image], return_tensors="pt")
     grids = theirs_in["image_grid_thw"].tolist()
     ids = _theirs_expanded(prompt, grids)
     inputs = dict(input_ids=torch.tensor([ids]), pixel_values=theirs_in["pixel_values"],
@@ -83,7 +72,7 @@ def test_logits_and_greedy_tokens_equal_transformers_with_an_image(imported, siz
     ours_ids, _, rope, arrays = image_docs.doc_arrays(kind, np.asarray(prompt, np.int32), np.zeros(len(prompt), bool),
                                                      [image], "test")
     assert ours_ids.tolist() == ids
-    got = _logits(cfg, pure, ours_ids, rope, arrays)
+    got = logits_with_images(cfg, pure, ours_ids, rope, arrays)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
     state = P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure)))
@@ -91,25 +80,11 @@ def test_logits_and_greedy_tokens_equal_transformers_with_an_image(imported, siz
     assert ours == theirs and len(set(ours)) > 3, (ours, theirs)
 
 
-def _logits(cfg, pure, ids, rope, arrays):
-    from flax import nnx
-
-    from maxlite.state import abstract_params
-
-    graphdef, state = abstract_params(cfg)
-    nnx.replace_by_pure_dict(state, pure)
-    model = nnx.merge(graphdef, state)
-    T = len(ids)
-    images = {k: v[None] for k, v in arrays.items()}
-    run = nnx.jit(lambda m, i, p, s, im: m(i, p, s, images=im))
-    return np.asarray(run(model, ids[None], rope[None], np.ones((1, T), np.int32), images))[0]
-
-
 def test_batched_prompts_with_different_images_decode_as_each_alone(imported):
     _, cfg, pure = imported
     state = P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure)))
     prompts = [[1, START, IMAGE, END, 5], [3, 4, START, IMAGE, END, START, IMAGE, END, 9, 10]]
-    images = [[_image(45, 70, 1)], [_image(61, 37, 2), _image(33, 90, 3)]]
+    images = [[random_image(45, 70, 1)], [random_image(61, 37, 2), random_image(33, 90, 3)]]
     together = generate_ids(cfg, state, prompts, Sampling(max_new_tokens=8), images=images).tokens
     alone = [generate_ids(cfg, state, [p], Sampling(max_new_tokens=8), images=[i]).tokens[0]
              for p, i in zip(prompts, images)]
@@ -121,7 +96,7 @@ def test_placeholders_and_images_must_match_in_number(imported):
     state = P.to_state(cfg, P.to_jax_inplace(P.to_pure(pure)))
     with pytest.raises(ValueError, match=r"prompt 0: 2 image\(s\) but 1 image placeholder\(s\)"):
         generate_ids(cfg, state, [[1, START, IMAGE, END]], Sampling(max_new_tokens=2),
-                     images=[[_image(40, 40, 0), _image(40, 40, 1)]])
+                     images=[[random_image(40, 40, 0), random_image(40, 40, 1)]])
 
 
 def test_context_parallelism_is_refused_in_one_line(imported):

@@ -12,18 +12,17 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from PIL import Image
 from safetensors.torch import load_file, save_file
 
 from maxlite.bridge import hf, params as P
 from maxlite.data import image_docs
 from maxlite.generate import Sampling, generate_ids
 from tests.hf_models import qwen3_vl_moe
+from tests.vision_helpers import logits_with_images, qwen_processor, random_image
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 IMAGE, START, END = 250, 252, 253
-MIN_PIXELS, MAX_PIXELS = 32 * 32, 96 * 96
 E, F = 8, 24  # 2F = 48 ≠ D = 64: the two expert layouts read apart
 
 
@@ -32,30 +31,20 @@ def _config():
                         in_channels=3, initializer_range=0.2)
 
 
-def _image(h: int, w: int, seed: int) -> Image.Image:
-    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8))
-
-
-def _processor():
-    return transformers.Qwen2VLImageProcessorPil(
-        patch_size=8, temporal_patch_size=2, merge_size=2, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
-        size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS})
-
-
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory):
     torch.manual_seed(0)
     model = transformers.Qwen3VLMoeForConditionalGeneration(_config()).eval()
     path = tmp_path_factory.mktemp("qwen3_vl_moe")
     model.save_pretrained(str(path / "hf"))
-    _processor().save_pretrained(str(path / "hf"))
+    qwen_processor().save_pretrained(str(path / "hf"))
     cfg, pure = hf.import_hf(str(path / "hf"), ["dtype=float32", "max_target_length=128"])
     return model, path, cfg, pure
 
 
 def _inputs(model_ids_image):
     prompt, image = model_ids_image
-    theirs_in = _processor()(images=[image], return_tensors="pt")
+    theirs_in = qwen_processor()(images=[image], return_tensors="pt")
     ids = []
     for t in prompt:
         ids += [t] * (int(np.prod(theirs_in["image_grid_thw"][0].tolist())) // 4 if t == IMAGE else 1)
@@ -63,31 +52,18 @@ def _inputs(model_ids_image):
                      image_grid_thw=theirs_in["image_grid_thw"], mm_token_type_ids=(torch.tensor([ids]) == IMAGE).int())
 
 
-def _logits(cfg, pure, ids, rope, arrays):
-    from flax import nnx
-
-    from maxlite.state import abstract_params
-
-    graphdef, state = abstract_params(cfg)
-    nnx.replace_by_pure_dict(state, pure)
-    model = nnx.merge(graphdef, state)
-    images = {k: v[None] for k, v in arrays.items()}
-    run = nnx.jit(lambda m, i, p, s, im: m(i, p, s, images=im))
-    return np.asarray(run(model, ids[None], rope[None], np.ones((1, len(ids)), np.int32), images))[0]
-
-
 def _ours(cfg, pure, prompt, image):
     kind = image_docs.QwenImages(cfg)
     ids, _, rope, arrays = image_docs.doc_arrays(kind, np.asarray(prompt, np.int32), np.zeros(len(prompt), bool),
                                                  [image], "test")
-    return ids, _logits(cfg, pure, ids, rope, arrays)
+    return ids, logits_with_images(cfg, pure, ids, rope, arrays)
 
 
 def test_logits_and_greedy_tokens_equal_transformers_with_an_image(imported):
     model, _, cfg, pure = imported
     assert (cfg.decoder_block, cfg.num_experts, cfg.base_moe_mlp_dim, cfg.vision_deepstack_layers) == \
         ("qwen3_vl_moe", E, F, (0, 1))
-    prompt, image = [1, 2, START, IMAGE, END, 17, 42, 99], _image(45, 70, seed=45)
+    prompt, image = [1, 2, START, IMAGE, END, 17, 42, 99], random_image(45, 70, seed=45)
     ids, inputs = _inputs((prompt, image))
     with torch.no_grad():
         want = model(**inputs).logits[0].numpy()
@@ -125,7 +101,7 @@ def test_the_published_expert_layout_imports_the_same_and_the_export_writes_it(i
         ["Qwen3VLMoeForConditionalGeneration"]
     back = transformers.AutoModelForImageTextToText.from_pretrained(str(tmp_path / "back"), dtype=torch.float32)
     assert type(back) is type(model)
-    _, inputs = _inputs(([1, START, IMAGE, END, 5], _image(61, 37, seed=2)))
+    _, inputs = _inputs(([1, START, IMAGE, END, 5], random_image(61, 37, seed=2)))
     with torch.no_grad():
         np.testing.assert_allclose(back(**inputs).logits.numpy(), model(**inputs).logits.numpy(), rtol=1e-6, atol=1e-6)
 
