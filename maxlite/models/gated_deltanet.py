@@ -67,7 +67,11 @@ def chunked_delta_rule(q_BTME, k_BTME, v_BTMU, g_BTM, beta_BTM, seg_BT, state_BM
     [B, T, M, E] (Kimi delta attention, maxlite/models/kda.py: S_t = Diag(exp(g_t)) S_{t−1} + …). q must be normalised and scaled already; `state_BMEU` is the
     state before the first token (it belongs to the first token's segment; None: zeros). A term
     between two tokens counts only when they share a segment; tokens with β = 0 and g = 0 leave
-    the state as it was (decoding's padding)."""
+    the state as it was (decoding's padding).
+
+    One chunk at a time (a lax.scan over chunks, each step recomputed in the backward pass): a chunk's
+    decays are [B, M, C, C] float32, and Kimi's per-channel ones [B, M, C, C, E], which for a whole
+    4k sequence of Kimi-Linear-48B (64 chunks, 32 heads of 128) would be 4.3 GB per array."""
     f32 = jnp.float32
     B, T, M, E = q_BTME.shape
     U = v_BTMU.shape[-1]
@@ -80,54 +84,48 @@ def chunked_delta_rule(q_BTME, k_BTME, v_BTMU, g_BTM, beta_BTM, seg_BT, state_BM
         x = x.reshape(B, n, C, *x.shape[2:])
         return x.transpose(1, 0, 3, 2, 4) if x.ndim == 5 else x.transpose(1, 0, 3, 2)
 
-    q, k, v = (blocks(x) for x in (q_BTME, k_BTME, v_BTMU))          # [n, B, M, C, E|U]
-    g, beta = (blocks(x) for x in (g_BTM, beta_BTM))                  # [n, B, M, C] (g: [.., C, E] per channel)
     seg = jnp.moveaxis(jnp.pad(seg_BT, [(0, 0), (0, pad)], mode="edge").reshape(B, n, C), 1, 0)  # [n, B, C]
     # the segment the state entering each chunk belongs to: the last token's of the chunk before
     seg_in = jnp.concatenate([seg[:1, :, 0], seg[:-1, :, -1]], axis=0)  # [n, B]
+    causal, eye = jnp.tril(jnp.ones((C, C), bool)), jnp.eye(C, dtype=f32)
 
-    same = (seg[..., :, None] == seg[..., None, :])[:, :, None]       # [n, B, 1, C, C]
-    causal = jnp.tril(jnp.ones((C, C), bool))
-    live = same & causal
-    first = (seg == seg_in[..., None])[:, :, None]                    # [n, B, 1, C]: sees the entering state
-    last = (seg == seg[..., -1:])[:, :, None]                         # shares the chunk's last segment
-    k_beta = k * beta[..., None]
-    if g.ndim == 5:  # per channel (KDA): each key dim its own decay, exp(γ_i − γ_j) [.., C, C, E] in the sums
-        gamma = jnp.cumsum(g, axis=-2)                                # [n, B, M, C, E]
-        live_e = live[..., None]
-        diff = gamma[..., :, None, :] - gamma[..., None, :, :]
-        decay = jnp.where(live_e, jnp.exp(jnp.where(live_e, diff, 0.0)), 0.0)
-        strict = jnp.einsum("nbmie,nbmje,nbmije->nbmij", k_beta, k, decay) * ~jnp.eye(C, dtype=bool)
-        intra = jnp.einsum("nbmie,nbmje,nbmije->nbmij", q, k, decay)
-        g_in = jnp.exp(gamma) * first[..., None]                      # decay from the chunk's start
-        g_out = jnp.exp(gamma[..., -1:, :] - gamma) * last[..., None]  # decay to the chunk's end
-        carry_decay = (jnp.exp(gamma[..., -1, :]) * first[..., -1][..., None])[..., None]  # [n, B, M, E, 1]
-    else:
-        gamma = jnp.cumsum(g, axis=-1)                                # [n, B, M, C]
-        diff = gamma[..., :, None] - gamma[..., None, :]
-        decay = jnp.where(live, jnp.exp(jnp.where(live, diff, 0.0)), 0.0)  # exp(γ_i − γ_j), j ≤ i, one segment
-        strict = jnp.einsum("nbmie,nbmje->nbmij", k_beta, k) * decay * ~jnp.eye(C, dtype=bool)
-        intra = jnp.einsum("nbmie,nbmje->nbmij", q, k) * decay
-        g_in = (jnp.exp(gamma) * first)[..., None]
-        g_out = (jnp.exp(gamma[..., -1:] - gamma) * last)[..., None]
-        carry_decay = (jnp.exp(gamma[..., -1]) * first[..., -1])[..., None, None]  # [n, B, M, 1, 1]
-
-    eye = jnp.eye(C, dtype=f32)
-    rhs = jnp.concatenate([v * beta[..., None], k_beta * g_in], axis=-1)
-    solved = jnp.einsum("...ij,...jk->...ik", unit_lower_inverse(eye + strict), rhs)
-    u, w = solved[..., :U], solved[..., U:]                           # [n, B, M, C, U], [.., E]
-    q_in = q * g_in
-    k_out = k * g_out
-
+    @jax.checkpoint
     def step(S_BMEU, xs):
-        u, w, q_in, intra, k_out, carry_decay = xs
+        q, k, v, g, beta, seg, seg_in = xs  # [B, M, C, E|U], g [B, M, C] (or [B, M, C, E]), [B, M, C], [B, C], [B]
+        live = ((seg[:, :, None] == seg[:, None, :]) & causal)[:, None]  # [B, 1, C, C]
+        first = (seg == seg_in[:, None])[:, None]                        # [B, 1, C]: sees the entering state
+        last = (seg == seg[:, -1:])[:, None]                             # shares the chunk's last segment
+        k_beta = k * beta[..., None]
+        if g.ndim == 4:  # per channel (KDA): each key dim its own decay, exp(γ_i − γ_j) [.., C, C, E] in the sums
+            gamma = jnp.cumsum(g, axis=-2)                               # [B, M, C, E]
+            live_e = live[..., None]
+            diff = gamma[..., :, None, :] - gamma[..., None, :, :]
+            decay = jnp.where(live_e, jnp.exp(jnp.where(live_e, diff, 0.0)), 0.0)
+            strict = jnp.einsum("bmie,bmje,bmije->bmij", k_beta, k, decay) * ~jnp.eye(C, dtype=bool)
+            intra = jnp.einsum("bmie,bmje,bmije->bmij", q, k, decay)
+            g_in = jnp.exp(gamma) * first[..., None]                     # decay from the chunk's start
+            g_out = jnp.exp(gamma[..., -1:, :] - gamma) * last[..., None]  # decay to the chunk's end
+            carry_decay = (jnp.exp(gamma[..., -1, :]) * first[..., -1][..., None])[..., None]  # [B, M, E, 1]
+        else:
+            gamma = jnp.cumsum(g, axis=-1)                               # [B, M, C]
+            diff = gamma[..., :, None] - gamma[..., None, :]
+            decay = jnp.where(live, jnp.exp(jnp.where(live, diff, 0.0)), 0.0)  # exp(γ_i − γ_j), j ≤ i, one segment
+            strict = jnp.einsum("bmie,bmje->bmij", k_beta, k) * decay * ~jnp.eye(C, dtype=bool)
+            intra = jnp.einsum("bmie,bmje->bmij", q, k) * decay
+            g_in = (jnp.exp(gamma) * first)[..., None]
+            g_out = (jnp.exp(gamma[..., -1:] - gamma) * last)[..., None]
+            carry_decay = (jnp.exp(gamma[..., -1]) * first[..., -1])[..., None, None]  # [B, M, 1, 1]
+        rhs = jnp.concatenate([v * beta[..., None], k_beta * g_in], axis=-1)
+        solved = jnp.einsum("...ij,...jk->...ik", unit_lower_inverse(eye + strict), rhs)
+        u, w = solved[..., :U], solved[..., U:]                          # [B, M, C, U], [.., E]
         v_new = u - jnp.einsum("bmce,bmeu->bmcu", w, S_BMEU)
-        o = jnp.einsum("bmce,bmeu->bmcu", q_in, S_BMEU) + jnp.einsum("bmij,bmju->bmiu", intra, v_new)
-        S_BMEU = S_BMEU * carry_decay + jnp.einsum("bmce,bmcu->bmeu", k_out, v_new)
+        o = jnp.einsum("bmce,bmeu->bmcu", q * g_in, S_BMEU) + jnp.einsum("bmij,bmju->bmiu", intra, v_new)
+        S_BMEU = S_BMEU * carry_decay + jnp.einsum("bmce,bmcu->bmeu", k * g_out, v_new)
         return S_BMEU, o
 
     S0 = jnp.zeros((B, M, E, U), f32) if state_BMEU is None else state_BMEU.astype(f32)
-    S, o = jax.lax.scan(step, S0, (u, w, q_in, intra, k_out, carry_decay))  # o [n, B, M, C, U]
+    xs = (*(blocks(x) for x in (q_BTME, k_BTME, v_BTMU, g_BTM, beta_BTM)), seg, seg_in)
+    S, o = jax.lax.scan(step, S0, xs)  # o [n, B, M, C, U]
     o_BTMU = o.transpose(1, 0, 3, 2, 4).reshape(B, n * C, M, U)[:, :T]
     return o_BTMU, S
 
