@@ -126,6 +126,33 @@ def test_merged_export_and_peft_adapter_compute_what_maxlite_computes(family, tm
         np.testing.assert_allclose(with_adapter(torch.tensor(ids)).logits.numpy(), ours, atol=2e-4)
 
 
+def test_lora_leaves_the_routing_bias_of_deepseek_moe_as_it_is():
+    """DeepSeek-V3's routing biases move by the load (outside the optimizer) when the model trains, and
+    stay under LoRA: the adapters alone train, and the exported adapter on its base must route alike."""
+    from flax import nnx
+
+    from maxlite import mesh as mesh_lib
+    from maxlite.data.synthetic import make_synthetic_iterator
+    from tests.helpers import build as build_one, shrunk
+
+    def biases_after_two_steps(extra):
+        cfg, mesh, state, step, sharding = build_one(shrunk("deepseek-v3") + extra, 1)
+        data = make_synthetic_iterator(cfg, "train", 0, 1)
+        before = [np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(state.params))
+                  if "router_bias" in jax.tree_util.keystr(p)]
+        with jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.RULES):
+            for _ in range(2):
+                state, _ = step(state, {k: jax.device_put(v, sharding) for k, v in next(data).items()})
+        after = [np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(state.params))
+                 if "router_bias" in jax.tree_util.keystr(p)]
+        return before, after
+
+    before, after = biases_after_two_steps([])
+    assert before and any(np.any(a != b) for a, b in zip(after, before))  # the base trains: they move
+    before, after = biases_after_two_steps(["lora_rank=4", "lora_targets=[o_proj]"])
+    assert before and all(np.array_equal(a, b) for a, b in zip(after, before))
+
+
 def test_dropout_is_unbiased_per_key_and_only_in_training(tmp_path):
     """lora_dropout: at step 0 (B = 0, so the output does not depend on the mask) B's gradient is
     linear in the dropped-out input, so its mean over many keys is the gradient without dropout;

@@ -197,9 +197,11 @@ def objective_terms(cfg, losses: dict):
 
 
 def balances_routing(cfg) -> bool:
-    """Whether a training step moves the routing biases (update_routed_bias): with a rate, and not in
-    DeepSeek sparse attention's dense warm-up, which trains the indexers alone (index_stage)."""
-    return cfg.routed_bias_update_rate > 0 and cfg.index_stage != "dense_warmup"
+    """Whether a training step moves the routing biases (update_routed_bias): with a rate, and only when
+    the base model trains: not under LoRA (the adapters alone train, and an exported adapter must
+    reproduce the tuned model on its base, routing included), nor in DeepSeek sparse attention's dense
+    warm-up, which trains the indexers alone (index_stage)."""
+    return cfg.routed_bias_update_rate > 0 and not cfg.lora_rank and cfg.index_stage != "dense_warmup"
 
 
 def update_routed_bias(cfg, params, load_LE):
