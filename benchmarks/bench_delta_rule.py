@@ -16,12 +16,11 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-import statistics
 import sys
-import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks._fwd_bwd import fwd_bwd  # noqa: E402
 from benchmarks._results import write_result  # noqa: E402
 
 import jax  # noqa: E402
@@ -108,17 +107,8 @@ def measure(rule, T: int, per_channel: bool, M: int = 8, E: int = 128, B: int = 
     g = -jax.nn.softplus(jax.random.normal(keys[3], (B, T, M, E) if per_channel else (B, T, M)))
     beta = jax.nn.sigmoid(jax.random.normal(keys[4], (B, T, M)))
     seg = jnp.ones((B, T), jnp.int32)
-    f = jax.jit(jax.value_and_grad(lambda q, k, v, g: jnp.sum(rule(q, k, v, g, beta, seg)[0] ** 2), argnums=(0, 1, 2, 3)))
-    compiled = f.lower(q, k, v, g).compile()
-    value = float(jax.block_until_ready(compiled(q, k, v, g))[0])
-    times = []
-    for _ in range(3):
-        t = time.perf_counter()
-        jax.block_until_ready(compiled(q, k, v, g))
-        times.append(time.perf_counter() - t)
     return {"tokens": T, "heads": M, "decay": "per channel (KDA)" if per_channel else "per head (gated delta-net)",
-            "temp_mib": round(compiled.memory_analysis().temp_size_in_bytes / 2**20, 1),
-            "fwd_bwd_s": round(statistics.median(times), 3), "objective": value}
+            **fwd_bwd(lambda q, k, v, g: jnp.sum(rule(q, k, v, g, beta, seg)[0] ** 2), q, k, v, g)}
 
 
 def main() -> int:

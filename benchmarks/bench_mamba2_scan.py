@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import statistics
 import sys
-import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks._fwd_bwd import fwd_bwd  # noqa: E402
 from benchmarks._results import write_result  # noqa: E402
 
 import jax  # noqa: E402
@@ -83,16 +82,8 @@ def measure(scan, T: int, M: int = 32, P: int = 64, G: int = 8, S: int = 128, B:
     B_ = jax.random.normal(keys[3], (B, T, G, S))
     C_ = jax.random.normal(keys[4], (B, T, G, S))
     seg = jnp.ones((B, T), jnp.int32)
-    f = jax.jit(jax.value_and_grad(lambda x, dt, b, c: jnp.sum(scan(x, dt, A, b, c, seg)[0] ** 2), argnums=(0, 1, 2, 3)))
-    compiled = f.lower(x, dt, B_, C_).compile()
-    value = float(jax.block_until_ready(compiled(x, dt, B_, C_))[0])
-    times = []
-    for _ in range(3):
-        t = time.perf_counter()
-        jax.block_until_ready(compiled(x, dt, B_, C_))
-        times.append(time.perf_counter() - t)
-    return {"tokens": T, "heads": M, "temp_mib": round(compiled.memory_analysis().temp_size_in_bytes / 2**20, 1),
-            "fwd_bwd_s": round(statistics.median(times), 3), "objective": value}
+    return {"tokens": T, "heads": M,
+            **fwd_bwd(lambda x, dt, b, c: jnp.sum(scan(x, dt, A, b, c, seg)[0] ** 2), x, dt, B_, C_)}
 
 
 def main() -> int:
