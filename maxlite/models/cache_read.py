@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from maxlite.models.attention_mask import visible
+from maxlite.models.cache_bits import load
 
 BLOCK = 1024  # slots per block: K and V of a block (2 × C × K × H numbers) stay in L2 between copy and dot
 _NEG = float(jnp.finfo(jnp.float32).min)
@@ -40,7 +41,8 @@ def attend(q_BTNH, k_LBSKH, v_LBSKH, j, kpos_BS, qpos_BT, slots_BT, filled, wind
         m, l, acc = carry  # [B, K, G, T] (acc: ..., H), float32
         # the last block is shifted back to fit (dynamic_slice clamps): slots before c·C were read already
         start = jnp.minimum(c * C, S - C)
-        k_BCKH, v_BCKH = (jax.lax.dynamic_slice(x, (j, 0, start, 0, 0), (1, B, C, K, H))[0]
+        # (a stack held as its bits: maxlite/models/cache_bits.py; the keys were the queries' dtype)
+        k_BCKH, v_BCKH = (load(jax.lax.dynamic_slice(x, (j, 0, start, 0, 0), (1, B, C, K, H))[0], q_BTNH.dtype)
                           for x in (k_LBSKH, v_LBSKH))
         slot_C = start + jnp.arange(C)
         mine_BCT = slot_C[None, :, None] == slots_BT[:, None, :]  # the slots this step wrote

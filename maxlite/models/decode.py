@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from maxlite.models import attention, context, matmul, paged_cache
+from maxlite.models.cache_bits import load, store
 from maxlite.models.carry import Carry, layer_inputs
 from maxlite.models.kinds import MIXERS
 from maxlite.models.layout import cache_groups, layer_kinds, layer_stacks
@@ -100,9 +101,13 @@ def _block(layer, key, x_BTD, positions_BT, lengths_B, stack, j, shared, prefill
     if hasattr(cache, "step_in_stack"):
         mixed_BTD, stack = cache.step_in_stack(*args, stack, j, shared, key[1], prefill_cfg, **extra)
     else:
-        mixed_BTD, layer_cache = cache.step(*args, jax.tree.map(lambda a: a[j], stack), shared, key[1],
+        # a stack held as its bits (maxlite/models/cache_bits.py: only values of the compute dtype, the
+        # hidden states', are) steps on layer j's values
+        dtype = x_BTD.dtype
+        mixed_BTD, layer_cache = cache.step(*args, jax.tree.map(lambda a: load(a[j], dtype), stack), shared, key[1],
                                             prefill_cfg, **extra)
-        stack = jax.tree.map(lambda a, n: a.at[j].set(n), stack, layer_cache)
+        stack = jax.tree.map(lambda a, n: jax.lax.dynamic_update_index_in_dim(a, store(n, a.dtype, dtype), j, 0),
+                             stack, layer_cache)
     x_BTD = layer.add_mlp(layer.add_attention(x_BTD, mixed_BTD))
     return layer.finish(x_BTD, Carry(x_BTD, inputs=inputs or {})), stack
 

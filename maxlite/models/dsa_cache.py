@@ -18,6 +18,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from maxlite.models.cache_bits import stored
 from maxlite.models.dsa import Keys
 from maxlite.models.gqa_cache import _slots, _write, advance, slots  # noqa: F401 (advance: this kind's)
 from maxlite.models.layers import constrain
@@ -36,7 +37,7 @@ class Indexed(NamedTuple):
 def empty(cfg, variant: str, layers: int, batch: int, length: int) -> tuple[Indexed, jax.Array]:
     """(the caches of `layers` layers, the slots' positions [B, S] they share), empty."""
     S = slots(0, length)
-    zeros = lambda width: constrain(jnp.zeros((layers, batch, S, width), jnp.dtype(cfg.dtype)),  # noqa: E731
+    zeros = lambda width: constrain(jnp.zeros((layers, batch, S, width), stored(cfg.dtype)),  # noqa: E731
                                     CACHE_AXES)
     return (Indexed(zeros(cfg.kv_lora_rank), zeros(cfg.qk_rope_head_dim), zeros(cfg.index_head_dim)),
             jnp.full((batch, S), -1, jnp.int32))

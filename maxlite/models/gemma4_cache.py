@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from maxlite.models import attention
+from maxlite.models.cache_bits import stored
 from maxlite.models.gqa_cache import BATCH_AXES, CACHE_AXES, KV, _attend, _slots, _write, advance, slots  # noqa: F401
 from maxlite.models.layers import constrain
 from maxlite.models.layout import attention_shape, window
@@ -24,7 +25,7 @@ def empty(cfg, variant: str, layers: int, batch: int, length: int, shared: bool 
     layer's group: no slot at all."""
     K, H = attention_shape(cfg, variant == "global")
     S = 0 if shared else slots(window(cfg, variant), length)
-    zeros = lambda: constrain(jnp.zeros((layers, batch, S, K, H), jnp.dtype(cfg.dtype)), CACHE_AXES)  # noqa: E731
+    zeros = lambda: constrain(jnp.zeros((layers, batch, S, K, H), stored(cfg.dtype)), CACHE_AXES)  # noqa: E731
     return KV(zeros(), zeros()), jnp.full((batch, S), -1, jnp.int32)
 
 

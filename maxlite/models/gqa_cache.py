@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from maxlite.models import attention, cache_read
+from maxlite.models.cache_bits import load, store, stored
 from maxlite.models.layers import constrain
 from maxlite.models.layout import chunk, window
 
@@ -44,9 +45,10 @@ def slots(w: int, length: int) -> int:
 
 
 def empty(cfg, variant: str, layers: int, batch: int, length: int) -> tuple[KV, jax.Array]:
-    """(K/V of `layers` layers, the slots' positions [B, S] they share), empty."""
+    """(K/V of `layers` layers, the slots' positions [B, S] they share), empty; held as
+    maxlite/models/cache_bits.py says (a CPU's 16-bit floats as their bits)."""
     shape = (layers, batch, slots(window(cfg, variant), length), cfg.base_num_kv_heads, cfg.head_dim)
-    zeros = lambda: constrain(jnp.zeros(shape, jnp.dtype(cfg.dtype)), CACHE_AXES)  # noqa: E731
+    zeros = lambda: constrain(jnp.zeros(shape, stored(cfg.dtype)), CACHE_AXES)  # noqa: E731
     return KV(zeros(), zeros()), jnp.full(shape[1:3], -1, jnp.int32)
 
 
@@ -108,10 +110,11 @@ def step(attn, x_BTD, positions_BT, lengths_B, kv: KV, pos_BS, variant: str, pre
     return attn.out(attn.gated(out_BTNH, x_BTD)), new
 
 
-def _write_at(stack_LBS, j, new_BT, slots_BT):
-    """stack[j, b, slots[b, t]] = new[b, t] (slots past the end dropped): in place on the loop's buffer."""
+def _write_at(stack_LBS, j, new_BT, slots_BT, dtype):
+    """stack[j, b, slots[b, t]] = new[b, t] (slots past the end dropped; the stack keeps `dtype` values,
+    held as cache_bits says): in place on the loop's buffer."""
     rows_B1 = jnp.arange(stack_LBS.shape[1])[:, None]
-    return stack_LBS.at[j, rows_B1, slots_BT].set(new_BT.astype(stack_LBS.dtype), mode="drop")
+    return stack_LBS.at[j, rows_B1, slots_BT].set(store(new_BT, stack_LBS.dtype, dtype), mode="drop")
 
 
 def step_in_stack(attn, x_BTD, positions_BT, lengths_B, kv: KV, j, pos_BS, variant: str, prefill_cfg=None,
@@ -120,15 +123,15 @@ def step_in_stack(attn, x_BTD, positions_BT, lengths_B, kv: KV, j, pos_BS, varia
     keys are written first, then the queries read the filled slots block by block
     (maxlite/models/cache_read.py), so a step copies no slot of the cache. Returns (x_BTD, the stack)."""
     w, c = window(attn.cfg, variant), chunk(attn.cfg, variant)
-    T, S = x_BTD.shape[1], pos_BS.shape[1]
+    T, S, dtype = x_BTD.shape[1], pos_BS.shape[1], jnp.dtype(attn.cfg.dtype)
     if prefill_cfg is None and w and T > 1:
         # a ring's multi-token step could overwrite keys its own earlier queries still see: read first
-        out_BTD, layer = step(attn, x_BTD, positions_BT, lengths_B, KV(*(a[j] for a in kv)), pos_BS, variant,
-                              rope_BT=rope_BT)
-        return out_BTD, KV(*(constrain(a.at[j].set(n), CACHE_AXES) for a, n in zip(kv, layer)))
+        out_BTD, layer = step(attn, x_BTD, positions_BT, lengths_B, KV(*(load(a[j], dtype) for a in kv)), pos_BS,
+                              variant, rope_BT=rope_BT)
+        return out_BTD, KV(*(constrain(a.at[j].set(store(n, a.dtype, dtype)), CACHE_AXES) for a, n in zip(kv, layer)))
     q_BTNH, k_new, v_new = attn.qkv(x_BTD, positions_BT if rope_BT is None else rope_BT, local=bool(w))
     slots_BT = _slots(positions_BT, lengths_B, S)
-    kv = KV(*(constrain(_write_at(c, j, n, slots_BT), CACHE_AXES) for c, n in zip(kv, (k_new, v_new))))
+    kv = KV(*(constrain(_write_at(c, j, n, slots_BT, dtype), CACHE_AXES) for c, n in zip(kv, (k_new, v_new))))
     if prefill_cfg is not None:
         segment_ids_BT = jnp.ones(positions_BT.shape, jnp.int32)  # right-padded rows: no real query sees padding
         out_BTNH = attention.attend(prefill_cfg, q_BTNH, k_new, v_new, segment_ids_BT, window=w,

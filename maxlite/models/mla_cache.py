@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from maxlite.models import lora
+from maxlite.models.cache_bits import stored
 from maxlite.models.gqa_cache import _slots, _write, advance, slots  # noqa: F401 (advance: this kind's)
 from maxlite.models.layers import constrain
 from maxlite.models.layout import window
@@ -40,7 +41,7 @@ class Latent(NamedTuple):
 def empty(cfg, variant: str, layers: int, batch: int, length: int) -> tuple[Latent, jax.Array]:
     """(the latents of `layers` layers, the slots' positions [B, S] they share), empty."""
     S = slots(window(cfg, variant), length)
-    zeros = lambda width: constrain(jnp.zeros((layers, batch, S, width), jnp.dtype(cfg.dtype)),  # noqa: E731
+    zeros = lambda width: constrain(jnp.zeros((layers, batch, S, width), stored(cfg.dtype)),  # noqa: E731
                                     CACHE_AXES)
     return Latent(zeros(cfg.kv_lora_rank), zeros(cfg.qk_rope_head_dim)), jnp.full((batch, S), -1, jnp.int32)
 

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 
 from maxlite.models import dsa_cache, gqa_cache, mla_cache
 from maxlite.models.attention_mask import visible
+from maxlite.models.cache_bits import load, store, stored
 from maxlite.models.layout import window
 from maxlite.models.paged_kinds import PAGED, PER_SLOT, refusal  # noqa: F401 (the engine's)
 
@@ -39,8 +40,9 @@ class Table(NamedTuple):
 
 
 def empty(cfg, kind: str, variant: str, layers: int, num_blocks: int, block_size: int):
-    """An empty pool of `num_blocks` blocks for the layers of one (kind, variant) stack."""
-    dt, shape = jnp.dtype(cfg.dtype), (layers, num_blocks, block_size)
+    """An empty pool of `num_blocks` blocks for the layers of one (kind, variant) stack, held as
+    maxlite/models/cache_bits.py says (written in place like the contiguous cache)."""
+    dt, shape = stored(cfg.dtype), (layers, num_blocks, block_size)
     if kind == "attention":
         K, H = cfg.base_num_kv_heads, cfg.head_dim  # as gqa_cache.empty
         return gqa_cache.KV(jnp.zeros((*shape, K, H), dt), jnp.zeros((*shape, K, H), dt))
@@ -58,13 +60,15 @@ def _targets(table_BM, positions_BT, lengths_B, num_blocks: int, C: int):
     return jnp.where(valid_BT, block_BT, num_blocks), positions_BT % C
 
 
-def _write(pool, j, new, block_BT, offset_BT):
-    return type(pool)(*(a.at[j, block_BT, offset_BT].set(n.astype(a.dtype), mode="drop") for a, n in zip(pool, new)))
+def _write(pool, j, new, block_BT, offset_BT, dtype):
+    """The new values into their blocks of layer j (the pool keeps `dtype` values)."""
+    return type(pool)(*(a.at[j, block_BT, offset_BT].set(store(n, a.dtype, dtype), mode="drop")
+                        for a, n in zip(pool, new)))
 
 
-def _read(a_LNC_, j, table_BM):
-    """Layer j's positions of each row through its table: [B, M·C, ...]."""
-    x = a_LNC_[j, table_BM]  # [B, M, C, ...]
+def _read(a_LNC_, j, table_BM, dtype):
+    """Layer j's positions of each row through its table, as `dtype` (the values'): [B, M·C, ...]."""
+    x = load(a_LNC_[j, table_BM], dtype)  # [B, M, C, ...]
     return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
 
 
@@ -95,7 +99,7 @@ def _attend_blocks(q_BTNH, k_LNCKH, v_LNCKH, j, table_BM, qpos_BT, lengths_B, wi
         m, l, acc = carry  # [B, K, G, T] (acc: ..., H), float32
         start = jnp.minimum(i * R, M - R)  # the last read shifted back to fit: its first columns were read
         t_BR = jax.lax.dynamic_slice(table_BM, (0, start), (B, R))
-        k_BSKH, v_BSKH = (x[j, t_BR].reshape(B, R * C, K, H) for x in (k_LNCKH, v_LNCKH))
+        k_BSKH, v_BSKH = (load(x[j, t_BR], q_BTNH.dtype).reshape(B, R * C, K, H) for x in (k_LNCKH, v_LNCKH))
         kpos_1S = (start * C + jnp.arange(R * C))[None]
         visible_BTS = ((kpos_1S >= i * R * C) & (kpos_1S < lengths_B[:, None]))[:, None] & visible(
             qpos_BT1, kpos_1S[:, None], window)
@@ -127,7 +131,7 @@ def step_attention(attn, x_BTD, positions_BT, lengths_B, pool: gqa_cache.KV, j, 
     w = window(attn.cfg, variant)
     q_BTNH, k_new, v_new = attn.qkv(x_BTD, positions_BT if rope_BT is None else rope_BT, local=bool(w))
     NB, C = pool.k_LBSKH.shape[1:3]
-    pool = _write(pool, j, (k_new, v_new), *_targets(shared.table_BM, positions_BT, lengths_B, NB, C))
+    pool = _write(pool, j, (k_new, v_new), *_targets(shared.table_BM, positions_BT, lengths_B, NB, C), attn.cfg.dtype)
     scale = attn.query_scale or 1.0 / math.sqrt(q_BTNH.shape[-1])
     out_BTNH = _attend_blocks(q_BTNH, pool.k_LBSKH, pool.v_LBSKH, j, shared.table_BM, positions_BT, lengths_B, w,
                               scale, attn.sinks_N())
@@ -142,9 +146,10 @@ def step_mla(mla, x_BTD, positions_BT, lengths_B, pool: mla_cache.Latent, j, sha
     q_nope, q_rope = mla.queries(x_BTD, positions_BT, local=bool(w))
     c_new, k_rope_new = mla.latent(x_BTD, positions_BT, local=bool(w))
     NB, C = pool.c_LBSC.shape[1:3]
-    pool = _write(pool, j, (c_new, k_rope_new), *_targets(shared.table_BM, positions_BT, lengths_B, NB, C))
-    out_BTNV = mla_cache._attend_latent(mla, q_nope, q_rope, _read(pool.c_LBSC, j, shared.table_BM),
-                                        _read(pool.k_rope_LBSR, j, shared.table_BM),
+    dtype = jnp.dtype(mla.cfg.dtype)
+    pool = _write(pool, j, (c_new, k_rope_new), *_targets(shared.table_BM, positions_BT, lengths_B, NB, C), dtype)
+    out_BTNV = mla_cache._attend_latent(mla, q_nope, q_rope, _read(pool.c_LBSC, j, shared.table_BM, dtype),
+                                        _read(pool.k_rope_LBSR, j, shared.table_BM, dtype),
                                         _kpos(shared.table_BM, lengths_B, C), positions_BT, w)
     return mla.out(out_BTNV.astype(x_BTD.dtype)), pool
 
@@ -158,9 +163,10 @@ def step_dsa(dsa, x_BTD, positions_BT, lengths_B, pool: dsa_cache.Indexed, j, sh
     assert prefill_cfg is None, "the prefill runs on the contiguous cache (paged_cache.write_prompt)"
     new = (*dsa.latent(x_BTD, positions_BT), dsa.index_keys(x_BTD, positions_BT))
     NB, C = pool.c_LBSC.shape[1:3]
-    pool = _write(pool, j, new, *_targets(shared.table_BM, positions_BT, lengths_B, NB, C))
+    dtype = jnp.dtype(dsa.cfg.dtype)
+    pool = _write(pool, j, new, *_targets(shared.table_BM, positions_BT, lengths_B, NB, C), dtype)
     kpos_BS = _kpos(shared.table_BM, lengths_B, C)
-    keys = Keys(*(_read(a, j, shared.table_BM) for a in pool), kpos_BS, jnp.ones(kpos_BS.shape, jnp.int32))
+    keys = Keys(*(_read(a, j, shared.table_BM, dtype) for a in pool), kpos_BS, jnp.ones(kpos_BS.shape, jnp.int32))
     out_BTNV = dsa.sparse(x_BTD, positions_BT, jnp.ones(positions_BT.shape, jnp.int32), keys)
     return dsa.out(out_BTNV.astype(x_BTD.dtype)), pool
 
@@ -185,5 +191,5 @@ def write_prompt(pool, prefilled, rows_K, cols_K, blocks_K):
     the positions it no longer holds lie outside the window: never visible). Block NB: dropped."""
     C = pool[0].shape[2]
     slots_KC = (cols_K[:, None] * C + jnp.arange(C)[None]) % prefilled[0].shape[2]
-    return type(pool)(*(a.at[:, blocks_K].set(src[:, rows_K[:, None], slots_KC].astype(a.dtype), mode="drop")
-                        for a, src in zip(pool, prefilled)))
+    return type(pool)(*(a.at[:, blocks_K].set(store(src[:, rows_K[:, None], slots_KC], a.dtype, src.dtype),
+                                              mode="drop") for a, src in zip(pool, prefilled)))
