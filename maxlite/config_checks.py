@@ -15,7 +15,7 @@ import re
 from maxlite import quant
 from maxlite.models import lora_targets, names
 from maxlite.models.families import FAMILIES
-from maxlite.models.kinds import check_kinds
+from maxlite.models.kinds import MIXERS, check_kinds
 from maxlite.models.layout import check_layer_pattern, layer_kinds, layer_stacks
 from maxlite.models.paged_kinds import refusal as paged_refusal
 from maxlite.models.sides import sides
@@ -408,18 +408,28 @@ def check_layout(c: Config, num_processes: int) -> None:
 
 
 def _validate_image_blocks(c: Config) -> None:
-    """A vision encoder whose image tokens attend both ways (names.BIDIRECTIONAL_ENCODERS: Gemma 3's
-    siglip) needs an attention that draws those blocks, on grouped-query attention layers, whole
-    sequences per device (_check_context)."""
+    """A vision encoder whose image tokens attend both ways (names.image_blocks: Gemma 3's siglip,
+    Gemma 4's gemma4_vit with vision_bidirectional) needs an attention that draws those blocks, on
+    grouped-query attention layers (Gemma 4's own), whole sequences per device (_check_context)."""
+    if c.vision_bidirectional and c.vision_encoder != "gemma4_vit":
+        raise ConfigError(f"vision_bidirectional=true is Gemma 4's (vision_encoder=gemma4_vit), not "
+                          f"vision_encoder={c.vision_encoder or 'empty'}'s")
+    unset = [k for k in ("vision_num_layers", "vision_emb_dim", "vision_mlp_dim", "vision_num_heads",
+                         "vision_tokens_per_image", "vision_num_positions") if not getattr(c, k)]
+    if c.vision_encoder == "gemma4_vit" and unset:
+        raise ConfigError(f"vision_encoder=gemma4_vit needs {', '.join(unset)} (an imported recipe.yml states them)")
+    if c.vision_encoder == "gemma4_vit" and c.per_layer_embed_dim and c.pad_token_id < 0:
+        raise ConfigError("vision_encoder=gemma4_vit with per-layer embeddings: set pad_token_id (an image token "
+                          "takes its per-layer embedding; Gemma 4's is 0)")
     if not names.image_blocks(c):
         return
     if c.attention not in ("autoselected", *names.IMAGE_BLOCK_ATTENTION):
         raise ConfigError(f"attention={c.attention} cannot draw vision_encoder={c.vision_encoder}'s bidirectional "
                           f"image blocks: use attention=dot_product (or autoselected)")
-    others = sorted({k.mixer for k in layer_kinds(c)} - {"attention"})
+    others = sorted({k.mixer for k in layer_kinds(c) if not MIXERS[k.mixer].image_blocks})
     if others:
         raise ConfigError(f"vision_encoder={c.vision_encoder}'s bidirectional image blocks are drawn by the attention "
-                          f"mixer only, not {', '.join(others)}")
+                          f"mixers only (attention, Gemma 4's), not {', '.join(others)}")
 
 
 def _check_pipeline(c: Config, stages: int, rows: int) -> None:

@@ -159,8 +159,8 @@ def _with_images(cfg, prompts, images) -> tuple[list[list[int]], dict]:
     width = max(len(d[0]) for d in docs)
     rows = max(1, max(len(d[3]["image_pixels"]) for d in docs))
     rows = -(-rows // kind.ROW_MULTIPLE) * kind.ROW_MULTIPLE
-    arrays = {k: np.stack([np.pad(d[3][k], [(0, rows - len(d[3][k]))] + [(0, 0)] * (d[3][k].ndim - 1))
-                           for d in docs]) for k in kind.ROW_KEYS}
+    arrays = {k: np.stack([np.pad(d[3][k], [(0, rows - len(d[3][k]))] + [(0, 0)] * (d[3][k].ndim - 1),
+                                  constant_values=kind.PAD_VALUES.get(k, 0)) for d in docs]) for k in kind.ROW_KEYS}
     vision = {"images": arrays}
     if docs[0][2] is not None:
         vision["rope"] = np.stack([np.pad(d[2], ((0, width - len(d[2])), (0, 0))) for d in docs])
@@ -204,7 +204,7 @@ def generate_text(cfg, params, prompts: Sequence[str], tokenizer=None, sampling:
         ids = [list(tok.encode(image_docs.expand_text(expansion[0] * len(pictures) + p, [], expansion)[0]))
                for p, pictures in zip(prompts, images or [()] * len(prompts))]
     else:
-        marks = [cfg.vision_start_token_id, cfg.image_token_id, cfg.vision_end_token_id]
+        marks = [getattr(cfg, key) for key in image_docs.kind_of(cfg).PROMPT_MARKS] if images is not None else []
         ids = [[*(m for _ in pictures for m in marks if m >= 0), *tok.encode(p)]
                for p, pictures in zip(prompts, images or [()] * len(prompts))]
     if cfg.add_bos and tok.bos_id is not None and not chat:

@@ -245,8 +245,9 @@ class _TrainingKeys:
     max_image_patches: int = key(4096, "vision SFT (qwen_vit): image patches a packed row holds (its documents' "
         "images together; a multiple of vision_merge_size²); a conversation with more is reported and skipped",
         positive=True)
-    max_images_per_row: int = key(4, "vision SFT (siglip): images a packed row holds (its documents' together, "
-        "each vision_image_size square); a conversation with more is reported and skipped", positive=True)
+    max_images_per_row: int = key(4, "vision SFT (siglip, gemma4_vit): images a packed row holds (its documents' "
+        "together; siglip: each vision_image_size square, gemma4_vit: each up to vision_tokens_per_image × "
+        "vision_pool_size² patches); a conversation with more is reported and skipped", positive=True)
     packing_bins: int = key(16, "text: rows packed at once (first-fit); more bins → less padding", bounds=(1, None))
     grain_worker_count: int = key(0, "indexed: grain worker processes (0 = in-process; small machines want 0)",
         bounds=(0, None))

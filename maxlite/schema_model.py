@@ -261,30 +261,52 @@ class ModelKeys:
     vision_encoder: str = key("",
         "the image encoder kind (maxlite/models/vision/): qwen_vit (Qwen3-VL / Qwen3.5: patches at the image's "
         "own resolution, 2-D RoPE, 2×2 merger, DeepStack) | siglip (Gemma 3: a fixed-size SigLIP tower and "
-        "its pooled soft tokens); empty: a text-only model", choices=("", "qwen_vit", "siglip"),
-        section="vision encoder (Qwen3-VL, Gemma 3; docs/vision.md)", model=True)
+        "its pooled soft tokens) | gemma4_vit (Gemma 4: patches at the image's own aspect ratio, a 2-D learned "
+        "position table, 2-D RoPE, position-pooled soft tokens); empty: a text-only model",
+        choices=("", "qwen_vit", "siglip", "gemma4_vit"),
+        section="vision encoder (Qwen3-VL, Gemma 3, Gemma 4; docs/vision.md)", model=True)
     vision_num_layers: int = key(0, "vision encoder: transformer layers", bounds=(0, None), model=True)
     vision_emb_dim: int = key(0, "vision encoder: width", bounds=(0, None), model=True)
     vision_mlp_dim: int = key(0, "vision encoder: MLP hidden width", bounds=(0, None), model=True)
     vision_num_heads: int = key(0, "vision encoder: attention heads", bounds=(0, None), model=True)
+    vision_num_kv_heads: int = key(0, "gemma4_vit: key/value heads; 0: vision_num_heads", bounds=(0, None),
+        model=True)
+    vision_head_dim: int = key(0, "gemma4_vit: head width; 0: vision_emb_dim / vision_num_heads", bounds=(0, None),
+        model=True)
+    vision_pool_size: int = key(3, "gemma4_vit: patches averaged per side into one soft token (HF "
+        "pooling_kernel_size)", positive=True, model=True)
+    vision_rope_theta: float = key(100.0, "gemma4_vit: base of the 2-D RoPE over a patch's column and row",
+        positive=True, model=True)
+    vision_standardize: bool = key(False, "gemma4_vit: the soft tokens are standardised by a stored bias and scale "
+        "(HF standardize)", model=True)
+    vision_bidirectional: bool = key(False, "gemma4_vit: the decoder's sliding-window layers see each image's "
+        "tokens both ways (HF use_bidirectional_attention: vision); its global layers stay causal. siglip's "
+        "layers always see them both ways", model=True)
     vision_patch_size: int = key(16, "vision encoder: pixels per patch side", positive=True, model=True)
     vision_temporal_patch_size: int = key(2, "qwen_vit: frames per patch (an image is repeated to fill them)",
         positive=True, model=True)
     vision_merge_size: int = key(2, "qwen_vit: patches merged per side into one decoder token", positive=True,
         model=True)
     vision_num_positions: int = key(0, "qwen_vit: learned position table (a square grid, interpolated to "
-        "each image's grid)", bounds=(0, None), model=True)
+        "each image's grid); gemma4_vit: positions per axis of its 2-D table (HF position_embedding_size)",
+        bounds=(0, None), model=True)
     vision_deepstack_layers: tuple[int, ...] = key((), "qwen_vit: encoder layers whose merged features are "
         "added to the first decoder layers' outputs at the image tokens (DeepStack; Qwen3-VL: [5, 11, 17])",
         model=True)
     vision_act: str = key("gelu_pytorch_tanh", "vision encoder: MLP activation (HF's names)",
         choices=("gelu_pytorch_tanh", "gelu"),
         model=True)
-    vision_norm_epsilon: float = key(1e-6, "vision encoder: LayerNorm epsilon", positive=True, model=True)
+    vision_norm_epsilon: float = key(1e-6, "vision encoder: LayerNorm (gemma4_vit: RMSNorm) epsilon", positive=True,
+        model=True)
     vision_image_size: int = key(0, "siglip: the square side every image is resized to", bounds=(0, None),
         model=True)
-    vision_tokens_per_image: int = key(0, "siglip: soft tokens per image after pooling (Gemma 3: 256)",
+    vision_tokens_per_image: int = key(0, "siglip: soft tokens per image after pooling (Gemma 3: 256); "
+        "gemma4_vit: at most this many per image (the processor's max_soft_tokens: 70, 140, 280, 560, 1120), "
+        "fewer where the aspect ratio leaves part of the budget",
         bounds=(0, None), model=True)
+    pad_token_id: int = key(-1, "the tokenizer's padding token; read by Gemma 4 with a vision tower, whose image "
+        "tokens take this token's per-layer embedding (HF text_config.pad_token_id); -1: none", bounds=(-1, None),
+        model=True)
     image_token_id: int = key(-1, "the placeholder token each image token takes the place of (Qwen "
         "<|image_pad|>, Gemma <image_soft_token>); -1: none", bounds=(-1, None), model=True)
     vision_train: str = key("frozen", "what of the vision encoder trains: frozen (none of it; the default) | "

@@ -82,6 +82,19 @@ def gemma3_vl(tokens: int = 16, boi: int = 250, eoi: int = 251, image: int = 252
                                      boi_token_index=boi, eoi_token_index=eoi, image_token_index=image)
 
 
+def gemma4_vl(image: int = 4000, boi: int = 4001, eoi: int = 4002, bidirectional: bool = True):
+    """A small Gemma4ForConditionalGeneration config: gemma4_text's decoder (every trait; sliding
+    window 6, shorter than an image) with a 2-layer tower of 32 (two heads over one kv head of 16)
+    on 4-pixel patches pooled 2×2, its soft tokens standardised; `bidirectional`: the sliding-window
+    layers see each image both ways (use_bidirectional_attention: vision)."""
+    text = gemma4_text(use_bidirectional_attention="vision" if bidirectional else None).to_dict()
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                  num_key_value_heads=1, head_dim=16, patch_size=4, pooling_kernel_size=2, position_embedding_size=64,
+                  standardize=True)
+    return transformers.Gemma4Config(text_config=text, vision_config=vision, audio_config=None, image_token_id=image,
+                                     boi_token_id=boi, eoi_token_id=eoi)
+
+
 def qwen3_5_vl(layer_types=("linear_attention", "full_attention"), depth: int = 2, moe: bool = False, **top):
     """A small multimodal Qwen3.5 config (Qwen3_5ForConditionalGeneration, or Qwen3.5-MoE's with `moe`):
     the hybrid decoder of 64 (`layer_types`), 12 of each head's 16 dims rotated by M-RoPE, sections

@@ -212,19 +212,19 @@ def test_lora_is_refused_in_one_line_for_a_family_without_gated_projections():
 
 
 VISION_TARGETS = {"qwen3_vl": "[q_proj, v_proj, o_proj, down_proj]", "qwen3_5": "[q_proj, in_proj_qkv, out_proj, down_proj]",
-                  "gemma3": "[q_proj, v_proj, o_proj, down_proj]"}
+                  "gemma3": "[q_proj, v_proj, o_proj, down_proj]", "gemma4": "[q_proj, v_proj, o_proj, down_proj]"}
 
 
 @pytest.mark.parametrize("family", sorted(VISION_TARGETS))
 def test_peft_adapter_of_a_vision_model_loads_on_its_multimodal_class(family, tmp_path):
-    """A LoRA run on an imported vision-language model (Qwen3VL / Qwen3_5 / Gemma3ForConditionalGeneration, the
+    """A LoRA run on an imported vision-language model (Qwen3VL / Qwen3_5 / Gemma3 / Gemma4ForConditionalGeneration, the
     tower frozen, trained on image rows): peft finds every adapter tensor on the multimodal class
     (its decoder under model.language_model.) and computes maxlite's LoRA model's logits."""
     peft = pytest.importorskip("peft")
-    from tests.hf_models import gemma3_vl, qwen3_5_vl, qwen3_vl
+    from tests.hf_models import gemma3_vl, gemma4_vl, qwen3_5_vl, qwen3_vl
 
     torch.manual_seed(0)
-    config = {"qwen3_vl": qwen3_vl, "qwen3_5": qwen3_5_vl, "gemma3": gemma3_vl}[family]()
+    config = {"qwen3_vl": qwen3_vl, "qwen3_5": qwen3_5_vl, "gemma3": gemma3_vl, "gemma4": gemma4_vl}[family]()
     transformers.AutoModelForImageTextToText.from_config(config).save_pretrained(str(tmp_path / "base_hf"))
     cfg, pure = hf.import_hf(str(tmp_path / "base_hf"), ["dtype=float32"])
     checkpoints.save_params(str(tmp_path / "base"), cfg, P.to_state(cfg, P.to_jax_inplace(pure)))

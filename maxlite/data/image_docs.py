@@ -19,6 +19,13 @@ template (or the prompt) writes becomes "\n\n<start_of_image>" + `<image_soft_to
 so the newlines merge with their neighbours as transformers' tokenization merges them. A document's
 images are then [I, C, S, S] (each resized to vision_image_size), packed up to `max_images_per_row`
 per row; positions stay plain.
+
+The gemma4_vit kind (Gemma 4) expands in the token ids, as Gemma4Processor's replace_image_token does:
+the k-th image placeholder (image_token_id) becomes boi, image × image k's soft tokens (its patches /
+pool², set by its aspect ratio within the vision_tokens_per_image budget), eoi. A document's images
+are [I, Np, p·p·3] patches and [I, Np, 2] (column, row) positions, every image padded to
+Np = vision_tokens_per_image · vision_pool_size² (positions -1), packed up to `max_images_per_row`
+per row as siglip's; positions stay plain.
 """
 
 from __future__ import annotations
@@ -38,21 +45,33 @@ def image_refs(messages: Sequence[dict]) -> list[Any]:
             for item in m["content"] if item.get("type") == "image"]
 
 
+def placeholders(ids: np.ndarray, token_id: int, num_images: int, where: str) -> np.ndarray:
+    """Where the placeholders of a document's `num_images` images are; one per image, else refused."""
+    at = np.flatnonzero(ids == token_id)
+    if len(at) != num_images:
+        raise ConfigError(f"{where}: {num_images} image(s) but {len(at)} image placeholder(s) in the rendered "
+                          f"text: each image needs its own placeholder (the chat template writes one per image item)")
+    return at
+
+
 def expand(ids: np.ndarray, mask: np.ndarray, counts: Sequence[int], token_id: int, where: str):
     """(ids, mask) with the k-th placeholder repeated counts[k] times (never supervised)."""
-    at = np.flatnonzero(ids == token_id)
-    if len(at) != len(counts):
-        raise ConfigError(f"{where}: {len(counts)} image(s) but {len(at)} image placeholder(s) in the rendered "
-                          f"text: each image needs its own placeholder (the chat template writes one per image item)")
+    at = placeholders(ids, token_id, len(counts), where)
     reps = np.ones(len(ids), np.int64)
     reps[at] = counts
     return np.repeat(ids, reps), np.repeat(mask, reps) & (np.repeat(ids, reps) != token_id)
+
+
+# what a plain (not chat) prompt writes per image, before its expansion: the config's token ids
+MARKS = ("vision_start_token_id", "image_token_id", "vision_end_token_id")
 
 
 class QwenImages:
     """The qwen_vit kind's side of a document: pixels and their layout, token counts, positions."""
 
     ROW_KEYS = PATCH_KEYS
+    PROMPT_MARKS = MARKS
+    PAD_VALUES: dict[str, int] = {}  # an array's fill where a prompt batch pads it (0 unless named)
 
     def __init__(self, cfg):
         from maxlite.models.vision.towers import qwen_spec
@@ -162,6 +181,8 @@ class SiglipImages:
 
     ROW_KEYS = ("image_pixels",)
     ROW_MULTIPLE = 1
+    PROMPT_MARKS = MARKS
+    PAD_VALUES: dict[str, int] = {}
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -213,6 +234,99 @@ class SiglipImages:
         out["image_pixels"] = row["image_pixels"].astype(np.float32)
 
 
+class Gemma4Images:
+    """The gemma4_vit kind's side of a document: each image's patches at its own aspect ratio and
+    their (column, row) positions, padded to Np patches; its placeholders expanded in the ids."""
+
+    ROW_KEYS = ("image_pixels", "image_positions")
+    ROW_MULTIPLE = 1
+    PROMPT_MARKS = ("image_token_id",)  # Gemma4Processor expands the image token alone
+    PAD_VALUES = {"image_positions": -1}  # an absent image's patches are all padding
+    SYNTHETIC_GRID = (2, 3)  # a synthetic image's soft tokens (rows, columns): its two axes differ
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.num_patches = cfg.vision_tokens_per_image * cfg.vision_pool_size ** 2  # Np
+        self.width = 3 * cfg.vision_patch_size ** 2
+
+    def encode(self, images: Sequence[Any], where: str) -> tuple[list[int], dict[str, np.ndarray]]:
+        """(each image's soft tokens, the document's arrays: ROW_KEYS) of PIL images."""
+        from maxlite.data.images import gemma4_patches
+
+        cfg, pixels, positions, counts = self.cfg, [], [], []
+        for image in images:
+            patches_NP, positions_N2, (h, w) = gemma4_patches(
+                image, patch_size=cfg.vision_patch_size, pool_size=cfg.vision_pool_size,
+                max_soft_tokens=cfg.vision_tokens_per_image, mean=cfg.image_mean, std=cfg.image_std, where=where)
+            pixels.append(patches_NP)
+            positions.append(positions_N2)
+            counts.append(h * w // cfg.vision_pool_size ** 2)
+        return counts, self._arrays(pixels, positions)
+
+    def _arrays(self, pixels: list[np.ndarray], positions: list[np.ndarray]) -> dict[str, np.ndarray]:
+        if not pixels:
+            return {"image_pixels": np.zeros((0, self.num_patches, self.width), np.float32),
+                    "image_positions": np.zeros((0, self.num_patches, 2), np.int32)}
+        return {"image_pixels": np.stack(pixels), "image_positions": np.stack(positions)}
+
+    def runs(self, ids: np.ndarray, mask: np.ndarray, counts: Sequence[int], where: str):
+        """(ids, mask) with the k-th placeholder replaced by boi, image × counts[k], eoi (never supervised)."""
+        cfg = self.cfg
+        at = placeholders(ids, cfg.image_token_id, len(counts), where)
+        pieces, masks, start = [], [], 0
+        for a, n in zip(at, counts):
+            pieces += [ids[start:a], np.array([cfg.vision_start_token_id, *[cfg.image_token_id] * n,
+                                               cfg.vision_end_token_id], ids.dtype)]
+            masks += [mask[start:a], np.zeros(n + 2, bool)]
+            start = a + 1
+        return np.concatenate([*pieces, ids[start:]]), np.concatenate([*masks, mask[start:]])
+
+    def doc(self, ids: np.ndarray, mask: np.ndarray, images: Sequence[Any], where: str):
+        counts, arrays = self.encode(images, where)
+        ids, mask = self.runs(ids, mask, counts, where)
+        return ids, mask, None, arrays
+
+    def synthetic_markers(self) -> list[int]:
+        cfg, (h, w) = self.cfg, self._synthetic_grid()
+        return [cfg.vision_start_token_id, *[cfg.image_token_id] * (h * w), cfg.vision_end_token_id]
+
+    def _synthetic_grid(self) -> tuple[int, int]:
+        """SYNTHETIC_GRID, or one row of soft tokens where vision_tokens_per_image holds fewer."""
+        h, w = self.SYNTHETIC_GRID
+        T = self.cfg.vision_tokens_per_image
+        return (h, w) if h * w <= T else (1, max(1, min(w, T)))
+
+    def synthetic(self, row: np.ndarray, rng) -> tuple[None, dict[str, np.ndarray]]:
+        """(plain positions: None, the row's one random image: [1, Np, p·p·3] patches, [1, Np, 2] positions)."""
+        from maxlite.data.images import gemma4_positions
+
+        pool, (h, w) = self.cfg.vision_pool_size, self._synthetic_grid()
+        n = h * w * pool ** 2
+        pixels = np.zeros((self.num_patches, self.width), np.float32)
+        pixels[:n] = rng.standard_normal((n, self.width))
+        return None, self._arrays([pixels], [gemma4_positions(h * pool, w * pool, self.num_patches)])
+
+    def row_capacity(self, arrays: dict) -> str | None:
+        n = len(arrays["image_pixels"])
+        if n > self.cfg.max_images_per_row:
+            return f"it has {n} images, more than a row holds (max_images_per_row={self.cfg.max_images_per_row})"
+        return None
+
+    def pack_lengths(self, length: int) -> dict[str, int]:
+        return {k: self.cfg.max_images_per_row for k in self.ROW_KEYS}
+
+    def batch_shapes(self, B: int, T: int) -> dict[str, tuple[tuple[int, ...], str]]:
+        """{key: (shape, dtype)} of what `finish` puts in a batch of B packed rows beside the text arrays."""
+        M, N = self.cfg.max_images_per_row, self.num_patches
+        return {"image_pixels": ((B, M, N, self.width), "float32"), "image_positions": ((B, M, N, 2), "int32")}
+
+    def finish(self, row: dict, out: dict) -> None:
+        # packing pads a row's empty image slots with zeros: (0, 0) would be a real patch's position
+        empty = row["image_positions_segment_ids"] == 0
+        out["image_pixels"] = row["image_pixels"].astype(np.float32)
+        out["image_positions"] = np.where(empty[:, None, None], -1, row["image_positions"]).astype(np.int32)
+
+
 def text_expansion(cfg, tokenizer) -> tuple[str, str] | None:
     """(the placeholder's text, what it becomes) for a kind that expands in the text (siglip: Gemma3Processor's
     full_image_sequence), else None. The token texts come from the tokenizer."""
@@ -244,7 +358,7 @@ def expand_text(text: str, spans: Sequence[tuple[int, int]], expansion: tuple[st
     return text.replace(old, new), [(moved(lo), moved(hi)) for lo, hi in spans]
 
 
-KINDS = {"qwen_vit": QwenImages, "siglip": SiglipImages}
+KINDS = {"qwen_vit": QwenImages, "siglip": SiglipImages, "gemma4_vit": Gemma4Images}
 
 
 def kind_of(cfg):

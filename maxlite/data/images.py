@@ -12,6 +12,9 @@ of the uint8 image, a float64 rescale by 1/255 cast to float32, then a float32 n
   qwen_patches  — Qwen2-VL / Qwen2.5-VL / Qwen3-VL (`Qwen2VLImageProcessor`): a resize to a
                   multiple of patch·merge within a pixel budget, then flat patches in merge² groups.
   siglip_pixels — SigLIP / Gemma 3 (`Gemma3ImageProcessor`, without pan-and-scan): a square resize.
+  gemma4_patches — Gemma 4 (`Gemma4ImageProcessor`): a resize at the image's own aspect ratio within a
+                  patch budget (sides multiples of patch·pool), then flat patches in raster order, each
+                  with its (column, row), padded to the budget.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from typing import Any, Sequence
 
 import numpy as np
 from PIL import Image, ImageOps
+
+from maxlite.config import ConfigError
 
 URL_TIMEOUT_S = 30
 
@@ -160,3 +165,58 @@ def siglip_pixels(image: Image.Image, *, size: int, mean: Sequence[float], std: 
     aspect ratio not kept, as the processor does; bilinear is Gemma 3's resample)."""
     resized = image.resize((size, size), resample=resample)
     return np.ascontiguousarray(_rescale_normalize(np.asarray(resized), mean, std).transpose(2, 0, 1))
+
+
+def gemma4_size(height: int, width: int, *, patch_size: int, pool_size: int, max_soft_tokens: int,
+                where: str) -> tuple[int, int]:
+    """Gemma 4's target (height, width): the largest at the image's aspect ratio within
+    max_soft_tokens · pool² patches whose sides are multiples of patch·pool; a side that rounds to
+    nothing becomes one multiple and the other the aspect ratio's whole multiples, capped
+    (transformers' get_aspect_ratio_preserving_size, edge cases and errors included)."""
+    max_patches = max_soft_tokens * pool_size**2
+    target_px = max_patches * patch_size**2
+    factor = math.sqrt(target_px / (height * width))
+    side = pool_size * patch_size
+    target_h, target_w = math.floor(factor * height / side) * side, math.floor(factor * width / side) * side
+    if target_h == 0 and target_w == 0:
+        raise ConfigError(f"{where}: an image of {width}x{height} pixels resizes to 0 x 0 within "
+                          f"vision_tokens_per_image={max_soft_tokens} soft tokens of {side}x{side} pixels: "
+                          f"set vision_tokens_per_image to the processor's max_soft_tokens")
+    longest = max_soft_tokens * side
+    if target_h == 0:
+        target_h, target_w = side, min(width // height * side, longest)
+    elif target_w == 0:
+        target_h, target_w = min(height // width * side, longest), side
+    if target_h * target_w > target_px:
+        raise ConfigError(f"{where}: an image of {width}x{height} pixels resizes to {target_w}x{target_h}, more than "
+                          f"{max_patches} patches of {patch_size}x{patch_size}")
+    return target_h, target_w
+
+
+def gemma4_positions(grid_h: int, grid_w: int, num_patches: int) -> np.ndarray:
+    """Each patch's (column, row) [num_patches, 2] int32, rows of patches in raster order; -1 past
+    the grid_h · grid_w real ones (the processor's padding)."""
+    rows, cols = np.divmod(np.arange(grid_h * grid_w, dtype=np.int32), grid_w)
+    positions = np.full((num_patches, 2), -1, np.int32)
+    positions[:grid_h * grid_w] = np.stack([cols, rows], axis=-1)
+    return positions
+
+
+def gemma4_patches(image: Image.Image, *, patch_size: int, pool_size: int, max_soft_tokens: int,
+                   mean: Sequence[float], std: Sequence[float], where: str,
+                   ) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:
+    """Gemma 4's `pixel_values` [Np, p·p·3] float32 and `image_position_ids` [Np, 2] int32 of one RGB
+    image, Np = max_soft_tokens · pool² (padding rows: zeros, positions -1), and its patch grid
+    (h, w). Each patch's pixels run in (row, column, channel) order. Bicubic is the processor's
+    resample; mean 0 / std 1 (Gemma 4's) leave the rescaled pixels as they are, as its do_normalize
+    false does."""
+    height, width = gemma4_size(image.height, image.width, patch_size=patch_size, pool_size=pool_size,
+                                max_soft_tokens=max_soft_tokens, where=where)
+    resized = image.resize((width, height), resample=Image.Resampling.BICUBIC)
+    x_HWC = _rescale_normalize(np.asarray(resized), mean, std)
+    grid_h, grid_w, p, channels = height // patch_size, width // patch_size, patch_size, x_HWC.shape[-1]
+    x = x_HWC.reshape(grid_h, p, grid_w, p, channels).transpose(0, 2, 1, 3, 4)  # (gh, gw, p, p, C)
+    num_patches = max_soft_tokens * pool_size**2
+    patches_NP = np.zeros((num_patches, p * p * channels), np.float32)
+    patches_NP[:grid_h * grid_w] = x.reshape(grid_h * grid_w, -1)
+    return patches_NP, gemma4_positions(grid_h, grid_w, num_patches), (grid_h, grid_w)

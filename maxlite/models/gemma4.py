@@ -80,20 +80,24 @@ class Gemma4Attention(Attention):
         k_BSKH = apply_rope(self.k_norm(k_BSKH), positions_BT, inv_freq)
         return q_BTNH, k_BSKH, unscaled_rms(v_BSKH, self.cfg.normalization_layer_epsilon)
 
-    def __call__(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None, local=False):
-        return self.carried(x_BTD, {}, positions_BT, segment_ids_BT, dropout_key, local)[0]
+    def __call__(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None, local=False, blocks_BT=None):
+        return self.carried(x_BTD, {}, positions_BT, segment_ids_BT, dropout_key, local, blocks_BT)[0]
 
-    def carried(self, x_BTD, state: dict, positions_BT, segment_ids_BT, dropout_key=None, local=False):
+    def carried(self, x_BTD, state: dict, positions_BT, segment_ids_BT, dropout_key=None, local=False,
+                blocks_BT=None):
         """(the attention's output, the carry's state): with the "kv" side (a model whose last layers
         share keys and values) a sharing layer attends with `state["kv"]`'s keys and values of its
-        variant, and any other layer stores its own there as the latest of its kind."""
+        variant, and any other layer stores its own there as the latest of its kind. Images' blocks
+        (`blocks_BT`, vision_bidirectional) are seen both ways in the sliding-window layers only, as
+        transformers' Gemma 4 draws them (its global layers stay causal)."""
         q_BTNH, k_BSKH, v_BSKH = self.qkv(x_BTD, positions_BT, dropout_key, local)
         kv = state.get("kv")
         if self.shared:
             k_BSKH, v_BSKH = kv[self.variant]
         elif kv is not None:
             state = {**state, "kv": {**kv, self.variant: (k_BSKH, v_BSKH)}}
-        out_BTNH = self._attend(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, local)
+        blocks_BT = blocks_BT if self.variant == "local" else None
+        out_BTNH = self._attend(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, local, blocks_BT)
         return constrain(self.out(out_BTNH, dropout_key), BTD), state
 
 
@@ -131,7 +135,11 @@ def shared_kv_start(cfg, x_BTD) -> dict:
 
 def per_layer_inputs(model, inputs_BT, x_BTD, seen: dict):
     """The "per_layer" side's inputs: each layer's per-layer embeddings [L, B, T, P] (the model's
-    PerLayerInputs part, `per_layer`)."""
+    PerLayerInputs part, `per_layer`). An image token takes the padding token's table row (as
+    transformers' Gemma4Model looks it up), its projection the image's soft token."""
+    cfg = model.cfg
+    if cfg.vision_encoder:
+        inputs_BT = jnp.where(inputs_BT == cfg.image_token_id, cfg.pad_token_id, inputs_BT)
     return jnp.moveaxis(model.per_layer(inputs_BT, x_BTD), 2, 0)
 
 

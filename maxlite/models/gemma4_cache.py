@@ -33,17 +33,20 @@ def empty_shared(cfg, variant: str, layers: int, batch: int, length: int):
     return empty(cfg, variant, layers, batch, length, shared=True)
 
 
-def _attend_with(attn, q_BTNH, seen, positions_BT, w: int, prefill_cfg):
-    """The layer's queries over what its kind's producer attended to (`seen`)."""
+def _attend_with(attn, q_BTNH, seen, positions_BT, w: int, prefill_cfg, blocks_BT=None):
+    """The layer's queries over what its kind's producer attended to (`seen`); a prompt's image
+    blocks (`blocks_BT`, prefill only) are seen both ways by the sliding-window layers alone."""
     if prefill_cfg is not None:
         k_BSKH, v_BSKH = seen
         segment_ids_BT = jnp.ones(positions_BT.shape, jnp.int32)  # right-padded rows: padding is never seen
-        return attention.attend(prefill_cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window=w, scale=attn.query_scale)
+        return attention.attend(prefill_cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window=w, scale=attn.query_scale,
+                                blocks_BT=blocks_BT if attn.variant == "local" else None)
     keys, values, kpos_BS = seen
     return _attend(q_BTNH, keys, values, kpos_BS, positions_BT, w, attn.query_scale)
 
 
-def step(attn, x_BTD, positions_BT, lengths_B, kv: KV, pos_BS, variant: str, prefill_cfg=None, context=None):
+def step(attn, x_BTD, positions_BT, lengths_B, kv: KV, pos_BS, variant: str, prefill_cfg=None, context=None,
+         blocks_BT=None):
     """A layer with its own keys and values: attend (as gqa_cache.step), leave what it saw in
     `context[variant]`, write the new keys into its ring."""
     w = window(attn.cfg, variant)
@@ -54,7 +57,7 @@ def step(attn, x_BTD, positions_BT, lengths_B, kv: KV, pos_BS, variant: str, pre
         seen = (*(jnp.concatenate([c, new.astype(c.dtype)], axis=1) for c, new in
                   ((kv.k_LBSKH, k_new), (kv.v_LBSKH, v_new))), jnp.concatenate([pos_BS, positions_BT], axis=1))
     context[variant] = seen
-    out_BTNH = _attend_with(attn, q_BTNH, seen, positions_BT, w, prefill_cfg)
+    out_BTNH = _attend_with(attn, q_BTNH, seen, positions_BT, w, prefill_cfg, blocks_BT)
     slots_BT = _slots(positions_BT, lengths_B, pos_BS.shape[1])
     new = KV(*(constrain(_write(c, n, slots_BT), CACHE_AXES[1:]) for c, n in
                ((kv.k_LBSKH, k_new), (kv.v_LBSKH, v_new))))
@@ -62,8 +65,8 @@ def step(attn, x_BTD, positions_BT, lengths_B, kv: KV, pos_BS, variant: str, pre
 
 
 def step_shared(attn, x_BTD, positions_BT, lengths_B, kv: KV, pos_BS, variant: str, prefill_cfg=None,
-                context=None):
+                context=None, blocks_BT=None):
     """A key/value-sharing layer: its queries over what its kind's last producer saw; no cache."""
     w = window(attn.cfg, variant)
     q_BTNH, _, _ = attn.qkv(x_BTD, positions_BT, local=bool(w))
-    return attn.out(_attend_with(attn, q_BTNH, context[variant], positions_BT, w, prefill_cfg)), kv
+    return attn.out(_attend_with(attn, q_BTNH, context[variant], positions_BT, w, prefill_cfg, blocks_BT)), kv

@@ -69,6 +69,8 @@ class MixerKind(_Declared):
     raw_input: bool = False             # reads the un-normed residual (no norm before it: the `none` kind)
     recurrent: bool = False             # its decode cache is a state of fixed size per sequence
                                         # (cache_numbers the same at any length), not a record per token
+    image_blocks: bool = False          # it draws a prompt's image blocks both ways (its mixer and its
+                                        # cache's prefill take `blocks_BT`: names.image_blocks)
 
     def cls(self):
         return load(self.module)
@@ -247,7 +249,7 @@ _GEMMA4_REFUSAL = "Gemma 4's attention (a v norm; global layers of their own wid
 MIXERS = {m.name: m for m in (
     MixerKind("attention", "maxlite.models.layers:Attention", _attention_flops, _attention_cache,
               "maxlite.models.gqa_cache", checks=(_CHECKS + "chunked",),
-              layout_checks=(_CHECKS + "chunked_layout",), megatron=_MEGATRON + "attention"),
+              layout_checks=(_CHECKS + "chunked_layout",), megatron=_MEGATRON + "attention", image_blocks=True),
     MixerKind("mla", "maxlite.models.mla:MLA", _mla_flops, _mla_cache, "maxlite.models.mla_cache",
               checks=(_CHECKS + "mla",),
               megatron_refusal="multi-head latent attention (not mapped yet: --multi-latent-attention and its ranks)"),
@@ -275,7 +277,7 @@ MIXERS = {m.name: m for m in (
                 "maxlite.models.gemma4_shared_cache" if shared else "maxlite.models.gemma4_cache",
                 checks=(_CHECKS + "gemma4", *((_CHECKS + "kv_sharing",) if shared else ())),
                 megatron_refusal="layers reusing an earlier layer's keys and values (num_kv_shared_layers)" if shared
-                else _GEMMA4_REFUSAL)
+                else _GEMMA4_REFUSAL, image_blocks=True)
       for v in ("local", "global") for shared in (False, True)),
 )}
 _MOE_REFUSAL = "a mixture of experts (not mapped yet: --num-experts and its routing keys)"

@@ -22,8 +22,10 @@ IMAGE_BLOCK_ATTENTION = ("dot_product",)
 
 
 def image_blocks(cfg) -> bool:
-    """Whether the decoder's attention sees each image's tokens both ways (the encoder kind says)."""
-    return cfg.vision_encoder in BIDIRECTIONAL_ENCODERS
+    """Whether the decoder's attention sees each image's tokens both ways: the encoder kind says
+    (siglip), or the recipe (gemma4_vit with vision_bidirectional: its sliding-window layers)."""
+    return cfg.vision_encoder in BIDIRECTIONAL_ENCODERS or (cfg.vision_encoder == "gemma4_vit"
+                                                           and cfg.vision_bidirectional)
 
 
 CUDNN_DTYPES = ("bfloat16",)  # the compute dtypes cuDNN's fused attention takes (of `dtype`'s choices)

@@ -114,7 +114,7 @@ class Block(nnx.Module):
         key_attn, key_mlp = (None, None) if dropout_key is None else jax.random.split(dropout_key)
         if self.mixer_carries:
             mixed, state = self.attn.carried(self.mixer_input(x_BTD), state, positions_BT, segment_ids_BT, key_attn,
-                                             local)
+                                             local, **mixer_args(self.mixer_sides, carry.inputs))
         else:
             mixed = self.attn(self.mixer_input(x_BTD), positions_BT, segment_ids_BT, key_attn, local,
                               **mixer_args(self.mixer_sides, carry.inputs))

@@ -9,12 +9,21 @@ layers of their own width (`global_head_dim`, `global_num_kv_heads`, keys as val
 soft-capped (c·tanh(z/c)); on the small models per-layer embeddings, key/value sharing in the last
 layers and double-wide MLPs there.
 
+With a `vision_config` (Gemma4ForConditionalGeneration) the vision tower and the multimodal
+embedder come along (vision_encoder=gemma4_vit; maxlite/models/vision/gemma4_vit_hf.py's table),
+unless `vision_encoder=` is given (the text model alone); the audio tower always stays behind.
+preprocessor_config.json's patch, pooling and soft-token budget become the vision keys; export writes
+Gemma4ForConditionalGeneration and its preprocessor_config.json.
+
 config.json states the global layers' shape two ways: `global_head_dim` / `num_global_key_value_heads`
 (the published checkpoints) or `per_layer_config` (transformers 5.24 writes it); both are read,
 both written.
 """
 
 from __future__ import annotations
+
+import json
+import pathlib
 
 from maxlite.bridge import hf_llama
 from maxlite.bridge.hf_convert import TensorMap, config_tail, linear, same
@@ -35,6 +44,17 @@ DEFAULT_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_0
                 "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
 PREFIXES = ("model.", "model.language_model.")  # the text decoder's: Gemma4ForCausalLM's, Gemma4ForConditionalGeneration's
 TOWERS = ("vision_config", "audio_config")
+VISION = ("model.vision_tower.", "model.embed_vision.")  # the vision tower's and its embedder's tensors
+AUDIO = ("model.audio_tower.", "model.embed_audio.")
+# Gemma4VisionConfig's defaults (transformers 5.25): a config.json's vision_config states what differs
+VISION_DEFAULTS = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 16, "num_attention_heads": 12,
+                   "num_key_value_heads": 12, "head_dim": 64, "hidden_activation": ACTIVATION, "rms_norm_eps": 1e-6,
+                   "pooling_kernel_size": 3, "patch_size": 16, "position_embedding_size": 10 * 1024,
+                   "use_clipped_linears": False, "standardize": False, "attention_bias": False,
+                   "rope_parameters": {"rope_type": "axial", "rope_theta": 100.0}}
+# Gemma4Config's token ids and the processor's soft-token budget (Gemma4ImageProcessor's default)
+MULTIMODAL_DEFAULTS = {"image_token_id": 258_880, "boi_token_id": 255_999, "eoi_token_id": 258_882}
+SOFT_TOKENS = 280
 
 
 def check_supported(cfg) -> None:
@@ -42,11 +62,25 @@ def check_supported(cfg) -> None:
         raise ValueError(f"decoder_block={cfg.decoder_block} is not gemma4")
     if cfg.use_bias:
         raise ValueError("use_bias=true: Gemma4ForCausalLM has no attention biases")
+    if cfg.vision_encoder not in ("", "gemma4_vit"):
+        raise ValueError(f"decoder_block={cfg.decoder_block} with vision_encoder={cfg.vision_encoder!r}: Gemma 4's "
+                         f"encoder is gemma4_vit")
 
 
-def tensor_maps(cfg, prefix: str = "model.") -> list[TensorMap]:
-    """Every tensor in HF's naming; attention maps per mixer kind (each layer shape its own)."""
+def tensor_maps(cfg, prefix: str | None = None) -> list[TensorMap]:
+    """Every tensor in HF's naming; attention maps per mixer kind (each layer shape its own). With
+    a vision tower the decoder sits where Gemma4ForConditionalGeneration holds it."""
     check_supported(cfg)
+    if prefix is None:
+        prefix = PREFIXES[1] if cfg.vision_encoder else PREFIXES[0]
+    if cfg.vision_encoder:
+        from maxlite.bridge.vision_maps import gemma4_vit_maps
+
+        return _text_maps(cfg, prefix) + gemma4_vit_maps(cfg)
+    return _text_maps(cfg, prefix)
+
+
+def _text_maps(cfg, prefix: str) -> list[TensorMap]:
     D, N, F, V = cfg.base_emb_dim, cfg.base_num_query_heads, cfg.base_mlp_dim, cfg.vocab_size
     layer = prefix + "layers.{i}."
     a, m = layer + "self_attn.", layer + "mlp."
@@ -145,9 +179,19 @@ def import_maps(cfg, names: set[str]) -> list[TensorMap]:
 
 
 def ignore(name: str) -> bool:
-    """The multimodal checkpoint's towers and embedders stay behind (text import)."""
-    return hf_llama.ignore(name) or name.startswith(("model.vision_tower.", "model.audio_tower.",
-                                                     "model.embed_vision.", "model.embed_audio."))
+    """The multimodal checkpoint's audio tower and embedder stay behind."""
+    return hf_llama.ignore(name) or name.startswith(AUDIO)
+
+
+def skipped(cfg, names: set[str]) -> set[str]:
+    """A multimodal checkpoint imported as its text model (no vision_config, or `vision_encoder=` on
+    the command line): its vision tower's and embedder's tensors stay behind."""
+    return set() if cfg.vision_encoder else {n for n in names if n.startswith(VISION)}
+
+
+def peft_prefix(cfg) -> str:
+    """Where the class holds the decoder's layers as modules (peft's names)."""
+    return PREFIXES[1] if cfg.vision_encoder else PREFIXES[0]
 
 
 def _number(x: float) -> int | float:
@@ -155,6 +199,21 @@ def _number(x: float) -> int | float:
 
 
 def hf_config(cfg, dtype: str = "float32", bos_id: int | None = None, eos_id: int | None = None) -> dict:
+    """Gemma4ForCausalLM's config.json; with a tower, Gemma4ForConditionalGeneration's around it."""
+    text = _text_config(cfg, dtype, bos_id, eos_id)
+    if not cfg.vision_encoder:
+        return text
+    from maxlite.models.vision.towers import gemma4_spec
+
+    text.pop("architectures")
+    text.update(pad_token_id=cfg.pad_token_id, use_bidirectional_attention="vision" if cfg.vision_bidirectional else None)
+    return {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4", "text_config": text,
+            "vision_config": gemma4_spec(cfg).to_hf(), "audio_config": None, "image_token_id": cfg.image_token_id,
+            "boi_token_id": cfg.vision_start_token_id, "eoi_token_id": cfg.vision_end_token_id,
+            "tie_word_embeddings": bool(cfg.logits_via_embedding), "dtype": dtype}
+
+
+def _text_config(cfg, dtype: str, bos_id: int | None, eos_id: int | None) -> dict:
     check_supported(cfg)
     K, H = attention_shape(cfg, True)
     types = hf_layer_types(cfg)
@@ -215,6 +274,40 @@ def _global_shape(hf: dict) -> tuple[int, int]:
 
 
 def config_overrides(hf: dict) -> dict:
+    """The text model's keys; a multimodal checkpoint's vision tower and token ids besides."""
+    vision = vision_overrides(hf) if hf.get("model_type") == "gemma4" and hf.get("vision_config") else {}
+    return {**_text_overrides(hf), **vision}
+
+
+def vision_overrides(hf: dict) -> dict:
+    """A Gemma4Config's vision_config, token ids and the text model's pad token and image attention →
+    the vision keys (absent keys take transformers' defaults; the soft-token budget the processor's
+    default until preprocessor_config.json says, `processor_overrides`)."""
+    from maxlite.models.vision.gemma4_vit import Gemma4VisionSpec
+
+    vision = {**VISION_DEFAULTS, **hf["vision_config"]}
+    if vision.get("use_clipped_linears"):
+        raise ValueError("vision_config use_clipped_linears=true (the tower's clipped linears) is not modelled by "
+                         "maxlite's gemma4_vit")
+    if vision.get("attention_bias"):
+        raise ValueError("vision_config attention_bias=true is not Gemma 4's tower")
+    text = text_config(hf)
+    spec = Gemma4VisionSpec.from_hf(vision, text["hidden_size"], SOFT_TOKENS)
+    top = {**MULTIMODAL_DEFAULTS, **{k: v for k, v in hf.items() if k in MULTIMODAL_DEFAULTS}}
+    return {"vision_encoder": "gemma4_vit", "vision_num_layers": spec.depth, "vision_emb_dim": spec.hidden_size,
+            "vision_mlp_dim": spec.intermediate_size, "vision_num_heads": spec.num_heads,
+            "vision_num_kv_heads": spec.num_kv_heads, "vision_head_dim": spec.head_dim,
+            "vision_patch_size": spec.patch_size, "vision_pool_size": spec.pool,
+            "vision_num_positions": spec.position_table, "vision_tokens_per_image": spec.max_soft_tokens,
+            "vision_rope_theta": spec.rope_theta, "vision_norm_epsilon": spec.rms_norm_eps,
+            "vision_act": spec.hidden_act, "vision_standardize": spec.standardize,
+            "vision_bidirectional": text.get("use_bidirectional_attention") == "vision",
+            "pad_token_id": text.get("pad_token_id", 0), "image_token_id": top["image_token_id"],
+            "vision_start_token_id": top["boi_token_id"], "vision_end_token_id": top["eoi_token_id"],
+            "image_mean": (0.0, 0.0, 0.0), "image_std": (1.0, 1.0, 1.0)}
+
+
+def _text_overrides(hf: dict) -> dict:
     hf = text_config(hf)
     hf_llama.check_mlp(hf, ACTIVATION)
     for key, why in (("use_bidirectional_attention", "bidirectional attention"), ("attention_bias", "biases")):
@@ -260,3 +353,47 @@ def config_overrides(hf: dict) -> dict:
     if out["per_layer_vocab_size"] == out["vocab_size"]:
         out["per_layer_vocab_size"] = 0
     return out
+
+
+PROCESSOR = "preprocessor_config.json"
+
+
+def processor_overrides(hf_dir: str) -> dict:
+    """preprocessor_config.json (a multimodal checkpoint's; Gemma4ImageProcessor's defaults without
+    one): its soft-token budget and normalisation. Its patch and pooling must be the tower's; another
+    resample than bicubic is refused (maxlite/data/images.py resizes as Gemma4ImageProcessorPil does)."""
+    folder = pathlib.Path(hf_dir)
+    hf = json.loads((folder / "config.json").read_text())
+    if hf.get("model_type") != "gemma4" or not hf.get("vision_config"):
+        return {}
+    from maxlite.models.vision.gemma4_vit import SOFT_TOKEN_BUDGETS
+
+    path = folder / PROCESSOR
+    pre = json.loads(path.read_text()) if path.is_file() else {}
+    vision = {**VISION_DEFAULTS, **hf["vision_config"]}
+    for ours, theirs in (("patch_size", "patch_size"), ("pooling_kernel_size", "pooling_kernel_size")):
+        if pre.get(theirs, vision[ours]) != vision[ours]:
+            raise ValueError(f"{path}: {theirs}={pre[theirs]} is not the vision tower's {vision[ours]}")
+    budget = pre.get("max_soft_tokens", SOFT_TOKENS)
+    if budget not in SOFT_TOKEN_BUDGETS:
+        raise ValueError(f"{path}: max_soft_tokens={budget} is not one of Gemma 4's {SOFT_TOKEN_BUDGETS}")
+    if pre.get("resample", 3) != 3:
+        raise ValueError(f"{path}: resample={pre['resample']}: maxlite resizes bicubically (3), as Gemma 4 does")
+    if pre.get("do_rescale", True) is False or abs(pre.get("rescale_factor", 1 / 255) - 1 / 255) > 1e-12:
+        raise ValueError(f"{path}: pixels not rescaled by 1/255 are not Gemma 4's")
+    normalize = pre.get("do_normalize", False)
+    return {"vision_tokens_per_image": budget,
+            "image_mean": tuple(pre.get("image_mean") or (0.0,) * 3) if normalize else (0.0, 0.0, 0.0),
+            "image_std": tuple(pre.get("image_std") or (1.0,) * 3) if normalize else (1.0, 1.0, 1.0)}
+
+
+def write_processor(cfg, out: pathlib.Path) -> None:
+    """preprocessor_config.json as transformers' Gemma4ImageProcessor reads it (a tower's model only)."""
+    if not cfg.vision_encoder:
+        return
+    normalize = tuple(cfg.image_mean) != (0.0, 0.0, 0.0) or tuple(cfg.image_std) != (1.0, 1.0, 1.0)
+    (out / PROCESSOR).write_text(json.dumps({
+        "image_processor_type": "Gemma4ImageProcessor", "do_convert_rgb": True, "do_resize": True,
+        "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": normalize, "resample": 3,
+        "image_mean": list(cfg.image_mean), "image_std": list(cfg.image_std), "patch_size": cfg.vision_patch_size,
+        "pooling_kernel_size": cfg.vision_pool_size, "max_soft_tokens": cfg.vision_tokens_per_image}, indent=2) + "\n")
