@@ -279,6 +279,8 @@ class ModelKeys:
         positive=True, model=True)
     vision_standardize: bool = key(False, "gemma4_vit: the soft tokens are standardised by a stored bias and scale "
         "(HF standardize)", model=True)
+    vision_clipped: bool = key(False, "gemma4_vit: each linear's input and output are clamped to stored bounds "
+        "(HF use_clipped_linears)", model=True)
     vision_bidirectional: bool = key(False, "gemma4_vit: the decoder's sliding-window layers see each image's "
         "tokens both ways (HF use_bidirectional_attention: vision); its global layers stay causal. siglip's "
         "layers always see them both ways", model=True)

@@ -28,22 +28,28 @@ def _processor():
     return transformers.Gemma4ImageProcessorPil(patch_size=4, max_soft_tokens=BUDGET, pooling_kernel_size=2)
 
 
-def _random_model(bidirectional: bool):
-    model = transformers.Gemma4ForConditionalGeneration(hf_models.gemma4_vl(IMG, BOI, EOI, bidirectional)).eval()
+def _random_model(bidirectional: bool, clipped: bool = False):
+    config = hf_models.gemma4_vl(IMG, BOI, EOI, bidirectional)
+    config.vision_config.use_clipped_linears = clipped
+    model = transformers.Gemma4ForConditionalGeneration(config).eval()
     hf_models.gemma4_perturbed(model)
     with torch.no_grad():  # the tower's norms and its standardisation away from their 1 / 0 starts
         for name, b in model.named_buffers():
             if "std_" in name:
                 b.copy_(torch.randn_like(b) * 0.3 + (1.0 if "scale" in name else 0.0))
+            if name.endswith(("input_min", "output_min")):  # bounds that clamp some of the values passing
+                b.fill_(-0.5 - torch.rand(()).item())
+            if name.endswith(("input_max", "output_max")):
+                b.fill_(0.5 + torch.rand(()).item())
         for name, p in model.named_parameters():
             if "vision_tower" in name and p.ndim == 1:
                 p.add_(0.3 * torch.randn_like(p))
     return model
 
 
-def _import(tmp_path_factory, bidirectional: bool):
+def _import(tmp_path_factory, bidirectional: bool, clipped: bool = False):
     torch.manual_seed(0)
-    model = _random_model(bidirectional)
+    model = _random_model(bidirectional, clipped)
     path = tmp_path_factory.mktemp("gemma4_vision")
     model.save_pretrained(str(path))
     _processor().save_pretrained(str(path))
@@ -113,15 +119,24 @@ def test_logits_and_greedy_tokens_equal_transformers_with_an_image(imported):
     assert ours == theirs and len(set(ours)) > 3, (ours, theirs)
 
 
-def test_a_causal_checkpoint_sees_its_images_in_order(tmp_path_factory):
-    """use_bidirectional_attention unset (the smaller Gemma 4s): every layer causal over the image."""
-    model, cfg, pure, _ = _import(tmp_path_factory, bidirectional=False)
-    assert not cfg.vision_bidirectional
+def test_a_causal_checkpoint_with_clipped_linears(tmp_path_factory, tmp_path):
+    """use_bidirectional_attention unset: every layer causal over the image; use_clipped_linears: each
+    tower linear's input and output clamped to its stored bounds (they clamp here); its export equal."""
+    model, cfg, pure, _ = _import(tmp_path_factory, bidirectional=False, clipped=True)
+    assert not cfg.vision_bidirectional and cfg.vision_clipped
+    assert np.isfinite(pure["vision"]["layers"]["q_input_min"]).all()
     image = random_image(61, 37, 8)
     ids, arrays = _ours(cfg, [BOS, 5, IMG, 9, 10], [image])
     want, _ = _theirs(model, ids, [image], new_tokens=0)
     got = logits_with_images(cfg, pure, ids, np.arange(len(ids)), arrays)
     assert _relative(got, want) <= 1e-5
+    hf.export_hf(cfg, pure, str(tmp_path / "out"), tokenizer="none")
+    back = transformers.AutoModelForImageTextToText.from_pretrained(str(tmp_path / "out")).eval()
+    assert back.config.vision_config.use_clipped_linears
+    theirs = dict(model.named_buffers())
+    for name, b in back.named_buffers():
+        if name.endswith(("_min", "_max")):
+            assert float(b) == float(theirs[name]), name
 
 
 def test_the_decode_prefill_sees_each_image_as_transformers(imported):
@@ -204,12 +219,6 @@ def test_what_the_tower_cannot_be_is_refused_in_one_line(imported, tmp_path):
         C.load([], **{**keys, "pad_token_id": -1})
     with pytest.raises(C.ConfigError, match="attention=blockwise cannot draw vision_encoder=gemma4_vit's"):
         C.load(["attention=blockwise"], **{k: v for k, v in keys.items() if k != "attention"})
-    config = hf_models.gemma4_vl(IMG, BOI, EOI)
-    config.vision_config.use_clipped_linears = True
-    model = transformers.Gemma4ForConditionalGeneration(config)
-    model.save_pretrained(str(tmp_path / "clipped"))
-    with pytest.raises(C.ConfigError, match="use_clipped_linears=true"):
-        hf.import_hf(str(tmp_path / "clipped"))
 
 
 def test_synthetic_rows_with_an_image_train_the_decoder_and_leave_the_frozen_tower(imported, tmp_path):

@@ -97,7 +97,7 @@ def export_entries(cfg, maps: list[TensorMap], pure: P.Tree, dtype) -> list[Entr
                 where, index = _place(cfg, p, t, i)
                 leaf = P.get(pure, where)
                 leaves.append(np.asarray(leaf[index] if index else leaf))
-            return np.ascontiguousarray(t.to_hf(*leaves), dtype=dtype)  # the one copy
+            return np.asarray(t.to_hf(*leaves), dtype=dtype, order="C")  # the one copy (a scalar stays 0-D)
         return produce
 
     return [Entry(name, t.hf_shape, np.dtype(dtype), producer(t, i))
@@ -166,7 +166,8 @@ def pieces(cfg, maps: list[TensorMap], source, dtype, share: tuple[int, int] = (
             raise ConfigError(f"{source.path}: {name} has shape {tuple(raw.shape)}, config.json implies {t.hf_shape}")
         for path, value in zip(t.paths, t.from_hf(raw)):
             where, index = _place(cfg, path, t, i)
-            yield where, index, np.ascontiguousarray(value, dtype=dtype)  # own copy, not the mmap
+            # own copy, not the mmap (np.array: ascontiguousarray would make a scalar 1-D)
+            yield where, index, np.array(value, dtype=dtype, order="C")
         del raw
         if progress:
             progress(name)

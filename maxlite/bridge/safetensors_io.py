@@ -82,7 +82,7 @@ def _write_file(path: pathlib.Path, entries: list[Entry], metadata: dict[str, st
         f.write(len(header).to_bytes(8, "little"))
         f.write(header)
         for e in entries:
-            value = np.ascontiguousarray(e.produce(), dtype=e.dtype)
+            value = np.asarray(e.produce(), dtype=e.dtype, order="C")  # a scalar stays 0-D
             if value.shape != tuple(e.shape):
                 raise AssertionError(f"{e.name}: produced {value.shape}, planned {e.shape}")
             f.write(memoryview(value.reshape(-1).view(np.uint8)))

@@ -286,9 +286,6 @@ def vision_overrides(hf: dict) -> dict:
     from maxlite.models.vision.gemma4_vit import Gemma4VisionSpec
 
     vision = {**VISION_DEFAULTS, **hf["vision_config"]}
-    if vision.get("use_clipped_linears"):
-        raise ValueError("vision_config use_clipped_linears=true (the tower's clipped linears) is not modelled by "
-                         "maxlite's gemma4_vit")
     if vision.get("attention_bias"):
         raise ValueError("vision_config attention_bias=true is not Gemma 4's tower")
     text = text_config(hf)
@@ -300,7 +297,7 @@ def vision_overrides(hf: dict) -> dict:
             "vision_patch_size": spec.patch_size, "vision_pool_size": spec.pool,
             "vision_num_positions": spec.position_table, "vision_tokens_per_image": spec.max_soft_tokens,
             "vision_rope_theta": spec.rope_theta, "vision_norm_epsilon": spec.rms_norm_eps,
-            "vision_act": spec.hidden_act, "vision_standardize": spec.standardize,
+            "vision_act": spec.hidden_act, "vision_standardize": spec.standardize, "vision_clipped": spec.clipped,
             "vision_bidirectional": text.get("use_bidirectional_attention") == "vision",
             "pad_token_id": text.get("pad_token_id", 0), "image_token_id": top["image_token_id"],
             "vision_start_token_id": top["boi_token_id"], "vision_end_token_id": top["eoi_token_id"],

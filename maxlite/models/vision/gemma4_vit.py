@@ -54,6 +54,7 @@ class Gemma4VisionSpec:
     rms_norm_eps: float = 1e-6
     hidden_act: str = "gelu_pytorch_tanh"
     standardize: bool = False
+    clipped: bool = False  # HF use_clipped_linears: each linear's input and output clamped to stored bounds
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -85,7 +86,7 @@ class Gemma4VisionSpec:
                    max_soft_tokens=max_soft_tokens, position_table=vision["position_embedding_size"],
                    text_hidden_size=text_hidden_size, rope_theta=float(rope.get("rope_theta", 100.0)),
                    rms_norm_eps=vision["rms_norm_eps"], hidden_act=vision["hidden_activation"],
-                   standardize=bool(vision.get("standardize")))
+                   standardize=bool(vision.get("standardize")), clipped=bool(vision.get("use_clipped_linears")))
 
     def to_hf(self) -> dict:
         """The Gemma4VisionConfig this spec is."""
@@ -95,7 +96,7 @@ class Gemma4VisionSpec:
                 "head_dim": self.head_dim, "hidden_activation": self.hidden_act, "rms_norm_eps": self.rms_norm_eps,
                 "patch_size": self.patch_size, "pooling_kernel_size": self.pool,
                 "position_embedding_size": self.position_table, "standardize": self.standardize,
-                "use_clipped_linears": False, "attention_bias": False,
+                "use_clipped_linears": self.clipped, "attention_bias": False,
                 "rope_parameters": {"rope_type": "axial", "rope_theta": self.rope_theta}}
 
 
@@ -115,8 +116,13 @@ def rope_2d(x_ITNH, positions_IT2, theta: float):
     return jnp.concatenate(parts, axis=-1)
 
 
+LINEARS = ("q", "k", "v", "o", "gate", "up", "down")
+BOUNDS = ("input_min", "input_max", "output_min", "output_max")  # HF's names of a clipped linear's bounds
+
+
 class EncoderLayer(nnx.Module):
-    """x + norm(attn(norm(x))), then x + norm(mlp(norm(x))): Gemma's sandwich, no biases."""
+    """x + norm(attn(norm(x))), then x + norm(mlp(norm(x))): Gemma's sandwich, no biases. With
+    `clipped` each linear's input and output are clamped to its stored bounds (never trained)."""
 
     def __init__(self, spec: Gemma4VisionSpec, *, rngs: nnx.Rngs, dtype, weight_dtype):
         D, N, K, H, F, eps = (spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim,
@@ -135,13 +141,28 @@ class EncoderLayer(nnx.Module):
         self.up = param(rngs, (D, F), ("embed", "mlp"), wd)
         self.down = param(rngs, (F, D), ("mlp", "embed"), wd)
         self.mlp_post_norm = RMSNorm(D, eps, dtype, wd, rngs=rngs)
+        if spec.clipped:  # each linear's four bounds (q_input_min, ...): open until loaded, never trained
+            for name in LINEARS:
+                for bound in BOUNDS:
+                    value = nnx.Param(jnp.full((1,), -jnp.inf if bound.endswith("min") else jnp.inf, jnp.float32),
+                                      out_sharding=(None,))
+                    value.set_metadata(frozen=True)
+                    setattr(self, f"{name}_{bound}", value)
         self.spec, self.dtype, self.act = spec, dtype, ACTIVATIONS[spec.hidden_act]
+
+    def linear(self, name: str, spec: str, x):
+        """`project` with this layer's weight `name`, clamped in and out where the tower is clipped."""
+        if not self.spec.clipped:
+            return project(spec, x, getattr(self, name)[...])
+        lo_in, hi_in, lo_out, hi_out = (getattr(self, f"{name}_{bound}")[0] for bound in BOUNDS)
+        y = project(spec, jnp.clip(x, lo_in.astype(x.dtype), hi_in.astype(x.dtype)), getattr(self, name)[...])
+        return jnp.clip(y, lo_out.astype(y.dtype), hi_out.astype(y.dtype))
 
     def attention(self, x_ITD, positions_IT2, valid_IT):
         spec = self.spec
-        q_ITNH = rope_2d(self.q_norm(project("itd,dnh->itnh", x_ITD, self.q[...])), positions_IT2, spec.rope_theta)
-        k_ISKH = rope_2d(self.k_norm(project("isd,dkh->iskh", x_ITD, self.k[...])), positions_IT2, spec.rope_theta)
-        v_ISKH = unscaled_rms(project("isd,dkh->iskh", x_ITD, self.v[...]), spec.rms_norm_eps)
+        q_ITNH = rope_2d(self.q_norm(self.linear("q", "itd,dnh->itnh", x_ITD)), positions_IT2, spec.rope_theta)
+        k_ISKH = rope_2d(self.k_norm(self.linear("k", "isd,dkh->iskh", x_ITD)), positions_IT2, spec.rope_theta)
+        v_ISKH = unscaled_rms(self.linear("v", "isd,dkh->iskh", x_ITD), spec.rms_norm_eps)
         I, T, N, H = q_ITNH.shape
         K = k_ISKH.shape[2]
         q_ITKGH = q_ITNH.reshape(I, T, K, N // K, H)
@@ -150,11 +171,11 @@ class EncoderLayer(nnx.Module):
         scores = jnp.where(valid_IT[:, None, None, None, :], scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
         out_ITNH = project("ikgts,iskh->itkgh", probs, v_ISKH).reshape(I, T, N, H)
-        return project("itnh,nhd->itd", out_ITNH, self.o[...])
+        return self.linear("o", "itnh,nhd->itd", out_ITNH)
 
     def mlp(self, x_ITD):
-        h_ITF = self.act(project("itd,df->itf", x_ITD, self.gate[...])) * project("itd,df->itf", x_ITD, self.up[...])
-        return project("itf,fd->itd", h_ITF, self.down[...])
+        h_ITF = self.act(self.linear("gate", "itd,df->itf", x_ITD)) * self.linear("up", "itd,df->itf", x_ITD)
+        return self.linear("down", "itf,fd->itd", h_ITF)
 
     def __call__(self, x_ITD, positions_IT2, valid_IT):
         x_ITD = x_ITD + self.attn_post_norm(self.attention(self.attn_norm(x_ITD), positions_IT2, valid_IT))

@@ -3,13 +3,13 @@
 The table has siglip_hf's shape (one Entry per parameter: our path, HF's name under the tower's or
 the embedder's prefix, both conversions; `{i}` for the layer of a stacked param) and its functions
 read it. transformers 5.25 holds and saves the same names (`model.vision_tower.`, `model.embed_vision.`).
-Every linear of the tower is a Gemma4ClippableLinear (`….linear.weight`); its clipping bounds exist
-only with `use_clipped_linears`, which import refuses.
+Every linear of the tower is a Gemma4ClippableLinear (`….linear.weight`); with `use_clipped_linears`
+its four scalar bounds (`….q_proj.input_min`, …) are ours by the same names (`q_input_min`, …).
 """
 
 from __future__ import annotations
 
-from maxlite.models.vision.gemma4_vit import Gemma4VisionSpec
+from maxlite.models.vision.gemma4_vit import BOUNDS, LINEARS, Gemma4VisionSpec
 from maxlite.models.vision.siglip_hf import Entry, Prefixes
 
 PREFIXES = Prefixes("model.vision_tower.", "model.embed_vision.")
@@ -17,6 +17,14 @@ PREFIXES = Prefixes("model.vision_tower.", "model.embed_vision.")
 
 def _same(x, spec):
     return x
+
+
+def _one(x, spec):
+    return x.reshape(1)
+
+
+def _scalar(x, spec):
+    return x.reshape(())
 
 
 def _t(x, spec):
@@ -61,6 +69,14 @@ STANDARDIZE = (Entry(("std_bias",), "std_bias", False, _same, _same),
                Entry(("std_scale",), "std_scale", False, _same, _same))
 
 
+def _clip_entries() -> tuple[Entry, ...]:
+    """Each linear's four scalar bounds (HF `….q_proj.input_min` ↔ our `q_input_min`, held as [1])."""
+    where = {"q": "self_attn", "k": "self_attn", "v": "self_attn", "o": "self_attn"}
+    return tuple(Entry(("layers", f"{name}_{bound}"), _LAYER + f"{where.get(name, 'mlp')}.{name}_proj.{bound}", False,
+                       _one, _scalar) for name in LINEARS for bound in BOUNDS)
+
+
 def entries(spec: Gemma4VisionSpec) -> tuple[Entry, ...]:
-    """The tower's table: the standardisation's bias and scale only where the tower stores them."""
-    return ENTRIES + (STANDARDIZE if spec.standardize else ())
+    """The tower's table: the standardisation's bias and scale, and the linears' bounds, only where
+    the tower stores them."""
+    return ENTRIES + (STANDARDIZE if spec.standardize else ()) + (_clip_entries() if spec.clipped else ())

@@ -58,7 +58,8 @@ def gemma4_spec(cfg):
         head_dim=cfg.vision_head_dim or cfg.vision_emb_dim // cfg.vision_num_heads, patch_size=cfg.vision_patch_size,
         pool=cfg.vision_pool_size, max_soft_tokens=cfg.vision_tokens_per_image,
         position_table=cfg.vision_num_positions, text_hidden_size=cfg.base_emb_dim, rope_theta=cfg.vision_rope_theta,
-        rms_norm_eps=cfg.vision_norm_epsilon, hidden_act=cfg.vision_act, standardize=cfg.vision_standardize)
+        rms_norm_eps=cfg.vision_norm_epsilon, hidden_act=cfg.vision_act, standardize=cfg.vision_standardize,
+        clipped=cfg.vision_clipped)
 
 
 # the parts that map the encoder's features to the decoder's width (vision_train=projector trains them)
