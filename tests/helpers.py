@@ -299,6 +299,8 @@ def shrunk(model_name: str) -> list[str]:
         window += ["vision_deepstack_layers=[0]"] if cfg.vision_deepstack_layers else []
         if cfg.vision_encoder == "siglip":  # 32-pixel squares: 4 × 4 patches pooled to 2 × 2 tokens
             window += ["vision_image_size=32", "vision_tokens_per_image=4"]
+        if cfg.vision_encoder == "gemma4_vit":  # grouped kv heads of 16; up to 6 soft tokens an image
+            window += ["vision_num_kv_heads=1", "vision_head_dim=16", "vision_tokens_per_image=6"]
     return ["base.yml", f"model_name={model_name}", "base_emb_dim=64", "base_mlp_dim=128",
             f"base_num_query_heads={heads}", f"base_num_kv_heads={kv}", f"head_dim={head_dim}",
             f"base_num_decoder_layers={layers}", "vocab_size=512", *window,
