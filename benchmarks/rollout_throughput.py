@@ -22,7 +22,9 @@ excluded (a warm-up run first); seconds are the timed run's wall time.
 
 `--block-size C` also runs the engine over the paged cache (maxlite/rollout/paged.py, blocks of C
 positions, the default pool): `engine_paged`, its peak blocks and bytes held, and paged ÷ contiguous.
-`--engines-only`: the two engines, no static sampler.
+`--engines-only`: the two engines, no static sampler. `--no-hold`: the engines step on the trainer's
+float32 weights, each step rounding them to the compute dtype again (before maxlite/rollout/weights.py
+held them rounded once).
 """
 
 from __future__ import annotations
@@ -114,8 +116,9 @@ def _engine(cfg, graphdef, params, prompts, args, end_ids, key, block_size: int 
     from maxlite.rollout.engine import Sampling
     from maxlite.rollout.paged import PagedEngine
 
-    engine = (PagedEngine(cfg, graphdef, args.slots, args.batched_tokens, block_size) if block_size else
-              ContinuousEngine(cfg, graphdef, args.slots, args.batched_tokens))
+    hold = not args.no_hold
+    engine = (PagedEngine(cfg, graphdef, args.slots, args.batched_tokens, block_size, hold_weights=hold) if block_size
+              else ContinuousEngine(cfg, graphdef, args.slots, args.batched_tokens, hold_weights=hold))
     sampling = Sampling(args.new, 1.0, args.generations, marker_ids=tuple(end_ids))
     engine.generate(params, prompts, sampling, key)  # compiles
     done = engine.generate(params, prompts, sampling, key)
@@ -182,6 +185,8 @@ def main() -> None:
     ap.add_argument("--end-share", type=int, default=64, help="1 / the share of the vocabulary that ends a completion")
     ap.add_argument("--block-size", type=int, default=0, help="also the paged engine, blocks of this many positions")
     ap.add_argument("--engines-only", action="store_true", help="the engines only, no static sampler")
+    ap.add_argument("--no-hold", action="store_true", help="the engines on the trainer's float32 weights, re-rounded "
+                    "each step (as before maxlite/rollout/weights.py held them in the compute dtype)")
     ap.add_argument("--out", type=pathlib.Path, default=OUT)
     args = ap.parse_args()
     import jax

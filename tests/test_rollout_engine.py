@@ -89,6 +89,49 @@ def test_greedy_equals_the_static_sampler_on_every_imported_family(name, tmp_pat
     _greedy_equals_static(cfg, graphdef, params, [[t % 200 for t in p] for p in PROMPTS], n=5)
 
 
+def test_the_layers_matmul_weights_are_held_in_the_compute_dtype_and_give_the_same_tokens():
+    """bf16 compute over float32 masters (the default dtypes): the engine holds the layers' matmul
+    weights rounded to bfloat16 once (on a CPU as their bits), what every step rounded them to before,
+    and keeps the norms', the embedding's and the head's as stored; its greedy tokens are the static
+    sampler's on the masters, and what it samples and the log-probs it reports are, bit for bit, an
+    engine's that re-rounds the masters each step."""
+    from maxlite.rollout.weights import held_paths
+
+    cfg = C.load([*SMALL, "init_scale=0.5"])
+    assert (cfg.dtype, cfg.weight_dtype) == ("bfloat16", "float32")
+    graphdef, params = nnx.split(api.create_model(cfg, seed=3), nnx.Param)
+    engine = ContinuousEngine(cfg, graphdef, 4, 64)
+    held = dict(nnx.to_flat_state(engine.held(params)))
+    assert held_paths(cfg, graphdef, params) == {("layers", part, w) for part, ws in
+                                                 (("attn", "qkvo"), ("mlp", ("gate", "up", "down"))) for w in ws}
+    assert held[("layers", "attn", "q")].get_value().dtype == jnp.uint16
+    assert held[("layers", "attn_norm", "scale")].get_value().dtype == jnp.float32
+    assert held[("embedding",)].get_value().dtype == jnp.float32
+    _greedy_equals_static(cfg, graphdef, params, PROMPTS, n=8)
+    sampling = E.Sampling(8, 1.0, G)
+    done = engine.generate(params, PROMPTS, sampling, jax.random.key(1))
+    plain = ContinuousEngine(cfg, graphdef, 4, 64, hold_weights=False).generate(params, PROMPTS, sampling,
+                                                                               jax.random.key(1))
+    assert [t.tolist() for t in done.tokens] == [t.tolist() for t in plain.tokens]
+    assert all(np.array_equal(a, b) for a, b in zip(done.logps, plain.logps))
+    assert len(set(np.concatenate(done.tokens).tolist())) > 8  # sampled, not one token repeated
+
+
+def test_a_weight_used_other_than_cast_keeps_its_stored_form():
+    """The gated delta-net's A_log (exp'd in float32), its dt bias and the norms stay float32 masters;
+    its projections and convolution taps are held."""
+    from maxlite.rollout.weights import held_paths
+    from tests.helpers import shrunk
+
+    cfg = C.load(shrunk("qwen3.5-27b"))
+    graphdef, params = nnx.split(api.create_model(cfg, seed=0), nnx.Param)
+    paths = held_paths(cfg, graphdef, params)
+    gdn = ("layers", "blocks", 0, "attn")
+    assert {gdn + (w,) for w in ("q", "k", "v", "z", "a", "b", "o", "conv_q")} <= paths
+    assert not {gdn + (w,) for w in ("A_log", "dt_bias")} & paths
+    assert not any(path[-1] == "scale" for path in paths)
+
+
 def test_logps_equal_the_trainers_token_logps():
     cfg, graphdef, params = _small()
     done = ContinuousEngine(cfg, graphdef, 4, 64).generate(params, PROMPTS, E.Sampling(8, 1.0, G),

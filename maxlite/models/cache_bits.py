@@ -7,13 +7,15 @@ stack (llama-100m, 32 slots × 304 positions: 80% of a rollout step, 641 of 804 
 held as uint16 are written where they lie, and a read views the slice it cuts out as the compute dtype
 again (free: the view fuses into the read's copy). Other platforms, and 32-bit caches, hold the values
 as they are. What is stored is the same bits either way: the cache's bytes, sizes and results are
-unchanged.
+unchanged. The rollout engine holds its copy of the layer weights the same way
+(maxlite/rollout/weights.py): a layer views them as the compute dtype before it runs (`viewed`).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from maxlite.models.platform import target_platform
 
@@ -38,3 +40,12 @@ def store(x, held_dtype, dtype):
 def load(a, dtype):
     """What a held array (or a slice of one) stores, as `dtype`."""
     return jax.lax.bitcast_convert_type(a, dtype) if a.dtype == jnp.uint16 else a
+
+
+def viewed(module, dtype):
+    """`module` with the arrays it holds as bits (uint16: the rollout engine's held weights) read as
+    `dtype`; itself where it holds none."""
+    graphdef, state = nnx.split(module)
+    if not any(x.dtype == jnp.uint16 for x in jax.tree.leaves(state)):
+        return module
+    return nnx.merge(graphdef, jax.tree.map(lambda a: load(a, dtype), state))

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from maxlite.models import attention, context, matmul, paged_cache
-from maxlite.models.cache_bits import load, store
+from maxlite.models.cache_bits import load, store, viewed
 from maxlite.models.carry import Carry, layer_inputs
 from maxlite.models.kinds import MIXERS
 from maxlite.models.layout import cache_groups, layer_kinds, layer_stacks
@@ -136,7 +136,8 @@ def _forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache, prefill_cf
 
         def body(carry, layer, inputs):
             x, stack, j = carry
-            x, stack = _block(layer, key, x, positions_BT, lengths_B, stack, j, shared, prefill_cfg, {}, inputs, rope_BT)
+            x, stack = _block(viewed(layer, x.dtype), key, x, positions_BT, lengths_B, stack, j, shared, prefill_cfg,
+                              {}, inputs, rope_BT)
             return x, stack, j + 1
         scan = nnx.scan(body, in_axes=(nnx.Carry, 0, 0 if inputs_L else None), out_axes=nnx.Carry,
                         transform_metadata={nnx.PARTITION_NAME: "layers"})
@@ -147,8 +148,8 @@ def _forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache, prefill_cf
         count = {key: 0 for key in groups}
         for i, (layer, kind) in enumerate(zip(model.blocks(), kinds)):
             key = (kind.mixer, kind.variant)
-            x_BTD, new[key] = _block(layer, key, x_BTD, positions_BT, lengths_B, new[key], count[key],
-                                     cache.stacks[key][1], prefill_cfg, context,
+            x_BTD, new[key] = _block(viewed(layer, x_BTD.dtype), key, x_BTD, positions_BT, lengths_B, new[key],
+                                     count[key], cache.stacks[key][1], prefill_cfg, context,
                                      jax.tree.map(lambda a, i=i: a[i], inputs_L), rope_BT)
             count[key] += 1
     stacks = {key: (new[key], _cache_module(key, shared).advance(shared, positions_BT, lengths_B))

@@ -116,10 +116,24 @@ class ContinuousEngine:
     """`generate(params, prompts, sampling, key) → Completions` (maxlite/rollout/engine.py) with
     `max_num_seqs` decode slots and at most `max_num_batched_tokens` prompt tokens per prefill."""
 
-    def __init__(self, cfg, graphdef, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, cfg, graphdef, max_num_seqs: int, max_num_batched_tokens: int, hold_weights: bool = True):
         self.cfg, self.graphdef = cfg, graphdef
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self._compiled: dict = {}
+        # the jitted rounding of a push's weights (maxlite/rollout/weights.py), once known; False: the
+        # trainer's weights as they come (the same tokens and log-probs, each step re-rounding them)
+        self._hold = None if hold_weights else (lambda params: params)
+
+    def held(self, params):
+        """The pushed weights as the engine holds them: the layers' matmul weights in the compute dtype
+        (maxlite/rollout/weights.py; which ones is read once, from the model's traced forward)."""
+        if self._hold is None:
+            import functools
+
+            from maxlite.rollout import weights
+            self._hold = jax.jit(functools.partial(weights.held, self.cfg,
+                                                   weights.held_paths(self.cfg, self.graphdef, params)))
+        return self._hold(params)
 
     def _shapes(self, prompts, sampling: Sampling, pad_to: int = 0) -> tuple[int, int]:
         """(the padded prompt length P, the prompts per prefill Bp), or the one line saying what is wrong."""
@@ -152,6 +166,7 @@ class ContinuousEngine:
         P, Bp = self._shapes(prompts, sampling, pad_to)
         S, G, N = self.max_num_seqs, sampling.generations, len(prompts)
         fns = self._functions(P, Bp, S, sampling)
+        params = self.held(params)
         lengths = np.array([len(p) for p in prompts], np.int32)
         padded = np.zeros((-(-N // Bp) * Bp, P), np.int32)
         for row, ids in zip(padded, prompts):

@@ -126,10 +126,10 @@ class PagedEngine(ContinuousEngine):
     prompt's blocks into each completion (for measuring what sharing saves)."""
 
     def __init__(self, cfg, graphdef, max_num_seqs: int, max_num_batched_tokens: int, block_size: int = 16,
-                 num_blocks: int = 0, share_prefix: bool = True):
+                 num_blocks: int = 0, share_prefix: bool = True, hold_weights: bool = True):
         if (why := paged_cache.refusal({k.mixer for k in layer_kinds(cfg)})) is not None:
             raise ConfigError(why)
-        super().__init__(cfg, graphdef, max_num_seqs, max_num_batched_tokens)
+        super().__init__(cfg, graphdef, max_num_seqs, max_num_batched_tokens, hold_weights)
         self.block_size, self.num_blocks, self.share_prefix = block_size, num_blocks, share_prefix
 
     def generate(self, params, prompts, sampling: Sampling, key, first_prompt: int = 0, pad_to: int = 0):
