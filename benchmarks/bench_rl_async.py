@@ -53,6 +53,7 @@ def main() -> None:
     p.add_argument("--recipe", default="grpo_math.yml")
     p.add_argument("--ray", action="store_true")
     p.add_argument("--no-affinity", action="store_true", help="--ray: the workers unpinned (ray_cpu_affinity=false)")
+    p.add_argument("--out", type=pathlib.Path, help="the JSON (default: by mode, in benchmarks/results/)")
     args = p.parse_args()
     argv = [args.recipe, f"steps={args.steps}", "alignment_sft_steps=0", "checkpoint_period=0", "eval_interval=0",
             "log_period=1", "per_device_batch_size=4", "enable_tensorboard=false", "write_report=false"]
@@ -77,7 +78,7 @@ def main() -> None:
     with open("/proc/loadavg") as f:
         out["loadavg"] = f.read().split()[:3]
     name = ("rl_async_ray_unpinned.json" if args.no_affinity else "rl_async_ray.json") if args.ray else OUT.name
-    write_result(out, OUT.with_name(name))
+    write_result(out, args.out or OUT.with_name(name))
 
 
 if __name__ == "__main__":
