@@ -174,7 +174,23 @@ def doc_arrays(kind, ids: np.ndarray, mask: np.ndarray, images: Sequence[Any], w
     return kind.doc(ids, mask, images, where)
 
 
-class SiglipImages:
+class WholeImages:
+    """A kind whose row holds whole images, up to `max_images_per_row` (siglip, gemma4_vit): each of
+    its ROW_KEYS arrays has one entry per image."""
+
+    ROW_KEYS: tuple[str, ...] = ()
+
+    def row_capacity(self, arrays: dict) -> str | None:
+        n = len(arrays["image_pixels"])
+        if n > self.cfg.max_images_per_row:
+            return f"it has {n} images, more than a row holds (max_images_per_row={self.cfg.max_images_per_row})"
+        return None
+
+    def pack_lengths(self, length: int) -> dict[str, int]:
+        return {k: self.cfg.max_images_per_row for k in self.ROW_KEYS}
+
+
+class SiglipImages(WholeImages):
     """The siglip kind's side of a document: square pixels [I, C, S, S]; its placeholders were
     expanded in the text (`text_expansion`), so a document's ids hold one run of
     vision_tokens_per_image image tokens per image."""
@@ -216,15 +232,6 @@ class SiglipImages:
         S = self.cfg.vision_image_size
         return None, {"image_pixels": rng.standard_normal((1, 3, S, S)).astype(np.float32)}
 
-    def row_capacity(self, arrays: dict) -> str | None:
-        n = len(arrays["image_pixels"])
-        if n > self.cfg.max_images_per_row:
-            return f"it has {n} images, more than a row holds (max_images_per_row={self.cfg.max_images_per_row})"
-        return None
-
-    def pack_lengths(self, length: int) -> dict[str, int]:
-        return {"image_pixels": self.cfg.max_images_per_row}
-
     def batch_shapes(self, B: int, T: int) -> dict[str, tuple[tuple[int, ...], str]]:
         """{key: (shape, dtype)} of what `finish` puts in a batch of B packed rows beside the text arrays."""
         S = self.cfg.vision_image_size
@@ -234,7 +241,7 @@ class SiglipImages:
         out["image_pixels"] = row["image_pixels"].astype(np.float32)
 
 
-class Gemma4Images:
+class Gemma4Images(WholeImages):
     """The gemma4_vit kind's side of a document: each image's patches at its own aspect ratio and
     their (column, row) positions, padded to Np patches; its placeholders expanded in the ids."""
 
@@ -305,15 +312,6 @@ class Gemma4Images:
         pixels = np.zeros((self.num_patches, self.width), np.float32)
         pixels[:n] = rng.standard_normal((n, self.width))
         return None, self._arrays([pixels], [gemma4_positions(h * pool, w * pool, self.num_patches)])
-
-    def row_capacity(self, arrays: dict) -> str | None:
-        n = len(arrays["image_pixels"])
-        if n > self.cfg.max_images_per_row:
-            return f"it has {n} images, more than a row holds (max_images_per_row={self.cfg.max_images_per_row})"
-        return None
-
-    def pack_lengths(self, length: int) -> dict[str, int]:
-        return {k: self.cfg.max_images_per_row for k in self.ROW_KEYS}
 
     def batch_shapes(self, B: int, T: int) -> dict[str, tuple[tuple[int, ...], str]]:
         """{key: (shape, dtype)} of what `finish` puts in a batch of B packed rows beside the text arrays."""
