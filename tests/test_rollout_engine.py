@@ -117,6 +117,22 @@ def test_the_layers_matmul_weights_are_held_in_the_compute_dtype_and_give_the_sa
     assert len(set(np.concatenate(done.tokens).tolist())) > 8  # sampled, not one token repeated
 
 
+@pytest.mark.parametrize("preset", ["qwen3.5-27b", "deepseek-v3"])
+def test_held_weights_sample_as_the_masters_for_other_mixers(preset):
+    """The gated delta-net beside attention, and latent attention (whose decode absorbs kv_b) with
+    DeepSeekMoE: bf16 compute over float32 masters, the same samples and log-probs held or not."""
+    from tests.helpers import shrunk
+
+    cfg = C.load(shrunk(preset))
+    graphdef, params = nnx.split(api.create_model(cfg, seed=0), nnx.Param)
+    prompts, sampling = [[t % 200 for t in p] for p in PROMPTS], E.Sampling(5, 1.0, G)
+    done, plain = (ContinuousEngine(cfg, graphdef, 4, 64, hold_weights=hold).generate(params, prompts, sampling,
+                                                                                      jax.random.key(2))
+                   for hold in (True, False))
+    assert [t.tolist() for t in done.tokens] == [t.tolist() for t in plain.tokens]
+    assert all(np.array_equal(a, b) for a, b in zip(done.logps, plain.logps))
+
+
 def test_a_weight_used_other_than_cast_keeps_its_stored_form():
     """The gated delta-net's A_log (exp'd in float32), its dt bias and the norms stay float32 masters;
     its projections and convolution taps are held."""
