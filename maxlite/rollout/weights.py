@@ -5,9 +5,9 @@ Every product of a layer weight with the hidden states casts the weight to the c
 (maxlite/models/matmul.py `project`): a decode step on float32 masters re-rounds every layer weight to
 bfloat16 each step (llama-100m, 32 slots: 43 of an 87 ms forward). Held rounded once per push, the
 step reads them as they are. Only weights whose every use in a layer is that cast are held so
-(`held_paths`, read from the layer's traced program): the same values reach every product, so the
-engine's tokens and log-probs are the trainer's, bit for bit; a weight used otherwise (the delta-net's
-A_log in float32, a norm's scale) keeps its stored form.
+(`held_paths`, read from the model's traced forward): the same values reach every product, so the
+engine samples the same tokens with the same log-probs as when each step rounded the masters, bit for
+bit; a weight used otherwise (the delta-net's A_log in float32, a norm's scale) keeps its stored form.
 
 On a CPU the held weights are the bfloat16 bits as uint16 (maxlite/models/cache_bits.py: XLA:CPU
 slices a bfloat16 stack inside the layers' loop through a float32 copy of the whole stack); a layer
