@@ -87,6 +87,7 @@ def validate(c: Config) -> None:
         raise ConfigError(f"mlp_activations_limit={c.mlp_activations_limit} clamps gpt-oss's SwiGLU; "
                           f"decoder_block={c.decoder_block} has none: leave it 0")
     _validate_kinds(c)
+    _validate_vision(c)
     _validate_image_blocks(c)
     _validate_objective(c)
     _validate_data(c)
@@ -407,6 +408,15 @@ def check_layout(c: Config, num_processes: int) -> None:
         _check_pipeline(c, stage, round(rows))
 
 
+def _validate_vision(c: Config) -> None:
+    """An encoder kind's shape keys set (names.VISION_KEYS): 0 would build no tower, or a tower no
+    image fits."""
+    unset = [k for k in names.VISION_KEYS.get(c.vision_encoder, ()) if not getattr(c, k)]
+    if unset:
+        raise ConfigError(f"vision_encoder={c.vision_encoder} needs {', '.join(unset)} (an imported recipe.yml "
+                          f"states them)")
+
+
 def _validate_image_blocks(c: Config) -> None:
     """A vision encoder whose image tokens attend both ways (names.image_blocks: Gemma 3's siglip,
     Gemma 4's gemma4_vit with vision_bidirectional) needs an attention that draws those blocks, on
@@ -414,10 +424,6 @@ def _validate_image_blocks(c: Config) -> None:
     if c.vision_bidirectional and c.vision_encoder != "gemma4_vit":
         raise ConfigError(f"vision_bidirectional=true is Gemma 4's (vision_encoder=gemma4_vit), not "
                           f"vision_encoder={c.vision_encoder or 'empty'}'s")
-    unset = [k for k in ("vision_num_layers", "vision_emb_dim", "vision_mlp_dim", "vision_num_heads",
-                         "vision_tokens_per_image", "vision_num_positions") if not getattr(c, k)]
-    if c.vision_encoder == "gemma4_vit" and unset:
-        raise ConfigError(f"vision_encoder=gemma4_vit needs {', '.join(unset)} (an imported recipe.yml states them)")
     if c.vision_encoder == "gemma4_vit" and c.per_layer_embed_dim and c.pad_token_id < 0:
         raise ConfigError("vision_encoder=gemma4_vit with per-layer embeddings: set pad_token_id (an image token "
                           "takes its per-layer embedding; Gemma 4's is 0)")

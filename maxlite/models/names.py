@@ -18,6 +18,9 @@ BLOCKWISE_MIN_LENGTH = 2048  # on CPU, dot_product's T×T scores cost more than 
 # the vision encoder kinds whose image tokens attend to each other both ways in the decoder (Gemma 3:
 # a run of placeholders is one block, seen whole by each of its tokens); dot_product alone draws that mask
 BIDIRECTIONAL_ENCODERS = ("siglip",)
+# the shape keys an encoder kind cannot do without (0: unset), checked when a recipe is loaded
+VISION_KEYS = {"gemma4_vit": ("vision_num_layers", "vision_emb_dim", "vision_mlp_dim", "vision_num_heads",
+                              "vision_tokens_per_image", "vision_num_positions")}
 IMAGE_BLOCK_ATTENTION = ("dot_product",)
 
 

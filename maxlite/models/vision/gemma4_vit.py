@@ -30,6 +30,7 @@ from flax import nnx
 
 from maxlite.models.layers import RMSNorm, apply_rope, param
 from maxlite.models.matmul import project
+from maxlite.models.vision.stack import layer_stack, run_stack
 
 ACTIVATIONS = {"gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True),
                "gelu": functools.partial(jax.nn.gelu, approximate=False)}
@@ -193,12 +194,8 @@ class Gemma4VisionTower(nnx.Module):
         # [column or row, position, D]: the column's and the row's rows are added
         self.positions = param(rngs, (2, spec.position_table, D), (None, "position", "embed"), wd)
 
-        # the layers as one stack [L, ...], its layer dim unsharded (the tower is not in pipeline stages)
-        @nnx.split_rngs(splits=spec.depth)
-        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: None})
-        def make_layers(rngs):
-            return EncoderLayer(spec, rngs=rngs, dtype=dtype, weight_dtype=wd)
-        self.layers = make_layers(rngs)
+        self.layers = layer_stack(spec.depth, lambda r: EncoderLayer(spec, rngs=r, dtype=dtype, weight_dtype=wd),
+                                  rngs)
         if spec.standardize:  # HF's std_bias / std_scale: stored with the checkpoint, never trained
             self.std_bias = param(rngs, (D,), ("norm",), wd, init="zeros")
             self.std_scale = param(rngs, (D,), ("norm",), wd, init="ones")
@@ -222,12 +219,7 @@ class Gemma4VisionTower(nnx.Module):
         table = self.positions[...].astype(self.dtype)
         pos_ITD = jnp.take(table[0], at_IT2[..., 0], axis=0) + jnp.take(table[1], at_IT2[..., 1], axis=0)
         x_ITD = x_ITD + jnp.where(valid_IT[..., None], pos_ITD, 0)
-
-        @nnx.scan(in_axes=(nnx.Carry, 0, None, None), out_axes=nnx.Carry,
-                  transform_metadata={nnx.PARTITION_NAME: None})
-        def run(x_ITD, layer, positions_IT2, valid_IT):
-            return layer(x_ITD, positions_IT2, valid_IT)
-        return run(x_ITD, self.layers, positions_IT2, valid_IT), valid_IT
+        return run_stack(self.layers, x_ITD, positions_IT2, valid_IT), valid_IT
 
     def pool(self, x_ITD, positions_IT2, valid_IT):
         """The soft tokens [I, M, D] (float32, × √D, standardised if stored) and which are real [I, M]:

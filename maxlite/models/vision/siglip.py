@@ -23,6 +23,7 @@ from flax import nnx
 
 from maxlite.models.layers import LayerNorm, RMSNorm, param
 from maxlite.models.matmul import project
+from maxlite.models.vision.stack import layer_stack, run_stack
 
 # HF's hidden_act → the activation (SigLIP checkpoints use the tanh approximation)
 ACTIVATIONS = {"gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True),
@@ -154,13 +155,8 @@ class SiglipTower(nnx.Module):
         self.patch_bias = param(rngs, (D,), ("norm",), wd, init="zeros")
         self.positions = param(rngs, (T, D), ("position", "embed"), wd)
 
-        # The layers as one stack [L, ...] scanned in __call__. Its layer dim is unsharded: the
-        # `layers` name would split it over pipeline stages, which the tower is not part of.
-        @nnx.split_rngs(splits=spec.depth)
-        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: None})
-        def make_layers(rngs):
-            return EncoderLayer(spec, rngs=rngs, dtype=dtype, weight_dtype=wd)
-        self.layers = make_layers(rngs)
+        self.layers = layer_stack(spec.depth, lambda r: EncoderLayer(spec, rngs=r, dtype=dtype, weight_dtype=wd),
+                                  rngs)
         self.post_norm = LayerNorm(D, spec.layer_norm_eps, dtype, wd, rngs=rngs)
         self.mm_norm = RMSNorm(D, spec.layer_norm_eps, dtype, wd, rngs=rngs, offset=1.0)
         # the decoder's embed dim, split like its embeddings; the vision width stays whole
@@ -182,11 +178,7 @@ class SiglipTower(nnx.Module):
         """The vision model's last hidden states [I, T, D] (after the post LayerNorm)."""
         x_ITD = project("itp,pd->itd", self.patches(pixels_ICHW), self.patch[...])
         x_ITD = x_ITD + self.patch_bias[...].astype(self.dtype) + self.positions[...].astype(self.dtype)
-
-        @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry, transform_metadata={nnx.PARTITION_NAME: None})
-        def run(x_ITD, layer):
-            return layer(x_ITD)
-        return self.post_norm(run(x_ITD, self.layers))
+        return self.post_norm(run_stack(self.layers, x_ITD))
 
     def project_tokens(self, x_ITD: jax.Array) -> jax.Array:
         """Gemma 3's projector: average pool of each pool×pool block of patches (in float32), the
