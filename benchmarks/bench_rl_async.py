@@ -2,7 +2,7 @@
 (in one process) or rl_async_ray.json (`--ray`).
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu python benchmarks/bench_rl_async.py
-    JAX_PLATFORMS=cpu python benchmarks/bench_rl_async.py --ray
+    JAX_PLATFORMS=cpu python benchmarks/bench_rl_async.py --ray [key=value ...]
 
 `--ray`: `python -m ray_entry.train` on the launcher's local Ray cluster, one training worker and one
 rollout worker (a Ray actor, `rollout_workers=1`), each run in a fresh directory, each pinned to a
@@ -54,9 +54,12 @@ def main() -> None:
     p.add_argument("--ray", action="store_true")
     p.add_argument("--no-affinity", action="store_true", help="--ray: the workers unpinned (ray_cpu_affinity=false)")
     p.add_argument("--out", type=pathlib.Path, help="the JSON (default: by mode, in benchmarks/results/)")
+    p.add_argument("overrides", nargs="*", help="key=value for both runs (e.g. grpo_max_new_tokens=128: longer "
+                   "completions, a larger share of each step sampling)")
     args = p.parse_args()
     argv = [args.recipe, f"steps={args.steps}", "alignment_sft_steps=0", "checkpoint_period=0", "eval_interval=0",
-            "log_period=1", "per_device_batch_size=4", "enable_tensorboard=false", "write_report=false"]
+            "log_period=1", "per_device_batch_size=4", "enable_tensorboard=false", "write_report=false",
+            *args.overrides]
     argv += (["ray_num_workers=1", "rollout_workers=1", f"ray_cpu_affinity={str(not args.no_affinity).lower()}"] if args.ray else
              ["trainer_devices_fraction=0.25", "sampler_devices_fraction=0.25"])
     out = {"argv": argv}

@@ -56,7 +56,9 @@ def model():
 def _equal(done, expected):
     assert [t.tolist() for t in done.tokens] == [t.tolist() for t in expected.tokens]
     for a, b in zip(done.logps, expected.logps):
-        np.testing.assert_array_equal(a, b)
+        # float32 rounding: a worker prefills its share (2 prompts) where the in-process engine prefills
+        # the 4 at once, and XLA:CPU's dots may sum another batch shape in another order
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert done.stops == expected.stops
 
 

@@ -6,6 +6,7 @@ samples does not depend on max_num_seqs; with top_k / top_p it samples from the 
 (checked in numpy against the trainer's logits) and reports that distribution's log-probs; each
 completion stops for the right reason."""
 
+import dataclasses
 import functools
 
 import jax
@@ -213,6 +214,27 @@ def test_cut_sampling_draws_from_the_nucleus_and_reports_its_log_probs(temperatu
         cut.append(sampler[b, t] - full)
     assert 1 < max(sizes) and max(sizes) < logits_BTV.shape[-1]  # the cut left choices, and cut something
     assert max(cut) > 1e-2  # the renormalised log-probs are above the full distribution's
+
+
+def test_batches_of_other_prompt_lengths_reuse_the_compiled_programs():
+    """A run's batches have other longest prompts (grpo_math.yml's word problems: 40 to 89 tokens): the
+    engine pads each batch to its longest prompt's power-of-two bucket, so the second batch (longest 12
+    tokens, the first 9: both in the bucket of 16) runs on the first one's programs, and each batch's
+    greedy tokens are still the static sampler's."""
+    cfg, graphdef, params = _small()
+    cfg = dataclasses.replace(cfg, max_target_length=32)  # a prompt budget of 32 - 6 tokens
+    engine = ContinuousEngine(cfg, graphdef, max_num_seqs=4, max_num_batched_tokens=64)
+    for prompts in (PROMPTS, [[9, 8, 7], list(range(60, 72))]):
+        done = engine.generate(params, prompts, E.Sampling(6, temperature=0.0, generations=G), jax.random.key(0))
+        assert [t.tolist() for t in done.tokens] == _static_greedy(graphdef, params, cfg, prompts, 6, G).tolist()
+    assert {P for P, *_ in engine._compiled} == {16}  # one padded length: the programs of the first batch
+
+
+def test_a_prompt_bucket_is_the_next_power_of_two_inside_the_budget():
+    from maxlite.rollout.continuous import prompt_bucket
+    assert [prompt_bucket(n, 96) for n in (1, 16, 17, 33, 64, 65, 96)] == [16, 16, 32, 64, 64, 96, 96]
+    assert prompt_bucket(120, 96) == 120  # a prompt over the budget: its own length (max_position_embeddings rules)
+    assert prompt_bucket(5, 8) == 8
 
 
 def test_what_is_sampled_does_not_depend_on_the_slots():

@@ -8,8 +8,8 @@ Gemma 4's shared K/V), sized for the longest padded prompt + max_new_tokens. The
 (`_admits`, `_started`, `_release`, `_narrowed`, `_step`): a pool of blocks and a block table per slot.
 
 Three compiled functions with fixed shapes, called from a host loop:
-- `prefill`: a chunk of prompts ([Bp, P]: Bp = max_num_batched_tokens // P, the padded prompt
-  length P) through the training attention into a cache of Bp rows, and each prompt's last hidden state;
+- `prefill`: a chunk of prompts ([Bp, P]: Bp = max_num_batched_tokens // P; P the longest prompt's
+  length rounded up to a power of two, `prompt_bucket`, so batches of other lengths reuse the programs) through the training attention into a cache of Bp rows, and each prompt's last hidden state;
 - `insert`: rows of that cache copied into free slots (maxlite/rollout/slots.py) — a prompt's G
   completions are G copies of its one prefill —, each slot at its own position, its count reset;
 - `step`: for every slot, sample a token from its last hidden state (decode.sample, `generate`'s
@@ -144,10 +144,13 @@ class ContinuousEngine:
         if (why := decode.sampling_refusal(sampling.temperature, sampling.top_k, sampling.top_p)) is not None:
             raise ConfigError(why)
         longest = max(pad_to, *map(len, prompts))
-        P = decode.prompt_length(self.cfg, longest, context.shards())
-        if longest + sampling.max_new_tokens > self.cfg.max_position_embeddings:
+        room = self.cfg.max_position_embeddings - sampling.max_new_tokens
+        if longest > room:
             raise ConfigError(f"prompt ({longest} tokens) + max_new_tokens ({sampling.max_new_tokens}) exceeds "
                               f"the model's max_position_embeddings={self.cfg.max_position_embeddings}")
+        # the bucket stays inside the recipe's own budget for a prompt where the prompt fits it
+        budget = min(room, self.max_num_batched_tokens, self.cfg.max_target_length - sampling.max_new_tokens)
+        P = decode.prompt_length(self.cfg, prompt_bucket(longest, budget), context.shards())
         if self.max_num_batched_tokens < P:
             raise ConfigError(f"max_num_batched_tokens={self.max_num_batched_tokens} is below the longest prompt "
                               f"({P} tokens padded): raise it")
@@ -274,6 +277,14 @@ class ContinuousEngine:
         columns = np.zeros((5, self.max_num_seqs), np.int32)
         columns[:, :len(inserts)] = np.asarray(inserts, np.int32).T
         return fns.insert(state, *prefilled, *columns, np.int32(len(inserts)))
+
+
+def prompt_bucket(longest: int, most: int) -> int:
+    """The length a batch whose longest prompt has `longest` tokens is padded to: the next power of
+    two (at least 16), at most `most` unless `longest` is more. Every compiled function of the engine
+    is keyed by it, so a run whose batches' longest prompts differ compiles once per bucket, not once
+    per length (grpo_math.yml: 6 compiles of 2 s in its first 8 steps, one per new length)."""
+    return max(longest, min(max(16, 1 << (longest - 1).bit_length()), most))
 
 
 class _Book:
