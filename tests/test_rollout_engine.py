@@ -92,8 +92,8 @@ def test_greedy_equals_the_static_sampler_on_every_imported_family(name, tmp_pat
 
 def test_the_layers_matmul_weights_are_held_in_the_compute_dtype_and_give_the_same_tokens():
     """bf16 compute over float32 masters (the default dtypes): the engine holds the layers' matmul
-    weights rounded to bfloat16 once (on a CPU as their bits), what every step rounded them to before,
-    and keeps the norms', the embedding's and the head's as stored; its greedy tokens are the static
+    weights and its untied head rounded to bfloat16 once (on a CPU as their bits), what every step
+    rounded them to before, and keeps the norms' and the embedding's as stored; its greedy tokens are the static
     sampler's on the masters, and what it samples and the log-probs it reports are, bit for bit, an
     engine's that re-rounds the masters each step."""
     from maxlite.rollout.weights import held_paths
@@ -104,8 +104,10 @@ def test_the_layers_matmul_weights_are_held_in_the_compute_dtype_and_give_the_sa
     engine = ContinuousEngine(cfg, graphdef, 4, 64)
     held = dict(nnx.to_flat_state(engine.held(params)))
     assert held_paths(cfg, graphdef, params) == {("layers", part, w) for part, ws in
-                                                 (("attn", "qkvo"), ("mlp", ("gate", "up", "down"))) for w in ws}
+                                                 (("attn", "qkvo"), ("mlp", ("gate", "up", "down"))) for w in ws} | {
+        ("unembedding",)}
     assert held[("layers", "attn", "q")].get_value().dtype == jnp.uint16
+    assert held[("unembedding",)].get_value().dtype == jnp.uint16
     assert held[("layers", "attn_norm", "scale")].get_value().dtype == jnp.float32
     assert held[("embedding",)].get_value().dtype == jnp.float32
     _greedy_equals_static(cfg, graphdef, params, PROMPTS, n=8)

@@ -24,7 +24,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 import math
 
-from maxlite.models import matmul, pipeline
+from maxlite.models import cache_bits, matmul, pipeline
 from maxlite.models.carry import Carry, layer_inputs, start
 from maxlite.models.families import family
 from maxlite.models.kinds import FEED_FORWARDS, MIXERS
@@ -334,10 +334,12 @@ class Transformer(nnx.Module):
         ("vd") when tied, else the unembedding [D, V] ("dv"). Every product with the head (the
         logits below, the chunked loss, decoding) names the table in its stored layout: through a
         transpose, its gradient would be a transposed bf16 × bf16 → f32 dot, which XLA's CPU dot
-        cannot compute (UNIMPLEMENTED: DotThunk BF16 x BF16 = F32)."""
+        cannot compute (UNIMPLEMENTED: DotThunk BF16 x BF16 = F32). The rollout engine's copy of an
+        untied head is held as the compute dtype's bits on a CPU (maxlite/rollout/weights.py): read as
+        that dtype."""
         if self.cfg.logits_via_embedding:
             return "vd", self.embedding[...]
-        return "dv", self.unembedding[...]
+        return "dv", cache_bits.load(self.unembedding[...], jnp.dtype(self.cfg.dtype))
 
     def logits(self, x_BTD):
         """logits_BTV (float32) of final-normed hidden states; `project` casts the stored head

@@ -1,5 +1,5 @@
-"""The rollout engine's copy of the decoder layers' weights, held in the compute dtype (as vLLM holds
-a model's weights), not as the trainer's float32 masters.
+"""The rollout engine's copy of the decoder layers' weights and of an untied output head, held in the
+compute dtype (as vLLM holds a model's weights), not as the trainer's float32 masters.
 
 Every product of a layer weight with the hidden states casts the weight to the compute dtype first
 (maxlite/models/matmul.py `project`): a decode step on float32 masters re-rounds every layer weight to
@@ -12,7 +12,7 @@ bit; a weight used otherwise (the delta-net's A_log in float32, a norm's scale) 
 On a CPU the held weights are the bfloat16 bits as uint16 (maxlite/models/cache_bits.py: XLA:CPU
 slices a bfloat16 stack inside the layers' loop through a float32 copy of the whole stack); a layer
 views them as the compute dtype before it runs (cache_bits.viewed, which maxlite/models/decode.py
-calls on each layer). Other platforms hold bfloat16 itself, half the bytes of the masters.
+calls on each layer), and the head is read so (Transformer.head). Other platforms hold bfloat16 itself, half the bytes of the masters.
 """
 
 from __future__ import annotations
@@ -73,9 +73,10 @@ def _only_cast(jaxpr, var, dtype) -> bool:
 
 
 def held_paths(cfg, graphdef, params) -> frozenset[tuple]:
-    """The paths (nnx.State keys) of the decoder layers' floating weights whose every use in the
-    model's forward casts them to the compute dtype: read from the jaxpr of a forward over one short
-    row (the embedding, the head and the multi-token-prediction depths stay as stored)."""
+    """The paths (nnx.State keys) of the decoder layers' floating weights and of an untied output head
+    whose every use in the model's forward casts them to the compute dtype: read from the jaxpr of a
+    forward over one short row (the embedding, a head tied to it — gathered, not cast — and the
+    multi-token-prediction depths stay as stored)."""
     dtype = jnp.dtype(cfg.dtype)
     flat = [(tuple(path), leaf) for path, leaf in nnx.to_flat_state(params)]
     if not any(jnp.issubdtype(v.get_value().dtype, jnp.floating) and v.get_value().dtype != dtype
@@ -91,7 +92,8 @@ def held_paths(cfg, graphdef, params) -> frozenset[tuple]:
 
     closed = jax.make_jaxpr(forward)([jax.ShapeDtypeStruct(v.get_value().shape, v.get_value().dtype)
                                       for _, v in flat])
-    stacks = {"layers", *(stack.name for stack in layer_stacks(cfg))}  # the decoder layers' parts
+    # the decoder layers' parts, and the head (its 32 × V product casts it: llama-100m, 3.8 ms a step)
+    stacks = {"layers", "unembedding", *(stack.name for stack in layer_stacks(cfg))}
     return frozenset(path for (path, v), var in zip(flat, closed.jaxpr.invars)
                      if path[0] in stacks and jnp.issubdtype(v.get_value().dtype, jnp.floating)
                      and v.get_value().dtype != dtype and _only_cast(closed.jaxpr, var, dtype))
