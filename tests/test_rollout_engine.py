@@ -93,8 +93,8 @@ def test_greedy_equals_the_static_sampler_on_every_imported_family(name, tmp_pat
 def test_the_layers_matmul_weights_are_held_in_the_compute_dtype_and_give_the_same_tokens():
     """bf16 compute over float32 masters (the default dtypes): the engine holds the layers' matmul
     weights and its untied head rounded to bfloat16 once (on a CPU as their bits), what every step
-    rounded them to before, and keeps the norms' and the embedding's as stored; its greedy tokens are the static
-    sampler's on the masters, and what it samples and the log-probs it reports are, bit for bit, an
+    rounded them to before, and keeps the norms' and the embedding's as stored; its greedy tokens are
+    the static sampler's on the masters, and what it samples and the log-probs it reports are, bit for bit, an
     engine's that re-rounds the masters each step."""
     from maxlite.rollout.weights import held_paths
 

@@ -9,7 +9,9 @@ Gemma 4's shared K/V), sized for the longest padded prompt + max_new_tokens. The
 
 Three compiled functions with fixed shapes, called from a host loop:
 - `prefill`: a chunk of prompts ([Bp, P]: Bp = max_num_batched_tokens // P; P the longest prompt's
-  length rounded up to a power of two, `prompt_bucket`, so batches of other lengths reuse the programs) through the training attention into a cache of Bp rows, and each prompt's last hidden state;
+  length rounded up to a power of two, `prompt_bucket`, so batches of other lengths reuse the
+  programs) through the training attention into a cache of Bp rows, and each prompt's last hidden
+  state;
 - `insert`: rows of that cache copied into free slots (maxlite/rollout/slots.py) — a prompt's G
   completions are G copies of its one prefill —, each slot at its own position, its count reset;
 - `step`: for every slot, sample a token from its last hidden state (decode.sample, `generate`'s

@@ -12,7 +12,8 @@ bit; a weight used otherwise (the delta-net's A_log in float32, a norm's scale) 
 On a CPU the held weights are the bfloat16 bits as uint16 (maxlite/models/cache_bits.py: XLA:CPU
 slices a bfloat16 stack inside the layers' loop through a float32 copy of the whole stack); a layer
 views them as the compute dtype before it runs (cache_bits.viewed, which maxlite/models/decode.py
-calls on each layer), and the head is read so (Transformer.head). Other platforms hold bfloat16 itself, half the bytes of the masters.
+calls on each layer), and the head is read so (Transformer.head). Other platforms hold bfloat16
+itself, half the bytes of the masters.
 """
 
 from __future__ import annotations
