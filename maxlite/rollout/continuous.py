@@ -41,7 +41,7 @@ import numpy as np
 from flax import nnx
 
 from maxlite.models import context, decode
-from maxlite.rollout.sampling import Completions, Sampling
+from maxlite.rollout.sampling import Completions, Sampling, bucket
 from maxlite.rollout.slots import copy_row, take_rows
 from maxlite.schema import ConfigError
 
@@ -286,7 +286,7 @@ def prompt_bucket(longest: int, most: int) -> int:
     two (at least 16), at most `most` unless `longest` is more. Every compiled function of the engine
     is keyed by it, so a run whose batches' longest prompts differ compiles once per bucket, not once
     per length (grpo_math.yml: 6 compiles of 2 s in its first 8 steps, one per new length)."""
-    return max(longest, min(max(16, 1 << (longest - 1).bit_length()), most))
+    return bucket(longest, most, least=16)
 
 
 class _Book:

@@ -35,3 +35,10 @@ class Completions(NamedTuple):
     logps: list  # per sequence: float32 [n], log-prob of each token under the sampling policy
     stops: list  # per sequence: one of STOPS
     stats: dict  # steps, slot_steps, ended_slot_steps (no live sequence in the slot), prefills, seconds
+
+
+def bucket(n: int, most: int, least: int = 1) -> int:
+    """`n` rounded up to a power of two (at least `least`), at most `most` unless `n` is more: the
+    lengths an engine call is padded to, so that calls of other lengths reuse its compiled programs
+    (a batch's prompts, maxlite/rollout/continuous.py; a tool round's token budget, tools.py)."""
+    return max(n, min(max(least, 1 << max(n - 1, 0).bit_length()), most))

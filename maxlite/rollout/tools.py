@@ -41,7 +41,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from maxlite.objectives import reward_pool, rewards
-from maxlite.rollout.sampling import Sampling
+from maxlite.rollout.sampling import Sampling, bucket
 from maxlite.schema import ConfigError
 
 _SALT = 0x746F6F6C  # the later rounds' keys: a stream of their own
@@ -115,10 +115,6 @@ class _Seq:
         self.tokens += [int(t) for t in tokens]
         self.logps += [float(v) for v in logps] if model else [0.0] * len(tokens)
         self.model += [model] * len(tokens)
-
-
-def _round_up(n: int, cap: int) -> int:
-    return min(1 << max(n - 1, 0).bit_length(), cap)
 
 
 class Tools:
@@ -213,7 +209,7 @@ class Tools:
             if not going:
                 break
             room = {i: budget - len(seqs[i].tokens) for i in going}
-            later = dataclasses.replace(sampling, generations=1, max_new_tokens=_round_up(max(room.values()), budget))
+            later = dataclasses.replace(sampling, generations=1, max_new_tokens=bucket(max(room.values()), budget))
             done = engine.generate(params, [seqs[i].prompt + seqs[i].tokens for i in going], later,
                                    jax.random.fold_in(jax.random.fold_in(key, _SALT), r))
             for i, tokens, logps, stop in zip(going, done.tokens, done.logps, done.stops):
