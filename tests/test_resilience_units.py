@@ -501,6 +501,57 @@ def test_a_productive_section_is_watched_and_counted_as_step_work():
     assert s["badput_compilation_seconds"] == pytest.approx(2.5) and s["badput_other_seconds"] == pytest.approx(0.0)
 
 
+def test_a_later_steps_compiles_are_compilation_and_not_a_slow_step():
+    """The rollout engine compiling for a new prompt length inside step 3's rollout (1.5 s of its
+    2 s), and step 4 compiling 0.2 s of its own 0.5 s: those seconds are compilation, the rest stays
+    productive, and neither step enters the straggler statistics (a new program is not a slow host)."""
+    from maxlite.resilience.clock import Clock
+
+    t, compiled = _Time(), [0.0]
+
+    def compile_for(seconds):
+        compiled[0] += seconds
+        t.pass_(seconds)
+
+    clock = Clock(t(), now=t, compile_seconds=lambda: compiled[0])
+    clock.goodput = goodput.Goodput(None, t(), now=t)
+    clock.setup_end()
+    for step, in_rollout, own in ((1, 0.0, 0.0), (2, 0.0, 0.0), (3, 1.5, 0.0), (4, 0.0, 0.2), (5, 0.0, 0.0)):
+        clock.step_begin()
+        with clock.section("rollout", productive=True):
+            compile_for(in_rollout)
+            t.pass_(2.0 - in_rollout)
+        compile_for(own)
+        t.pass_(0.5 - own)
+        clock.step_end(step)
+    clock.loop_end()
+    s = clock.goodput.summary()
+    assert s["badput_compilation_seconds"] == pytest.approx(2.5 + 1.5 + 0.2)  # step 1 whole, then the compiles
+    assert s["productive_rollout_seconds"] == pytest.approx(2.0 + 0.5 + 2.0 + 2.0)
+    assert s["productive_seconds"] == pytest.approx(4 * 2.5 - 1.5 - 0.2)
+    assert s["badput_other_seconds"] == pytest.approx(0.0)
+    assert len(clock.timer.window) == 2  # steps 2 and 5: the first and the two that compiled left out
+
+
+def test_compile_seconds_are_this_threads_own():
+    """JAX's backend-compile event, counted for the thread that compiled: a program compiled on
+    another thread (an asynchronous rollout's) is not the training loop's."""
+    import threading
+
+    import jax
+    import jax.numpy as jnp
+
+    from maxlite.resilience import compiles
+
+    before = compiles.on_this_thread()
+    other = threading.Thread(target=lambda: jax.jit(lambda x: x * 7 - 3)(jnp.ones(5)).block_until_ready())
+    other.start()
+    other.join()
+    assert compiles.on_this_thread() == before
+    jax.jit(lambda x: x * 11 + 2)(jnp.ones(5)).block_until_ready()
+    assert compiles.on_this_thread() > before
+
+
 def test_loss_watch_points_at_a_restored_state_bad_at_its_first_step():
     """A bad loss at the first step after a rollback implicates the state it restored (other
     batches than before went bad from it); one later than that, or before any rollback, does not."""

@@ -5,7 +5,10 @@ For goodput every second from `Resilience()` on belongs to one cause: startup un
 each step's interval, which runs from its start to the next step's start (or the loop's end), so
 the cross-host vote and the one-step-late read that wait for the step and the other hosts are the
 step's time; a section (eval, checkpoint, snapshot, sample, rollback, peak_probe) is cut out of
-the interval it falls in and charged to its own name."""
+the interval it falls in and charged to its own name. The attempt's first step is compilation; in
+a later step or productive section (GRPO's rollout) the seconds XLA spent compiling on this thread
+(maxlite/resilience/compiles.py: a new prompt length, a narrower batch) are compilation, the rest
+its own cause."""
 
 from __future__ import annotations
 
@@ -13,14 +16,18 @@ import contextlib
 import os
 import time
 
+from maxlite.resilience import compiles
 from maxlite.resilience.goodput import CAUSES, Goodput
 from maxlite.resilience.straggler import StepTimer
 
 
 class Clock:
-    def __init__(self, started: float, watchdog=None, now=time.monotonic):
-        """`now`: the clock goodput and the step timer measure with (tests inject one)."""
-        self.started, self.watchdog, self.now = started, watchdog, now
+    def __init__(self, started: float, watchdog=None, now=time.monotonic, compile_seconds=compiles.on_this_thread):
+        """`now`: the clock goodput and the step timer measure with; `compile_seconds`: the seconds
+        this thread has spent compiling so far (maxlite/resilience/compiles.py; tests inject both)."""
+        self.started, self.watchdog, self.now, self.compile_seconds = started, watchdog, now, compile_seconds
+        self._compiled_at = 0.0  # compile_seconds() when the open step interval began, its sections' left out
+        self._compiled_at_begin = 0.0  # ... and as it was (the straggler timer's step includes its sections)
         self.timer = StepTimer(clock=now)
         self.goodput: Goodput | None = None
         self.steps_this_attempt = 0
@@ -49,7 +56,8 @@ class Clock:
             seconds = self.now() - self._step_started
             if self._ended is not None:
                 step, compiling = self._ended
-                self.goodput.step(step, seconds, self._data_wait, compiling)
+                self.goodput.step(step, seconds, self._data_wait, compiling,
+                                  self.compile_seconds() - self._compiled_at)
             elif cause is not None:
                 self.goodput.add("data_wait", self._data_wait)
                 self.goodput.add(cause, seconds - self._data_wait)
@@ -60,6 +68,7 @@ class Clock:
         if self.watchdog:
             self.watchdog.beat("step", completed="step" if self.steps_this_attempt >= 2 else None)
         self._step_started = self.now()
+        self._compiled_at = self._compiled_at_begin = self.compile_seconds()
         self._data_wait = 0.0
         self.timer.begin()
 
@@ -90,12 +99,13 @@ class Clock:
             self.timer.wait_end()
 
     def step_end(self, step: int, faults=None) -> bool:
-        """After step `step` was dispatched: the step's own time (slowed by an injected fault); its
-        goodput interval stays open until the next step begins. True while this attempt's first
-        step (the compiling one) ends."""
+        """After step `step` was dispatched: the step's own time (slowed by an injected fault; not
+        counted where the step compiled); its goodput interval stays open until the next step begins.
+        True while this attempt's first step (the compiling one) ends."""
         self.steps_this_attempt += 1
         compiling = self.steps_this_attempt == 1
-        took = self.timer.end(skip=compiling)
+        # a step that compiled a program (a new shape) is left out of the straggler statistics too
+        took = self.timer.end(skip=compiling or self.compile_seconds() > self._compiled_at_begin)
         if faults and took is not None:
             t = self.now()
             faults.slow_down(step, took)
@@ -113,14 +123,16 @@ class Clock:
         seen = self._seen.get(name, 0)
         if self.watchdog:
             self.watchdog.beat(name)
-        t = self.now()
+        t, compiled = self.now(), self.compile_seconds()
         try:
             yield
         finally:
             self._seen[name] = seen + 1
-            took = self.now() - t
+            took, compiled = self.now() - t, self.compile_seconds() - compiled
+            self._compiled_at += compiled  # the section's compiles are its own, not its step's
             if self.goodput and productive:
-                self.goodput.productive_part(name, took, compiling=self.steps_this_attempt == 0)
+                self.goodput.productive_part(name, took, compiling=self.steps_this_attempt == 0,
+                                             compile_seconds=compiled)
             elif self.goodput and name in CAUSES:
                 self.goodput.add(name, took)
             if self.watchdog:

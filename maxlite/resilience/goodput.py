@@ -62,18 +62,26 @@ class Goodput:
     def add(self, cause: str, seconds: float) -> None:
         self.badput[cause] += max(0.0, seconds)
 
-    def productive_part(self, part: str, seconds: float, compiling: bool) -> None:
-        """Productive work done in a section of its own (cut out of its step's interval)."""
+    def productive_part(self, part: str, seconds: float, compiling: bool, compile_seconds: float = 0.0) -> None:
+        """Productive work done in a section of its own (cut out of its step's interval); of it,
+        `compile_seconds` were XLA compiling (the whole section in an attempt's first step)."""
         if compiling:
             self.add("compilation", seconds)
             return
-        self.productive += max(0.0, seconds)
-        self.parts[part] = self.parts.get(part, 0.0) + max(0.0, seconds)
+        compiled = min(max(0.0, compile_seconds), max(0.0, seconds))
+        self.add("compilation", compiled)
+        self.productive += max(0.0, seconds) - compiled
+        self.parts[part] = self.parts.get(part, 0.0) + max(0.0, seconds) - compiled
 
-    def step(self, step: int, seconds: float, data_wait: float, compiling: bool) -> None:
-        """One step's wall interval (`step` = steps done after it)."""
+    def step(self, step: int, seconds: float, data_wait: float, compiling: bool, compile_seconds: float = 0.0) -> None:
+        """One step's wall interval (`step` = steps done after it); of it, `compile_seconds` were XLA
+        compiling (a later program: the whole interval of an attempt's first step is compilation)."""
         self.add("data_wait", data_wait)
         rest = max(0.0, seconds - data_wait)
+        if not compiling:
+            compiled = min(max(0.0, compile_seconds), rest)
+            self.add("compilation", compiled)
+            rest -= compiled
         if compiling:
             self.add("compilation", rest)
         elif step <= self.max_step:
