@@ -232,11 +232,12 @@ def test_batches_of_other_prompt_lengths_reuse_the_compiled_programs():
     assert {P for P, *_ in engine._compiled} == {16}  # one padded length: the programs of the first batch
 
 
-def test_a_prompt_bucket_is_the_next_power_of_two_inside_the_budget():
-    from maxlite.rollout.continuous import prompt_bucket
-    assert [prompt_bucket(n, 96) for n in (1, 16, 17, 33, 64, 65, 96)] == [16, 16, 32, 64, 64, 96, 96]
-    assert prompt_bucket(120, 96) == 120  # a prompt over the budget: its own length (max_position_embeddings rules)
-    assert prompt_bucket(5, 8) == 8
+def test_a_bucket_is_the_next_power_of_two_inside_the_budget():
+    from maxlite.rollout.sampling import bucket
+    assert [bucket(n, 96, least=16) for n in (1, 16, 17, 33, 64, 65, 96)] == [16, 16, 32, 64, 64, 96, 96]
+    assert bucket(120, 96, least=16) == 120  # a prompt over the budget: its own length (max_position_embeddings rules)
+    assert bucket(5, 8, least=16) == 8
+    assert [bucket(n, 100) for n in (0, 1, 3, 9)] == [1, 1, 4, 16]  # a tool round's budget: no floor
 
 
 def test_what_is_sampled_does_not_depend_on_the_slots():

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import threading
 
+# JAX's event around each XLA compile (jax/_src/dispatch.py BACKEND_COMPILE_EVENT; the per-thread test
+# compiles for real, so a renamed event fails it)
+EVENT = "/jax/core/compile/backend_compile_duration"
 _seconds: dict[int, float] = {}  # thread ident → seconds compiling
 _lock = threading.Lock()
 _listening = False
 
 
 def _heard(event: str, duration_secs: float, **_) -> None:
-    from jax._src.dispatch import BACKEND_COMPILE_EVENT
-
-    if event == BACKEND_COMPILE_EVENT:
+    if event == EVENT:
         me = threading.get_ident()
         with _lock:
             _seconds[me] = _seconds.get(me, 0.0) + duration_secs

@@ -9,7 +9,7 @@ Gemma 4's shared K/V), sized for the longest padded prompt + max_new_tokens. The
 
 Three compiled functions with fixed shapes, called from a host loop:
 - `prefill`: a chunk of prompts ([Bp, P]: Bp = max_num_batched_tokens // P; P the longest prompt's
-  length rounded up to a power of two, `prompt_bucket`, so batches of other lengths reuse the
+  length rounded up to a power of two, `sampling.bucket`, so batches of other lengths reuse the
   programs) through the training attention into a cache of Bp rows, and each prompt's last hidden
   state;
 - `insert`: rows of that cache copied into free slots (maxlite/rollout/slots.py) — a prompt's G
@@ -150,9 +150,11 @@ class ContinuousEngine:
         if longest > room:
             raise ConfigError(f"prompt ({longest} tokens) + max_new_tokens ({sampling.max_new_tokens}) exceeds "
                               f"the model's max_position_embeddings={self.cfg.max_position_embeddings}")
-        # the bucket stays inside the recipe's own budget for a prompt where the prompt fits it
+        # a power-of-two bucket (at least 16) inside the recipe's own prompt budget where the prompt fits
+        # it: every compiled function is keyed by P, so batches of other longest prompts reuse them
+        # (grpo_math.yml compiled them 6 times in its first 8 steps, one per new length; now twice)
         budget = min(room, self.max_num_batched_tokens, self.cfg.max_target_length - sampling.max_new_tokens)
-        P = decode.prompt_length(self.cfg, prompt_bucket(longest, budget), context.shards())
+        P = decode.prompt_length(self.cfg, bucket(longest, budget, least=16), context.shards())
         if self.max_num_batched_tokens < P:
             raise ConfigError(f"max_num_batched_tokens={self.max_num_batched_tokens} is below the longest prompt "
                               f"({P} tokens padded): raise it")
@@ -279,14 +281,6 @@ class ContinuousEngine:
         columns = np.zeros((5, self.max_num_seqs), np.int32)
         columns[:, :len(inserts)] = np.asarray(inserts, np.int32).T
         return fns.insert(state, *prefilled, *columns, np.int32(len(inserts)))
-
-
-def prompt_bucket(longest: int, most: int) -> int:
-    """The length a batch whose longest prompt has `longest` tokens is padded to: the next power of
-    two (at least 16), at most `most` unless `longest` is more. Every compiled function of the engine
-    is keyed by it, so a run whose batches' longest prompts differ compiles once per bucket, not once
-    per length (grpo_math.yml: 6 compiles of 2 s in its first 8 steps, one per new length)."""
-    return bucket(longest, most, least=16)
 
 
 class _Book:
