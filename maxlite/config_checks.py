@@ -431,7 +431,7 @@ def _validate_image_blocks(c: Config) -> None:
         return
     if c.attention not in ("autoselected", *names.IMAGE_BLOCK_ATTENTION):
         raise ConfigError(f"attention={c.attention} cannot draw vision_encoder={c.vision_encoder}'s bidirectional "
-                          f"image blocks: use attention=dot_product (or autoselected)")
+                          f"image blocks: use attention=dot_product or blockwise (or autoselected)")
     others = sorted({k.mixer for k in layer_kinds(c) if not MIXERS[k.mixer].image_blocks})
     if others:
         raise ConfigError(f"vision_encoder={c.vision_encoder}'s bidirectional image blocks are drawn by the attention "

@@ -119,6 +119,49 @@ def test_blockwise_equals_dot_product(block):
     _check_equal(lambda q, k, v, s: attention.blockwise(q, k, v, s, block), _inputs())
 
 
+def _image_blocks(T=256):
+    """Each token's image block (−1: none): row 0 an image of 150 tokens from 20 (it reaches three key
+    blocks of 64 ahead of its first: 20 … 169) and one of 9 across the block edge at 190 (where the
+    third document starts: 186 … 194); row 1 one of 30 ending at the sequence's end."""
+    blocks = np.full((2, T), -1, np.int32)
+    blocks[0, 20:170], blocks[0, 186:195], blocks[1, T - 30:] = 0, 1, 0
+    return jnp.asarray(blocks)
+
+
+@pytest.mark.parametrize("window", [0, 40])
+def test_blockwise_draws_image_blocks_as_dot_product(window):
+    """Gemma 3's images: a query sees every key of its own image, later ones too (key blocks ahead of its
+    own), within its document and window; values and dq/dk/dv equal dot_product's."""
+    blocks = _image_blocks()
+    ref = lambda q, k, v, s: attention.dot_product(q, k, v, s, window=window, blocks_BT=blocks)  # noqa: E731
+    inputs = _inputs()
+    q, k, v, seg, dout = inputs
+    ref_out, _ = _value_and_grads(ref, q, k, v, seg, dout)
+    causal, _ = _value_and_grads(lambda q, k, v, s: attention.dot_product(q, k, v, s, window=window), q, k, v, seg,
+                                 dout)
+    assert not np.allclose(ref_out, causal, **TOL)  # the image blocks change what the queries see
+    assert int(attention.blocks_ahead(blocks, 64)) == 3
+    for block in (64, 128):
+        q, k, v, seg, dout = inputs
+        out, grads = _value_and_grads(
+            lambda q, k, v, s: attention.blockwise(q, k, v, s, block, window=window, blocks_BT=blocks), q, k, v, seg,
+            dout)
+        ref_out, ref_grads = _value_and_grads(ref, q, k, v, seg, dout)
+        np.testing.assert_allclose(out, ref_out, **TOL)
+        for g, r in zip(grads, ref_grads):
+            np.testing.assert_allclose(g, r, **TOL)
+
+
+def test_blocks_ahead_counts_the_longest_image():
+    none = jnp.full((1, 64), -1, jnp.int32)
+    assert int(attention.blocks_ahead(none, 16)) == 0
+    one = none.at[0, 10:27].set(0)  # 17 tokens: the last is 16 on, one block of 16
+    assert int(attention.blocks_ahead(one, 16)) == 1 and int(attention.blocks_ahead(one.at[0, 27].set(0), 16)) == 2
+    # two images back to back are two blocks (ids 0 and 1), not one run of their sum
+    assert int(attention.blocks_ahead(none.at[0, 0:16].set(0).at[0, 16:32].set(1), 16)) == 1
+    assert int(attention.blocks_ahead(jnp.zeros((1, 64), jnp.int32), 16)) == 3  # capped at the sequence
+
+
 def test_blockwise_in_bfloat16_stays_close():
     q, k, v, seg, dout = _inputs()
     ref = attention.dot_product(q, k, v, seg)

@@ -100,6 +100,24 @@ def test_logits_and_greedy_tokens_equal_transformers_with_an_image(imported, siz
     assert ours == theirs and len(set(ours)) > 3, (ours, theirs)
 
 
+def test_blockwise_attention_draws_each_image_both_ways_as_transformers(imported):
+    """attention=blockwise in key blocks of 8: the image's 16 tokens reach two blocks ahead of its first,
+    the sliding-window layer's window (6) is shorter than the image; the logits equal transformers'."""
+    from maxlite import config as C
+
+    model, cfg, pure, _ = imported
+    ids = _expanded([BOS, 17, 42, 5, 6], [99, 7, 23, 8, 9, 10, 11])
+    assert len(ids) == 32
+    image = random_image(45, 70, 4)
+    want, _ = _theirs(model, ids, [image])
+    _, _, _, arrays = image_docs.doc_arrays(image_docs.kind_of(cfg), np.asarray(ids, np.int32),
+                                            np.zeros(len(ids), bool), [image], "test")
+    keys = {k: v for k, v in C.to_plain_dict(cfg).items() if k not in ("attention", "attention_block_size")}
+    blockwise = C.load(["attention=blockwise", "attention_block_size=8"], **keys)
+    got = logits_with_images(blockwise, pure, ids, np.arange(len(ids)), arrays)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
 def test_the_decode_prefill_sees_each_image_both_ways_as_transformers(imported):
     """The prefill's logits (the cache filled through the training attention) at every prompt token."""
     from flax import nnx
@@ -162,15 +180,19 @@ def test_images_and_their_placeholders_must_match(imported):
 
 
 def test_attention_that_cannot_draw_image_blocks_is_refused(imported):
+    """The kernels (flash, cudnn_flash) cannot draw an image's blocks: refused by name; `autoselected`
+    picks XLA's two on every platform, blockwise at long sequences."""
     from maxlite import config as C
     from maxlite.models.names import resolve_attention
 
     _, cfg, _, _ = imported
     assert [resolve_attention("autoselected", p, 8192, 512, 512, image_blocks=True) for p in ("cpu", "gpu", "tpu")] \
-        == ["dot_product"] * 3
+        == ["blockwise"] * 3
+    assert resolve_attention("autoselected", "tpu", 512, 512, 512, image_blocks=True) == "dot_product"
     keys = {k: v for k, v in C.to_plain_dict(cfg).items() if k != "attention"}
-    with pytest.raises(C.ConfigError, match="attention=blockwise cannot draw vision_encoder=siglip's bidirectional"):
-        C.load(["attention=blockwise"], **keys)
+    for name in ("flash", "cudnn_flash"):
+        with pytest.raises(C.ConfigError, match=f"attention={name} cannot draw vision_encoder=siglip's bidirectional"):
+            C.load([f"attention={name}"], **keys)
     assert C.resolve(C.load([], **keys), 1, platform="gpu").attention == "dot_product"
     with pytest.raises(C.ConfigError, match="image blocks are not drawn across context shards"):
         C.resolve(C.load(["ici_context_parallelism=2", "ici_fsdp_parallelism=1"], **keys), 2, platform="cpu")

@@ -74,6 +74,9 @@ def attend(cfg, q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window: int = 0, scale: 
         impl = "blockwise"
     if blocks_BT is not None:  # config_checks refuses the others with a bidirectional vision encoder
         assert impl in IMAGE_BLOCK_ATTENTION and n == 1, (impl, n)
+        if impl == "blockwise":
+            return blockwise(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, min(cfg.attention_block_size, T),
+                             window=window, scale=scale, sinks_N=sinks_N, blocks_BT=blocks_BT)
         return dot_product(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, window=window, scale=scale, sinks_N=sinks_N,
                            blocks_BT=blocks_BT)
     if n > 1:
@@ -153,8 +156,10 @@ def _dot_product(q_BTNH, k_BSKH, v_BSKH, qseg_BT, kseg_BS, qpos_T, kpos_S, windo
 # only: query index − key index = d·C + c − s. A causal layer needs d = 0 … b+n−1; a sliding-window
 # layer only the offsets its window reaches, ⌈(W − 1)/C⌉ + 1 of them: O(T·W) work. A context
 # shard's chunk runs as many steps as its own position needs (a loop with a traced trip count):
-# with load balance every shard needs the same. Extra legend: n query blocks, m key blocks, C = S
-# block length.
+# with load balance every shard needs the same. With bidirectional image blocks (Gemma 3) a query
+# also sees the later keys of its own image: the loop starts at d = −a, a = the key blocks the
+# longest image reaches ahead, counted from the batch's blocks (a traced start). Extra legend: n query
+# blocks, m key blocks, C = S block length.
 
 
 def num_offsets(T: int, block: int, window: int) -> int:
@@ -170,42 +175,71 @@ def _blocks(x_BT, block: int):
 
 
 def _key_blocks(d, first, n: int, *xs_Bm):
-    """The key block each query block meets at offset d: (those blocks of each x [B, n, ...], which
-    exist [n], their indices [n])."""
+    """The key block each query block meets at offset d (d < 0: ahead of it): (those blocks of each
+    x [B, m, ...], which exist [n], their indices [n])."""
+    m = xs_Bm[0].shape[1]
     idx_n = first + jnp.arange(n) - d
-    take = jnp.maximum(idx_n, 0)
-    return tuple(jnp.take(x, take, axis=1) for x in xs_Bm), idx_n >= 0, take
+    take = jnp.clip(idx_n, 0, m - 1)
+    return tuple(jnp.take(x, take, axis=1) for x in xs_Bm), (idx_n >= 0) & (idx_n < m), take
 
 
-def _offset_scores(q_BnCKGH, k_BnSKH, seg_BnC, kseg_BnS, exists_n, d, window, scale):
+def _offset_scores(q_BnCKGH, k_BnSKH, seg_BnC, kseg_BnS, exists_n, d, window, scale, blk=None):
     """Scaled f32 scores of query block i against the key block d behind it, masked, and the mask
-    [B, n, 1, 1, C, S]."""
+    [B, n, 1, 1, C, S]; `blk` (the query blocks' image blocks [B, n, C], the key block's [B, n, S]) adds
+    the keys of a query's own image, ahead of it too."""
     C = q_BnCKGH.shape[2]
     s = jnp.einsum("bnckgh,bnskh->bnkgcs", q_BnCKGH, k_BnSKH).astype(jnp.float32) * scale
     c_C, s_S = jnp.arange(C), jnp.arange(C)
-    near_CS = visible(d * C + c_C[:, None], s_S[None, :], window)
-    mask_BnCS = (near_CS[None, None] & exists_n[None, :, None, None]
+    if blk is None:
+        near_BnCS = visible(d * C + c_C[:, None], s_S[None, :], window)[None, None]
+    else:
+        qblk_BnC, kblk_BnS = blk
+        near_BnCS = visible_in_blocks(d * C + c_C[:, None], s_S[None, :], window, qblk_BnC[:, :, :, None],
+                                      kblk_BnS[:, :, None, :])
+    mask_BnCS = (near_BnCS & exists_n[None, :, None, None]
                  & (seg_BnC[:, :, :, None] == kseg_BnS[:, :, None, :]))
     mask = mask_BnCS[:, :, None, None]
     return jnp.where(mask, s, _NEG), mask
 
 
-def _loop(body, init, steps, max_steps: int, dynamic: bool):
-    """body(d, carry) for d = 0 … steps−1: a scan of max_steps (static), or a loop of the traced
-    `steps` (a context shard's own count)."""
+def _loop(body, init, start, steps, max_steps: int, dynamic: bool):
+    """body(d, carry) for d = start … steps−1: a scan of max_steps (static, start 0), or a loop of the
+    traced bounds (a context shard's own count; image blocks' offsets ahead)."""
     if dynamic:
-        return jax.lax.fori_loop(0, steps, body, init)
+        return jax.lax.fori_loop(start, steps, body, init)
     return jax.lax.scan(lambda carry, d: (body(d, carry), None), init, jnp.arange(max_steps))[0]
 
 
-def _blockwise_fwd(q_BnCKGH, k_BmSKH, v_BmSKH, sinks_KG, qseg_BnC, kseg_BmS, first, steps, window, scale,
-                   max_steps, dynamic):
+def blocks_ahead(blocks_BT, block: int):
+    """How many key blocks ahead of its own a query's image reaches at most (0 without images): the
+    longest run of one image block's tokens, L, reaches ⌈(L − 1)/C⌉ blocks on."""
+    B, T = blocks_BT.shape
+    is_image_BT = blocks_BT >= 0
+    starts_BT = is_image_BT & (blocks_BT != jnp.pad(blocks_BT[:, :-1], ((0, 0), (1, 0)), constant_values=-1))
+    idx_BT = jnp.broadcast_to(jnp.arange(T), (B, T))
+    start_at_BT = jax.lax.cummax(jnp.where(starts_BT, idx_BT, -1), axis=1)
+    longest = jnp.max(jnp.where(is_image_BT, idx_BT - start_at_BT + 1, 0))
+    return jnp.minimum((longest - 1 + block - 1) // block, T // block - 1).astype(jnp.int32)
+
+
+def _key_blocks_of(d, first, n, k_BmSKH, v_BmSKH, kseg_BmS, blk):
+    """_key_blocks of k, v, their segments and, with `blk` (query blocks' [B, n, C], keys' [B, m, S]),
+    their image blocks: (k, v, kseg, blk at d or None), which exist, their indices."""
+    if blk is None:
+        (k, v, kseg), exists, idx = _key_blocks(d, first, n, k_BmSKH, v_BmSKH, kseg_BmS)
+        return k, v, kseg, None, exists, idx
+    (k, v, kseg, kblk), exists, idx = _key_blocks(d, first, n, k_BmSKH, v_BmSKH, kseg_BmS, blk[1])
+    return k, v, kseg, (blk[0], kblk), exists, idx
+
+
+def _blockwise_fwd(q_BnCKGH, k_BmSKH, v_BmSKH, sinks_KG, qseg_BnC, kseg_BmS, blk, first, start, steps, window,
+                   scale, max_steps, dynamic):
     B, n, C, K, G, H = q_BnCKGH.shape
 
     def body(d, carry):
         m, l, acc = carry  # [B, n, K, G, C] (acc: ..., H)
-        (k, v, kseg), exists, _ = _key_blocks(d, first, n, k_BmSKH, v_BmSKH, kseg_BmS)
-        s, mask = _offset_scores(q_BnCKGH, k, qseg_BnC, kseg, exists, d, window, scale)
+        k, v, kseg, blk_d, exists, _ = _key_blocks_of(d, first, n, k_BmSKH, v_BmSKH, kseg_BmS, blk)
+        s, mask = _offset_scores(q_BnCKGH, k, qseg_BnC, kseg, exists, d, window, scale, blk_d)
         m_new = jnp.maximum(m, s.max(-1))
         p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
         correction = jnp.exp(m - m_new)
@@ -215,7 +249,7 @@ def _blockwise_fwd(q_BnCKGH, k_BmSKH, v_BmSKH, sinks_KG, qseg_BnC, kseg_BmS, fir
 
     init = (jnp.full((B, n, K, G, C), _NEG, jnp.float32), jnp.zeros((B, n, K, G, C), jnp.float32),
             jnp.zeros((B, n, K, G, C, H), jnp.float32))
-    m, l, acc = _loop(body, init, steps, max_steps, dynamic)
+    m, l, acc = _loop(body, init, start, steps, max_steps, dynamic)
     # the sink joins the denominator (no sinks: _NEG, which adds exp(_NEG − m) = 0 and changes nothing)
     sink = sinks_KG[None, None, :, :, None]
     m_sink = jnp.maximum(m, sink)
@@ -225,20 +259,21 @@ def _blockwise_fwd(q_BnCKGH, k_BmSKH, v_BmSKH, sinks_KG, qseg_BnC, kseg_BmS, fir
     return out_BnCKGH, m + jnp.log(l)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9, 10, 11))
-def _blockwise(q_BnCKGH, k_BmSKH, v_BmSKH, sinks_KG, qseg_BnC, kseg_BmS, first, steps, window, scale, max_steps,
-               dynamic):
-    return _blockwise_fwd(q_BnCKGH, k_BmSKH, v_BmSKH, sinks_KG, qseg_BnC, kseg_BmS, first, steps, window, scale,
-                          max_steps, dynamic)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(10, 11, 12, 13))
+def _blockwise(q_BnCKGH, k_BmSKH, v_BmSKH, sinks_KG, qseg_BnC, kseg_BmS, blk, first, start, steps, window, scale,
+               max_steps, dynamic):
+    return _blockwise_fwd(q_BnCKGH, k_BmSKH, v_BmSKH, sinks_KG, qseg_BnC, kseg_BmS, blk, first, start, steps, window,
+                          scale, max_steps, dynamic)[0]
 
 
-def _blockwise_vjp_fwd(q, k, v, sinks, qseg, kseg, first, steps, window, scale, max_steps, dynamic):
-    out, lse = _blockwise_fwd(q, k, v, sinks, qseg, kseg, first, steps, window, scale, max_steps, dynamic)
-    return out, (q, k, v, sinks, qseg, kseg, first, steps, out, lse)
+def _blockwise_vjp_fwd(q, k, v, sinks, qseg, kseg, blk, first, start, steps, window, scale, max_steps, dynamic):
+    out, lse = _blockwise_fwd(q, k, v, sinks, qseg, kseg, blk, first, start, steps, window, scale, max_steps,
+                              dynamic)
+    return out, (q, k, v, sinks, qseg, kseg, blk, first, start, steps, out, lse)
 
 
 def _blockwise_vjp_bwd(window, scale, max_steps, dynamic, res, dout_BnCKGH):
-    q_BnCKGH, k_BmSKH, v_BmSKH, sinks_KG, qseg_BnC, kseg_BmS, first, steps, out_BnCKGH, lse_BnKGC = res
+    q_BnCKGH, k_BmSKH, v_BmSKH, sinks_KG, qseg_BnC, kseg_BmS, blk, first, start, steps, out_BnCKGH, lse_BnKGC = res
     n = q_BnCKGH.shape[1]
     dout = dout_BnCKGH.astype(jnp.float32)
     delta_BnKGC = jnp.einsum("bnckgh,bnckgh->bnkgc", dout, out_BnCKGH.astype(jnp.float32))
@@ -246,8 +281,8 @@ def _blockwise_vjp_bwd(window, scale, max_steps, dynamic, res, dout_BnCKGH):
 
     def body(d, carry):
         dq, dk, dv = carry  # dk, dv: f32 [B, m, S, K, H], in key-block order
-        (k, v, kseg), exists, idx = _key_blocks(d, first, n, k_BmSKH, v_BmSKH, kseg_BmS)
-        s, mask = _offset_scores(q_BnCKGH, k, qseg_BnC, kseg, exists, d, window, scale)
+        k, v, kseg, blk_d, exists, idx = _key_blocks_of(d, first, n, k_BmSKH, v_BmSKH, kseg_BmS, blk)
+        s, mask = _offset_scores(q_BnCKGH, k, qseg_BnC, kseg, exists, d, window, scale, blk_d)
         p = jnp.where(mask, jnp.exp(s - lse_BnKGC[..., None]), 0.0)
         dp = jnp.einsum("bnckgh,bnskh->bnkgcs", dout, v.astype(jnp.float32))
         ds = p * (dp - delta_BnKGC[..., None]) * scale
@@ -258,8 +293,10 @@ def _blockwise_vjp_bwd(window, scale, max_steps, dynamic, res, dout_BnCKGH):
         return dq, dk, dv
 
     zeros = lambda x: jnp.zeros(x.shape, jnp.float32)  # noqa: E731
-    dq, dk, dv = _loop(body, (zeros(q_BnCKGH), zeros(k_BmSKH), zeros(v_BmSKH)), steps, max_steps, dynamic)
-    ints = [np.zeros(x.shape, jax.dtypes.float0) for x in (qseg_BnC, kseg_BmS, first, steps)]
+    dq, dk, dv = _loop(body, (zeros(q_BnCKGH), zeros(k_BmSKH), zeros(v_BmSKH)), start, steps, max_steps, dynamic)
+    ints = [np.zeros(x.shape, jax.dtypes.float0) for x in (qseg_BnC, kseg_BmS)]
+    ints += [None if blk is None else tuple(np.zeros(x.shape, jax.dtypes.float0) for x in blk)]
+    ints += [np.zeros(x.shape, jax.dtypes.float0) for x in (first, start, steps)]
     # d/d sink of Σ_j p_j v_j with p_j = exp(s_j − lse): −p_sink · (dO · O) per query row
     dsinks_KG = -jnp.sum(jnp.exp(sinks_KG[None, None, :, :, None] - lse_BnKGC) * delta_BnKGC, axis=(0, 1, 4))
     return (dq.astype(q_BnCKGH.dtype), dk.astype(k_BmSKH.dtype), dv.astype(v_BmSKH.dtype), dsinks_KG, *ints)
@@ -269,26 +306,35 @@ _blockwise.defvjp(_blockwise_vjp_fwd, _blockwise_vjp_bwd)
 
 
 def blockwise(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, block: int, window: int = 0,
-              scale: float | None = None, sinks_N=None):
+              scale: float | None = None, sinks_N=None, blocks_BT=None):
+    """`blocks_BT`: each token's image block (−1: none), whose tokens see each other both ways
+    (attention_mask.visible_in_blocks): the loop then also visits the key blocks ahead that the batch's
+    longest image reaches (blocks_ahead), a loop with a traced start."""
     T = q_BTNH.shape[1]
     if T % block:
         raise ValueError(f"blockwise attention: block {block} must divide the sequence length {T}")
     offsets = num_offsets(T, block, window)
+    if blocks_BT is None:
+        return _blockwise_chunk(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, segment_ids_BT, np.int32(0), np.int32(0),
+                                np.int32(offsets), block, window, scale, offsets, False, sinks_N)
+    blk = (_blocks(blocks_BT, block), _blocks(blocks_BT, block))
     return _blockwise_chunk(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT, segment_ids_BT, np.int32(0),
-                            np.int32(offsets), block, window, scale, offsets, False, sinks_N)
+                            -blocks_ahead(blocks_BT, block), np.int32(offsets), block, window, scale, offsets, True,
+                            sinks_N, blk)
 
 
-def _blockwise_chunk(q_BTNH, k_BSKH, v_BSKH, qseg_BT, kseg_BS, first_block, steps, block, window, scale,
-                     max_steps, dynamic, sinks_N=None):
-    """Queries that start at sequence block `first_block` against the whole sequence's keys."""
+def _blockwise_chunk(q_BTNH, k_BSKH, v_BSKH, qseg_BT, kseg_BS, first_block, start, steps, block, window, scale,
+                     max_steps, dynamic, sinks_N=None, blk=None):
+    """Queries that start at sequence block `first_block` against the whole sequence's keys, at
+    offsets start … steps − 1 (`blk`: image blocks, _offset_scores)."""
     B, T, N, H = q_BTNH.shape
     K = k_BSKH.shape[2]
     q_BnCKGH = _blocks(q_BTNH.reshape(B, T, K, N // K, H), block)
     sinks_KG = (jnp.full((K, N // K), _NEG, jnp.float32) if sinks_N is None
                 else sinks_N.astype(jnp.float32).reshape(K, N // K))
     out = _blockwise(q_BnCKGH, _blocks(k_BSKH, block), _blocks(v_BSKH, block), sinks_KG, _blocks(qseg_BT, block),
-                     _blocks(kseg_BS, block), jnp.asarray(first_block, jnp.int32), jnp.asarray(steps, jnp.int32),
-                     window, _scale(H, scale), max_steps, dynamic)
+                     _blocks(kseg_BS, block), blk, jnp.asarray(first_block, jnp.int32), jnp.asarray(start, jnp.int32),
+                     jnp.asarray(steps, jnp.int32), window, _scale(H, scale), max_steps, dynamic)
     return out.reshape(B, T, N, H)
 
 
@@ -301,7 +347,7 @@ def _blockwise_shard(q_BTNH, k_BSKH, v_BSKH, qseg_BT, kseg_BS, chunks, block, wi
         first = c.first // block
         steps = jnp.minimum(first + c.length // block, offsets)
         rows = slice(c.start, c.start + c.length)
-        outs.append(_blockwise_chunk(q_BTNH[:, rows], k_BSKH, v_BSKH, qseg_BT[:, rows], kseg_BS, first,
+        outs.append(_blockwise_chunk(q_BTNH[:, rows], k_BSKH, v_BSKH, qseg_BT[:, rows], kseg_BS, first, 0,
                                      steps, block, window, scale, offsets, True, sinks_N))
     return jnp.concatenate(outs, axis=1)
 

@@ -21,7 +21,7 @@ BIDIRECTIONAL_ENCODERS = ("siglip",)
 # the shape keys an encoder kind cannot do without (0: unset), checked when a recipe is loaded
 VISION_KEYS = {"gemma4_vit": ("vision_num_layers", "vision_emb_dim", "vision_mlp_dim", "vision_num_heads",
                               "vision_tokens_per_image", "vision_num_positions")}
-IMAGE_BLOCK_ATTENTION = ("dot_product",)
+IMAGE_BLOCK_ATTENTION = ("dot_product", "blockwise")  # the two that draw bidirectional image blocks
 
 
 def image_blocks(cfg) -> bool:
@@ -43,13 +43,15 @@ def resolve_attention(name: str, platform: str, seq_len: int, block_size: int, s
     (attention_block_size, sa_block_q) do not tile the sequence, or each of its `pieces` chunks
     (context parallelism: maxlite.models.context). A named one is itself, except cudnn_flash with
     attention sinks (`sinks`): JAX's cuDNN call takes none, so blockwise runs (dot_product where its
-    blocks do not tile). With bidirectional image blocks (`image_blocks`) `autoselected` is dot_product,
-    the one implementation that draws them (config_checks refuses another named one). cuDNN's fused
-    attention takes 16-bit inputs only: with a float32 compute `dtype` a GPU's `autoselected` is
-    chosen as on a CPU (config_checks refuses cudnn_flash by name)."""
+    blocks do not tile). With bidirectional image blocks (`image_blocks`) `autoselected` is chosen as on a
+    CPU on every platform: the kernels cannot draw them, XLA's two can (config_checks refuses another
+    named one). cuDNN's fused attention takes 16-bit inputs only: with a float32 compute `dtype` a GPU's
+    `autoselected` is chosen as on a CPU (config_checks refuses cudnn_flash by name)."""
     if image_blocks and name == "autoselected":
-        return "dot_product"
-    if sinks and (name == "cudnn_flash" or name == "autoselected" and platform == "gpu"):
+        if seq_len < BLOCKWISE_MIN_LENGTH:
+            return "dot_product"
+        chosen, block = "blockwise", block_size
+    elif sinks and (name == "cudnn_flash" or name == "autoselected" and platform == "gpu"):
         chosen, block = "blockwise", block_size
     elif name != "autoselected":
         return name
