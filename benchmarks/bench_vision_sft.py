@@ -1,14 +1,18 @@
 """The bundled shapes task learned by a tiny vision-language model on a CPU → benchmarks/results/vision_sft.json.
 
-    JAX_PLATFORMS=cpu python benchmarks/bench_vision_sft.py [--steps 300] [--train 2000] [--eval 100]
+    JAX_PLATFORMS=cpu python benchmarks/bench_vision_sft.py [--family qwen3_vl|gemma3] [--steps 300]
+        [--train 2000] [--eval 100]
 
-A random Qwen3-VL built by transformers (2-layer ViT of width 64, patch 8; 4-layer decoder of width
-128; the bundled tokenizer with Qwen's vision tokens and a ChatML-style template) is imported with
-`hf import`, then fine-tuned with dataset_type=sft on the shapes task's image chat records
-(maxlite/data/vision_task.py: how many shapes, what colour, what shape), the tower trained too
-(vision_train=all: a random tower has nothing to keep). Held-out exact-match accuracy of greedy
-answers (`generate` with the image, in the chat template) before and after, and the minutes the
-fine-tuning took on this machine. Chance: the most frequent answer of the eval split.
+A random vision-language model built by transformers is imported with `hf import`, then fine-tuned
+with dataset_type=sft on the shapes task's image chat records (maxlite/data/vision_task.py: how many
+shapes, what colour, what shape), the tower trained too (vision_train=all: a random tower has nothing
+to keep). `qwen3_vl`: a Qwen3-VL (2-layer ViT of width 64, patch 8; 4-layer decoder of width 128; the
+bundled tokenizer with Qwen's vision tokens and a ChatML-style template). `gemma3`: a Gemma 3 of the
+same widths (2-layer SigLIP tower on 64-pixel squares in 8-pixel patches pooled to 16 soft tokens; 4
+decoder layers, 3 sliding-window : 1 global; Gemma's turn and image tokens and a Gemma-style template
+that writes one <start_of_image> per image). Held-out exact-match accuracy of greedy answers (`generate`
+with the image, in the chat template) before and after, and the minutes the fine-tuning took on this
+machine. Chance: the most frequent answer of the eval split.
 """
 
 from __future__ import annotations
@@ -34,8 +38,48 @@ TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['conten
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
+GEMMA_SPECIAL = ["<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<image_soft_token>", "<end_of_image>"]
+GEMMA_TEMPLATE = ("{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+                  "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
+                  "{% if c['type'] == 'image' %}<start_of_image>{% else %}{{ c['text'] }}{% endif %}{% endfor %}"
+                  "{% endif %}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+MODELS = {"qwen3_vl": "random Qwen3-VL: ViT 2×64 (patch 8), decoder 4×128",
+          "gemma3": "random Gemma 3: SigLIP 2×64 (64-pixel squares, patch 8, 16 soft tokens), decoder 4×128 "
+                    "(3 sliding-window : 1 global)"}
+
+
+def random_gemma3(path: pathlib.Path) -> None:
+    """The random Gemma 3, its tokenizer and image processor, saved under `path`."""
+    import torch
+    import transformers
+
+    from maxlite.data.tokenizer import BUNDLED_DIR
+
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(BUNDLED_DIR / "tokenizer.json"), eos_token="<end_of_turn>",
+        extra_special_tokens={"boi_token": "<start_of_image>", "image_token": "<image_soft_token>",
+                              "eoi_token": "<end_of_image>"})
+    tok.add_special_tokens({"additional_special_tokens": GEMMA_SPECIAL})
+    tok.chat_template = GEMMA_TEMPLATE
+    ids = {t: tok.convert_tokens_to_ids(t) for t in GEMMA_SPECIAL}
+    text = dict(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                layer_types=["sliding_attention"] * 3 + ["full_attention"], sliding_window=32,
+                max_position_embeddings=512, query_pre_attn_scalar=32)
+    vision = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, image_size=64,
+                  patch_size=8)
+    config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=16,
+                                       boi_token_index=ids["<start_of_image>"], eoi_token_index=ids["<end_of_image>"],
+                                       image_token_index=ids["<image_soft_token>"])
+    torch.manual_seed(0)
+    transformers.Gemma3ForConditionalGeneration(config).eval().save_pretrained(str(path))
+    tok.save_pretrained(str(path))
+    transformers.Gemma3ImageProcessorPil(size={"height": 64, "width": 64}, image_mean=[0.5] * 3,
+                                         image_std=[0.5] * 3).save_pretrained(str(path))
+
+
 def random_model(path: pathlib.Path) -> None:
-    """The random HF model, its tokenizer and image processor, saved under `path`."""
+    """The random Qwen3-VL, its tokenizer and image processor, saved under `path`."""
     import torch
     import transformers
 
@@ -81,6 +125,7 @@ def accuracy(source: str, eval_path: pathlib.Path) -> tuple[float, list[str]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--family", choices=sorted(MODELS), default="qwen3_vl")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--train", type=int, default=2000)
     ap.add_argument("--eval", type=int, default=100)
@@ -93,7 +138,7 @@ def main() -> None:
     from maxlite.train import train
 
     work = pathlib.Path(tempfile.mkdtemp(prefix="bench_vision_sft_"))
-    random_model(work / "hf")
+    (random_gemma3 if args.family == "gemma3" else random_model)(work / "hf")
     task = write_shapes_task(work / "shapes", train=args.train, eval=args.eval, seed=0)
     cfg, pure = hf.import_hf(str(work / "hf"))
     checkpoints.save_params(str(work / "base"), cfg, P.to_state(cfg, P.to_jax_inplace(pure)))
@@ -112,7 +157,7 @@ def main() -> None:
     chance = collections.Counter(answers).most_common(1)[0][1] / len(answers)
     losses = [json.loads(line)["loss"] for line in open(work / "sft" / "metrics.jsonl") if '"loss"' in line]
     flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
-    write_result({"model": "random Qwen3-VL: ViT 2×64 (patch 8), decoder 4×128", "train_records": args.train,
+    write_result({"model": MODELS[args.family], "family": args.family, "train_records": args.train,
                   "eval_records": args.eval, "steps": args.steps, "global_batch": run.global_batch_size,
                   "accuracy_before": before, "accuracy_after": after, "chance_most_frequent_answer": chance,
                   "first_loss": losses[0], "last_loss": losses[-1], "train_minutes": round(minutes, 2),

@@ -154,6 +154,30 @@ def test_the_text_model_of_a_multimodal_checkpoint_imports(tmp_path):
     assert _relative(jax_logits(cfg, pure, ids), theirs) <= 1e-5
 
 
+def test_an_audio_tower_stays_behind_and_the_import_says_so(tmp_path, capsys):
+    """Gemma4ForConditionalGeneration with an audio tower (the E2B / E4B checkpoints): one line names
+    what stays behind; the text model imports with transformers' text logits and exports with no audio."""
+    audio = transformers.Gemma4AudioConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                           subsampling_conv_channels=[8, 4], output_proj_dims=32)
+    text = hf_models.gemma4_text(hidden_size_per_layer_input=0, num_kv_shared_layers=0, final_logit_softcapping=None)
+    config = transformers.Gemma4Config(text_config=text.to_dict(), vision_config=None, audio_config=audio.to_dict())
+    torch.manual_seed(0)
+    full = transformers.Gemma4ForConditionalGeneration(config).eval()
+    audio_tensors = [n for n in full.state_dict() if n.startswith(("model.audio_tower.", "model.embed_audio."))]
+    assert audio_tensors
+    full.save_pretrained(str(tmp_path / "mm"))
+    cfg, pure = hf.import_hf(str(tmp_path / "mm"))
+    assert f"its audio tower and audio embedder ({len(audio_tensors)} tensors) stay behind" in capsys.readouterr().err
+    ids = np.random.default_rng(4).integers(0, 256, (1, T))
+    with torch.no_grad():
+        theirs = full(input_ids=torch.tensor(ids)).logits.float().numpy()
+    assert _relative(jax_logits(cfg, pure, ids), theirs) <= 1e-5
+    hf.export_hf(cfg, pure, str(tmp_path / "out"), tokenizer="none")
+    from safetensors import safe_open
+    names = [n for f in (tmp_path / "out").glob("*.safetensors") for n in safe_open(str(f), "np").keys()]
+    assert names and not [n for n in names if "audio" in n]
+
+
 def test_gemma4_text_defaults_are_transformers_own():
     """A multimodal config.json's text_config states only what differs from these."""
     from maxlite.families.gemma4.hf import DEFAULT_ROPE, TEXT_DEFAULTS

@@ -11,9 +11,10 @@ layers and double-wide MLPs there.
 
 With a `vision_config` (Gemma4ForConditionalGeneration) the vision tower and the multimodal
 embedder come along (vision_encoder=gemma4_vit; maxlite/models/vision/gemma4_vit_hf.py's table),
-unless `vision_encoder=` is given (the text model alone); the audio tower always stays behind.
-preprocessor_config.json's patch, pooling and soft-token budget become the vision keys; export writes
-Gemma4ForConditionalGeneration and its preprocessor_config.json.
+unless `vision_encoder=` is given (the text model alone); the audio tower always stays behind (the
+import says so in one line: `left_behind`). preprocessor_config.json's patch, pooling and soft-token
+budget become the vision keys; export writes Gemma4ForConditionalGeneration and its
+preprocessor_config.json.
 
 config.json states the global layers' shape two ways: `global_head_dim` / `num_global_key_value_heads`
 (the published checkpoints) or `per_layer_config` (transformers 5.24 writes it); both are read,
@@ -181,6 +182,13 @@ def import_maps(cfg, names: set[str]) -> list[TensorMap]:
 def ignore(name: str) -> bool:
     """The multimodal checkpoint's audio tower and embedder stay behind."""
     return hf_llama.ignore(name) or name.startswith(AUDIO)
+
+
+def left_behind(names: set[str]) -> str | None:
+    """The import's line for a checkpoint with an audio tower, which maxlite has no encoder for."""
+    audio = sum(name.startswith(AUDIO) for name in names)
+    return (f"its audio tower and audio embedder ({audio} tensors) stay behind: maxlite has no audio encoder, so "
+            f"the model trains and answers on text and images, and an export writes no audio tower") if audio else None
 
 
 def skipped(cfg, names: set[str]) -> set[str]:
