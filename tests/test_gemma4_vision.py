@@ -119,6 +119,23 @@ def test_logits_and_greedy_tokens_equal_transformers_with_an_image(imported):
     assert ours == theirs and len(set(ours)) > 3, (ours, theirs)
 
 
+def test_blockwise_attention_draws_each_image_both_ways_as_transformers(imported):
+    """attention=blockwise in key blocks of 8: the sliding-window layers see the image's later tokens from
+    key blocks ahead of a query's own; the logits equal transformers'."""
+    from maxlite import config as C
+
+    model, cfg, pure, _ = imported
+    image = random_image(45, 70, 3)
+    prompt = [BOS, 17, 42, IMG, 99, 7, 23]
+    prompt += [11] * (-len(_theirs_ids(prompt, [image])) % 8)  # the sequence in whole blocks
+    ids, arrays = _ours(cfg, prompt, [image])
+    assert len(ids) % 8 == 0 and ids.count(IMG) > 9  # the image spans more than one block
+    want, _ = _theirs(model, ids, [image], new_tokens=0)
+    keys = {k: v for k, v in C.to_plain_dict(cfg).items() if k not in ("attention", "attention_block_size")}
+    blockwise = C.load(["attention=blockwise", "attention_block_size=8"], **keys)
+    assert _relative(logits_with_images(blockwise, pure, ids, np.arange(len(ids)), arrays), want) <= 1e-5
+
+
 def test_a_causal_checkpoint_with_clipped_linears(tmp_path_factory, tmp_path):
     """use_bidirectional_attention unset: every layer causal over the image; use_clipped_linears: each
     tower linear's input and output clamped to its stored bounds (they clamp here); its export equal."""
@@ -217,8 +234,8 @@ def test_what_the_tower_cannot_be_is_refused_in_one_line(imported, tmp_path):
         C.load([], **{**keys, "vision_tokens_per_image": 0})
     with pytest.raises(C.ConfigError, match="set pad_token_id"):
         C.load([], **{**keys, "pad_token_id": -1})
-    with pytest.raises(C.ConfigError, match="attention=blockwise cannot draw vision_encoder=gemma4_vit's"):
-        C.load(["attention=blockwise"], **{k: v for k, v in keys.items() if k != "attention"})
+    with pytest.raises(C.ConfigError, match="attention=flash cannot draw vision_encoder=gemma4_vit's"):
+        C.load(["attention=flash"], **{k: v for k, v in keys.items() if k != "attention"})
 
 
 def test_synthetic_rows_with_an_image_train_the_decoder_and_leave_the_frozen_tower(imported, tmp_path):
