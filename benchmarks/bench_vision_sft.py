@@ -38,11 +38,6 @@ TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['conten
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-GEMMA_SPECIAL = ["<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<image_soft_token>", "<end_of_image>"]
-GEMMA_TEMPLATE = ("{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
-                  "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
-                  "{% if c['type'] == 'image' %}<start_of_image>{% else %}{{ c['text'] }}{% endif %}{% endfor %}"
-                  "{% endif %}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
 MODELS = {"qwen3_vl": "random Qwen3-VL: ViT 2×64 (patch 8), decoder 4×128",
           "gemma3": "random Gemma 3: SigLIP 2×64 (64-pixel squares, patch 8, 16 soft tokens), decoder 4×128 "
                     "(3 sliding-window : 1 global)"}
@@ -50,32 +45,9 @@ MODELS = {"qwen3_vl": "random Qwen3-VL: ViT 2×64 (patch 8), decoder 4×128",
 
 def random_gemma3(path: pathlib.Path) -> None:
     """The random Gemma 3, its tokenizer and image processor, saved under `path`."""
-    import torch
-    import transformers
+    from tests.hf_models import save_gemma3_chat_model
 
-    from maxlite.data.tokenizer import BUNDLED_DIR
-
-    tok = transformers.PreTrainedTokenizerFast(
-        tokenizer_file=str(BUNDLED_DIR / "tokenizer.json"), eos_token="<end_of_turn>",
-        extra_special_tokens={"boi_token": "<start_of_image>", "image_token": "<image_soft_token>",
-                              "eoi_token": "<end_of_image>"})
-    tok.add_special_tokens({"additional_special_tokens": GEMMA_SPECIAL})
-    tok.chat_template = GEMMA_TEMPLATE
-    ids = {t: tok.convert_tokens_to_ids(t) for t in GEMMA_SPECIAL}
-    text = dict(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                layer_types=["sliding_attention"] * 3 + ["full_attention"], sliding_window=32,
-                max_position_embeddings=512, query_pre_attn_scalar=32)
-    vision = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, image_size=64,
-                  patch_size=8)
-    config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=16,
-                                       boi_token_index=ids["<start_of_image>"], eoi_token_index=ids["<end_of_image>"],
-                                       image_token_index=ids["<image_soft_token>"])
-    torch.manual_seed(0)
-    transformers.Gemma3ForConditionalGeneration(config).eval().save_pretrained(str(path))
-    tok.save_pretrained(str(path))
-    transformers.Gemma3ImageProcessorPil(size={"height": 64, "width": 64}, image_mean=[0.5] * 3,
-                                         image_std=[0.5] * 3).save_pretrained(str(path))
+    save_gemma3_chat_model(path, 128, ["sliding_attention"] * 3 + ["full_attention"], 32, 64)
 
 
 def random_model(path: pathlib.Path) -> None:

@@ -67,6 +67,51 @@ def qwen3_vl_moe(experts: int = 8, width: int = 24, **dense):
                                          vision_start_token_id=252, vision_end_token_id=253)
 
 
+GEMMA_CHAT_TOKENS = ["<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<image_soft_token>", "<end_of_image>"]
+
+
+def gemma3_chat_tokenizer():
+    """The bundled tokenizer with Gemma's turn and image tokens (<end_of_turn> its end) and a Gemma-style
+    chat template that writes one <start_of_image> per image, as Gemma3Processor expects."""
+    from maxlite.data.tokenizer import BUNDLED_DIR
+
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(BUNDLED_DIR / "tokenizer.json"), eos_token="<end_of_turn>",
+        extra_special_tokens={"boi_token": "<start_of_image>", "image_token": "<image_soft_token>",
+                              "eoi_token": "<end_of_image>"})
+    tok.add_special_tokens({"additional_special_tokens": GEMMA_CHAT_TOKENS})
+    tok.chat_template = (
+        "{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+        "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
+        "{% if c['type'] == 'image' %}<start_of_image>{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}"
+        "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+    return tok
+
+
+def save_gemma3_chat_model(path, width: int, layer_types: list[str], sliding_window: int, tower_width: int,
+                           tokens: int = 16) -> None:
+    """A random Gemma3ForConditionalGeneration saved under `path` as `hf import` reads one: decoder
+    layers of `width` (4 heads over 2 kv heads, MLP 2× wide) of `layer_types`, a 2-layer SigLIP tower of
+    `tower_width` on 64-pixel squares in 8-pixel patches pooled to `tokens` soft tokens, its
+    gemma3_chat_tokenizer and its Gemma3ImageProcessorPil (mean and std 0.5)."""
+    tok = gemma3_chat_tokenizer()
+    ids = {t: tok.convert_tokens_to_ids(t) for t in GEMMA_CHAT_TOKENS}
+    text = dict(vocab_size=len(tok), hidden_size=width, intermediate_size=2 * width,
+                num_hidden_layers=len(layer_types), num_attention_heads=4, num_key_value_heads=2, head_dim=width // 4,
+                layer_types=layer_types, sliding_window=sliding_window, max_position_embeddings=512,
+                query_pre_attn_scalar=width // 4)
+    vision = dict(hidden_size=tower_width, intermediate_size=2 * tower_width, num_hidden_layers=2,
+                  num_attention_heads=2, image_size=64, patch_size=8)
+    config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=tokens,
+                                       boi_token_index=ids["<start_of_image>"], eoi_token_index=ids["<end_of_image>"],
+                                       image_token_index=ids["<image_soft_token>"])
+    torch.manual_seed(0)
+    transformers.Gemma3ForConditionalGeneration(config).eval().save_pretrained(str(path))
+    tok.save_pretrained(str(path))
+    transformers.Gemma3ImageProcessorPil(size={"height": 64, "width": 64}, image_mean=[0.5] * 3,
+                                         image_std=[0.5] * 3).save_pretrained(str(path))
+
+
 def gemma3_vl(tokens: int = 16, boi: int = 250, eoi: int = 251, image: int = 252):
     """A small Gemma3ForConditionalGeneration config: a 2-layer decoder of 64 (one sliding, one full
     layer), a 2-layer SigLIP tower of 32 over 64-pixel squares in 8-pixel patches, `tokens` soft

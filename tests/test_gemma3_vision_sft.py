@@ -14,48 +14,19 @@ import pytest
 import torch
 import transformers
 
-from maxlite.data.tokenizer import BUNDLED_DIR
 from maxlite.data.vision_task import write_shapes_task
+from tests import hf_models
 from tests.helpers import ROOT, process_env
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-SPECIAL = ["<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<image_soft_token>", "<end_of_image>"]
-TEMPLATE = ("{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
-            "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
-            "{% if c['type'] == 'image' %}<start_of_image>{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}"
-            "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
 TOKENS = 16
-
-
-def _tokenizer():
-    tok = transformers.PreTrainedTokenizerFast(
-        tokenizer_file=str(BUNDLED_DIR / "tokenizer.json"), eos_token="<end_of_turn>",
-        extra_special_tokens={"boi_token": "<start_of_image>", "image_token": "<image_soft_token>",
-                              "eoi_token": "<end_of_image>"})
-    tok.add_special_tokens({"additional_special_tokens": SPECIAL})
-    tok.chat_template = TEMPLATE
-    return tok
 
 
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("gemma3_vision_sft") / "hf"
-    tok = _tokenizer()
-    ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL}
-    text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=16, layer_types=["sliding_attention", "full_attention"],
-                sliding_window=8, max_position_embeddings=512, query_pre_attn_scalar=16)
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=64,
-                  patch_size=8)
-    config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=TOKENS,
-                                       boi_token_index=ids["<start_of_image>"], eoi_token_index=ids["<end_of_image>"],
-                                       image_token_index=ids["<image_soft_token>"])
-    torch.manual_seed(0)
-    transformers.Gemma3ForConditionalGeneration(config).eval().save_pretrained(str(path))
-    tok.save_pretrained(str(path))
-    transformers.Gemma3ImageProcessorPil(size={"height": 64, "width": 64}, image_mean=[0.5] * 3,
-                                         image_std=[0.5] * 3).save_pretrained(str(path))
+    hf_models.save_gemma3_chat_model(path, 64, ["sliding_attention", "full_attention"], 8, 32, TOKENS)
     return path
 
 
@@ -83,7 +54,7 @@ def test_import_sft_on_image_chat_generate_with_an_image_export_and_transformers
     image = task["eval"].parent / record["messages"][0]["content"][0]["image"]
     question = record["messages"][0]["content"][1]["text"]
     # the turn's end is Gemma's stop token (its generation_config's eos beside <eos>)
-    end_of_turn = _tokenizer().convert_tokens_to_ids("<end_of_turn>")
+    end_of_turn = hf_models.gemma3_chat_tokenizer().convert_tokens_to_ids("<end_of_turn>")
     done = _run("maxlite.generate", tmp_path / "sft", "--prompt", question, "--image", image, "--chat",
                 "--max-new-tokens", "8", "dtype=float32", f"eos_id={end_of_turn}")
     assert done.returncode == 0, done.stderr[-3000:]
