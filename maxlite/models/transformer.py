@@ -137,14 +137,20 @@ class Unit(nnx.Module):
         self.blocks = nnx.List([Block(cfg, rngs=nnx.Rngs(params=key), structure=s)
                                 for s, key in zip(structures, keys)])
 
-    def __call__(self, carry: Carry, positions_BT, segment_ids_BT, dropout_keys=None, local=False):
+    def __call__(self, carry: Carry, positions_BT, segment_ids_BT, dropout_keys=None, local=False, each=None):
         """(the carry, the MoE layers' statistics stacked [m, ...] or None); `dropout_keys`, `local` (a
-        bool, or one flag per layer) and the carry's inputs ([m, ...]) are the unit's layers'."""
+        bool, or one flag per layer) and the carry's inputs ([m, ...]) are the unit's layers'. `each(flag)`:
+        the function that runs one layer, (carry, block, positions, segment ids, key) → (carry, statistics),
+        under its own remat (Transformer._run_layers: a stack of one unit); the block itself if None."""
         stats, inputs = [], carry.inputs
         for j, block in enumerate(self.blocks):
             key = None if dropout_keys is None else dropout_keys[j]
-            carry, s = block(carry.with_inputs(jax.tree.map(lambda a, j=j: a[j], inputs)), positions_BT,
-                             segment_ids_BT, key, local if isinstance(local, bool) else local[j])
+            flag = local if isinstance(local, bool) else local[j]
+            layer_in = carry.with_inputs(jax.tree.map(lambda a, j=j: a[j], inputs))
+            if each is None:
+                carry, s = block(layer_in, positions_BT, segment_ids_BT, key, flag)
+            else:
+                carry, s = each(flag)(layer_in, block, positions_BT, segment_ids_BT, key)
             if s is not None:
                 stats.append(s)
         return carry.with_inputs(inputs), (jax.tree.map(lambda *a: jnp.stack(a), *stats) if stats else None)
@@ -239,10 +245,31 @@ class Transformer(nnx.Module):
             return lambda carry, layer, positions, segment_ids, key, inputs: block_fn(
                 carry, layer, positions, segment_ids, key, inputs, flag)
 
-        def remat(fn):
+        def remat(fn, prevent_cse=not cfg.scan_layers):
             if cfg.remat_policy == "none":
                 return fn
-            return nnx.remat(fn, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=not cfg.scan_layers)
+            return nnx.remat(fn, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=prevent_cse)
+
+        def one_unit(flag: bool | None):
+            """The step of a stack that is one unit of several layers (a pattern with no shorter period:
+            Nemotron-H's 52 layers), each layer under its own remat that keeps common subexpressions
+            apart: XLA inlines a scan of one step, so the forward pass and the backward's recomputation
+            meet in one program, where a whole-unit remat (or one without prevent_cse) would keep every
+            layer's activations alive, as if there were no remat (Nemotron-H-8B on v6e:2x4 at 8,192
+            tokens: 62.41 GiB of temporaries; 28.67 GiB peak so). `flag`: the layers' static local flag,
+            or None (then one flag per layer is the step's last argument)."""
+            def step(carry, unit, positions, segment_ids, key, inputs, local=flag):
+                def each(f):
+                    if isinstance(f, bool):  # bound as a constant, as `static` does
+                        return remat(lambda c, b, p, s, k: block_fn(c, b, p, s, k, c.inputs, f), True)
+                    run = remat(lambda c, b, p, s, k, f: block_fn(c, b, p, s, k, c.inputs, f), True)
+                    return lambda c, b, p, s, k: run(c, b, p, s, k, f)
+                carry, stats = unit(carry.replace(inputs=inputs or {}), positions, segment_ids, key, local, each=each)
+                return carry.without_inputs(), stats
+            if flag is None:
+                return step
+            return lambda carry, unit, positions, segment_ids, key, inputs: step(carry, unit, positions, segment_ids,
+                                                                               key, inputs)
 
         stats = []
         if not cfg.scan_layers:  # a static flag per layer
@@ -267,13 +294,17 @@ class Transformer(nnx.Module):
             inputs_axis = 0 if inputs else None
             flags = local[span]
             if len(set(flags)) == 1:  # every layer alike: the flag is static
-                scan_fn = nnx.scan(remat(static(flags[0])), in_axes=(nnx.Carry, 0, None, None, key_axis, inputs_axis),
+                once = stack.count == 1  # a scan of one step, inlined: see one_unit
+                step = one_unit(flags[0]) if once and n > 1 else remat(static(flags[0]), once)
+                scan_fn = nnx.scan(step, in_axes=(nnx.Carry, 0, None, None, key_axis, inputs_axis),
                                    out_axes=(nnx.Carry, 0), transform_metadata={nnx.PARTITION_NAME: "layers"})
                 carry, s = scan_fn(carry, getattr(self, stack.name), positions_BT, segment_ids_BT, keys,
                                    inputs or None)
             else:
                 flags_arr = jnp.asarray(flags).reshape((stack.count, n)[:1 if n == 1 else 2])
-                scan_fn = nnx.scan(remat(block_fn), in_axes=(nnx.Carry, 0, None, None, key_axis, inputs_axis, 0),
+                once = stack.count == 1
+                scan_fn = nnx.scan(one_unit(None) if once and n > 1 else remat(block_fn, once),
+                                   in_axes=(nnx.Carry, 0, None, None, key_axis, inputs_axis, 0),
                                    out_axes=(nnx.Carry, 0), transform_metadata={nnx.PARTITION_NAME: "layers"})
                 carry, s = scan_fn(carry, getattr(self, stack.name), positions_BT, segment_ids_BT, keys,
                                    inputs or None, flags_arr)
