@@ -339,6 +339,48 @@ def test_a_stack_of_one_unit_holds_no_more_under_remat_than_unrolled_layers():
     assert scanned.temp_bytes <= unrolled.temp_bytes * 1.01, (scanned.temp_bytes, unrolled.temp_bytes)
 
 
+def test_the_memory_usage_report_is_read_largest_first():
+    """XLA's memory-usage report (a libtpu dump's format, abridged): the default memory space's rows,
+    by size, with the values sharing each; other memory spaces and the summary line are not rows."""
+    from maxlite.plan import buffers
+
+    report = """Memory Space: default (color=0)
+Total bytes: 184135616448 (171.49GiB)
+  cumulative_size;       size;       offset; used_by_n_values; shapes_list
+  ------------------------------------------------------------
+   16.00GiB(  9%);   16.00GiB;      6832128;                8; bf16[4,8,8192,512], 5×bf16[16,8,8192,8192]
+  104.00GiB( 59%);    8.00GiB; 103086047232;                5; 5×f32[16,8,8192,2048]
+  104.50GiB( 60%);  512.00MiB; 103086047232;                1; bf16[8192,32768]
+  The rest 622 values are less than 5% of the total size and not shown.
+
+  cumulative_size;       size;       offset; used_by_n_values; shapes_list
+  ------------------------------------------------------------
+  256.00MiB(100%);  256.00MiB;            0;                2; 2×f32[131072,512]
+"""
+    rows = buffers.parse(report)
+    assert rows == [{"bytes": 16 * 2**30, "values": 8, "shapes": "bf16[4,8,8192,512], 5×bf16[16,8,8192,8192]"},
+                    {"bytes": 8 * 2**30, "values": 5, "shapes": "5×f32[16,8,8192,2048]"},
+                    {"bytes": 512 * 2**20, "values": 1, "shapes": "bf16[8192,32768]"}]
+
+
+@needs_libtpu
+def test_a_plan_that_does_not_fit_names_its_largest_buffers(capsys):
+    """libtpu's out-of-memory error is one total; the planner reads the compiler's buffer assignment of
+    the same compilation and lists the largest allocations. Without remat, dot-product attention's
+    scores, [batch, heads, T, T] per layer, are what overflows: they lead the list."""
+    from maxlite.plan import compile as plan_compile, report
+
+    args = ["base.yml", "model_name=tiny", "attention=dot_product", "remat_policy=none", "max_target_length=4096",
+            "per_device_batch_size=8", "ici_fsdp_parallelism=4", "base_num_query_heads=8", "base_num_kv_heads=8"]
+    plan = plan_compile.compile_plan(args, T.parse("v5e:2x2"))
+    assert not plan.fits and plan.largest_buffers
+    sizes = [b["bytes"] for b in plan.largest_buffers]
+    assert sizes == sorted(sizes, reverse=True) and sum(sizes) <= plan.peak_bytes
+    assert ",4096,4096]" in plan.largest_buffers[0]["shapes"], plan.largest_buffers[0]
+    text = report.text(plan, T.parse("v5e:2x2").chip)
+    assert "largest buffers" in text and plan.largest_buffers[0]["shapes"] in text
+
+
 @needs_libtpu
 def test_a_layout_the_compiler_fails_on_is_reported_in_one_line(capsys):
     """libtpu (the pinned 0.0.42.1) fails with INTERNAL on offloaded layer inputs inside this pipeline's

@@ -9,11 +9,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import tempfile
 import time
 from typing import Any
 
 from maxlite import config as C
-from maxlite.plan import estimate as estimate_lib, hlo
+from maxlite.plan import buffers, estimate as estimate_lib, hlo
 from maxlite.plan.topology import Topology, devices as topology_devices
 
 _RECIPE_KEYS = ("model_name", "per_device_batch_size", "max_target_length", "gradient_accumulation_steps",
@@ -61,6 +62,8 @@ class Plan:
     error: str = ""
     compile_seconds: float = 0.0
     estimate: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # the compiled step's largest allocations (maxlite/plan/buffers.py): {bytes, values, shapes}
+    largest_buffers: list[dict] = dataclasses.field(default_factory=list)
 
     @property
     def over_bytes(self) -> float:
@@ -165,9 +168,13 @@ def compile_plan(args: list[str], topology: Topology, overrides: list[str] = ())
 
     step = built.train_step
     started = time.perf_counter()
+    dump = tempfile.TemporaryDirectory(prefix="maxlite-plan-")
     try:
-        with jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.RULES):
-            compiled = step.lower(state_in, batch).compile()
+        with dump, jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.RULES):
+            try:
+                compiled = step.lower(state_in, batch).compile(compiler_options=buffers.compiler_options(dump.name))
+            finally:  # the buffer assignment is written for a program that runs out of memory too
+                plan.largest_buffers = buffers.largest(dump.name)
     except Exception as e:  # XlaRuntimeError RESOURCE_EXHAUSTED: the program does not fit
         message = str(e)
         plan.compile_seconds = time.perf_counter() - started

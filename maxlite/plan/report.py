@@ -120,6 +120,13 @@ def text(plan: Plan, chip: Chip, shardings: bool = False) -> str:
                      f"{e['tokens_per_second_per_device']:,.0f} tokens/s/device")
     if not plan.fits and plan.error:
         lines.append(f"  compiler           {plan.error}")
+    if not plan.fits and plan.largest_buffers:
+        lines.append("  largest buffers    (the compiler's buffer assignment: an allocation, the values that share it)")
+        rows: dict[tuple, int] = {}  # alike allocations once, with their count
+        for b in plan.largest_buffers:
+            rows[(b["bytes"], b["shapes"])] = rows.get((b["bytes"], b["shapes"]), 0) + 1
+        lines += [f"                     {(f'{n} × ' if n > 1 else '') + _gib(size):>14}  {shapes}"
+                  for (size, shapes), n in rows.items()]
     if shardings:
         lines.append("  parameter shardings (shape, mesh axes per dim)")
         lines += [f"    {name:32s} {spec}" for name, spec in plan.param_shardings.items()]
