@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 
@@ -122,9 +123,7 @@ def text(plan: Plan, chip: Chip, shardings: bool = False) -> str:
         lines.append(f"  compiler           {plan.error}")
     if not plan.fits and plan.largest_buffers:
         lines.append("  largest buffers    (the compiler's buffer assignment: an allocation, the values that share it)")
-        rows: dict[tuple, int] = {}  # alike allocations once, with their count
-        for b in plan.largest_buffers:
-            rows[(b["bytes"], b["shapes"])] = rows.get((b["bytes"], b["shapes"]), 0) + 1
+        rows = collections.Counter((b["bytes"], b["shapes"]) for b in plan.largest_buffers)  # alike ones once
         lines += [f"                     {(f'{n} × ' if n > 1 else '') + _gib(size):>14}  {shapes}"
                   for (size, shapes), n in rows.items()]
     if shardings:
