@@ -83,9 +83,9 @@ def validate(c: Config) -> None:
                                                                 c.max_target_length):
         raise ConfigError(f"attention_block_size={c.attention_block_size} must divide "
                           f"max_target_length={c.max_target_length}")
-    if c.mlp_activations_limit and FAMILIES[c.decoder_block].mlp != "clamped_swiglu":
-        raise ConfigError(f"mlp_activations_limit={c.mlp_activations_limit} clamps gpt-oss's SwiGLU; "
-                          f"decoder_block={c.decoder_block} has none: leave it 0")
+    if c.mlp_activations_limit and FAMILIES[c.decoder_block].mlp not in ("clamped_swiglu", "limited_swiglu"):
+        raise ConfigError(f"mlp_activations_limit={c.mlp_activations_limit} clamps gpt-oss's and DeepSeek-V4's "
+                          f"SwiGLU; decoder_block={c.decoder_block} has neither: leave it 0")
     _validate_kinds(c)
     _validate_vision(c)
     _validate_image_blocks(c)
@@ -447,6 +447,9 @@ def _check_pipeline(c: Config, stages: int, rows: int) -> None:
     if travelling:
         raise ConfigError(f"pipeline parallelism passes only the hidden states between stages, not "
                           f"{' or '.join(travelling)}: set ici_pipeline_parallelism=1 and dcn_pipeline_parallelism=1")
+    if c.hc_mult:
+        raise ConfigError(f"pipeline parallelism passes one residual between stages, not hyper-connections' "
+                          f"hc_mult={c.hc_mult} streams: set ici_pipeline_parallelism=1 and dcn_pipeline_parallelism=1")
     stacks = layer_stacks(c)
     if not c.scan_layers or len(stacks) != 1:
         fix = "set scan_layers=true" if not c.scan_layers else "set first_num_dense_layers=0"

@@ -130,6 +130,33 @@ class ModelKeys:
         "dense_warmup (every query attends every earlier token; the indexer learns the heads' attention "
         "over all of them and is the only part that trains: start the sparse stage from its checkpoint with "
         "load_parameters_path)", choices=("sparse", "dense_warmup"))
+    compress_rate_csa: int = key(4,
+        "DeepSeek-V4's compressed sparse attention (maxlite/models/v4_attention.py): source tokens per compressed "
+        "entry, in overlapping windows of twice this; the lightning indexer keeps each query's index_topk entries",
+        positive=True, model=True)
+    compress_rate_hca: int = key(128,
+        "DeepSeek-V4's heavily compressed attention: source tokens per compressed entry (windows that do not "
+        "overlap), every entry attended", positive=True, model=True)
+    compress_rope_max_timescale: int = key(160000,
+        "DeepSeek-V4: the RoPE base of the compressed layers (queries, keys and compressed entries; the "
+        "rope_scaling_* keys scale it), where sliding-window layers use rope_max_timescale unscaled",
+        positive=True, model=True)
+    o_groups: int = key(0,
+        "grouped output projection (DeepSeek-V4): the heads in this many groups, each projected to o_lora_rank, "
+        "then mixed to the model width; 0: one projection", bounds=(0, None), model=True)
+    o_lora_rank: int = key(1024, "grouped output projection: each group's width", positive=True, model=True)
+    hc_mult: int = key(0,
+        "manifold-constrained hyper-connections (DeepSeek-V4; maxlite/models/hyper.py): the residual is this "
+        "many streams, collapsed into each branch's input and expanded from its output by weights computed "
+        "per token, mixed by a doubly-stochastic matrix; 0: one plain residual", bounds=(0, None), model=True)
+    hc_sinkhorn_iters: int = key(20, "hyper-connections: Sinkhorn-Knopp iterations of the mixing matrix",
+        positive=True, model=True)
+    hc_eps: float = key(1e-06, "hyper-connections: the floor of the weights and of the Sinkhorn sums",
+        positive=True, model=True)
+    num_hash_layers: int = key(0,
+        "DeepSeek-V4's hash routing: the first this many MoE layers choose each token's experts by a fixed "
+        "table of token id → experts (imported with the weights, never trained); the router only weights them",
+        bounds=(0, None), model=True)
     mtp_num_layers: int = key(0,
         "multi-token prediction (DeepSeek-V3): extra layers, the k-th predicting token t+1+k from the previous "
         "depth's hidden state and token t+k's embedding, sharing embedding and output head; 0: none",
@@ -180,8 +207,9 @@ class ModelKeys:
         "divide each token's top-k router weights by their sum (Mixtral always; Qwen3-MoE's norm_topk_prob)",
         model=True)
     routed_score_func: str = key("softmax",
-        "router scores: softmax over experts (Mixtral, Qwen3-MoE) | sigmoid (each expert alone; DeepSeek-V3)",
-        choices=("softmax", "sigmoid"), model=True)
+        "router scores: softmax over experts (Mixtral, Qwen3-MoE) | sigmoid (each expert alone; DeepSeek-V3) | "
+        "sqrtsoftplus (√softplus, each expert alone; DeepSeek-V4)",
+        choices=("softmax", "sigmoid", "sqrtsoftplus"), model=True)
     routed_bias: bool = key(False,
         "a per-expert bias added to the scores when choosing the top k only, not to the weights "
         "(DeepSeek-V3's, trained by no gradient: imported, zero, or moved by routed_bias_update_rate)", model=True)
@@ -208,8 +236,8 @@ class ModelKeys:
         "the router's weight multiplies the token going into its expert, not the expert's output (Llama 4); "
         "needs num_experts_per_tok=1", model=True)
     mlp_activations_limit: float = key(0.0,
-        "gpt-oss's clamped SwiGLU: the experts' gate clamped above and up on both sides at this limit (7.0); "
-        "0: unclamped", bounds=(0, None), model=True)
+        "gpt-oss's and DeepSeek-V4's clamped SwiGLU: the experts' gate clamped above and up on both sides at this "
+        "limit (gpt-oss 7.0, DeepSeek-V4 10.0); 0: unclamped", bounds=(0, None), model=True)
     capacity_factor: float = key(-1.0,
         "-1: dropless; > 0: an expert takes at most ceil(this × T × k / E) of a sequence's tokens (first "
         "choices first, then in order), the rest are dropped (that expert adds 0)")

@@ -284,6 +284,23 @@ CONFIGS = {
         initializer_range=0.1, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
         layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
         mlp_layer_types=["dense", "sparse", "sparse", "sparse"]),
+    # DeepSeek-V4: one layer of each attention (a sliding window of 8; compressed every 8 tokens; compressed
+    # every 4 with the indexer of 16 heads keeping 3: fewer heads leave exact ties at 0 in its scores, which
+    # torch and JAX break apart) and a second heavily compressed one, 4 query heads of 32 over one
+    # shared key=value head (RoPE on the last 8), sinks, 2 output groups; 3 residual streams; 8 experts (top
+    # 2), the first layer hash-routed, clamped at 3; YaRN on the compressed layers' RoPE
+    "deepseek_v4": lambda: transformers.DeepseekV4Config(
+        vocab_size=256, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, head_dim=32, q_lora_rank=32,
+        partial_rotary_factor=0.25, sliding_window=8, index_n_heads=16, index_head_dim=16, index_topk=3, o_groups=2,
+        o_lora_rank=16, hc_mult=3, hc_sinkhorn_iters=20, n_routed_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, n_shared_experts=1, swiglu_limit=3.0, routed_scaling_factor=1.5,
+        max_position_embeddings=256, initializer_range=0.1, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2, compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+        layer_types=["sliding_attention", "heavily_compressed_attention", "compressed_sparse_attention",
+                     "heavily_compressed_attention"],
+        mlp_layer_types=["hash_moe", "moe", "moe", "moe"],
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                         "beta_fast": 32.0, "beta_slow": 1.0}),
     # Nemotron-H: a Mamba-2 block, an attention block (no positions), an MLP block, a Mamba-2 block;
     # chunks of 8 so that the tests' sequences cross chunks; heads in 2 groups of B and C (the bundled
     # tokenizer's vocabulary: the bridge family tests export it)
@@ -340,6 +357,22 @@ def _deepseek_perturbed(model, seed: int = 0):
     return model
 
 
+def _deepseek_v4_perturbed(model, seed: int = 0):
+    """As DeepSeek's, and the compressors' position biases (zero at init) moved, and each token's
+    hash-routed experts drawn (transformers starts the table at 0: every token to expert 0)."""
+    _deepseek_perturbed(model, seed)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("position_bias"):
+                p.add_(0.5 * torch.randn(p.shape, generator=generator))
+        E, k = model.config.n_routed_experts, model.config.num_experts_per_tok
+        for name, b in model.named_buffers():
+            if name.endswith("tid2eid"):
+                b.copy_(torch.stack([torch.randperm(E, generator=generator)[:k] for _ in range(b.shape[0])]))
+    return model
+
+
 def _gemma3_perturbed(model, seed: int = 0):
     """As _perturbed, and the √d-scaled tied embeddings shrunk (a random Gemma repeats itself otherwise)."""
     _perturbed(model)
@@ -369,7 +402,8 @@ def _minimax_perturbed(model, seed: int = 0):
 
 PERTURB = {"llama": lambda m, seed: _perturbed(m, seed, 0.3),
            "gemma3": _gemma3_perturbed, "gemma3-own-pattern": _gemma3_perturbed, "deepseek_v2": _deepseek_perturbed,
-           "deepseek_v3": _deepseek_perturbed, "deepseek_v32": _deepseek_perturbed, "glm_moe_dsa": _deepseek_perturbed, "kimi_linear": _deepseek_perturbed, "gemma4": gemma4_perturbed, "gemma4_moe": gemma4_perturbed,
+           "deepseek_v3": _deepseek_perturbed, "deepseek_v32": _deepseek_perturbed, "glm_moe_dsa": _deepseek_perturbed, "kimi_linear": _deepseek_perturbed,
+           "deepseek_v4": _deepseek_v4_perturbed, "gemma4": gemma4_perturbed, "gemma4_moe": gemma4_perturbed,
            "glm4_moe": _glm_perturbed, "minimax_m2": _minimax_perturbed}
 # Gemma 4's MoE at seed 0 puts a router near-tie (2nd and 3rd expert 9e-8 apart) on a greedy path,
 # where float32 rounding picks either: seed 1 has none

@@ -307,7 +307,7 @@ def test_every_key_of_base_yml_is_read_by_code():
 @pytest.mark.parametrize("argv, devices, message", [
     (["model_name=tiny", "num_experts=8"], 1, "decoder_block=llama2 has a dense MLP"),
     (["model_name=tiny", "mlp_bias=true"], 1, "decoder_block=llama2 has a dense MLP"),
-    (["model_name=tiny-moe", "mlp_activations_limit=7"], 1, "clamps gpt-oss's SwiGLU"),
+    (["model_name=tiny-moe", "mlp_activations_limit=7"], 1, "clamps gpt-oss's and DeepSeek-V4's SwiGLU"),
     (["model_name=tiny-moe", "num_experts_per_tok=9"], 1, r"num_experts_per_tok=9 must be in \[1, num_experts=8\]"),
     (["model_name=tiny-moe", "moe_implementation=capacity"], 1, "set capacity_factor > 0"),
     (["model_name=tiny-moe", "interleave_moe_layer_step=3"], 1, "must divide the 4 layers"),

@@ -53,7 +53,7 @@ PRESETS = {"llama2": "tiny", "gpt3": "gpt3-126m", "qwen2": "qwen2.5-0.5b", "qwen
            "qwen3_5_moe": "qwen3.5-35b-a3b", "qwen3_next": "qwen3-next-80b-a3b", "qwen3_vl": "qwen3-vl-2b", "qwen3_vl_moe": "qwen3-vl-30b-a3b",
            "kimi_linear": "kimi-linear-48b-a3b",
            "nemotron_h": "nemotron-h-8b",
-           "llama4": "llama4-scout-17b-16e"}
+           "llama4": "llama4-scout-17b-16e", "deepseek_v4": "deepseek-v4-flash"}
 # the MoE hybrids: two layers of their own pattern (as their checkpoints' `layer_types` state it, and
 # as tests/hf_models.py builds them): one delta-net layer compiles for the MoE feed-forward what
 # qwen3_5's whole 3 : 1 period compiles again (a delta-net layer is the table's costliest compile)
@@ -98,6 +98,10 @@ TRAITS = {
     and bool(c.vision_deepstack_layers),
     "qwen3_vl_moe": lambda c, kinds: c.vision_encoder == "qwen_vit" and len(c.mrope_sections) == 3
     and bool(c.vision_deepstack_layers) and c.num_experts > 0 and {k.ffn for k in kinds} == {"moe"},
+    "deepseek_v4": lambda c, kinds: c.hc_mult > 1 and c.routed_score_func == "sqrtsoftplus" and c.routed_bias
+    and c.mlp_activations_limit > 0 and c.o_groups > 1 and c.index_topk < c.max_target_length // c.compress_rate_csa
+    and c.compress_rate_hca < c.max_target_length
+    and [(k.mixer, k.ffn) for k in kinds] == [("v4_sliding", "hash_moe"), ("v4_hca", "moe"), ("v4_csa", "moe")],
     "nemotron_h": lambda c, kinds: [(k.mixer, k.ffn) for k in kinds] == [("mamba2", "none"), ("attention", "none"),
                                                                           ("none", "dense")],
 }

@@ -28,7 +28,7 @@ FAMILY_MODELS = {"llama2": "llama", "gpt3": "gpt2", "qwen2": "qwen2", "qwen3": "
                  "mistral4": "mistral4", "minimax_m2": "minimax_m2", "qwen3_vl": "qwen3_vl", "qwen3_vl_moe": "qwen3_vl_moe",
                  "kimi_linear": "kimi_linear", "deepseek_v32": "deepseek_v32", "glm_moe_dsa": "glm_moe_dsa",
                  "nemotron_h": "nemotron_h",
-                 "llama4": "llama4_text"}
+                 "llama4": "llama4_text", "deepseek_v4": "deepseek_v4"}
 
 
 @pytest.fixture(scope="module")

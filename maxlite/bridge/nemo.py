@@ -210,6 +210,8 @@ REFUSED_TRAITS: tuple[tuple[Callable[[Any, Any], Any], str], ...] = (
      "YaRN RoPE scaling (Megatron's GPT layer takes rope or llama3 scaling)"),
     (lambda cfg, fam: fam.attn_output_gate, "an attention output gate"),
     (lambda cfg, fam: fam.mlp == "clamped_swiglu", "gpt-oss's clamped SwiGLU"),
+    (lambda cfg, fam: fam.mlp == "limited_swiglu", "DeepSeek-V4's clamped SwiGLU"),
+    (lambda cfg, fam: cfg.hc_mult, "hyper-connections (hc_mult: a residual of several streams)"),
 )
 
 

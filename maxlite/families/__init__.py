@@ -21,7 +21,8 @@ class Family:
     mlp: str                # "swiglu" (silu(gate)·up, down) | "geglu" (tanh-GELU(gate)·up, down) |
                             # "gelu" (up, down, with biases) | "clamped_swiglu" (gpt-oss's:
                             # (up + 1)·gate·σ(1.702·gate), clamped at mlp_activations_limit) |
-                            # "relu2" (up, relu(·)², down, no biases: Nemotron-H's)
+                            # "relu2" (up, relu(·)², down, no biases: Nemotron-H's) | "limited_swiglu"
+                            # (DeepSeek-V4's: silu(gate)·up, both clamped at mlp_activations_limit)
     positions: str          # "rope" (rotary, in attention) | "learned" (absolute, added to the embedding) |
                             # "none" (no positions: the recurrent layers order the tokens; Nemotron-H, Kimi Linear)
     biases: str             # what use_bias=true adds: "attention" (q/k/v/o) | "qkv" (q/k/v, no o) |
@@ -68,7 +69,7 @@ class Family:
     @property
     def gated(self) -> bool:
         """A gated MLP (gate, up, down)."""
-        return self.mlp in ("swiglu", "geglu", "clamped_swiglu")
+        return self.mlp in ("swiglu", "geglu", "clamped_swiglu", "limited_swiglu")
 
     @property
     def rope(self) -> bool:

@@ -108,7 +108,7 @@ def _block(layer, key, x_BTD, positions_BT, lengths_B, stack, j, shared, prefill
                                             prefill_cfg, **extra)
         stack = jax.tree.map(lambda a, n: jax.lax.dynamic_update_index_in_dim(a, store(n, a.dtype, dtype), j, 0),
                              stack, layer_cache)
-    x_BTD = layer.add_mlp(layer.add_attention(x_BTD, mixed_BTD))
+    x_BTD = layer.add_mlp(layer.add_attention(x_BTD, mixed_BTD), None, inputs)
     return layer.finish(x_BTD, Carry(x_BTD, inputs=inputs or {})), stack
 
 
@@ -129,6 +129,7 @@ def _forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache, prefill_cf
     cfg = model.cfg
     x_BTD, seen = model.embed_prompt(tokens_BT, positions_BT, images)
     inputs_L = layer_inputs(model, tokens_BT, x_BTD, seen)  # side name → [L, ...] (per-layer embeddings, DeepStack)
+    x_BTD = model.streams_in(x_BTD)
     groups, stacks = cache_groups(cfg), layer_stacks(cfg)
     if cfg.scan_layers and len(groups) == 1 and len(stacks) == 1 and len(stacks[0].unit) == 1:
         # every layer alike and in one stack: scan them as training does, the cache stack carried
@@ -154,7 +155,7 @@ def _forward(model, tokens_BT, positions_BT, lengths_B, cache: Cache, prefill_cf
             count[key] += 1
     stacks = {key: (new[key], _cache_module(key, shared).advance(shared, positions_BT, lengths_B))
               for key, (_, shared) in cache.stacks.items()}
-    return model.final_norm(x_BTD), Cache(stacks)
+    return model.final_norm(model.streams_out(x_BTD)), Cache(stacks)
 
 
 def sampling_refusal(temperature: float, top_k: int, top_p: float) -> str | None:

@@ -159,10 +159,10 @@ class DSA(MLA):
         if self.cfg.index_stage == "dense_warmup":
             out_BTNV, probs_BTNS = self.attend_all(q_nope, q_rope, keys.c_BSC, keys.k_rope_BSR, seen_BTS)
             return with_indexer_loss(out_BTNV, self.index_scores(q_BTIJ, w_BTI, keys.k_index_BSJ, seen_BTS),
-                                     _target(probs_BTNS, seen_BTS), seen_BTS)
+                                     indexer_target(probs_BTNS, seen_BTS), seen_BTS)
         index_BTk, valid_BTk, chosen_BTk = self.choose(q_BTIJ, w_BTI, keys.k_index_BSJ, seen_BTS)
         out_BTNV, probs_BTNk = self.attend_chosen(q_nope, q_rope, keys.c_BSC, keys.k_rope_BSR, index_BTk, valid_BTk)
-        return with_indexer_loss(out_BTNV, chosen_BTk, _target(probs_BTNk, valid_BTk), valid_BTk)
+        return with_indexer_loss(out_BTNV, chosen_BTk, indexer_target(probs_BTNk, valid_BTk), valid_BTk)
 
     def sparse(self, x_BTD, positions_BT, segments_BT, keys: Keys, dropout_key=None):
         """The new tokens' attention over `keys` (the sequence itself in training and the prefill, the
@@ -196,7 +196,7 @@ def freeze_all_but_the_indexers(model: nnx.Module) -> None:
             variable.set_metadata(frozen=True)
 
 
-def _target(probs_BTNk, valid_BTk):
+def indexer_target(probs_BTNk, valid_BTk):
     """The indexer's target: the heads' attention over its keys, summed over heads and normalised, detached."""
     target_BTk = jnp.sum(jax.lax.stop_gradient(probs_BTNk), axis=2) * valid_BTk
     return target_BTk / jnp.maximum(jnp.sum(target_BTk, axis=-1, keepdims=True), 1e-30)

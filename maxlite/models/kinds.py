@@ -85,6 +85,7 @@ class FeedForwardKind(_Declared):
     module: str                         # "package.module:function(cfg, rngs) → module"
     flops: Callable                     # (cfg, tokens) → forward FLOPs
     raw_input: bool = False             # reads the un-normed residual (it norms its own branches)
+    side_args: bool = False             # takes the sides' ffn_arg keywords (hash routing's token ids)
 
     @property
     def routed(self) -> bool:
@@ -151,6 +152,37 @@ def _dsa_flops(cfg, B: int, T: int, variant: str) -> dict:
 def _dsa_cache(cfg, variant: str, length: int) -> int:
     """Latent attention's C + R numbers per token and the indexer's key, J more."""
     return length * (cfg.kv_lora_rank + cfg.qk_rope_head_dim + cfg.index_head_dim)
+
+
+def _v4_flops(cfg, B: int, T: int, variant: str) -> dict:
+    """DeepSeek-V4's attention (maxlite/models/v4_attention.py): the query through its latent, the one
+    shared key=value head, the grouped output projection; the attention over the sliding window's
+    keys, plus the compressed entries a query sees (HCA: every earlier one, T/m of them at most;
+    CSA: the indexer's index_topk), with the compressors' projections and the indexer's scoring."""
+    D, N, H, Q = cfg.base_emb_dim, cfg.base_num_query_heads, cfg.head_dim, cfg.q_lora_rank
+    out = 2 * B * T * (N * H * cfg.o_lora_rank + cfg.o_groups * cfg.o_lora_rank * D) if cfg.o_groups else 2 * B * T * N * H * D
+    flops = {"qkv": 2 * B * T * (D * Q + Q * N * H + D * H), "out": out,
+             "attention": attention_core_flops(B, T, N, H, cfg.sliding_window)}
+    if variant == "hca":
+        m = cfg.compress_rate_hca
+        flops["qkv"] += 2 * B * T * D * 2 * H
+        flops["attention"] += 4 * B * N * H * T * (T / m) / 2
+    elif variant == "csa":
+        m, I, J = cfg.compress_rate_csa, cfg.index_n_heads, cfg.index_head_dim
+        flops["qkv"] += 2 * B * T * (D * 4 * H + D * 4 * J + Q * I * J + D * I)
+        flops["attention"] += 4 * B * N * H * T * min(cfg.index_topk, T / m) + 2 * B * T * I * J * (T / m) / 2
+    return flops
+
+
+def _v4_cache(cfg, variant: str, length: int) -> int:
+    """What maxlite/models/v4_cache.py keeps per position: the key=value head, and a compressed layer's
+    compressor projections (kv and gate), a sparse layer's indexer's too."""
+    per_token = cfg.head_dim
+    if variant == "hca":
+        per_token += 2 * cfg.head_dim
+    elif variant == "csa":
+        per_token += 4 * cfg.head_dim + 4 * cfg.index_head_dim
+    return length * per_token
 
 
 def gated_matrices(cfg) -> int:
@@ -266,6 +298,12 @@ MIXERS = {m.name: m for m in (
     MixerKind("mamba2", "maxlite.models.mamba2:Mamba2", _mamba2_flops, _mamba2_cache, "maxlite.models.mamba2_cache",
               recurrent=True, checks=(_CHECKS + "mamba2",), layout_checks=(_CHECKS + "mamba2_layout",),
               megatron_refusal="Mamba-2 layers (its GPT layer is attention only; Megatron's hybrid model is not mapped)"),
+    # DeepSeek-V4 (maxlite/models/v4_attention.py): one shared key=value head over a sliding window, alone
+    # or with compressed entries of the whole context (heavily compressed, or compressed and sparse)
+    *(MixerKind(f"v4_{v}", f"maxlite.models.v4_attention:{cls}", _v4_flops, _v4_cache, "maxlite.models.v4_cache",
+                megatron_refusal="DeepSeek-V4's attention (a shared key=value head, compressed entries, grouped output)")
+      for v, cls in (("sliding", "SlidingAttention"), ("hca", "HeavilyCompressedAttention"),
+                     ("csa", "CompressedSparseAttention"))),
     # a layer without a mixer (Nemotron-H's MLP blocks): nothing added, no norm, no cache
     MixerKind("none", "maxlite.models.no_branch:NoMixer", lambda cfg, B, T, variant: {},
               lambda cfg, variant, length: 0, "maxlite.models.no_branch", raw_input=True,
@@ -285,6 +323,9 @@ FEED_FORWARDS = {f.name: f for f in (
     FeedForwardKind("dense", "maxlite.models.layers:make_mlp", _dense_flops, megatron=_MEGATRON + "dense"),
     FeedForwardKind("moe", "maxlite.models.moe:MoE", _moe_flops, checks=(_CHECKS + "moe",),
                     layout_checks=(_CHECKS + "moe_layout",), megatron_refusal=_MOE_REFUSAL),
+    # DeepSeek-V4's first layers: experts chosen by a table of token ids (the token_ids side), weighted by the router
+    FeedForwardKind("hash_moe", "maxlite.models.moe:hash_moe", _moe_flops, checks=(_CHECKS + "moe",),
+                    layout_checks=(_CHECKS + "moe_layout",), megatron_refusal=_MOE_REFUSAL, side_args=True),
     # a layer without a feed-forward (Nemotron-H's Mamba-2 and attention blocks)
     FeedForwardKind("none", "maxlite.models.no_branch:no_feed_forward", lambda cfg, tokens: 0, raw_input=True,
                     megatron_refusal="layers without an MLP (its GPT layer has an MLP in every layer)"),

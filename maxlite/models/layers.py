@@ -380,11 +380,21 @@ def clamped_swiglu(gate, up, limit: float):
     return (up + 1) * gate * jax.nn.sigmoid(SWIGLU_ALPHA * gate)
 
 
+def limited_swiglu(gate, up, limit: float):
+    """DeepSeek-V4's gated hidden: silu(g)·up, the gate clamped above at `limit` and up on both sides
+    (no clamp at limit 0)."""
+    if limit > 0:
+        gate, up = jnp.minimum(gate, limit), jnp.clip(up, -limit, limit)
+    return jax.nn.silu(gate) * up
+
+
 def glu(cfg):
-    """The family's gated hidden, glu(gate, up): act(gate)·up, or gpt-oss's clamped SwiGLU."""
+    """The family's gated hidden, glu(gate, up): act(gate)·up, or gpt-oss's or DeepSeek-V4's clamped SwiGLU."""
     mlp = family(cfg).mlp
     if mlp == "clamped_swiglu":
         return functools.partial(clamped_swiglu, limit=cfg.mlp_activations_limit)
+    if mlp == "limited_swiglu":
+        return functools.partial(limited_swiglu, limit=cfg.mlp_activations_limit)
     act = ACTIVATIONS[mlp]
     return lambda gate, up: act(gate) * up
 

@@ -37,12 +37,16 @@ VARIANTS: dict[str, dict[str, str]] = {
     # Mamba-2 layer, and a layer of an MLP alone (no mixer)
     "mamba2": {"mamba": "mamba"},
     "none": {"none": "mlp"},
+    # DeepSeek-V4's layers (its family's `layer_kinds` makes its sliding-window layers `v4_sliding`)
+    "v4_sliding": {"v4_local": "sliding_attention"},
+    "v4_hca": {"hca": "heavily_compressed_attention"},
+    "v4_csa": {"csa": "compressed_sparse_attention"},
     **{f"gemma4_{v}{'_shared' if shared else ''}": {v: hf}
        for v, hf in (("local", "sliding_attention"), ("global", "full_attention")) for shared in (False, True)},
 }
 # The feed-forward kinds that route tokens to experts (and return routing statistics: the auxiliary
 # losses' input)
-ROUTED = frozenset({"moe", "gemma4_moe"})
+ROUTED = frozenset({"moe", "gemma4_moe", "hash_moe"})
 # HF layer_types name → (mixer, variant), and a pattern's variant → its mixer; the first mixer naming
 # it keeps it (MLA's layers carry GQA's names: which attention a layer has is `attention_type`'s,
 # `attention_mixer`)

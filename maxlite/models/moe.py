@@ -63,19 +63,26 @@ def capacity(cfg, T: int) -> int:
     return max(1, math.ceil(cfg.capacity_factor * T * cfg.num_experts_per_tok / cfg.num_experts))
 
 
-def route(cfg, x_BTD, router_DE, bias_E, valid_BT, slots: int, logit_bias_E=None) -> Routing:
-    """Each token's top-k experts and weights; with `slots` > 0, the capacity drop decision."""
+SCORES = {"sigmoid": jax.nn.sigmoid, "sqrtsoftplus": lambda logits: jnp.sqrt(jax.nn.softplus(logits))}
+
+
+def route(cfg, x_BTD, router_DE, bias_E, valid_BT, slots: int, logit_bias_E=None, chosen_BTk=None) -> Routing:
+    """Each token's top-k experts and weights; with `slots` > 0, the capacity drop decision.
+    `chosen_BTk`: the experts already chosen (hash routing); the router only weighs them."""
     E, k = cfg.num_experts, cfg.num_experts_per_tok
     logits_BTE = jnp.einsum("btd,de->bte", x_BTD.astype(jnp.float32), router_DE.astype(jnp.float32))
     if logit_bias_E is not None:
         logits_BTE = logits_BTE + logit_bias_E.astype(jnp.float32)
     probs_BTE = jax.nn.softmax(logits_BTE, axis=-1)
-    scores_BTE = probs_BTE if cfg.routed_score_func == "softmax" else jax.nn.sigmoid(logits_BTE)
-    choice_BTE = scores_BTE if bias_E is None else scores_BTE + bias_E.astype(jnp.float32)
-    choice_BTE = jax.lax.stop_gradient(choice_BTE)
-    if cfg.n_routing_groups > 0:
-        choice_BTE = _best_groups(cfg, choice_BTE)
-    _, experts_BTk = jax.lax.top_k(choice_BTE, k)
+    scores_BTE = probs_BTE if cfg.routed_score_func == "softmax" else SCORES[cfg.routed_score_func](logits_BTE)
+    if chosen_BTk is not None:
+        experts_BTk = chosen_BTk.astype(jnp.int32)
+    else:
+        choice_BTE = scores_BTE if bias_E is None else scores_BTE + bias_E.astype(jnp.float32)
+        choice_BTE = jax.lax.stop_gradient(choice_BTE)
+        if cfg.n_routing_groups > 0:
+            choice_BTE = _best_groups(cfg, choice_BTE)
+        _, experts_BTk = jax.lax.top_k(choice_BTE, k)
     weights_BTk = jnp.take_along_axis(scores_BTE, experts_BTk, axis=-1)
     if cfg.norm_topk_prob:
         weights_BTk = weights_BTk / jnp.sum(weights_BTk, axis=-1, keepdims=True)
@@ -212,11 +219,13 @@ def update_routed_bias(cfg, params, load_LE):
     (max - min) after the update, the metric moe_bias_spread."""
     delta_LE = cfg.routed_bias_update_rate * jnp.sign(jnp.mean(load_LE, axis=-1, keepdims=True) - load_LE)
     spreads = []
-    for j, i in enumerate(i for i, kind in enumerate(layer_mlps(cfg)) if kind == "moe"):
+    for j, i in enumerate(i for i, kind in enumerate(layer_mlps(cfg)) if kind in ROUTED):  # load_LE's order
         path, index = layer_place(cfg, i)
         node = params
         for key in path:
             node = node[key]
+        if "router_bias" not in node["mlp"]:  # a hash-routed layer: its table chooses, no bias
+            continue
         bias = node["mlp"]["router_bias"]
         value = bias[...] + delta_LE[j] if index is None else bias[...].at[index].add(delta_LE[j])
         bias[...] = value
@@ -232,11 +241,15 @@ def update_routed_bias(cfg, params, load_LE):
 class MoE(nnx.Module):
     """The routed experts of one layer (+ the shared experts' MLP)."""
 
-    def __init__(self, cfg, *, rngs: nnx.Rngs):
+    def __init__(self, cfg, *, rngs: nnx.Rngs, hashed: bool = False):
         D, E, F = cfg.base_emb_dim, cfg.num_experts, cfg.base_moe_mlp_dim
         wd, s = jnp.dtype(cfg.weight_dtype), cfg.init_scale
         self.router = param(rngs, (D, E), ("embed", None), wd, scale=s)
-        if cfg.routed_bias:  # float32 whatever the weights: updates of 0.001 vanish in bfloat16
+        if hashed:  # DeepSeek-V4's hash routing: token id → its k experts, imported, never trained; held
+            # as float32 whole numbers (exact below 2^24) as every other imported tensor is a float
+            self.tid2eid = nnx.Param(jnp.zeros((cfg.vocab_size, cfg.num_experts_per_tok), jnp.float32),
+                                     out_sharding=("vocab", None), frozen=True)
+        elif cfg.routed_bias:  # float32 whatever the weights: updates of 0.001 vanish in bfloat16
             self.router_bias = param(rngs, (E,), (None,), jnp.float32, init="zeros")
         if cfg.router_logit_bias:
             self.router_logit_bias = param(rngs, (E,), (None,), wd, init="zeros")
@@ -254,9 +267,9 @@ class MoE(nnx.Module):
         self.cfg, self.dtype = cfg, jnp.dtype(cfg.dtype)
         self.glu = glu(cfg)
 
-    def __call__(self, x_BTD, dropout_key=None):
+    def __call__(self, x_BTD, dropout_key=None, token_ids_BT=None):
         """Decoding's MLP: every token to its top k, nothing dropped."""
-        return self.routed(x_BTD, None, dropout_key, dropless=True)[0]
+        return self.routed(x_BTD, None, dropout_key, dropless=True, token_ids_BT=token_ids_BT)[0]
 
     def _shared(self, x_BTD, dropout_key):
         """The shared experts' MLP, scaled by its gate where the model has one."""
@@ -266,17 +279,22 @@ class MoE(nnx.Module):
         gate_BT1 = jax.nn.sigmoid(project("btd,d->bt", x_BTD, self.shared_gate[...]))[..., None]
         return (h_BTD * gate_BT1).astype(h_BTD.dtype)
 
-    def routed(self, x_BTD, segment_ids_BT=None, dropout_key=None, dropless: bool = False):
-        """(the layer's output, its routing statistics); `segment_ids_BT` marks padding (0)."""
+    def routed(self, x_BTD, segment_ids_BT=None, dropout_key=None, dropless: bool = False, token_ids_BT=None):
+        """(the layer's output, its routing statistics); `segment_ids_BT` marks padding (0);
+        `token_ids_BT`: the tokens, which choose a hash-routed layer's experts."""
         cfg = self.cfg
         B, T, _ = x_BTD.shape
         impl = resolve_moe(cfg.moe_implementation, target_platform(), cfg.capacity_factor)
         assert impl in MOE_IMPLEMENTATIONS, impl
         slots = capacity(cfg, T) if not dropless else (T if impl == "capacity" else 0)
         valid_BT = jnp.ones((B, T), bool) if segment_ids_BT is None else segment_ids_BT != 0
-        bias = self.router_bias[...] if cfg.routed_bias else None
+        bias = self.router_bias[...] if hasattr(self, "router_bias") else None
+        chosen = None
+        if hasattr(self, "tid2eid"):
+            assert token_ids_BT is not None, "a hash-routed layer needs the token ids (the token_ids side)"
+            chosen = jnp.take(self.tid2eid[...], token_ids_BT, axis=0)
         routing = route(cfg, x_BTD, self.router[...], bias, valid_BT, slots,
-                        self.router_logit_bias[...] if cfg.router_logit_bias else None)
+                        self.router_logit_bias[...] if cfg.router_logit_bias else None, chosen)
         x_in_BTD = x_BTD
         if cfg.routed_weight_on_input:  # Llama 4: the expert takes w·x and its output is not weighted (k = 1)
             x_in_BTD = (x_BTD.astype(jnp.float32) * routing.weights_BTk).astype(x_BTD.dtype)
@@ -300,3 +318,14 @@ class MoE(nnx.Module):
             y_BTD = y_BTD + self._shared(x_BTD, dropout_key)
         # what capped receive buffers dropped counts with the capacity drops (ragged_buffer_factor)
         return constrain(y_BTD, BTD), {**routing.stats, "dropped": routing.stats["dropped"] + dropped}
+
+
+def hash_moe(cfg, *, rngs: nnx.Rngs) -> MoE:
+    """The `hash_moe` feed-forward kind: a MoE layer whose experts the token ids choose (DeepSeek-V4's
+    first `num_hash_layers` layers)."""
+    return MoE(cfg, rngs=rngs, hashed=True)
+
+
+def token_id_inputs(model, inputs_BT, x_BTD, seen) -> jax.Array:
+    """The token_ids side: every layer's copy of the tokens [L, B, T] (hash-routed layers read theirs)."""
+    return jnp.broadcast_to(inputs_BT, (model.cfg.base_num_decoder_layers, *inputs_BT.shape))

@@ -38,6 +38,7 @@ class Side:
                                 # holds before the first layer (the mixers that read it write it)
     mixer_arg: str = ""         # the keyword the layer's mixer takes its input as (in training and in
                                 # the decode prefill); "": the mixer does not read it
+    ffn_arg: str = ""           # the keyword a feed-forward kind with `side_args` takes its input as
 
     def load(self, field: str):
         path, attr = getattr(self, field).split(":")
@@ -62,6 +63,8 @@ SIDES = (
          image_blocks, inputs="maxlite.models.vision.merge:image_block_inputs", mixer_arg="blocks_BT"),
     Side("deepstack", "Qwen3-VL's DeepStack (vision_deepstack_layers)", lambda cfg: bool(cfg.vision_deepstack_layers),
          finish="maxlite.models.vision.merge:deepstack_finish", inputs="maxlite.models.vision.merge:deepstack_inputs"),
+    Side("token_ids", "DeepSeek-V4's hash routing (num_hash_layers)", lambda cfg: bool(cfg.num_hash_layers),
+         inputs="maxlite.models.moe:token_id_inputs", ffn_arg="token_ids_BT"),
 )
 
 
@@ -73,3 +76,9 @@ def sides(cfg) -> tuple[Side, ...]:
 def mixer_args(mixer_sides, inputs: dict) -> dict:
     """The keywords a layer's mixer takes from its inputs (`mixer_sides`: the sides with a `mixer_arg`)."""
     return {side.mixer_arg: inputs[side.name] for side in mixer_sides if side.name in inputs}
+
+
+def ffn_args(ffn_sides, inputs: dict) -> dict:
+    """The keywords a layer's feed-forward takes from its inputs (`ffn_sides`: the sides with an
+    `ffn_arg`, for a feed-forward kind with `side_args`)."""
+    return {side.ffn_arg: inputs[side.name] for side in ffn_sides if side.name in inputs}

@@ -27,10 +27,11 @@ import math
 from maxlite.models import cache_bits, matmul, pipeline
 from maxlite.models.carry import Carry, layer_inputs, start
 from maxlite.models.families import family
+from maxlite.models.hyper import STREAMS, HyperConnection, HyperHead, expand
 from maxlite.models.kinds import FEED_FORWARDS, MIXERS
 from maxlite.models.layers import BTD, constrain, make_norm, param
 from maxlite.models.layout import layer_kinds, layer_place, layer_stacks, layer_windows
-from maxlite.models.sides import mixer_args, sides
+from maxlite.models.sides import ffn_args, mixer_args, sides
 from maxlite.models.vision import towers
 from maxlite.models.vision.merge import merge
 
@@ -76,30 +77,49 @@ class Block(nnx.Module):
         for side in sides(cfg):
             if side.layer:
                 setattr(self, side.name, side.load("layer")(cfg, rngs=rngs))
+        if cfg.hc_mult:  # hyper-connections: the residual is cfg.hc_mult streams (maxlite/models/hyper.py)
+            self.attn_hc = HyperConnection(cfg, rngs=rngs)
+            self.mlp_hc = HyperConnection(cfg, rngs=rngs)
         self.finishing = tuple(side for side in sides(cfg) if side.finish)
+        self.ffn_sides = tuple(side for side in sides(cfg) if side.ffn_arg) if ffn.side_args else ()
         self.mixer_sides = tuple(side for side in sides(cfg) if side.mixer_arg)
         self.pre_norms, self.post_norms, self.routed = fam.pre_norms, fam.post_norms, ffn.routed
         self.mixer_carries = hasattr(self.attn, "carried")  # it reads or writes the carry's state
         self.ffn_pre_norm = fam.pre_norms and not ffn.raw_input
         self.mixer_pre_norm = fam.pre_norms and not mixer.raw_input
+        self.hyper = bool(cfg.hc_mult)
 
     def mixer_input(self, x_BTD):
-        """What the mixer reads: the pre-normed residual (decoding calls it too)."""
+        """What the mixer reads: the pre-normed residual (decoding calls it too); with hyper-connections
+        the streams' collapse (maxlite/models/hyper.py)."""
+        if self.hyper:
+            x_BTD = self.attn_hc.collapse(x_BTD)[0]
         return self.attn_norm(x_BTD) if self.mixer_pre_norm else x_BTD
 
     def add_attention(self, x_BTD, attn_BTD):
-        """The residual add of the mixer branch (decoding calls it with its cached attention)."""
-        return x_BTD + (self.attn_post_norm(attn_BTD) if self.post_norms else attn_BTD)
-
-    def _add(self, x_BTD, h_BTD):
-        return x_BTD + (self.mlp_post_norm(h_BTD) if self.post_norms else h_BTD)
+        """The residual add of the mixer branch (decoding calls it with its cached attention); with
+        hyper-connections spread over the streams, mixed (the weights are those mixer_input's
+        collapse used: the same function of the same streams)."""
+        attn_BTD = self.attn_post_norm(attn_BTD) if self.post_norms else attn_BTD
+        return self.attn_hc.collapse(x_BTD)[1](attn_BTD) if self.hyper else x_BTD + attn_BTD
 
     def _ffn_input(self, x_BTD):
         return self.mlp_norm(x_BTD) if self.ffn_pre_norm else x_BTD
 
-    def add_mlp(self, x_BTD, dropout_key=None):
-        """The feed-forward branch as decoding runs it (a MoE layer dropless)."""
-        return self._add(x_BTD, self.mlp(self._ffn_input(x_BTD), dropout_key))
+    def _feed_forward(self, x_BTD, branch):
+        """x with the feed-forward branch added: `branch(its input)` → (output, statistics)."""
+        add = None
+        if self.hyper:
+            x_BTD, add = self.mlp_hc.collapse(x_BTD)
+        h_BTD, stats = branch(self._ffn_input(x_BTD))
+        h_BTD = self.mlp_post_norm(h_BTD) if self.post_norms else h_BTD
+        return (add(h_BTD) if self.hyper else x_BTD + h_BTD), stats
+
+    def add_mlp(self, x_BTD, dropout_key=None, inputs: dict | None = None):
+        """The feed-forward branch as decoding runs it (a MoE layer dropless); `inputs`: this layer's
+        side inputs (a hash-routed layer's token ids)."""
+        args = ffn_args(self.ffn_sides, inputs or {})
+        return self._feed_forward(x_BTD, lambda h: (self.mlp(h, dropout_key, **args), None))[0]
 
     def finish(self, x_BTD, carry: Carry):
         """After the feed-forward: the sides' steps (decoding calls it too), each with its part of this
@@ -109,7 +129,8 @@ class Block(nnx.Module):
         return x_BTD
 
     def __call__(self, carry: Carry, positions_BT, segment_ids_BT, dropout_key=None, local=False):
-        """(the carry after this layer, the MoE layer's routing statistics or None)."""
+        """(the carry after this layer, the MoE layer's routing statistics or None). With
+        hyper-connections the carry's hidden states are the residual's streams [B, T, N, D]."""
         x_BTD, state = carry.x_BTD, carry.state
         key_attn, key_mlp = (None, None) if dropout_key is None else jax.random.split(dropout_key)
         if self.mixer_carries:
@@ -119,14 +140,14 @@ class Block(nnx.Module):
             mixed = self.attn(self.mixer_input(x_BTD), positions_BT, segment_ids_BT, key_attn, local,
                               **mixer_args(self.mixer_sides, carry.inputs))
         x_BTD = self.add_attention(x_BTD, mixed)
-        stats = None
+        args = ffn_args(self.ffn_sides, carry.inputs)
         if not self.routed:
-            x_BTD = self.add_mlp(x_BTD, key_mlp)
+            x_BTD = self.add_mlp(x_BTD, key_mlp, carry.inputs)
+            stats = None
         else:
-            h_BTD, stats = self.mlp.routed(self._ffn_input(x_BTD), segment_ids_BT, key_mlp)
-            x_BTD = self._add(x_BTD, h_BTD)
+            x_BTD, stats = self._feed_forward(x_BTD, lambda h: self.mlp.routed(h, segment_ids_BT, key_mlp, **args))
         carry = carry.replace(state=state)
-        return carry.replace(x_BTD=constrain(self.finish(x_BTD, carry), BTD)), stats
+        return carry.replace(x_BTD=constrain(self.finish(x_BTD, carry), STREAMS if self.hyper else BTD)), stats
 
 
 class Unit(nnx.Module):
@@ -212,6 +233,8 @@ class Transformer(nnx.Module):
         for side in sides(cfg):
             if side.model:
                 setattr(self, side.name, side.load("model")(cfg, rngs=rngs))
+        if cfg.hc_mult:  # the streams collapsed before the final norm
+            self.hc_head = HyperHead(cfg, rngs=rngs)
         self.final_norm = make_norm(cfg, D, rngs)
         if cfg.mtp_num_layers:  # training only: decoding never runs them
             self.mtp = nnx.List([MTPLayer(cfg, rngs=rngs) for _ in range(cfg.mtp_num_layers)])
@@ -352,9 +375,18 @@ class Transformer(nnx.Module):
         with pipeline.feeding(self.cfg):  # with stages: the rows every stage holds, not split over `stage`
             x_BTD, seen = self.embed_prompt(inputs_BT, positions_BT, images)
         with matmul.quantization(self.cfg.quantization):  # the model's own mode, while its layers trace
-            x_BTD, stats = self._run_layers(x_BTD, positions_BT, segment_ids_BT, dropout_key,
-                                            layer_inputs(self, inputs_BT, x_BTD, seen))
-        return self.final_norm(x_BTD), stats
+            inputs_L = layer_inputs(self, inputs_BT, x_BTD, seen)
+            x_BTD, stats = self._run_layers(self.streams_in(x_BTD), positions_BT, segment_ids_BT, dropout_key,
+                                            inputs_L)
+        return self.final_norm(self.streams_out(x_BTD)), stats
+
+    def streams_in(self, x_BTD):
+        """What the first layer reads: the embeddings, copied into each stream with hyper-connections."""
+        return expand(self.cfg, x_BTD) if self.cfg.hc_mult else x_BTD
+
+    def streams_out(self, x_BTD):
+        """What the final norm reads: the last layer's output, its streams collapsed by the head."""
+        return self.hc_head(x_BTD) if self.cfg.hc_mult else x_BTD
 
     def hidden(self, inputs_BT, positions_BT, segment_ids_BT, dropout_key=None, images: dict | None = None):
         """The final-normed hidden states x_BTD (what the output head multiplies)."""
