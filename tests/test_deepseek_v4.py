@@ -55,10 +55,15 @@ def test_import_gives_transformers_logits(imported):
     theirs = torch_logits(model, ids)
     assert relative(jax_logits(cfg, pure, ids), theirs) <= 1e-5
     # the hash table chooses the first layer's experts: another table is another model
-    table = pure["layers"]["blocks"][0]["mlp"]["tid2eid"]
-    shuffled = {**pure, "layers": {**pure["layers"], "blocks": {
-        **pure["layers"]["blocks"], 0: {**pure["layers"]["blocks"][0],
-                                        "mlp": {**pure["layers"]["blocks"][0]["mlp"], "tid2eid": table[..., ::-1, :]}}}}}
+    import copy
+
+    from maxlite.bridge import params as P
+    from maxlite.models.layout import layer_place
+    block, index = layer_place(cfg, 0)
+    assert block == ("hash_layers",) and index == 0  # the hash-routed layers stored apart: the rest repeats
+    shuffled = copy.deepcopy(pure)
+    table = P.get(P.get(shuffled, block), ("mlp", "tid2eid"))
+    table[index] = table[index][::-1]
     assert relative(jax_logits(cfg, shuffled, ids), theirs) > 1e-3
 
 

@@ -177,7 +177,7 @@ class Stack:
     """Layers stored (and scanned) together: `count` units of consecutive layers, a unit's layers of
     the structures `unit` (mixer, feed-forward); the mixer's variant (a window) may differ between
     the layers of one position, their parameters being alike."""
-    name: str                   # the parameter tree's key: "layers" or "dense_layers"
+    name: str                   # the parameter tree's key: "layers", "dense_layers" or "hash_layers"
     count: int
     unit: tuple[tuple[str, str], ...]   # (mixer, ffn) of each layer of a unit
     first: int                  # the index of its first layer
@@ -185,16 +185,27 @@ class Stack:
 
 def layer_stacks(cfg) -> tuple[Stack, ...]:
     """How a scanned model stores its layers: a MoE model's first_num_dense_layers dense layers in
-    `dense_layers`, the rest in `layers` as units of the shortest period of their structures: one
+    `dense_layers`, DeepSeek-V4's num_hash_layers hash-routed ones after them in `hash_layers`, the rest
+    in `layers` as units of the shortest period of their structures: one
     layer per unit when the layers are alike; with interleave_moe_layer_step = s > 1, units of s
     layers (s - 1 dense, 1 MoE); a hybrid's repeating block (three of one mixer, one of another)."""
     kinds = layer_kinds(cfg)
-    first = cfg.first_num_dense_layers if family(cfg).moe else 0
+    dense = cfg.first_num_dense_layers if family(cfg).moe else 0
+    first = dense + cfg.num_hash_layers
+    stacks = (Stack("dense_layers", dense, ((kinds[0].mixer, "dense"),), 0),) if dense else ()
+    if cfg.num_hash_layers:  # DeepSeek-V4's hash-routed first layers: the rest then repeats (a real scan)
+        head = [(k.mixer, k.ffn) for k in kinds[dense:first]]
+        period = _period(head)
+        stacks += (Stack("hash_layers", len(head) // period, tuple(head[:period]), dense),)
     rest = [(k.mixer, k.ffn) for k in kinds[first:]]
-    n = len(rest)
-    period = next(p for p in range(1, n + 1) if n % p == 0 and all(rest[i] == rest[i % p] for i in range(n)))
-    stacks = (Stack("dense_layers", first, ((kinds[0].mixer, "dense"),), 0),) if first else ()
-    return stacks + (Stack("layers", n // period, tuple(rest[:period]), first),)
+    period = _period(rest)
+    return stacks + (Stack("layers", len(rest) // period, tuple(rest[:period]), first),)
+
+
+def _period(structures: list) -> int:
+    """The shortest p that the list repeats with (its length when nothing shorter)."""
+    n = len(structures)
+    return next(p for p in range(1, n + 1) if n % p == 0 and all(structures[i] == structures[i % p] for i in range(n)))
 
 
 def layer_place(cfg, i: int) -> tuple[tuple, int | None]:

@@ -32,7 +32,9 @@ Rows may be packed: a document's windows are its own (positions 0, m, 2m, … wi
 part keeps to the query's segment; a row holding one sequence from position 0 has transformers'
 windows (offsets 0, m, …). Padding (segment 0) makes no entry.
 
-The attention is dense: scores [B, N, T, T + E] in float32 (E the compressed entries), masked. The
+The attention is a block of W = sliding_window queries at a time against its window's keys and the
+entries (`attend_banded`: scores [B, T/W, N, W, 2W + E] in float32, E the compressed entries), or
+every pair where the sequence is short (T ≤ 2W) and in decoding (`attend_dense`). The
 indexer picks entries by integer index, so, as in transformers, the language model's loss does not
 reach it; training gives it its own, DeepSeek-V3.2's sparse-stage loss (maxlite/models/dsa.py
 `with_indexer_loss`: the KL of its scores of its chosen entries to the heads' attention over them),
@@ -296,33 +298,79 @@ class SlidingAttention(nnx.Module):
         seen_BTE, choice = self.compressed(seen_BTE, q_BTQ, positions_BT, index_keys, x_BTD)
         return entries_BEH, seen_BTE, choice
 
-    def attend_all(self, q_BTNH, kv_BSH, seen_BTS, entries_BEH, entries_seen_BTE, choice, positions_BT):
-        """The attention over the window's keys and the entries after them, out through the grouped
-        projection; with an indexer's choice, its loss attached (maxlite/models/dsa.py
-        `with_indexer_loss`: the heads' attention over the chosen entries is its target)."""
+    def attend_dense(self, q_BTNH, kv_BSH, seen_BTS, entries_BEH=None, entries_seen_BTE=None):
+        """(the attention over the S keys `seen_BTS` marks and the entries after them, every pair scored:
+        out_BTNH; the entries' probabilities [B, N, T, E] or None). Decoding's (T new tokens against the
+        cache) and short sequences'."""
         keys_BSH, seen = kv_BSH, seen_BTS
         if entries_BEH is not None:
             keys_BSH = jnp.concatenate([kv_BSH, entries_BEH.astype(kv_BSH.dtype)], axis=1)
             seen = jnp.concatenate([seen_BTS, entries_seen_BTE], axis=-1)
         out_BTNH, probs_BNTS = self.attend(q_BTNH, keys_BSH, seen)
+        return out_BTNH, (None if entries_BEH is None else probs_BNTS[..., kv_BSH.shape[1]:])
+
+    def attend_banded(self, q_BTNH, kv_BTH, segment_ids_BT, entries_BEH=None, entries_seen_BTE=None):
+        """`attend_dense` over a sequence's own keys, a block of W = sliding_window queries at a time
+        against its block's keys and the block's before (2W: every key of their windows) and the
+        entries, one softmax over both: scores [B, T/W, N, W, 2W + E] where every pair would be
+        [B, N, T, T + E]."""
+        B, T, N, H = q_BTNH.shape
+        W = self.cfg.sliding_window
+        nb = -(-T // W)
+        pad = ((0, 0), (0, nb * W - T))
+        q_BQRNH = jnp.pad(q_BTNH, pad + ((0, 0), (0, 0))).reshape(B, nb, W, N, H)
+        kv_BLH = jnp.pad(kv_BTH, ((0, 0), (W, nb * W - T), (0, 0)))  # a block of nothing before the first
+        keys_BQKH = jnp.concatenate([kv_BLH[:, :nb * W].reshape(B, nb, W, H), kv_BLH[:, W:].reshape(B, nb, W, H)],
+                                    axis=2)
+        seg = jnp.pad(segment_ids_BT, ((0, 0), (W, nb * W - T)), constant_values=-1)
+        q_seg_BQR = seg[:, W:].reshape(B, nb, W)
+        k_seg_BQK = jnp.concatenate([seg[:, :nb * W].reshape(B, nb, W), q_seg_BQR], axis=2)
+        rows_QR = jnp.arange(nb * W).reshape(nb, W)
+        cols_QK = jnp.concatenate([rows_QR - W, rows_QR], axis=1)
+        seen_BQRK = (visible(rows_QR[:, :, None], cols_QK[:, None, :], W)[None]
+                     & (q_seg_BQR[..., None] == k_seg_BQK[:, :, None, :]))
+        scores = project("bqrnh,bqkh->bqnrk", q_BQRNH, keys_BQKH).astype(jnp.float32) * H ** -0.5
+        scores = jnp.where(seen_BQRK[:, :, None], scores, -jnp.inf)
+        E = 0 if entries_BEH is None else entries_BEH.shape[1]
+        if E:
+            entries_BEH = entries_BEH.astype(kv_BTH.dtype)
+            scores_e = project("bqrnh,beh->bqnre", q_BQRNH, entries_BEH).astype(jnp.float32) * H ** -0.5
+            seen_e = jnp.pad(entries_seen_BTE, pad + ((0, 0),)).reshape(B, nb, W, E)
+            scores = jnp.concatenate([scores, jnp.where(seen_e[:, :, None], scores_e, -jnp.inf)], axis=-1)
+        probs = softmax_with_sinks(scores.reshape(B * nb, N, 1, W, -1), self.sinks[...]).reshape(scores.shape)
+        dt = q_BTNH.dtype
+        out = project("bqnrk,bqkh->bqrnh", probs[..., :2 * W].astype(dt), keys_BQKH)
+        probs_e = None
+        if E:
+            out = out + project("bqnre,beh->bqrnh", probs[..., 2 * W:].astype(dt), entries_BEH)
+            probs_e = jnp.moveaxis(probs[..., 2 * W:], 2, 1).reshape(B, N, nb * W, E)[:, :, :T]
+        return out.reshape(B, nb * W, N, H)[:, :T], probs_e
+
+    def finish(self, out_BTNH, probs_BNTE, choice, positions_BT):
+        """The output through the grouped projection; with an indexer's choice, its loss attached
+        (maxlite/models/dsa.py `with_indexer_loss`: the heads' attention over the chosen entries is its
+        target)."""
         if choice is not None:
             index_BTk, valid_BTk, logits_BTk = choice
-            S = kv_BSH.shape[1]
-            probs_BTNk = jnp.take_along_axis(jnp.moveaxis(probs_BNTS[..., S:], 1, 2), index_BTk[:, :, None, :], axis=-1)
+            probs_BTNk = jnp.take_along_axis(jnp.moveaxis(probs_BNTE, 1, 2), index_BTk[:, :, None, :], axis=-1)
             out_BTNH = with_indexer_loss(out_BTNH, logits_BTk, indexer_target(probs_BTNk, valid_BTk), valid_BTk)
         return self.out(out_BTNH, positions_BT)
 
     def __call__(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None, local=False):
-        T = x_BTD.shape[1]
+        T, W = x_BTD.shape[1], self.cfg.sliding_window
         q_BTNH, q_BTQ = self.queries(x_BTD, positions_BT)
         kv_BTH = self.keys(x_BTD, positions_BT)
-        idx_T = jnp.arange(T)
-        seen_BTS = (visible(idx_T[:, None], idx_T[None, :], self.cfg.sliding_window)[None]
-                    & (segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :]))
         entries_BEH, seen_BTE, choice = None, None, None
         if hasattr(self, "compressor") and T >= self.rate:  # room for a whole window
             entries_BEH, seen_BTE, choice = self.entries(x_BTD, q_BTQ, positions_BT, segment_ids_BT)
-        return self.attend_all(q_BTNH, kv_BTH, seen_BTS, entries_BEH, seen_BTE, choice, positions_BT)
+        if W and T > 2 * W:
+            out_BTNH, probs_BNTE = self.attend_banded(q_BTNH, kv_BTH, segment_ids_BT, entries_BEH, seen_BTE)
+        else:
+            idx_T = jnp.arange(T)
+            seen_BTS = (visible(idx_T[:, None], idx_T[None, :], W)[None]
+                        & (segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :]))
+            out_BTNH, probs_BNTE = self.attend_dense(q_BTNH, kv_BTH, seen_BTS, entries_BEH, seen_BTE)
+        return self.finish(out_BTNH, probs_BNTE, choice, positions_BT)
 
 
 class HeavilyCompressedAttention(SlidingAttention):

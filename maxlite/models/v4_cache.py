@@ -62,7 +62,8 @@ def step(attn, x_BTD, positions_BT, lengths_B, cache: dict, shared, variant: str
         if S >= attn.rate:  # room for a whole window
             entries_BEH, seen_BTE, _ = attn.entries(x_BTD, q_BTQ, positions_BT, None, projected)
     # decoding keeps the indexer's choice, not its loss
-    return attn.attend_all(q_BTNH, kv_BSH, seen_BTS, entries_BEH, seen_BTE, None, positions_BT), new
+    out_BTNH, _ = attn.attend_dense(q_BTNH, kv_BSH, seen_BTS, entries_BEH, seen_BTE)
+    return attn.finish(out_BTNH, None, None, positions_BT), new
 
 
 def advance(shared, positions_BT, lengths_B):
