@@ -219,3 +219,20 @@ def kv_sharing(c, used: bool) -> str | None:
         return (f"num_kv_shared_layers={n}: no layer before the sharing ones is {missing[0]} (a shared layer reuses "
                 f"the last earlier layer of its kind)")
     return None
+
+
+def v4(c, used: bool) -> str | None:
+    """DeepSeek-V4's attention (maxlite/models/v4_attention.py): grouped output heads, a query latent, no
+    adapters yet."""
+    if not used:
+        return None
+    if c.lora_rank:
+        return (f"lora_rank={c.lora_rank}: DeepSeek-V4's attention layers take no LoRA adapters yet (and its "
+                f"experts none): train it whole (lora_rank=0)")
+    if not c.o_groups or (c.base_num_query_heads * c.head_dim) % c.o_groups:
+        return (f"o_groups={c.o_groups} must divide the heads' width base_num_query_heads × head_dim = "
+                f"{c.base_num_query_heads * c.head_dim} (DeepSeek-V4's grouped output projection)")
+    if not c.q_lora_rank or c.qk_rope_head_dim % 2 or c.qk_rope_head_dim > c.head_dim:
+        return (f"DeepSeek-V4's attention reads a query latent (q_lora_rank > 0, got {c.q_lora_rank}) and rotates "
+                f"an even qk_rope_head_dim ≤ head_dim (got {c.qk_rope_head_dim} of {c.head_dim})")
+    return None

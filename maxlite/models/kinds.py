@@ -301,7 +301,7 @@ MIXERS = {m.name: m for m in (
     # DeepSeek-V4 (maxlite/models/v4_attention.py): one shared key=value head over a sliding window, alone
     # or with compressed entries of the whole context (heavily compressed, or compressed and sparse)
     *(MixerKind(f"v4_{v}", f"maxlite.models.v4_attention:{cls}", _v4_flops, _v4_cache, "maxlite.models.v4_cache",
-                megatron_refusal="DeepSeek-V4's attention (a shared key=value head, compressed entries, grouped output)")
+                checks=(_CHECKS + "v4",), megatron_refusal="DeepSeek-V4's attention (a shared key=value head, compressed entries, grouped output)")
       for v, cls in (("sliding", "SlidingAttention"), ("hca", "HeavilyCompressedAttention"),
                      ("csa", "CompressedSparseAttention"))),
     # a layer without a mixer (Nemotron-H's MLP blocks): nothing added, no norm, no cache
