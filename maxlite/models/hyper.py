@@ -22,13 +22,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from maxlite.models.layers import param
+from maxlite.models.layers import l2_norm, param
 
 STREAMS = ("activation_batch", "activation_length", None, "activation_embed")
-
-
-def _unweighted_rms(x, eps: float):
-    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
 
 
 def expand(cfg, x_BTD):
@@ -60,7 +56,7 @@ class HyperConnection(nnx.Module):
         """(pre [B, T, N], post [B, T, N], comb [B, T, N, N]), float32."""
         cfg, N = self.cfg, self.cfg.hc_mult
         B, T = x_BTSD.shape[:2]
-        flat = _unweighted_rms(x_BTSD.reshape(B, T, -1).astype(jnp.float32), cfg.normalization_layer_epsilon)
+        flat = l2_norm(x_BTSD.reshape(B, T, -1).astype(jnp.float32), cfg.normalization_layer_epsilon)
         mixes = jnp.einsum("btk,kc->btc", flat, self.fn[...], precision=jax.lax.Precision.HIGHEST)
         base, scale = self.base[...], self.scale[...]
         pre = jax.nn.sigmoid(mixes[..., :N] * scale[0] + base[:N]) + cfg.hc_eps
@@ -93,7 +89,7 @@ class HyperHead(nnx.Module):
 
     def __call__(self, x_BTSD):
         B, T = x_BTSD.shape[:2]
-        flat = _unweighted_rms(x_BTSD.reshape(B, T, -1).astype(jnp.float32), self.cfg.normalization_layer_epsilon)
+        flat = l2_norm(x_BTSD.reshape(B, T, -1).astype(jnp.float32), self.cfg.normalization_layer_epsilon)
         mixes = jnp.einsum("btk,kn->btn", flat, self.fn[...], precision=jax.lax.Precision.HIGHEST)
         pre = jax.nn.sigmoid(mixes * self.scale[...][0] + self.base[...]) + self.cfg.hc_eps
         return jnp.sum(pre[..., None] * x_BTSD.astype(jnp.float32), axis=2).astype(x_BTSD.dtype)

@@ -280,21 +280,15 @@ class SlidingAttention(nnx.Module):
         (a layer with an indexer: of those, its choice)."""
         return seen_BTE, None
 
-    def entries(self, x_BTD, q_BTQ, positions_BT, segment_ids_BT, projected=None):
+    def entries(self, projected, index_projected, pos_BS, seg_BS, q_BTQ, positions_BT, q_seg_BT, x_BTD):
         """(the compressed entries [B, E, H], which each query attends [B, T, E], the indexer's choice
-        or None) of the whole windows of x (positions and segments [B, S]); `projected`: the
-        compressor's (and indexer's) projections of S cached positions instead (decoding), the queries
-        then at `positions_BT`."""
-        kv, gate = projected["c"] if projected else self.compressor.projections(x_BTD)
-        pos_BS, seg_BS = (positions_BT, segment_ids_BT) if not projected else projected["slots"]
+        or None) from the compressor's (kv, gate) projections of S positions (`pos_BS`, `seg_BS`: a
+        sequence's own, or the decode cache's slots) and the indexer's (None without one); the queries
+        at `positions_BT` of segments `q_seg_BT`."""
         wins = windows(pos_BS, seg_BS, self.rate)
-        entries_BEH = self.compressor.pool(kv, gate, wins)
-        q_seg_BT = segment_ids_BT if not projected else jnp.ones_like(positions_BT)
+        entries_BEH = self.compressor.pool(*projected, wins)
         seen_BTE = wins.seen(positions_BT, q_seg_BT, self.rate)
-        index_keys = None
-        if hasattr(self, "indexer"):  # detached: the indexer's loss trains it, nothing else does
-            kv_i, gate_i = projected["i"] if projected else self.indexer.projections(jax.lax.stop_gradient(x_BTD))
-            index_keys = self.indexer.pool(kv_i, gate_i, wins)
+        index_keys = None if index_projected is None else self.indexer.pool(*index_projected, wins)
         seen_BTE, choice = self.compressed(seen_BTE, q_BTQ, positions_BT, index_keys, x_BTD)
         return entries_BEH, seen_BTE, choice
 
@@ -362,7 +356,10 @@ class SlidingAttention(nnx.Module):
         kv_BTH = self.keys(x_BTD, positions_BT)
         entries_BEH, seen_BTE, choice = None, None, None
         if hasattr(self, "compressor") and T >= self.rate:  # room for a whole window
-            entries_BEH, seen_BTE, choice = self.entries(x_BTD, q_BTQ, positions_BT, segment_ids_BT)
+            # the indexer's inputs detached: its own loss trains it, nothing else does
+            index = self.indexer.projections(jax.lax.stop_gradient(x_BTD)) if hasattr(self, "indexer") else None
+            entries_BEH, seen_BTE, choice = self.entries(self.compressor.projections(x_BTD), index, positions_BT,
+                                                         segment_ids_BT, q_BTQ, positions_BT, segment_ids_BT, x_BTD)
         if W and T > 2 * W:
             out_BTNH, probs_BNTE = self.attend_banded(q_BTNH, kv_BTH, segment_ids_BT, entries_BEH, seen_BTE)
         else:

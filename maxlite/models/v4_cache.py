@@ -52,16 +52,16 @@ def step(attn, x_BTD, positions_BT, lengths_B, cache: dict, shared, variant: str
     if variant in ("hca", "csa"):
         kv_c, gate_c = attn.compressor.projections(x_BTD)
         new.update(kv_c=_write(cache["kv_c"], kv_c, slots_BT), gate_c=_write(cache["gate_c"], gate_c, slots_BT))
-        # the slots as one sequence from position 0: a window still filling is seen by no query
-        projected = {"c": (new["kv_c"], new["gate_c"]),
-                     "slots": (jnp.broadcast_to(jnp.arange(S), (B, S)), jnp.ones((B, S), jnp.int32))}
+        index = None
         if variant == "csa":
             kv_i, gate_i = attn.indexer.projections(x_BTD)
             new.update(kv_i=_write(cache["kv_i"], kv_i, slots_BT), gate_i=_write(cache["gate_i"], gate_i, slots_BT))
-            projected["i"] = (new["kv_i"], new["gate_i"])
-        if S >= attn.rate:  # room for a whole window
-            entries_BEH, seen_BTE, _ = attn.entries(x_BTD, q_BTQ, positions_BT, None, projected)
-    # decoding keeps the indexer's choice, not its loss
+            index = (new["kv_i"], new["gate_i"])
+        if S >= attn.rate:  # room for a whole window; the slots as one sequence from position 0, so a
+            # window still filling is seen by no query
+            slots_BS, one_BS = jnp.broadcast_to(jnp.arange(S), (B, S)), jnp.ones((B, S), jnp.int32)
+            entries_BEH, seen_BTE, _ = attn.entries((new["kv_c"], new["gate_c"]), index, slots_BS, one_BS, q_BTQ,
+                                                    positions_BT, jnp.ones_like(positions_BT), x_BTD)
     out_BTNH, _ = attn.attend_dense(q_BTNH, kv_BSH, seen_BTS, entries_BEH, seen_BTE)
     return attn.finish(out_BTNH, None, None, positions_BT), new
 
