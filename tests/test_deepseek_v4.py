@@ -89,6 +89,40 @@ def test_export_loads_in_transformers_with_the_same_logits(imported):
     assert relative(torch_logits(back, ids), torch_logits(model, ids)) <= 1e-6
 
 
+def test_deepseeks_own_release_names_import_with_the_same_logits(imported, tmp_path, capfd):
+    """DeepSeek publishes V4 under its own names: no `model.` prefix, `embed.weight`, the output head's
+    hyper-connection as `hc_head_fn`, and multi-token-prediction layers (`mtp.*`). Those names, as
+    DeepSeek's inference code spells them, are what transformers' own loader reads (no missing or
+    unexpected tensor); maxlite imports them to the same logits and leaves the mtp layers out, said."""
+    from safetensors.numpy import load_file, save_file
+
+    model, path, _, _ = imported
+    tensors = {}
+    for f in sorted((path / "hf").glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    release = {}
+    for name, t in tensors.items():
+        name = name.removeprefix("model.").replace("embed_tokens.", "embed.").replace("hc_head.hc_", "hc_head_")
+        release[name] = t
+    release["mtp.0.attn.wq_a.weight"] = tensors["model.layers.0.attn.wq_a.weight"]
+    assert "embed.weight" in release and not any(n.startswith("model.") for n in release)
+    out = tmp_path / "release"
+    out.mkdir()
+    save_file(release, str(out / "model.safetensors"), metadata={"format": "pt"})
+    for f in (path / "hf").iterdir():
+        if f.suffix == ".json" and "safetensors" not in f.name:
+            (out / f.name).write_bytes(f.read_bytes())
+    theirs, info = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32,
+                                                                     output_loading_info=True)
+    assert not info["missing_keys"] and not info["mismatched_keys"], info
+    ids = np.random.default_rng(4).integers(0, V, (1, 40))
+    assert relative(torch_logits(theirs, ids), torch_logits(model, ids)) <= 1e-6
+    capfd.readouterr()
+    cfg, pure = hf.import_hf(str(out), ["max_target_length=64"])
+    assert "1 tensors of the multi-token-prediction layers (mtp.*) not imported" in capfd.readouterr().err
+    assert relative(jax_logits(cfg, pure, ids), torch_logits(model, ids)) <= 1e-5
+
+
 def test_a_packed_row_gives_each_document_its_logits_alone(imported):
     """Two documents in one row (positions from 0 each, segments 1 and 2), the second starting at an
     offset no window size divides: each document's windows are its own, so its logits are those it

@@ -12,14 +12,18 @@ F expert width, k experts per token):
   layers.{i}.mlp.gate.tid2eid [V, k] (int64)               ↔ mlp.tid2eid (float32 whole numbers; hash layers)
   layers.{i}.mlp.experts.gate_up_proj [E, 2F, D], down_proj [E, D, F] ↔ mlp.gate, mlp.up [E, D, F], mlp.down
   layers.{i}.mlp.shared_experts.{gate,up,down}_proj       ↔ mlp.shared.{gate, up, down}
-RoPE rotates interleaved pairs of each head's last qk_rope_head_dim channels, as maxlite's V4 layers
-do: no rows are permuted. config.json's `rope_parameters` holds two sets, `main` (the sliding layers'
+DeepSeek's own release names the same tensors without the `model.` prefix (`embed.weight`,
+`layers.{i}.…`, `norm.weight`, `hc_head_fn`/`_base`/`_scale`: transformers' conversion mapping for
+deepseek_v4 reads them); an import reads either (`import_maps`), its multi-token-prediction layers
+(`mtp.*`) left out in one line; an export writes transformers' names. RoPE rotates interleaved pairs
+of each head's last qk_rope_head_dim channels, as maxlite's V4 layers do: no rows are permuted. config.json's `rope_parameters` holds two sets, `main` (the sliding layers'
 base, unscaled) and `compress` (the compressed layers' base, with YaRN at attention factor 1).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import numpy as np
 
@@ -134,8 +138,36 @@ def tensor_maps(cfg) -> list[TensorMap]:
     return maps + attention_maps(cfg) + _moe(cfg, "moe") + _moe(cfg, "hash_moe")
 
 
+# transformers' saved names → DeepSeek's released ones (the prefix and the output head's hyper-connection)
+RELEASED = (("model.embed_tokens.", "embed."), ("model.norm.", "norm."), ("model.layers.", "layers."),
+            ("model.hc_head.hc_", "hc_head_"))
+MTP = "mtp."
+
+
+def released(name: str) -> str:
+    """A tensor's name in DeepSeek's own release."""
+    for theirs, ours in RELEASED:
+        if name.startswith(theirs):
+            return ours + name[len(theirs):]
+    return name
+
+
 def import_maps(cfg, names: set[str]) -> list[TensorMap]:
-    return tensor_maps(cfg)
+    """transformers' names, or DeepSeek's release (it has `embed.weight` where transformers saves
+    `model.embed_tokens.weight`)."""
+    maps = tensor_maps(cfg)
+    if "embed.weight" in names and "model.embed_tokens.weight" not in names:
+        maps = [dataclasses.replace(t, hf=released(t.hf)) for t in maps]
+    return maps
+
+
+def skipped(cfg, names: set[str]) -> set[str]:
+    """The release's multi-token-prediction layers (`mtp.*`; transformers' class has none): left out, said."""
+    left = {n for n in names if n.startswith(MTP)}
+    if left:
+        print(f"maxlite: {len(left)} tensors of the multi-token-prediction layers ({MTP}*) not imported "
+              f"(DeepseekV4ForCausalLM has none)", file=sys.stderr, flush=True)
+    return left
 
 
 ignore = hf_llama.ignore
