@@ -452,7 +452,9 @@ def _check_pipeline(c: Config, stages: int, rows: int) -> None:
                           f"hc_mult={c.hc_mult} streams: set ici_pipeline_parallelism=1 and dcn_pipeline_parallelism=1")
     stacks = layer_stacks(c)
     if not c.scan_layers or len(stacks) != 1:
-        fix = "set scan_layers=true" if not c.scan_layers else "set first_num_dense_layers=0"
+        fix = ("set scan_layers=true" if not c.scan_layers else "set first_num_dense_layers=0"
+               if stacks[0].name == "dense_layers" else
+               f"this model's layers are stored as {' + '.join(s.name for s in stacks)} (maxlite/models/layout.py)")
         raise ConfigError(f"pipeline parallelism ({stages} stages) runs one scanned stack of layers: {fix}")
     units, unit = stacks[0].count, len(stacks[0].unit)
     repeats, per_stage = c.pipeline_repeats, c.num_layers_per_pipeline_stage

@@ -177,7 +177,7 @@ class Stack:
     """Layers stored (and scanned) together: `count` units of consecutive layers, a unit's layers of
     the structures `unit` (mixer, feed-forward); the mixer's variant (a window) may differ between
     the layers of one position, their parameters being alike."""
-    name: str                   # the parameter tree's key: "layers", "dense_layers" or "hash_layers"
+    name: str                   # the parameter tree's key: "layers", "dense_layers", "hash_layers", "tail_layers"
     count: int
     unit: tuple[tuple[str, str], ...]   # (mixer, ffn) of each layer of a unit
     first: int                  # the index of its first layer
@@ -198,14 +198,33 @@ def layer_stacks(cfg) -> tuple[Stack, ...]:
         period = _period(head)
         stacks += (Stack("hash_layers", len(head) // period, tuple(head[:period]), dense),)
     rest = [(k.mixer, k.ffn) for k in kinds[first:]]
-    period = _period(rest)
-    return stacks + (Stack("layers", len(rest) // period, tuple(rest[:period]), first),)
+    period, count = _repeating(rest)
+    stacks += (Stack("layers", count, tuple(rest[:period]), first),)
+    tail = rest[period * count:]
+    if tail:  # what is left after the repeats (Kimi Linear's last layers): one unit of its own
+        stacks += (Stack("tail_layers", 1, tuple(tail), first + period * count),)
+    return stacks
 
 
 def _period(structures: list) -> int:
     """The shortest p that the list repeats with (its length when nothing shorter)."""
     n = len(structures)
     return next(p for p in range(1, n + 1) if n % p == 0 and all(structures[i] == structures[i % p] for i in range(n)))
+
+
+def _repeating(structures: list) -> tuple[int, int]:
+    """(p, m): the list as m ≥ 2 repeats of its first p structures and a tail shorter than p, with the
+    fewest layers in a unit and the tail together (each is compiled once, the repeats are scanned); the
+    whole list's own period (no tail) when nothing is shorter. Kimi Linear's 26 layers after the dense
+    one: 6 × 4 + 2, not one unit of 26; Nemotron-H 8B's 52: 4 × 11 + 8."""
+    n = len(structures)
+    best = (_period(structures), n // _period(structures))
+    for p in range(1, n + 1):
+        run = next((i for i in range(p, n) if structures[i] != structures[i % p]), n)
+        m = run // p
+        if m >= 2 and n - m * p < p and p + n - m * p < best[0] + n - best[0] * best[1]:
+            best = (p, m)
+    return best
 
 
 def layer_place(cfg, i: int) -> tuple[tuple, int | None]:
