@@ -190,3 +190,31 @@ def test_a_checkpoint_whose_tensors_do_not_match_its_config_is_one_line(tmp_path
     assert "Traceback" not in err, err  # the import's progress lines, then one error line
     assert err.strip().splitlines()[-1].startswith("maxlite: error: ") and \
         "tensor model.layers.1.mlp.down_proj.weight missing" in err.strip().splitlines()[-1], err
+
+
+def test_the_published_multimodal_llama4_imports_as_its_text_model(tmp_path, capfd):
+    """Scout and Maverick are published as Llama4ForConditionalGeneration (`model_type: llama4`, the text
+    model's config in `text_config`, its tensors under `language_model.`): the import reads the text
+    model, with transformers' logits on text, says in one line that the vision tower and projector stay
+    behind, and exports the text model (Llama4ForCausalLM) with the same logits."""
+    text = hf_models.config("llama4_text")
+    vision = transformers.Llama4VisionConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=28, patch_size=14,
+        vision_output_dim=32, projector_input_dim=32, projector_output_dim=text.hidden_size, pixel_shuffle_ratio=0.5)
+    torch.manual_seed(0)
+    model = transformers.Llama4ForConditionalGeneration(transformers.Llama4Config(
+        text_config=text.to_dict(), vision_config=vision.to_dict(), image_token_index=V - 1)).eval()
+    model.save_pretrained(str(tmp_path / "hf"))
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "llama4"
+    capfd.readouterr()
+    cfg, pure = hf.import_hf(str(tmp_path / "hf"), ["max_target_length=64"])
+    assert "tensors of the vision tower and projector (vision_model., multi_modal_projector.) not imported" \
+        in capfd.readouterr().err
+    assert cfg.decoder_block == "llama4" and cfg.vocab_size == text.vocab_size
+    ids = np.random.default_rng(1).integers(0, text.vocab_size, (2, T))
+    theirs = _logits(model, ids)
+    assert _relative(jax_logits(cfg, pure, ids), theirs) <= 1e-5
+    hf.export_hf(cfg, pure, str(tmp_path / "back"))
+    back = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "back"), dtype=torch.float32)
+    assert type(back).__name__ == "Llama4ForCausalLM"
+    assert _relative(_logits(back, ids), theirs) <= 1e-5

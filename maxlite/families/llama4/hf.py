@@ -21,6 +21,11 @@ NoPE layers' too: q and k permuted alike, and the scaleless norm sees the same n
   feed_forward.experts.down_proj [E, F, D]   ↔ mlp.down
   feed_forward.shared_expert.*_proj.weight   ↔ mlp.shared.gate / up / down
 
+The published Scout and Maverick are Llama4ForConditionalGeneration (`model_type: llama4`): the text
+model's config.json is its `text_config`, its tensors are under `language_model.model.` and
+`language_model.lm_head.`; an import reads that text model and leaves the vision tower and projector
+behind, said in one line (maxlite has no Llama 4 vision encoder); an export writes Llama4ForCausalLM.
+
 transformers' temperature tuning counts positions from the first token of the batch row (with left
 padding, from the padding); maxlite's from each document's first token (the same on an unpadded row).
 """
@@ -28,6 +33,7 @@ padding, from the padding); maxlite's from each document's first token (the same
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import numpy as np
 
@@ -93,8 +99,27 @@ def tensor_maps(cfg) -> list[TensorMap]:
     return maps + [dataclasses.replace(t, mlp="moe") for t in moe]
 
 
+# the text model inside the published multimodal checkpoint (Llama4ForConditionalGeneration), as saved
+MULTIMODAL = (("model.", "language_model.model."), ("lm_head.", "language_model.lm_head."))
+VISION = ("vision_model.", "multi_modal_projector.")
+
+
 def import_maps(cfg, names: set[str]) -> list[TensorMap]:
-    return tensor_maps(cfg)
+    """Llama4ForCausalLM's names, or the text model's inside the published multimodal checkpoint."""
+    maps = tensor_maps(cfg)
+    if "language_model.model.embed_tokens.weight" in names:
+        maps = [dataclasses.replace(t, hf=next((ours + t.hf[len(theirs):] for theirs, ours in MULTIMODAL
+                                                if t.hf.startswith(theirs)), t.hf)) for t in maps]
+    return maps
+
+
+def skipped(cfg, names: set[str]) -> set[str]:
+    """A multimodal checkpoint's vision tower and projector: left out (the text model is imported), said."""
+    left = {n for n in names if n.startswith(VISION)}
+    if left:
+        print(f"maxlite: {len(left)} tensors of the vision tower and projector ({', '.join(VISION)}) not imported: "
+              f"maxlite imports Llama 4's text model", file=sys.stderr, flush=True)
+    return left
 
 
 ignore = hf_llama.ignore
@@ -151,9 +176,13 @@ def _layers(hf: dict) -> tuple[list[str], int]:
 
 
 def config_overrides(hf: dict) -> dict:
+    if hf.get("model_type") == "llama4":  # the published multimodal checkpoint: its text model
+        text = hf.get("text_config")
+        if not isinstance(text, dict):
+            raise ValueError("config.json: model_type=llama4 without a text_config")
+        return config_overrides({"model_type": "llama4_text", **text})
     if hf.get("model_type") != "llama4_text":
-        raise ValueError(f"config.json model_type={hf.get('model_type')!r} is not llama4_text (a multimodal "
-                         f"llama4 checkpoint: import its text_config's model)")
+        raise ValueError(f"config.json model_type={hf.get('model_type')!r} is not llama4_text or llama4")
     hf_llama.check_mlp(hf, "silu")
     if hf.get("attention_bias"):
         raise ValueError(f"config.json: attention_bias=true is not {ARCHITECTURE}'s layer in maxlite")
