@@ -81,6 +81,44 @@ def test_collectives_count_loop_iterations_and_bytes():
     assert hlo.hbm_bytes(HLO) == 6 * (gather + permute + dslice) + 16
 
 
+# An all-reduce as libtpu writes one it offloads to Ironwood's SparseCores (trimmed from a tpu7x:4x4x4
+# compile: an all-gather of a weight as an all-reduce of its zero-padded copy), its strategy naming the
+# X, Y and Z rings in both directions; and one that names no strategy (v5p, v6e).
+RINGS = ("{\"phase_rings\":[{\"ring_type\":\"ICI_RING_TYPE_UNIDIR_CW\",\"ring_dim\":\"ICI_RING_DIM_X_MESH\"},"
+         "{\"ring_type\":\"ICI_RING_TYPE_UNIDIR_CW\",\"ring_dim\":\"ICI_RING_DIM_Y_MESH\"},"
+         "{\"ring_type\":\"ICI_RING_TYPE_UNIDIR_CW\",\"ring_dim\":\"ICI_RING_DIM_Z_MESH\"}]},"
+         "{\"phase_rings\":[{\"ring_type\":\"ICI_RING_TYPE_UNIDIR_CCW\",\"ring_dim\":\"ICI_RING_DIM_Y_MESH\"}]}")
+OFFLOADED_HLO = f"""HloModule o
+
+ENTRY %main (a: bf16[1024,4096], b: bf16[1024,4096]) -> bf16[1024,4096] {{
+  %a = bf16[1024,4096]{{1,0}} parameter(0)
+  %b = bf16[1024,4096]{{1,0}} parameter(1)
+  %all-reduce.1 = bf16[1024,4096]{{1,0:T(8,128)(2,1)}} all-reduce(%a), channel_id=1, replica_groups=mesh['axis_0'=128,'axis_1'=1] {{'axis_0'}}, use_global_device_ids=true, to_apply=%add, backend_config={{"device_type":"DEVICE_TYPE_SPARSECORE","collective_offload_config":{{"all_reduce_offload_config":{{"ici_strategy_config":{{"color_strategies":[{RINGS}]}}}}}}}}
+  ROOT %all-reduce.2 = bf16[1024,4096]{{1,0}} all-reduce(%b), channel_id=2, replica_groups=mesh['axis_0'=128,'axis_1'=1] {{'axis_0'}}, use_global_device_ids=true, to_apply=%add
+}}
+"""
+
+
+def test_an_op_on_the_x_y_and_z_rings_at_once_counts_a_third_of_its_bytes_on_one():
+    """Ironwood's offloaded all-reduce runs its bytes over the three dimensions' rings at once, so one
+    ring carries a third; the estimate's ICI time is that, not the whole on one ring."""
+    from types import SimpleNamespace
+
+    from maxlite.plan.estimate import estimate
+
+    reduce = hlo.collectives(OFFLOADED_HLO)["all-reduce"]
+    one = 2 * 1024 * 4096 * 2 * 127 / 128
+    assert reduce.moved == pytest.approx(2 * one)
+    assert reduce.ring_moved == pytest.approx(one / 3 + one)
+    cfg = C.load(["base.yml", "model_name=tiny"])
+    chip = T.parse("tpu7x:4x4x4").chip
+    plan = SimpleNamespace(num_devices=128, flops_formula=0.0, hbm_bytes=0.0, dcn={}, param_bytes=0.0,
+                           collectives={"all-reduce": reduce.to_dict()})
+    e = estimate(plan, cfg, chip, 1)
+    assert e["ici_seconds"] == pytest.approx((one / 3 + one) / (chip.ring_gbps * 1e9))
+    assert e["collective_bytes_per_device"] == pytest.approx(2 * one)
+
+
 # The dropless expert exchange as the TPU compiler writes it (moe_parallel.Exchange, trimmed from a
 # v6e compile): operands named without shapes; out: my 64 rows into a buffer of 4 senders × 64;
 # back (in a loop of 3): the 256-row buffer into my 64 rows.

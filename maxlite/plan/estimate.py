@@ -5,7 +5,9 @@
   memory   = HBM bytes per device / HBM bandwidth    (operands + results of every top-level op of
                                                       the compiled program, loops × trip count;
                                                       XLA's own count sees a loop body once)
-  ici      = bytes each device sends in collectives / one ring's bandwidth (both neighbours)
+  ici      = bytes each device sends in collectives / one ring's bandwidth (both neighbours), each
+             op's bytes divided by the rings the compiler runs it on at once (maxlite/plan/hlo.py:
+             Ironwood's offloaded all-reduces name X, Y and Z; others count one ring)
   dcn      = bytes across slices / the chip's share of the data-centre network: the gradient
              all-reduce (data over DCN), the weights gathered forward and backward and the gradients
              reduce-scattered (fsdp over DCN), one micro-batch's activations and their gradients
@@ -96,7 +98,7 @@ def estimate(plan, cfg, chip: Chip, num_slices: int) -> dict:
     hbm_bytes = plan.hbm_bytes or 0.0
     memory_s = hbm_bytes / (chip.hbm_gbps * 1e9)
     moved = sum(c["moved"] for c in plan.collectives.values())
-    ici_s = moved / (chip.ring_gbps * 1e9)
+    ici_s = sum(c.get("ring_moved", c["moved"]) for c in plan.collectives.values()) / (chip.ring_gbps * 1e9)
     dcn_bytes, p2p = 0.0, pipeline_bytes(cfg)
     if num_slices > 1 and plan.dcn.get("data", 1) > 1:
         s = plan.dcn["data"]

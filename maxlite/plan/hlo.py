@@ -4,6 +4,11 @@ Ops inside a while loop (the scan over layers, gradient accumulation) run once p
 trip count is read from the loop condition (`compare(i, constant(N)), direction=LT`), so a per-layer
 all-gather counts L times, unlike XLA's cost analysis, which counts a loop body once.
 
+Where the compiler states how an op runs on the torus (Ironwood's SparseCore-offloaded all-reduces
+name their `ring_dim`s in the backend config: X, Y and Z rings in both directions at once), the op's
+bytes are spread over that many rings (`ring_moved`); an op that states nothing (the TensorCore
+collectives of v5p and v6e) is counted on one ring.
+
 A ragged all-to-all (the dropless expert exchange, maxlite/models/moe_parallel.py) moves a number of
 rows known only at run time, into an output buffer sized for the worst case (every sender's rows
 for one device). It is counted at the balanced routing's volume: min(input, output buffer) bytes —
@@ -34,6 +39,7 @@ _TRIP = re.compile(r"s32\[\]\S* constant\((\d+)\)")
 _MESH_GROUP = re.compile(r"replica_groups=mesh\[([^\]]*)\] \{([^}]*)\}")
 _LIST_GROUP = re.compile(r"replica_groups=\{\{([\d,]*)\}")
 _IOTA_GROUP = re.compile(r"replica_groups=\[([\d,]+)\]<=")
+_RING_DIM = re.compile(r'"ring_dim":"(\w+)"')
 
 
 @dataclasses.dataclass
@@ -43,6 +49,8 @@ class Collective:
     static: int = 0           # occurrences in the program text
     bytes: float = 0.0        # result bytes per device, summed over executions
     moved: float = 0.0        # bytes each device sends (ring algorithms), summed over executions
+    ring_moved: float = 0.0   # the same, each op's divided by the torus rings it runs on at once (its
+                              # backend config's ring dims; 1 where it names none): what one ring carries
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -83,6 +91,12 @@ def _moved(kind: str, nbytes: float, n: int) -> float:
     if kind == "reduce-scatter":
         return nbytes * (n - 1)  # the result is 1/n of the input
     return nbytes * (n - 1) / n  # all-to-all, ragged or not: all but one's own share leaves
+
+
+def rings(line: str) -> int:
+    """How many torus dimensions' rings a collective runs on at once: the distinct `ring_dim`s its
+    backend config names (Ironwood's offloaded all-reduces: X, Y and Z), else 1."""
+    return max(1, len(set(_RING_DIM.findall(line))))
 
 
 def _split(text: str) -> dict[str, list[str]]:
@@ -156,7 +170,9 @@ def collectives(text: str) -> dict[str, Collective]:
             c.static += 1
             c.count += n_runs
             c.bytes += nbytes * n_runs
-            c.moved += _moved(kind, nbytes, _group_size(line)) * n_runs
+            moved = _moved(kind, nbytes, _group_size(line)) * n_runs
+            c.moved += moved
+            c.ring_moved += moved / rings(line)
     return out
 
 
