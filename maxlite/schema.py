@@ -363,10 +363,10 @@ class _AdapterSamplingFaultKeys:
     lora_alpha: float = key(16.0, "the update is (lora_alpha / lora_rank) · x A B")
     lora_dropout: float = key(0.0, "dropout on the adapters' input while training (PEFT's), in [0, 1)")
     lora_targets: tuple[str, ...] = key(("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-        "HF / PEFT module names (latent attention's and the delta-net's own: docs/lora.md)",
+        "HF / PEFT module names (latent attention's, the delta-net's and DeepSeek-V4's own: docs/lora.md)",
         choices=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
                  "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "in_proj_qkv", "in_proj_z", "in_proj_b",
-                 "in_proj_a", "in_proj_qkvz", "in_proj_ba", "out_proj"))
+                 "in_proj_a", "in_proj_qkvz", "in_proj_ba", "out_proj", "kv_proj", "o_b_proj"))
 
     sample_prompts: tuple[str, ...] = key((),
         "prompts to continue at the end of a finished run (and every sample_every_steps); [] = none; sft: "

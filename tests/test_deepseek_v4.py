@@ -181,8 +181,10 @@ def test_what_is_not_modelled_is_refused_in_one_line():
     cfg = C.load(["base.yml", "model_name=deepseek-v4-flash", "num_hash_layers=0", "ici_pipeline_parallelism=2"])
     with pytest.raises(C.ConfigError, match="not hyper-connections' hc_mult=4 streams"):
         check_layout(cfg, 1)
-    with pytest.raises(C.ConfigError, match="take no LoRA adapters yet"):  # not a silent full fine-tune
+    with pytest.raises(C.ConfigError, match="q_proj is not a projection of this model"):  # not a silent full fine-tune
         C.load(["base.yml", "model_name=deepseek-v4-flash", "lora_rank=4", "lora_targets=[q_proj]"])
+    with pytest.raises(C.ConfigError, match="lora_targets='o_a_proj': choose one of"):  # block-diagonal: PEFT cannot adapt it
+        C.load(["base.yml", "model_name=deepseek-v4-flash", "lora_rank=4", "lora_targets=[o_a_proj]"])
     with pytest.raises(C.ConfigError, match="o_groups=3 must divide"):
         C.load(["base.yml", "model_name=deepseek-v4-flash", "o_groups=3"])
     llama3 = C.load(["base.yml", "model_name=deepseek-v4-flash", "rope_scaling_factor=8"])  # llama3 scaling

@@ -1,5 +1,6 @@
-"""LoRA on latent attention's projections (DeepSeek's q_a/q_b/q, kv_a_proj_with_mqa, kv_b, o_proj) and on
-the gated delta-net's (Qwen3.5's in_proj_qkv/z/b/a, Qwen3-Next's fused in_proj_qkvz/ba, out_proj), on
+"""LoRA on latent attention's projections (DeepSeek's q_a/q_b/q, kv_a_proj_with_mqa, kv_b, o_proj), on
+the gated delta-net's (Qwen3.5's in_proj_qkv/z/b/a, Qwen3-Next's fused in_proj_qkvz/ba, out_proj) and on
+DeepSeek-V4's attention (q_a/q_b_proj, kv_proj, o_b_proj), on
 tiny random models built by transformers: only the adapters train, they change the logits, training's
 dropout reaches them, merging them into the weights changes nothing, the PEFT adapter directory
 computes in real `peft` on the transformers model what maxlite computes, and decoding through the
@@ -19,6 +20,7 @@ from maxlite.bridge import params as P
 from maxlite.bridge.peft import export_peft
 from maxlite.models import lora
 from maxlite.state import abstract_params, split_trainable
+from tests import hf_models
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -45,6 +47,10 @@ CASES = {  # HF config, lora_targets, whether to decode (Qwen3-Next's delta-net 
                                                         num_experts_per_tok=2, moe_intermediate_size=16,
                                                         shared_expert_intermediate_size=16),
                    "[in_proj_qkvz, in_proj_ba, out_proj]", False),
+    # DeepSeek-V4: the query latent's projections, the one key=value head, the grouped output's second
+    # projection (PEFT names them by transformers' modules, self_attn.q_a_proj, … : not the compressors'
+    # kv_proj or the indexer's q_b_proj), in a sliding, a compressed sparse and two heavily compressed layers
+    "deepseek_v4": (lambda: hf_models.config("deepseek_v4"), "[q_a_proj, q_b_proj, kv_proj, o_b_proj]", True),
 }
 
 
@@ -126,6 +132,11 @@ def test_lora_on_the_mixers_merges_exports_to_peft_and_decodes(case, tmp_path):
     export_peft(lcfg, state, str(tmp_path / "adapter"))
     with_adapter = peft.PeftModel.from_pretrained(model, str(tmp_path / "adapter")).eval()
     assert _relative(_torch_logits(with_adapter, ids), ours) <= 1e-5
+    # the modules PEFT adapts (adapter_config's target_modules) are those the file has weights for
+    from safetensors import safe_open
+    with safe_open(str(tmp_path / "adapter" / "adapter_model.safetensors"), "np") as f:
+        exported = {k.removesuffix(".lora_A.weight") for k in f.keys() if k.endswith(".lora_A.weight")}
+    assert {n.removesuffix(".lora_A") for n, _ in with_adapter.named_modules() if n.endswith(".lora_A")} == exported
     # decoding with the adapters unmerged (kv_b_proj's folded into the weight latent attention's decode
     # absorbs; in the delta-net's recurrent steps) computes the same logits
     if decode:

@@ -71,9 +71,11 @@ def target_modules(cfg) -> list[str] | str:
     """adapter_config.json's target_modules: the projections' names; for a vision model a pattern
     that holds them to the decoder's layers (a tower has its own q_proj / v_proj: SigLIP's), which
     peft matches against the whole module name."""
+    arch = importlib.import_module(family(cfg).hf_module)
+    if hasattr(arch, "peft_targets"):  # projections whose names other modules of the class share
+        return arch.peft_targets(cfg)
     if not cfg.vision_encoder:
         return sorted(cfg.lora_targets)
-    arch = importlib.import_module(family(cfg).hf_module)
     prefix = re.escape(decoder_prefix(arch, cfg))
     return rf"{prefix}layers\.\d+\.(?:.*\.)?(?:{'|'.join(sorted(cfg.lora_targets))})"
 

@@ -22,31 +22,35 @@ from maxlite.bridge.hf_convert import TensorMap
 from maxlite.models import lora
 from maxlite.models.families import family
 
-FAMILIES = ("deepseek", "qwen3_5", "qwen3_5_moe", "qwen3_next")
+FAMILIES = ("deepseek", "qwen3_5", "qwen3_5_moe", "qwen3_next", "deepseek_v4")
 
 
 def tensor_maps(cfg) -> list[TensorMap]:
     """lora_A and lora_B maps of every targeted projection in the layers (not the multi-token-prediction
-    depths, which the HF model does not run)."""
-    base = [t for t in importlib.import_module(family(cfg).hf_module).tensor_maps(cfg) if t.layer]
+    depths, which the HF model does not run). PEFT names a projection by its module in the class; a
+    family whose stored tensor names are not its modules' (DeepSeek-V4: `attn.wq_a` is the module
+    `self_attn.q_a_proj`) says which module each is (its adapter's `module_name`)."""
+    arch = importlib.import_module(family(cfg).hf_module)
+    module = getattr(arch, "module_name", lambda hf: hf[:-len(".weight")])
+    base = [(module(t.hf), t) for t in arch.tensor_maps(cfg) if t.layer]
     maps = []
     for target in cfg.lora_targets:
-        found = [t for t in base if t.hf.endswith(f".{target}.weight") and len(t.hf_shape) == 2]
+        found = [(name, t) for name, t in base if name.endswith(f".{target}") and len(t.hf_shape) == 2]
         if not found:
             raise ValueError(f"lora_targets: {cfg.decoder_block}'s Hugging Face layers have no {target} "
                              f"(export it merged with `hf export`)")
-        for t in found:
-            maps += _adapter(t, *lora.ADAPTERS[target], cfg.lora_rank)
+        for name, t in found:
+            maps += _adapter(t, name, *lora.ADAPTERS[target], cfg.lora_rank)
     return maps
 
 
-def _adapter(t: TensorMap, adapter: str, kernels: tuple[str, ...], r: int) -> list[TensorMap]:
+def _adapter(t: TensorMap, module: str, adapter: str, kernels: tuple[str, ...], r: int) -> list[TensorMap]:
     n_in = 2 if adapter == "o" else 1  # only the output projections take [heads, head_dim] in
     block, in_shape = t.paths[0][:-1], t.ml_shapes[0][:n_in]
     rows = int(np.prod(in_shape))
     if r > rows:
         raise ValueError(f"lora_rank={r} is wider than {t.hf}'s {rows} inputs")
-    name = "base_model.model." + t.hf[:-len(".weight")]
+    name = "base_model.model." + module
     lora_a = dataclasses.replace(hf_convert.linear(f"{name}.lora_A.weight", (*block, f"{adapter}_lora_a"), in_shape,
                                                    (r,)), mlp=t.mlp, mixer=t.mixer)
     adapted = [i for i, p in enumerate(t.paths) if p[-1] in kernels]

@@ -222,13 +222,9 @@ def kv_sharing(c, used: bool) -> str | None:
 
 
 def v4(c, used: bool) -> str | None:
-    """DeepSeek-V4's attention (maxlite/models/v4_attention.py): grouped output heads, a query latent, no
-    adapters yet."""
+    """DeepSeek-V4's attention (maxlite/models/v4_attention.py): grouped output heads, a query latent."""
     if not used:
         return None
-    if c.lora_rank:
-        return (f"lora_rank={c.lora_rank}: DeepSeek-V4's attention layers take no LoRA adapters yet (and its "
-                f"experts none): train it whole (lora_rank=0)")
     if not c.o_groups or (c.base_num_query_heads * c.head_dim) % c.o_groups:
         return (f"o_groups={c.o_groups} must divide the heads' width base_num_query_heads × head_dim = "
                 f"{c.base_num_query_heads * c.head_dim} (DeepSeek-V4's grouped output projection)")

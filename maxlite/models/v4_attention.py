@@ -58,6 +58,7 @@ import numpy as np
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from maxlite.models import lora
 from maxlite.models.attention import softmax_with_sinks
 from maxlite.models.attention_mask import visible
 from maxlite.models.dsa import indexer_target, with_indexer_loss
@@ -238,17 +239,29 @@ class SlidingAttention(nnx.Module):
         self.o_b = param(rngs, (G * L, D), ("heads", "embed"), wd, scale=s)
         self.sinks = param(rngs, (N,), ("heads",), jnp.float32, init="zeros")
         self.cfg = cfg
+        self.add_compressed(cfg, rngs)
+        lora.attach(self, cfg, rngs, {  # LoRA on transformers' projections, after every base weight
+            "q_a_proj": (1, {"q_a": ((D, Q), ("embed", None))}),
+            "q_b_proj": (1, {"q_b": ((Q, N, H), ("embed", "heads", "head_dim"))}),
+            "kv_proj": (1, {"kv": ((D, H), ("embed", "head_dim"))}),
+            "o_b_proj": (1, {"o_b": ((G * L, D), ("heads", "embed"))})})
 
-    def queries(self, x_BTD, positions_BT):
+    def add_compressed(self, cfg, rngs: nnx.Rngs) -> None:
+        """A compressed layer's compressor (and indexer); the sliding layer has none."""
+
+    def queries(self, x_BTD, positions_BT, dropout_key=None):
         """(the queries [B, T, N, H], rotated; the query latent [B, T, Q] the indexer reads too)."""
-        q_BTQ = self.q_a_norm(project("btd,dq->btq", x_BTD, self.q_a[...]))
-        q_BTNH = l2_norm(project("btq,qnh->btnh", q_BTQ, self.q_b[...]), self.cfg.normalization_layer_epsilon)
+        q_BTQ = self.q_a_norm(lora.adapt(self, "q_a", x_BTD, project("btd,dq->btq", x_BTD, self.q_a[...]),
+                                         dropout_key=dropout_key))
+        q_BTNH = l2_norm(lora.adapt(self, "q_b", q_BTQ, project("btq,qnh->btnh", q_BTQ, self.q_b[...]),
+                                    dropout_key=dropout_key), self.cfg.normalization_layer_epsilon)
         q_BTNH = rope_trailing(q_BTNH, positions_BT, rope_inverse_frequencies(self.cfg, self.compressed_rope))
         return checkpoint_name(constrain(q_BTNH, HEADS), "query_proj"), q_BTQ
 
-    def keys(self, x_BTD, positions_BT):
+    def keys(self, x_BTD, positions_BT, dropout_key=None):
         """The one key=value head of each token [B, T, H], rotated."""
-        kv_BTH = self.kv_norm(project("btd,dh->bth", x_BTD, self.kv[...]))
+        kv_BTH = self.kv_norm(lora.adapt(self, "kv", x_BTD, project("btd,dh->bth", x_BTD, self.kv[...]),
+                                         dropout_key=dropout_key))
         kv_BTH = rope_trailing(kv_BTH[:, :, None], positions_BT, rope_inverse_frequencies(self.cfg, self.compressed_rope))
         return checkpoint_name(kv_BTH[:, :, 0], "key_proj")
 
@@ -261,7 +274,7 @@ class SlidingAttention(nnx.Module):
         probs_BNTS = softmax_with_sinks(scores_BNTS[:, None], self.sinks[...])[:, 0]
         return project("bnts,bsh->btnh", probs_BNTS.astype(q_BTNH.dtype), keys_BSH), probs_BNTS
 
-    def out(self, out_BTNH, positions_BT):
+    def out(self, out_BTNH, positions_BT, dropout_key=None):
         """The values' rotation turned back by the query's own angle (they carried their keys'), then
         the grouped output projection: [B, T, N, H] → G groups of N·H/G → G·L → D."""
         out_BTNH = rope_trailing(out_BTNH, positions_BT, rope_inverse_frequencies(self.cfg, self.compressed_rope),
@@ -272,7 +285,9 @@ class SlidingAttention(nnx.Module):
         # others makes the gradient's bf16 × bf16 → f32 dot one it cannot: DotThunk UNIMPLEMENTED)
         x_GXI = jnp.moveaxis(constrain(out_BTNH, HEADS).reshape(B * T, G, N * H // G), 1, 0)
         grouped_GXL = project("gxi,gil->gxl", x_GXI, self.o_a[...])
-        out_BTD = project("btc,cd->btd", jnp.moveaxis(grouped_GXL, 0, 1).reshape(B, T, G * L), self.o_b[...])
+        grouped_BTC = jnp.moveaxis(grouped_GXL, 0, 1).reshape(B, T, G * L)
+        out_BTD = lora.adapt(self, "o_b", grouped_BTC, project("btc,cd->btd", grouped_BTC, self.o_b[...]),
+                             dropout_key=dropout_key)
         return constrain(checkpoint_name(out_BTD, "out_proj"), BTD)
 
     def compressed(self, seen_BTE, q_BTQ, positions_BT, index_keys_BEJ=None, x_BTD=None):
@@ -340,7 +355,7 @@ class SlidingAttention(nnx.Module):
             probs_e = jnp.moveaxis(probs[..., 2 * W:], 2, 1).reshape(B, N, nb * W, E)[:, :, :T]
         return out.reshape(B, nb * W, N, H)[:, :T], probs_e
 
-    def finish(self, out_BTNH, probs_BNTE, choice, positions_BT):
+    def finish(self, out_BTNH, probs_BNTE, choice, positions_BT, dropout_key=None):
         """The output through the grouped projection; with an indexer's choice, its loss attached
         (maxlite/models/dsa.py `with_indexer_loss`: the heads' attention over the chosen entries is its
         target)."""
@@ -348,12 +363,12 @@ class SlidingAttention(nnx.Module):
             index_BTk, valid_BTk, logits_BTk = choice
             probs_BTNk = jnp.take_along_axis(jnp.moveaxis(probs_BNTE, 1, 2), index_BTk[:, :, None, :], axis=-1)
             out_BTNH = with_indexer_loss(out_BTNH, logits_BTk, indexer_target(probs_BTNk, valid_BTk), valid_BTk)
-        return self.out(out_BTNH, positions_BT)
+        return self.out(out_BTNH, positions_BT, dropout_key)
 
     def __call__(self, x_BTD, positions_BT, segment_ids_BT, dropout_key=None, local=False):
         T, W = x_BTD.shape[1], self.cfg.sliding_window
-        q_BTNH, q_BTQ = self.queries(x_BTD, positions_BT)
-        kv_BTH = self.keys(x_BTD, positions_BT)
+        q_BTNH, q_BTQ = self.queries(x_BTD, positions_BT, dropout_key)
+        kv_BTH = self.keys(x_BTD, positions_BT, dropout_key)
         entries_BEH, seen_BTE, choice = None, None, None
         if hasattr(self, "compressor") and T >= self.rate:  # room for a whole window
             # the indexer's inputs detached: its own loss trains it, nothing else does
@@ -367,7 +382,7 @@ class SlidingAttention(nnx.Module):
             seen_BTS = (visible(idx_T[:, None], idx_T[None, :], W)[None]
                         & (segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :]))
             out_BTNH, probs_BNTE = self.attend_dense(q_BTNH, kv_BTH, seen_BTS, entries_BEH, seen_BTE)
-        return self.finish(out_BTNH, probs_BNTE, choice, positions_BT)
+        return self.finish(out_BTNH, probs_BNTE, choice, positions_BT, dropout_key)
 
 
 class HeavilyCompressedAttention(SlidingAttention):
@@ -376,8 +391,7 @@ class HeavilyCompressedAttention(SlidingAttention):
 
     compressed_rope = True
 
-    def __init__(self, cfg, *, rngs: nnx.Rngs):
-        super().__init__(cfg, rngs=rngs)
+    def add_compressed(self, cfg, rngs: nnx.Rngs) -> None:
         self.compressor = Compressor(cfg, cfg.compress_rate_hca, cfg.head_dim, overlap=False, rngs=rngs)
         self.rate = cfg.compress_rate_hca
 
@@ -391,8 +405,7 @@ class CompressedSparseAttention(SlidingAttention):
 
     compressed_rope = True
 
-    def __init__(self, cfg, *, rngs: nnx.Rngs):
-        super().__init__(cfg, rngs=rngs)
+    def add_compressed(self, cfg, rngs: nnx.Rngs) -> None:
         self.compressor = Compressor(cfg, cfg.compress_rate_csa, cfg.head_dim, overlap=True, rngs=rngs)
         self.indexer = Indexer(cfg, rngs=rngs)
         self.rate = cfg.compress_rate_csa

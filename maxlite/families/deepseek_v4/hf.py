@@ -152,6 +152,27 @@ def released(name: str) -> str:
     return name
 
 
+# transformers' module names of the projections LoRA adapts (its conversion mapping renames the saved
+# `attn.wq_a` to the module `self_attn.q_a_proj`, …): what a PEFT adapter names
+MODULES = {".attn.wq_a.weight": ".self_attn.q_a_proj", ".attn.wq_b.weight": ".self_attn.q_b_proj",
+           ".attn.wkv.weight": ".self_attn.kv_proj", ".attn.wo_b.weight": ".self_attn.o_b_proj"}
+
+
+def module_name(hf: str) -> str:
+    """The module a stored tensor belongs to in DeepseekV4ForCausalLM (the adapted projections'; others
+    as stored)."""
+    for stored, module in MODULES.items():
+        if hf.endswith(stored):
+            return hf[:-len(stored)] + module
+    return hf[:-len(".weight")]
+
+
+def peft_targets(cfg) -> str:
+    """adapter_config.json's target_modules: the attention's own projections, not the compressors' and
+    the indexer's modules of the same names (`self_attn.compressor.kv_proj`, `…indexer.q_b_proj`)."""
+    return rf"model\.layers\.\d+\.self_attn\.(?:{'|'.join(sorted(cfg.lora_targets))})"
+
+
 def import_maps(cfg, names: set[str]) -> list[TensorMap]:
     """transformers' names, or DeepSeek's release (it has `embed.weight` where transformers saves
     `model.embed_tokens.weight`)."""
