@@ -101,7 +101,8 @@ ENTRY %main (a: bf16[1024,4096], b: bf16[1024,4096]) -> bf16[1024,4096] {{
 
 def test_an_op_on_the_x_y_and_z_rings_at_once_counts_a_third_of_its_bytes_on_one():
     """Ironwood's offloaded all-reduce runs its bytes over the three dimensions' rings at once, so one
-    ring carries a third; the estimate's ICI time is that, not the whole on one ring."""
+    ring carries a third; the estimate's ICI time is that, not the whole on one ring, and it runs on the
+    SparseCores beside the TensorCores' work."""
     from types import SimpleNamespace
 
     from maxlite.plan.estimate import estimate
@@ -115,8 +116,16 @@ def test_an_op_on_the_x_y_and_z_rings_at_once_counts_a_third_of_its_bytes_on_one
     plan = SimpleNamespace(num_devices=128, flops_formula=0.0, hbm_bytes=0.0, dcn={}, param_bytes=0.0,
                            collectives={"all-reduce": reduce.to_dict()})
     e = estimate(plan, cfg, chip, 1)
-    assert e["ici_seconds"] == pytest.approx((one / 3 + one) / (chip.ring_gbps * 1e9))
+    ring = chip.ring_gbps * 1e9
+    assert e["ici_seconds"] == pytest.approx((one / 3 + one) / ring)
     assert e["collective_bytes_per_device"] == pytest.approx(2 * one)
+    # the offloaded op runs on the SparseCores beside the TensorCores' work: the step is the larger of
+    # the two, then the TensorCore collective after it
+    assert e["ici_offloaded_seconds"] == pytest.approx(one / 3 / ring)
+    assert e["bound"] == "ICI"
+    for hbm in (0.0, 1e15):  # nothing to hide it behind; HBM traffic that hides it
+        busy = estimate(SimpleNamespace(**{**vars(plan), "hbm_bytes": hbm}), cfg, chip, 1)
+        assert busy["step_seconds"] == pytest.approx(max(busy["memory_seconds"], one / 3 / ring) + one / ring)
 
 
 # The dropless expert exchange as the TPU compiler writes it (moe_parallel.Exchange, trimmed from a

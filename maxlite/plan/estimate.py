@@ -14,7 +14,9 @@
              per pipeline iteration (stages over DCN)
   step     = max(compute, memory) / (1 − bubble) + ici + dcn   (no overlap credited: XLA overlaps some;
              the bubble: a pipeline's stages all compute in every iteration, the idle ones' work
-             discarded, (P − 1) / (R·M + P − 1) of it)
+             discarded, (P − 1) / (R·M + P − 1) of it); the collectives the compiler offloads to the
+             SparseCores (Ironwood) run beside the TensorCores' work: max(that, their ICI time) + the
+             rest of ici + dcn
 
 Custom calls (the splash attention kernel) count as one top-level op: they read their operands
 (Q, K, V, segment ids) and write their results (O, log-sum-exp) once; no T×T scores reach HBM.
@@ -98,7 +100,9 @@ def estimate(plan, cfg, chip: Chip, num_slices: int) -> dict:
     hbm_bytes = plan.hbm_bytes or 0.0
     memory_s = hbm_bytes / (chip.hbm_gbps * 1e9)
     moved = sum(c["moved"] for c in plan.collectives.values())
-    ici_s = sum(c.get("ring_moved", c["moved"]) for c in plan.collectives.values()) / (chip.ring_gbps * 1e9)
+    ring = chip.ring_gbps * 1e9
+    ici_s = sum(c.get("ring_moved", c["moved"]) for c in plan.collectives.values()) / ring
+    offloaded_s = sum(c.get("offloaded_ring_moved", 0.0) for c in plan.collectives.values()) / ring
     dcn_bytes, p2p = 0.0, pipeline_bytes(cfg)
     if num_slices > 1 and plan.dcn.get("data", 1) > 1:
         s = plan.dcn["data"]
@@ -109,7 +113,7 @@ def estimate(plan, cfg, chip: Chip, num_slices: int) -> dict:
         dcn_bytes += p2p
     dcn_s = dcn_bytes / (chip.dcn_gbps * 1e9)
     bubble = cfg.pipeline_bubble
-    step_s = max(compute_s, memory_s) / (1 - bubble) + ici_s + dcn_s
+    step_s = max(max(compute_s, memory_s) / (1 - bubble), offloaded_s) + ici_s - offloaded_s + dcn_s
     tokens = cfg.global_batch_size * cfg.max_target_length
     k = calibration.factor()
     return {
@@ -118,8 +122,10 @@ def estimate(plan, cfg, chip: Chip, num_slices: int) -> dict:
         "compute_seconds": compute_s,
         "memory_seconds": memory_s,
         "ici_seconds": ici_s,
+        "ici_offloaded_seconds": offloaded_s,  # of ici_seconds: on the SparseCores, beside the TensorCores' work
         "dcn_seconds": dcn_s,
-        "bound": "compute" if compute_s >= memory_s else "memory",
+        # the step's largest term: compute, HBM or the collectives (ICI, with the SparseCores' share)
+        "bound": max((("compute", compute_s), ("memory", memory_s), ("ICI", ici_s)), key=lambda kv: kv[1])[0],
         "hardware_flops_per_device": hw_flops,
         "quantized_flops_per_device": q_flops,  # of hardware_flops, run at quantized_peak_tflops
         "quantized_peak_tflops": q_peak,

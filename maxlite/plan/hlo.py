@@ -7,7 +7,9 @@ all-gather counts L times, unlike XLA's cost analysis, which counts a loop body 
 Where the compiler states how an op runs on the torus (Ironwood's SparseCore-offloaded all-reduces
 name their `ring_dim`s in the backend config: X, Y and Z rings in both directions at once), the op's
 bytes are spread over that many rings (`ring_moved`); an op that states nothing (the TensorCore
-collectives of v5p and v6e) is counted on one ring.
+collectives of v5p and v6e) is counted on one ring. An op the compiler offloads to the SparseCores
+(`"device_type":"DEVICE_TYPE_SPARSECORE"`) is counted apart as well (`offloaded_ring_moved`): it runs
+beside the TensorCores' work, not in it (maxlite/plan/estimate.py).
 
 A ragged all-to-all (the dropless expert exchange, maxlite/models/moe_parallel.py) moves a number of
 rows known only at run time, into an output buffer sized for the worst case (every sender's rows
@@ -40,6 +42,7 @@ _MESH_GROUP = re.compile(r"replica_groups=mesh\[([^\]]*)\] \{([^}]*)\}")
 _LIST_GROUP = re.compile(r"replica_groups=\{\{([\d,]*)\}")
 _IOTA_GROUP = re.compile(r"replica_groups=\[([\d,]+)\]<=")
 _RING_DIM = re.compile(r'"ring_dim":"(\w+)"')
+_SPARSECORE = '"device_type":"DEVICE_TYPE_SPARSECORE"'
 
 
 @dataclasses.dataclass
@@ -51,6 +54,7 @@ class Collective:
     moved: float = 0.0        # bytes each device sends (ring algorithms), summed over executions
     ring_moved: float = 0.0   # the same, each op's divided by the torus rings it runs on at once (its
                               # backend config's ring dims; 1 where it names none): what one ring carries
+    offloaded_ring_moved: float = 0.0  # the part of ring_moved of ops offloaded to the SparseCores
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -173,6 +177,8 @@ def collectives(text: str) -> dict[str, Collective]:
             moved = _moved(kind, nbytes, _group_size(line)) * n_runs
             c.moved += moved
             c.ring_moved += moved / rings(line)
+            if _SPARSECORE in line:
+                c.offloaded_ring_moved += moved / rings(line)
     return out
 
 
