@@ -64,14 +64,11 @@ SOURCES = [
          source="MaxText benchmarks/maxtext_v5p_model_configs.py deepseek_v3_ep_256_v5p_512 on v5p-1024: "
                 "152.4 TFLOP/s per chip published",
          differs="fsdp 128 × expert 4 (MaxText's expert -1 does not divide 256 experts on 512 chips)"),
-    dict(recipe="DeepSeek-V3, 8 × 4096", topology="tpu7x-256", json="plan_deepseek-v3_tpu7x-4x8x8_4096_fits.json",
+    dict(recipe="DeepSeek-V3, 8 × 4096", topology="tpu7x-256", json="plan_deepseek-v3_tpu7x-4x8x8_4096_rings.json",
          estimate=("estimate_vs_maxtext",), figure=("step_seconds", 26.79),
          source="AI-Hypercomputer/tpu-recipes training/ironwood/deepseek3-671b/4k-bf16-tpu7x-4x8x8: "
                 "training/ironwood/README.md, 612.66 TFLOP/s per chip",
-         differs="mtp_num_layers=0 (MaxText's deepseek3-671b has none)",
-         left_out="the estimate's ICI term reads 1,726 all-reduces (4.09 TB per device per step) where a "
-                  "reduce-scatter of each gradient is expected: whether the program or the reading is wrong "
-                  "is open (issue 53)"),
+         differs="mtp_num_layers=0 (MaxText's deepseek3-671b has none)"),
 ]
 
 
