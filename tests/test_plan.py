@@ -269,11 +269,24 @@ def test_bad_topology_is_one_line_exit_2():
 # ---- compiled for TPU (libtpu) ----
 
 @pytest.fixture(scope="module")
-def tiny_plan():
+def tiny_plan(tmp_path_factory):
     from maxlite.plan.compile import compile_plan
-    # one sequence per chip: the same program at half the batch (less compile)
-    return compile_plan(["base.yml", "model_name=tiny", "ici_fsdp_parallelism=8",
-                         "ici_tensor_parallelism=2", "per_device_batch_size=1"], T.parse("v6e:4x4"))
+    # one sequence per chip: the same program at half the batch (less compile); its HLO kept (--dump-hlo)
+    dump = tmp_path_factory.mktemp("hlo")
+    plan = compile_plan(["base.yml", "model_name=tiny", "ici_fsdp_parallelism=8",
+                         "ici_tensor_parallelism=2", "per_device_batch_size=1"], T.parse("v6e:4x4"), dump_hlo=str(dump))
+    plan.dumped = dump
+    return plan
+
+
+@needs_libtpu
+def test_the_dumped_program_is_the_one_whose_collectives_the_estimate_read(tiny_plan):
+    """`--dump-hlo DIR` keeps the compiled step as text: reading its collectives again gives the plan's."""
+    texts = sorted(tiny_plan.dumped.glob("*train_step*after_optimizations.txt"))
+    assert len(texts) == 1
+    again = hlo.collectives(texts[0].read_text())
+    assert {k: (c.count, c.bytes) for k, c in again.items()} == \
+        {k: (c["count"], c["bytes"]) for k, c in tiny_plan.collectives.items()}
 
 
 @needs_libtpu

@@ -36,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-suggest", action="store_true", help="do not search for what would fit")
     p.add_argument("--shardings", action="store_true", help="list every parameter's sharding")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+    p.add_argument("--dump-hlo", default="", metavar="DIR", help="keep XLA's dump of the compiled step in DIR "
+                   "(*train_step*after_optimizations.txt: the program whose collectives the estimate reads)")
     return p
 
 
@@ -57,7 +59,7 @@ def run(argv: Sequence[str]) -> int:
     from maxlite.plan.compile import compile_plan
 
     search.stderr_progress(f"compiling {' '.join(recipe)} for {topology.describe()} ...")
-    plan = compile_plan(recipe, topology)
+    plan = compile_plan(recipe, topology, dump_hlo=opts.dump_hlo)
     suggestions = sweep = None
     if not plan.fits and not opts.no_suggest:
         suggestions = search.suggest(recipe, topology, plan)

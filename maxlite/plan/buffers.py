@@ -19,10 +19,10 @@ _UNIT = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 _ROW = re.compile(r"^\s*[\d.]+[KMGT]?i?B\(\s*\d+%\);\s*([\d.]+)([KMGT]?i?B);\s*\d+;\s*(\d+);\s*(.+)$")
 
 
-def compiler_options(dump_dir: str) -> dict:
-    """Options for `Lowered.compile`: XLA's dump of this compilation (its buffer assignment) in dump_dir,
-    without the HLO text of every pass."""
-    return {"xla_dump_to": dump_dir, "xla_dump_hlo_as_text": False}
+def compiler_options(dump_dir: str, text: bool = False) -> dict:
+    """Options for `Lowered.compile`: XLA's dump of this compilation (its buffer assignment) in dump_dir;
+    with `text`, also the program before and after optimization as HLO text (`--dump-hlo`)."""
+    return {"xla_dump_to": dump_dir, "xla_dump_hlo_as_text": text}
 
 
 def parse(report: str) -> list[dict]:

@@ -6,6 +6,7 @@ planned is what would run.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import re
@@ -118,8 +119,10 @@ def _oom(message: str) -> tuple[float | None, float | None]:
     return peak, usable
 
 
-def compile_plan(args: list[str], topology: Topology, overrides: list[str] = ()) -> Plan:
-    """Resolve, build the mesh on the topology's devices, lower and compile the train step."""
+def compile_plan(args: list[str], topology: Topology, overrides: list[str] = (), dump_hlo: str = "") -> Plan:
+    """Resolve, build the mesh on the topology's devices, lower and compile the train step; with
+    `dump_hlo`, XLA's dump of that compilation (the optimized program as text, its buffer assignment)
+    is kept in that folder."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -168,13 +171,14 @@ def compile_plan(args: list[str], topology: Topology, overrides: list[str] = ())
 
     step = built.train_step
     started = time.perf_counter()
-    dump = tempfile.TemporaryDirectory(prefix="maxlite-plan-")
+    dump = contextlib.nullcontext(dump_hlo) if dump_hlo else tempfile.TemporaryDirectory(prefix="maxlite-plan-")
     try:
-        with dump, jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.RULES):
+        with dump as dump_dir, jax.set_mesh(mesh), nnx.logical_axis_rules(mesh_lib.RULES):
             try:
-                compiled = step.lower(state_in, batch).compile(compiler_options=buffers.compiler_options(dump.name))
+                compiled = step.lower(state_in, batch).compile(
+                    compiler_options=buffers.compiler_options(dump_dir, text=bool(dump_hlo)))
             finally:  # the buffer assignment is written for a program that runs out of memory too
-                plan.largest_buffers = buffers.largest(dump.name)
+                plan.largest_buffers = buffers.largest(dump_dir)
     except Exception as e:  # XlaRuntimeError RESOURCE_EXHAUSTED: the program does not fit
         message = str(e)
         plan.compile_seconds = time.perf_counter() - started
