@@ -16,8 +16,9 @@ DeepSeek's own release names the same tensors without the `model.` prefix (`embe
 `layers.{i}.…`, `norm.weight`, `hc_head_fn`/`_base`/`_scale`: transformers' conversion mapping for
 deepseek_v4 reads them); an import reads either (`import_maps`), its multi-token-prediction layers
 (`mtp.*`) left out in one line; an export writes transformers' names. RoPE rotates interleaved pairs
-of each head's last qk_rope_head_dim channels, as maxlite's V4 layers do: no rows are permuted. config.json's `rope_parameters` holds two sets, `main` (the sliding layers'
-base, unscaled) and `compress` (the compressed layers' base, with YaRN at attention factor 1).
+of each head's last qk_rope_head_dim channels, as maxlite's V4 layers do: no rows are permuted.
+config.json's `rope_parameters` holds two sets, `main` (the sliding layers' base, unscaled) and
+`compress` (the compressed layers' base, with YaRN at attention factor 1).
 """
 
 from __future__ import annotations
