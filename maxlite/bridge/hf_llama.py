@@ -243,6 +243,16 @@ def check_mlp(hf: dict, activation: str) -> None:
                          f"MLP is {activation}-gated without biases")
 
 
+def left_out(names: set[str], prefixes: tuple[str, ...], what: str, why: str) -> set[str]:
+    """An adapter's `skipped`: the tensors under `prefixes` (a part of the checkpoint maxlite does not
+    import, `what`), left out and said in one line with `why`."""
+    left = {n for n in names if n.startswith(prefixes)}
+    if left:
+        print(f"maxlite: {len(left)} tensors of {what} ({', '.join(p + '*' for p in prefixes)}) not imported: {why}",
+              file=sys.stderr, flush=True)
+    return left
+
+
 def layers_past_the_last(cfg, names: set[str], what: str) -> set[str]:
     """An adapter's `skipped`: the tensors of layers past the last decoder layer (a checkpoint's
     multi-token-prediction modules, `what`), left out and said in one line."""

@@ -24,7 +24,6 @@ config.json's `rope_parameters` holds two sets, `main` (the sliding layers' base
 from __future__ import annotations
 
 import dataclasses
-import sys
 
 import numpy as np
 
@@ -185,11 +184,7 @@ def import_maps(cfg, names: set[str]) -> list[TensorMap]:
 
 def skipped(cfg, names: set[str]) -> set[str]:
     """The release's multi-token-prediction layers (`mtp.*`; transformers' class has none): left out, said."""
-    left = {n for n in names if n.startswith(MTP)}
-    if left:
-        print(f"maxlite: {len(left)} tensors of the multi-token-prediction layers ({MTP}*) not imported "
-              f"(DeepseekV4ForCausalLM has none)", file=sys.stderr, flush=True)
-    return left
+    return hf_llama.left_out(names, (MTP,), "the multi-token-prediction layers", "DeepseekV4ForCausalLM has none")
 
 
 ignore = hf_llama.ignore

@@ -33,7 +33,6 @@ padding, from the padding); maxlite's from each document's first token (the same
 from __future__ import annotations
 
 import dataclasses
-import sys
 
 import numpy as np
 
@@ -115,11 +114,7 @@ def import_maps(cfg, names: set[str]) -> list[TensorMap]:
 
 def skipped(cfg, names: set[str]) -> set[str]:
     """A multimodal checkpoint's vision tower and projector: left out (the text model is imported), said."""
-    left = {n for n in names if n.startswith(VISION)}
-    if left:
-        print(f"maxlite: {len(left)} tensors of the vision tower and projector ({', '.join(VISION)}) not imported: "
-              f"maxlite imports Llama 4's text model", file=sys.stderr, flush=True)
-    return left
+    return hf_llama.left_out(names, VISION, "the vision tower and projector", "maxlite imports Llama 4's text model")
 
 
 ignore = hf_llama.ignore
