@@ -275,18 +275,15 @@ CONFIGS = {
                                          "original_max_position_embeddings": 32}),
     "qwen3_5_text": lambda: transformers.Qwen3_5TextConfig(**_HYBRID),
     # Kimi delta attention (per-channel decay, low-rank gates) around a NoPE latent-attention layer
-    # (query latent), a dense first layer then DeepSeekMoE: groups of 2 experts, the best 1 of 2, weights × 2.5;
-    # after the dense layer two repeats of (delta, latent) and one delta layer left over (maxlite's
-    # `tail_layers`, as the published model's last layers)
+    # (query latent), a dense first layer then DeepSeekMoE: groups of 2 experts, the best 1 of 2, weights × 2.5
     "kimi_linear": lambda: transformers.KimiLinearConfig(
-        hidden_size=64, intermediate_size=96, moe_intermediate_size=16, num_hidden_layers=6, num_attention_heads=4,
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=16, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=4, vocab_size=256, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
         v_head_dim=6, num_local_experts=4, num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1,
         routed_scaling_factor=2.5, linear_num_heads=2, linear_head_dim=32, linear_conv_kernel_dim=4,
         initializer_range=0.1, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-        layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention", "full_attention",
-                     "linear_attention"],
-        mlp_layer_types=["dense", "sparse", "sparse", "sparse", "sparse", "sparse"]),
+        layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+        mlp_layer_types=["dense", "sparse", "sparse", "sparse"]),
     # DeepSeek-V4: one layer of each attention (a sliding window of 8; compressed every 8 tokens; compressed
     # every 4 with the indexer of 16 heads keeping 3: fewer heads leave exact ties at 0 in its scores, which
     # torch and JAX break apart) and a second heavily compressed one, 4 query heads of 32 over one
