@@ -107,9 +107,10 @@ def text(plan: Plan, chip: Chip, shardings: bool = False) -> str:
         bubble = f" / (1 − bubble {e['bubble_fraction']:.1%})" if e.get("bubble_fraction") else ""
         dcn = f" ({_si(e['dcn_bytes_per_device'], 'B')} per device)" if e.get("dcn_bytes_per_device") else ""
         off = e.get("ici_offloaded_seconds", 0.0)
-        beside = f", ICI on the SparseCores {_s(off)}" if off else ""
-        lines.append(f"                     step ≈ {_s(e['step_seconds'])} = max(compute "
-                     f"{_s(e['compute_seconds'])}, HBM {_s(e['memory_seconds'])}{bubble}{beside}) + ICI "
+        work = f"max(compute {_s(e['compute_seconds'])}, HBM {_s(e['memory_seconds'])}){bubble}"
+        if off:  # the SparseCores' collectives run beside the TensorCores' work
+            work = f"max({work}, ICI on the SparseCores {_s(off)})"
+        lines.append(f"                     step ≈ {_s(e['step_seconds'])} = {work} + ICI "
                      f"{_s(e['ici_seconds'] - off)} + DCN {_s(e['dcn_seconds'])}{dcn}; {e['bound']}-bound")
         lines.append(f"                     calibrated ≈ {_s(e['calibrated_step_seconds'])} (× {e['calibration_factor']:.2f}: "
                      f"MaxText's measured steps ÷ the estimates of its recipes, docs/plan.md)")
