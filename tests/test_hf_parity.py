@@ -31,11 +31,19 @@ FAMILY_MODELS = {"llama2": "llama", "gpt3": "gpt2", "qwen2": "qwen2", "qwen3": "
                  "llama4": "llama4_text", "deepseek_v4": "deepseek_v4"}
 
 
+# compilations of the scanned Kimi Linear: with the layer loop kept (kinds.scan_unroll → 1) 19 of 24 gave
+# wrong logits on this machine (docs/families.md, benchmarks/results/kimi_scan_compile.json), so three
+# all right by chance would be about 1%
+SCANNED_KIMI_COMPILES = 3
+
+
 @pytest.fixture(scope="module")
 def computed(request) -> dict:
     """The subprocess's report (tests/hf_parity.py): its XLA_FLAGS and each selected family's result."""
     families = {fam: FAMILY_MODELS[fam] for fam in selected_params(request, "family")}
-    done = subprocess.run([sys.executable, "-m", "tests.hf_parity", json.dumps(families)], cwd=ROOT,
+    compiles = SCANNED_KIMI_COMPILES if any(item.name == test_a_scanned_kimi_linear_is_right_at_every_compilation.__name__
+                                             for item in request.session.items) else 0
+    done = subprocess.run([sys.executable, "-m", "tests.hf_parity", json.dumps(families), str(compiles)], cwd=ROOT,
                           env=process_env(1, cheap_compile=False), capture_output=True, text=True,
                           timeout=TIMEOUT_S - 60)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -58,3 +66,12 @@ def test_imported_logits_equal_transformers(family, computed):
     assert "error" not in got, got.get("error")
     assert got["decoder_block"] == family
     assert got["relative"] <= 1e-5, got["relative"]
+
+
+def test_a_scanned_kimi_linear_is_right_at_every_compilation(computed):
+    """A Kimi Linear with two stacked units of (Kimi delta attention, latent attention): every
+    compilation's logits equal transformers' (XLA:CPU built wrong programs for some compilations of
+    such a stack run by a loop: maxlite/models/kinds.py scan_unroll)."""
+    got = computed["scanned_kimi"]
+    assert got["stacks"] == [["dense_layers", 1, 1], ["layers", 2, 2]], got["stacks"]
+    assert len(got["relative"]) == SCANNED_KIMI_COMPILES and max(got["relative"]) <= 1e-5, got["relative"]
