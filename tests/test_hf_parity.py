@@ -3,7 +3,8 @@
 logits equal transformers' (relative error ≤ 1e-5, the bridge tests' bound), computed in one
 subprocess (tests/hf_parity.py; torch and JAX started once) with XLA's default CPU code generation.
 The bridge tests themselves run under the tests' cheaper compile (tests/xla_flags.py), which computes
-some functions in other last bits; this lane is what a user's import computes."""
+some functions in other last bits; this lane is what a user's import computes. It also compiles a
+scanned Kimi Linear several times, where XLA:CPU's programs once differed by compilation."""
 
 import json
 import subprocess
@@ -39,10 +40,11 @@ SCANNED_KIMI_COMPILES = 3
 
 @pytest.fixture(scope="module")
 def computed(request) -> dict:
-    """The subprocess's report (tests/hf_parity.py): its XLA_FLAGS and each selected family's result."""
+    """The subprocess's report (tests/hf_parity.py): its XLA_FLAGS, each selected family's result and,
+    when its test is selected, the scanned Kimi Linear's compilations."""
     families = {fam: FAMILY_MODELS[fam] for fam in selected_params(request, "family")}
-    compiles = SCANNED_KIMI_COMPILES if any(item.name == test_a_scanned_kimi_linear_is_right_at_every_compilation.__name__
-                                             for item in request.session.items) else 0
+    scanned = test_a_scanned_kimi_linear_is_right_at_every_compilation.__name__
+    compiles = SCANNED_KIMI_COMPILES if any(item.name == scanned for item in request.session.items) else 0
     done = subprocess.run([sys.executable, "-m", "tests.hf_parity", json.dumps(families), str(compiles)], cwd=ROOT,
                           env=process_env(1, cheap_compile=False), capture_output=True, text=True,
                           timeout=TIMEOUT_S - 60)

@@ -72,7 +72,7 @@ class MixerKind(_Declared):
     image_blocks: bool = False          # it draws a prompt's image blocks both ways (its mixer and its
                                         # cache's prefill take `blocks_BT`: names.image_blocks)
     unrolled_on_cpu: bool = False       # a scanned stack whose unit holds it is unrolled on XLA:CPU
-                                        # (layout.scan_unroll says why)
+                                        # (scan_unroll below says why)
 
     def cls(self):
         return load(self.module)

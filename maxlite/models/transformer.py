@@ -328,8 +328,8 @@ class Transformer(nnx.Module):
             else:
                 flags_arr = jnp.asarray(flags).reshape((stack.count, n)[:1 if n == 1 else 2])
                 once = stack.count == 1
-                scan_fn = nnx.scan(one_unit(None) if once and n > 1 else remat(block_fn, once or unroll > 1), unroll=unroll,
-                                   in_axes=(nnx.Carry, 0, None, None, key_axis, inputs_axis, 0),
+                scan_fn = nnx.scan(one_unit(None) if once and n > 1 else remat(block_fn, once or unroll > 1),
+                                   unroll=unroll, in_axes=(nnx.Carry, 0, None, None, key_axis, inputs_axis, 0),
                                    out_axes=(nnx.Carry, 0), transform_metadata={nnx.PARTITION_NAME: "layers"})
                 carry, s = scan_fn(carry, getattr(self, stack.name), positions_BT, segment_ids_BT, keys,
                                    inputs or None, flags_arr)
