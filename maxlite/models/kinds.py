@@ -358,7 +358,7 @@ def scan_unroll(stack, platform: str) -> int:
     Linear (units of Kimi delta attention and latent attention): logits right in some compilations
     and off by O(1) in others, each compiled program the same at every call, from the same optimized
     HLO, LLVM IR and buffer assignment. It goes away with XLA:CPU's YNNPACK fusions off
-    (`xla_cpu_experimental_ynn_fusion_type` empty: llama-100m's training 17% slower on a 2-core Xeon,
+    (`xla_cpu_experimental_ynn_fusion_type` empty: llama-100m's training 17% slower on a 2-core AMD EPYC,
     benchmarks/results/train_llama-100m_ynn_off.json) or with the layer loop unrolled, which costs
     compiling each unit (benchmarks/repro_kimi_scan_compile.py → benchmarks/results/
     kimi_scan_compile.json). Other platforms, and the other kinds, keep the loop."""
