@@ -160,7 +160,10 @@ def test_sharded_params_give_the_same_tokens(hf):
     sharded = jax.device_put(params, param_shardings(params, mesh))
     assert sharded["layers"]["q"].sharding.spec == jax.sharding.PartitionSpec(None, ("fsdp", "context"), "tensor", None)
     got = jax.jit(lambda p, x: nnx.merge(graph, p)(x))(sharded, pixels)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(tower(pixels)), rtol=1e-5, atol=1e-6)
+    want = np.asarray(tower(pixels))
+    # Split contractions sum in another order: an error of float32's rounding at the scale of the
+    # largest token value (seen: 1.9e-6 on a value of 0.034 among values up to 9.5 on an AVX2 EPYC).
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=2e-6 * np.abs(want).max())
 
 
 def test_bfloat16_compute_stays_near_float32(hf):
