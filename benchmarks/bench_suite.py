@@ -93,15 +93,25 @@ def _per_test(records: list[dict]) -> dict:
     ends: dict[str, float] = {}
     for r in records:
         ends[r["worker"]] = max(ends.get(r["worker"], 0.0), r["end"] - start)
+    jax_spent = {k: round(sum(r.get(k, 0.0) for r in records), 1) for k in ("trace_s", "lower_s", "compile_s", "compiles")}
+    jax_by_file: dict[str, dict[str, float]] = collections.defaultdict(lambda: collections.defaultdict(float))
+    for r in records:
+        for k in ("trace_s", "lower_s", "compile_s", "compiles"):
+            jax_by_file[r["nodeid"].split("::")[0]][k] += r.get(k, 0.0)
     top_files = sorted(files.items(), key=lambda kv: -kv[1][1])[:25]
-    top_tests = sorted(records, key=lambda r: -r["cpu_s"])[:15]
+    top_tests = sorted(records, key=lambda r: -r["cpu_s"])[:40]
     waits = sorted(records, key=lambda r: -(r["wall_s"] - r["cpu_s"]))[:10]
     return {
         "tests_recorded": len(records),
         "counted_cpu_s": round(sum(r["cpu_s"] for r in records)),
         "worker_end_s": {w: round(e) for w, e in sorted(ends.items())},
-        "files_by_cpu": [{"file": f, "wall_s": round(v[0]), "cpu_s": round(v[1]), "tests": v[2]} for f, v in top_files],
-        "tests_by_cpu": [{"test": r["nodeid"], "wall_s": round(r["wall_s"], 1), "cpu_s": round(r["cpu_s"], 1)}
+        # what JAX reported inside the test processes (pytest's workers, not their subprocesses): wall
+        # seconds tracing, lowering and in XLA's backend compile, and the number of backend compiles
+        "jax_in_test_processes": jax_spent,
+        "files_by_cpu": [{"file": f, "wall_s": round(v[0]), "cpu_s": round(v[1]), "tests": v[2],
+                          **{k: round(n, 1) for k, n in jax_by_file[f].items()}} for f, v in top_files],
+        "tests_by_cpu": [{"test": r["nodeid"], "wall_s": round(r["wall_s"], 1), "cpu_s": round(r["cpu_s"], 1),
+                          **{k: r[k] for k in ("trace_s", "lower_s", "compile_s", "compiles") if k in r}}
                          for r in top_tests],
         # wall beyond the test process's own CPU and its waited children's: other processes' CPU (Ray
         # workers, the emulator) or waiting
