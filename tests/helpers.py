@@ -288,9 +288,12 @@ def shrunk(model_name: str) -> list[str]:
         window += ["mamba_num_heads=4", "mamba_head_dim=16", "mamba_state_dim=16", "mamba_num_groups=2",
                    "layer_types=[mamba, full_attention, mlp]"]
     if cfg.hc_mult:  # DeepSeek-V4: one layer of each attention (compressed every 8 and every 4 of the 32
-        # tokens, the indexer keeping 3), the first hash-routed; a narrow query latent, RoPE on 8, 2 groups
+        # tokens, the indexer keeping 3), the first hash-routed; a narrow query latent, RoPE on 8, 2 groups;
+        # 3 Sinkhorn passes of the hyper-connections, not 20: XLA's compile of the unrolled passes grows
+        # faster than their number (the training step: 28 CPU-seconds with 20, 8 with 3, AMD EPYC, 2 cores)
         layers = 3
-        window += ["layer_types=[sliding_attention, heavily_compressed_attention, compressed_sparse_attention]",
+        window += ["hc_sinkhorn_iters=3",
+                   "layer_types=[sliding_attention, heavily_compressed_attention, compressed_sparse_attention]",
                    "num_hash_layers=1", "qk_rope_head_dim=8", "q_lora_rank=32", "o_groups=2", "o_lora_rank=16",
                    "index_n_heads=2", "index_head_dim=16", "index_topk=3", "compress_rate_hca=8", "compress_rate_csa=4"]
     if cfg.mrope_sections:  # multimodal RoPE over the narrow heads: every axis keeps frequencies
