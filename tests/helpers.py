@@ -290,7 +290,8 @@ def shrunk(model_name: str) -> list[str]:
     if cfg.hc_mult:  # DeepSeek-V4: one layer of each attention (compressed every 8 and every 4 of the 32
         # tokens, the indexer keeping 3), the first hash-routed; a narrow query latent, RoPE on 8, 2 groups;
         # 3 Sinkhorn passes of the hyper-connections, not 20: XLA's compile of the unrolled passes grows
-        # faster than their number (the training step: 28 CPU-seconds with 20, 8 with 3, AMD EPYC, 2 cores)
+        # faster than their number (the training step's: 22.9 CPU-seconds with 20, 7.4 with 3, on a 2-core
+        # AMD EPYC; benchmarks/results/sinkhorn_compile.json)
         layers = 3
         window += ["hc_sinkhorn_iters=3",
                    "layer_types=[sliding_attention, heavily_compressed_attention, compressed_sparse_attention]",

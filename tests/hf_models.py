@@ -290,7 +290,8 @@ CONFIGS = {
     # shared key=value head (RoPE on the last 8), sinks, 2 output groups; 3 residual streams; 8 experts (top
     # 2), the first layer hash-routed, clamped at 3; YaRN on the compressed layers' RoPE; 3 Sinkhorn passes,
     # not the published 20: XLA's compile of the unrolled passes grows faster than their number (the
-    # shrunk preset's training step 28 CPU-s with 20, 8 with 3, AMD EPYC), and 3 run every operation
+    # shrunk preset's training step 22.9 CPU-s with 20, 7.4 with 3: benchmarks/results/sinkhorn_compile.json),
+    # and 3 run every operation
     "deepseek_v4": lambda: transformers.DeepseekV4Config(
         vocab_size=256, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, head_dim=32, q_lora_rank=32,
         partial_rotary_factor=0.25, sliding_window=8, index_n_heads=16, index_head_dim=16, index_topk=3, o_groups=2,
