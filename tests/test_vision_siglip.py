@@ -162,7 +162,7 @@ def test_sharded_params_give_the_same_tokens(hf):
     got = jax.jit(lambda p, x: nnx.merge(graph, p)(x))(sharded, pixels)
     want = np.asarray(tower(pixels))
     # Split contractions sum in another order: an error of float32's rounding at the scale of the
-    # largest token value (seen: 1.9e-6 on a value of 0.034 among values up to 9.5 on an AVX2 EPYC).
+    # largest token value (seen on CI's 2-core machine: 1.9e-6 on a value of 0.034, values up to 9.5).
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=2e-6 * np.abs(want).max())
 
 
