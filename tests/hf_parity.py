@@ -44,7 +44,8 @@ def scanned_kimi(directory: str, compiles: int) -> dict:
     latent attention), stored stacked, imported, its forward lowered once and compiled `compiles` times
     (the persistent compilation cache off: each a real compilation): the stacks and each compilation's
     relative error. XLA:CPU built programs that differ from one compilation to the next for such a stack
-    run by a loop (maxlite/models/kinds.py scan_unroll)."""
+    run by a loop while the delta rule's zero state was a constant (maxlite/models/gated_deltanet.py
+    zero_state)."""
     from maxlite.models.layout import layer_stacks
     from maxlite.state import abstract_params
 

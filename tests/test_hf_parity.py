@@ -32,9 +32,9 @@ FAMILY_MODELS = {"llama2": "llama", "gpt3": "gpt2", "qwen2": "qwen2", "qwen3": "
                  "llama4": "llama4_text", "deepseek_v4": "deepseek_v4"}
 
 
-# compilations of the scanned Kimi Linear: with the layer loop kept (kinds.scan_unroll → 1) 19 of 24 gave
-# wrong logits on this machine (docs/families.md, benchmarks/results/kimi_scan_compile.json), so three
-# all right by chance would be about 1%
+# compilations of the scanned Kimi Linear: with the delta rule's zero state a constant (before
+# gated_deltanet.zero_state) 19 of 24 gave wrong logits on a 2-core EPYC (docs/families.md,
+# benchmarks/results/kimi_scan_compile.json), so three all right by chance would be about 1%
 SCANNED_KIMI_COMPILES = 3
 
 
@@ -73,7 +73,8 @@ def test_imported_logits_equal_transformers(family, computed):
 def test_a_scanned_kimi_linear_is_right_at_every_compilation(computed):
     """A Kimi Linear with two stacked units of (Kimi delta attention, latent attention): every
     compilation's logits equal transformers' (XLA:CPU built wrong programs for some compilations of
-    such a stack run by a loop: maxlite/models/kinds.py scan_unroll)."""
+    such a stack run by a loop while the delta rule's zero state was a constant: maxlite/models/
+    gated_deltanet.py zero_state)."""
     got = computed["scanned_kimi"]
     assert "error" not in got, got.get("error")
     assert got["stacks"] == [["dense_layers", 1, 1], ["layers", 2, 2]], got["stacks"]

@@ -61,6 +61,20 @@ def unit_lower_inverse(T_XCC):
     return inv[..., 0, :C, :C]
 
 
+def zero_state(shape) -> jax.Array:
+    """The state before the first token when none is given: float32 zeros that XLA keeps as an array.
+
+    A constant zero state reaches the first chunk's products with the state (`w @ S`, `(q·g_in) @ S`)
+    when the sequence is one chunk: XLA then folds the zeros into a broadcast of a scalar inside the
+    fusion that computes them, and jaxlib 0.10.2's XLA:CPU computes such a YNNPACK fusion (its
+    `__ynn_fusion`: a dot whose operand is a broadcast of a scalar) with another result at each
+    compilation of the same program — a scanned Kimi Linear's logits were off by O(1) or NaN in 19 of
+    24 compilations, right in every one with XLA's YNNPACK fusions off or with the zeros kept as here
+    (benchmarks/repro_kimi_scan_compile.py → benchmarks/results/kimi_scan_compile.json). The barrier
+    costs nothing: the products are computed for every later chunk anyway."""
+    return jax.lax.optimization_barrier(jnp.zeros(shape, jnp.float32))
+
+
 def chunked_delta_rule(q_BTME, k_BTME, v_BTMU, g_BTM, beta_BTM, seg_BT, state_BMEU=None, chunk: int = 64):
     """The gated delta rule over T tokens in chunks of `chunk` (float32 throughout): (o_BTMU, the
     state after the last token). The decay's log g is per head [B, T, M], or per head and key dim
@@ -123,7 +137,7 @@ def chunked_delta_rule(q_BTME, k_BTME, v_BTMU, g_BTM, beta_BTM, seg_BT, state_BM
         S_BMEU = S_BMEU * carry_decay + jnp.einsum("bmce,bmcu->bmeu", k * g_out, v_new)
         return S_BMEU, o
 
-    S0 = jnp.zeros((B, M, E, U), f32) if state_BMEU is None else state_BMEU.astype(f32)
+    S0 = zero_state((B, M, E, U)) if state_BMEU is None else state_BMEU.astype(f32)
     xs = (*(blocks(x) for x in (q_BTME, k_BTME, v_BTMU, g_BTM, beta_BTM)), seg, seg_in)
     S, o = jax.lax.scan(step, S0, xs)  # o [n, B, M, C, U]
     o_BTMU = o.transpose(1, 0, 3, 2, 4).reshape(B, n * C, M, U)[:, :T]

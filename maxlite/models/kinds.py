@@ -71,8 +71,6 @@ class MixerKind(_Declared):
                                         # (cache_numbers the same at any length), not a record per token
     image_blocks: bool = False          # it draws a prompt's image blocks both ways (its mixer and its
                                         # cache's prefill take `blocks_BT`: names.image_blocks)
-    unrolled_on_cpu: bool = False       # a scanned stack whose unit holds it is unrolled on XLA:CPU
-                                        # (scan_unroll below says why)
 
     def cls(self):
         return load(self.module)
@@ -296,7 +294,7 @@ MIXERS = {m.name: m for m in (
     # Kimi Linear's delta attention: the delta-net's decode cache (the same state and windows) and checks
     MixerKind("kda", "maxlite.models.kda:KimiDeltaAttention", _kda_flops, _gdn_cache, "maxlite.models.gdn_cache",
               recurrent=True, checks=(_CHECKS + "kda",), layout_checks=(_CHECKS + "gated_deltanet_layout",),
-              unrolled_on_cpu=True, megatron_refusal="Kimi delta attention layers (its GPT layer is attention only)"),
+              megatron_refusal="Kimi delta attention layers (its GPT layer is attention only)"),
     MixerKind("mamba2", "maxlite.models.mamba2:Mamba2", _mamba2_flops, _mamba2_cache, "maxlite.models.mamba2_cache",
               recurrent=True, checks=(_CHECKS + "mamba2",), layout_checks=(_CHECKS + "mamba2_layout",),
               megatron_refusal="Mamba-2 layers (its GPT layer is attention only; Megatron's hybrid model is not mapped)"),
@@ -347,24 +345,6 @@ def used_kinds(cfg) -> tuple[FeedForwardKind | MixerKind, ...]:
     kinds = layer_kinds(cfg)
     return (*(FEED_FORWARDS[f] for f in dict.fromkeys(k.ffn for k in kinds)),
             *(MIXERS[m] for m in dict.fromkeys(k.mixer for k in kinds)))
-
-
-def scan_unroll(stack, platform: str) -> int:
-    """How many of a scanned stack's units one step of its loop runs (nnx.scan's `unroll`): all of
-    them on XLA:CPU when a layer of the unit has a kind that asks it (`unrolled_on_cpu`), else one.
-    The parameters stay stacked either way; only the loop is gone from the program.
-
-    Why: jaxlib 0.10.2's XLA:CPU built a different program at each compilation of a scanned Kimi
-    Linear (units of Kimi delta attention and latent attention): logits right in some compilations
-    and off by O(1) in others, each compiled program the same at every call, from the same optimized
-    HLO, LLVM IR and buffer assignment. It goes away with XLA:CPU's YNNPACK fusions off
-    (`xla_cpu_experimental_ynn_fusion_type` empty: llama-100m's training 17% slower on a 2-core AMD EPYC,
-    benchmarks/results/train_llama-100m_ynn_off.json) or with the layer loop unrolled, which costs
-    compiling each unit (benchmarks/repro_kimi_scan_compile.py → benchmarks/results/
-    kimi_scan_compile.json). Other platforms, and the other kinds, keep the loop."""
-    if platform == "cpu" and any(MIXERS[mixer].unrolled_on_cpu for mixer, _ in stack.unit):
-        return stack.count
-    return 1
 
 
 def check_kinds(cfg, layout: bool = False) -> str | None:

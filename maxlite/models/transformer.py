@@ -28,10 +28,9 @@ from maxlite.models import cache_bits, matmul, pipeline
 from maxlite.models.carry import Carry, layer_inputs, start
 from maxlite.models.families import family
 from maxlite.models.hyper import STREAMS, HyperConnection, HyperHead, expand
-from maxlite.models.kinds import FEED_FORWARDS, MIXERS, scan_unroll
+from maxlite.models.kinds import FEED_FORWARDS, MIXERS
 from maxlite.models.layers import BTD, constrain, make_norm, param
 from maxlite.models.layout import layer_kinds, layer_place, layer_stacks, layer_windows
-from maxlite.models.platform import target_platform
 from maxlite.models.sides import ffn_args, mixer_args, sides
 from maxlite.models.vision import towers
 from maxlite.models.vision.merge import merge
@@ -317,19 +316,18 @@ class Transformer(nnx.Module):
                                   inputs_L)
             inputs_axis = 0 if inputs else None
             flags = local[span]
-            unroll = scan_unroll(stack, target_platform())
             if len(set(flags)) == 1:  # every layer alike: the flag is static
                 once = stack.count == 1  # a scan of one step, inlined: see one_unit
-                step = one_unit(flags[0]) if once and n > 1 else remat(static(flags[0]), once or unroll > 1)
-                scan_fn = nnx.scan(step, unroll=unroll, in_axes=(nnx.Carry, 0, None, None, key_axis, inputs_axis),
+                step = one_unit(flags[0]) if once and n > 1 else remat(static(flags[0]), once)
+                scan_fn = nnx.scan(step, in_axes=(nnx.Carry, 0, None, None, key_axis, inputs_axis),
                                    out_axes=(nnx.Carry, 0), transform_metadata={nnx.PARTITION_NAME: "layers"})
                 carry, s = scan_fn(carry, getattr(self, stack.name), positions_BT, segment_ids_BT, keys,
                                    inputs or None)
             else:
                 flags_arr = jnp.asarray(flags).reshape((stack.count, n)[:1 if n == 1 else 2])
                 once = stack.count == 1
-                scan_fn = nnx.scan(one_unit(None) if once and n > 1 else remat(block_fn, once or unroll > 1),
-                                   unroll=unroll, in_axes=(nnx.Carry, 0, None, None, key_axis, inputs_axis, 0),
+                scan_fn = nnx.scan(one_unit(None) if once and n > 1 else remat(block_fn, once),
+                                   in_axes=(nnx.Carry, 0, None, None, key_axis, inputs_axis, 0),
                                    out_axes=(nnx.Carry, 0), transform_metadata={nnx.PARTITION_NAME: "layers"})
                 carry, s = scan_fn(carry, getattr(self, stack.name), positions_BT, segment_ids_BT, keys,
                                    inputs or None, flags_arr)
