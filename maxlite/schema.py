@@ -206,7 +206,8 @@ class _TrainingKeys:
     set_remat_policy_on_pipeline_iterations: bool = key(True,
         "pipeline: remat_policy applied to each iteration of the schedule as well as to each layer, so that "
         "an iteration keeps only its stage's input for the backward pass (which recomputes the stage's "
-        "layers: one more forward); false: each iteration keeps its layers' inputs")
+        "layers: one more forward; with offload_layer_inputs that input goes to host memory); false: each "
+        "iteration keeps its layers' inputs")
     num_slices: int = key(-1, "number of slices (TPU multislice); -1 reads it from the devices")
     context_parallel_load_balance: bool = key(True,
         "with context parallelism: shard i holds sequence chunks i and 2n−1−i (n shards), so causal attention "

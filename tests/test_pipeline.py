@@ -61,7 +61,10 @@ MOE = ("model_name=tiny-moe", "num_experts=4", "base_moe_mlp_dim=32", "load_bala
     # the routing statistics (auxiliary losses) gathered per layer over micro-batches and repeats
     (MOE, ("ici_pipeline_parallelism=2", "ici_fsdp_parallelism=2", "ici_expert_parallelism=2",
            "num_pipeline_repeats=2")),
-], ids=["gpipe-4x2", "circular-2x4", "gpipe-2x2context2", "moe-circular-2x2x2expert"])
+    # each iteration's stage input in host memory, the stage's layers recomputed from it
+    ((), ("ici_pipeline_parallelism=2", "ici_fsdp_parallelism=4", "num_pipeline_repeats=2",
+          "remat_policy=offload_layer_inputs")),
+], ids=["gpipe-4x2", "circular-2x4", "gpipe-2x2context2", "moe-circular-2x2x2expert", "circular-2x4-offload"])
 def test_pipelined_training_equals_one_device(short_docs, model, pipeline):
     reference = _losses((*ARGV, *model, short_docs, "per_device_batch_size=8"), 1)
     pipelined = _losses((*ARGV, *model, short_docs, "per_device_batch_size=1", *pipeline), 8)

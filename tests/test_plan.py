@@ -442,16 +442,35 @@ def test_a_plan_that_does_not_fit_names_its_largest_buffers(capsys):
 
 
 @needs_libtpu
+def test_a_pipeline_offloads_each_iterations_stage_input():
+    """remat_policy=offload_layer_inputs in a pipeline (8 layers in 2 stages across 2 slices, 2 repeats:
+    2 layers per stage and repeat; 2 micro-batches): each of the schedule's R·M + P − 1 = 5 iterations
+    sends its stage's input, bf16 [rows, T, D], to host memory, not each layer's, and the stage's layers
+    are recomputed from it; per chip 2 rows (16 sequences over a slice's 4 chips, in 2 micro-batches).
+    Offloading every layer's input inside the pipeline's loops instead is what libtpu refuses (the
+    next test)."""
+    from maxlite.plan.compile import compile_plan
+
+    args = ["base.yml", "model_name=tiny", "max_target_length=1024", "per_device_batch_size=2",
+            "base_num_decoder_layers=8", "dcn_pipeline_parallelism=2", "dcn_data_parallelism=1",
+            "num_pipeline_repeats=2", "remat_policy=offload_layer_inputs"]
+    p = compile_plan(args, T.parse("v6e:2x2", 2))
+    assert not p.error and p.fits
+    assert p.host_bytes == 5 * 2 * 1024 * C.load(args).base_emb_dim * 2
+
+
+@needs_libtpu
 def test_a_layout_the_compiler_fails_on_is_reported_in_one_line(capsys):
-    """libtpu (the pinned 0.0.42.1) fails with INTERNAL on offloaded layer inputs inside this pipeline's
-    loop (a bitcast between memory spaces; the pipelined 405B plan met it): the planner says so in its
-    verdict and exits 1, and a sweep's row carries the line, rather than a traceback ending the search.
-    If a libtpu upgrade compiles this layout, pick another the compiler refuses."""
+    """libtpu (the pinned 0.0.42.1) fails with INTERNAL on every layer's input offloaded inside this
+    pipeline's loops (a bitcast between memory spaces; the pipelined 405B plan met it): the planner says
+    so in its verdict and exits 1, and a sweep's row carries the line, rather than a traceback ending
+    the search. If a libtpu upgrade compiles this layout, pick another the compiler refuses."""
     from maxlite.plan.__main__ import main
 
     args = ["base.yml", "model_name=llama3.1-8b", "per_device_batch_size=1", "max_target_length=4096",
             "dcn_pipeline_parallelism=2", "dcn_data_parallelism=1", "num_pipeline_repeats=2",
-            "remat_policy=offload_layer_inputs", "--topology", "v6e:2x2", "--num-slices", "2", "--no-suggest"]
+            "remat_policy=offload_layer_inputs", "set_remat_policy_on_pipeline_iterations=false",
+            "--topology", "v6e:2x2", "--num-slices", "2", "--no-suggest"]
     assert main(args) == 1
     out = capsys.readouterr().out
     assert "llama3.1-8b on v6e:2x2 × 2 slices (8 chips): NOT COMPILED" in out

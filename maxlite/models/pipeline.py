@@ -28,6 +28,13 @@ output head and the loss after it take them split over `stage` as well (mesh.RUL
 for all the rows. Inside the pipeline, and for the embedding that fills `pending`, a stage's rows
 are split over the other batch axes only (`stage_rules`).
 
+Remat (`remat_policy`, around each unit, and with set_remat_policy_on_pipeline_iterations around each
+iteration as well, so that an iteration keeps only its stage's input for the backward pass):
+`offload_layer_inputs` sends each iteration's stage input to pinned host memory and recomputes the
+stage's units from it (`full` inside the stage). Offloading every unit's input inside the two loops
+instead is what libtpu 0.0.42.1 refuses (`INTERNAL: ... Bitcast cannot have different memory spaces`);
+set_remat_policy_on_pipeline_iterations=false still asks for that.
+
 Between stages travel the hidden states alone: a model whose sides ride in the layers' carry
 (maxlite/models/sides.py `travels`: per-layer inputs, state the layers pass on) is refused by the
 recipe's validation (config_checks); a side that lives in the layers' weights only runs as it does
@@ -49,6 +56,10 @@ from maxlite.models.layers import BTD, constrain
 STAGE_BTD = ("activation_stage", *BTD)  # a stage's slot of the buffer between stages
 # the micro-batches, each sharded as the batch is
 MICRO_BTD, MICRO_BT = (None, *BTD), (None, *BTD[:2])
+ITERATION_INPUT = "pipeline_iteration_input"  # a stage's input in one iteration (checkpoint_name)
+_OFFLOAD_ITERATION_INPUTS = jax.checkpoint_policies.save_and_offload_only_these_names(
+    names_which_can_be_saved=[], names_which_can_be_offloaded=[ITERATION_INPUT], offload_src="device",
+    offload_dst="pinned_host")
 
 
 def num_stages(cfg) -> int:
@@ -88,12 +99,17 @@ def _run(cfg, stack, x_BTD, positions_BT, segment_ids_BT, local, policy):
     weights = jax.tree.map(lambda w: _to_stages(w, R, P, S), state)
     flags = _to_stages(jnp.asarray(local).reshape((count,) if n == 1 else (count, n)), R, P, S)
     static = local[0] if len(set(local)) == 1 else None  # every layer alike: a constant flag
-    stage_fn = jax.vmap(_stage_fn(graphdef, static, policy), spmd_axis_name="stage")
-    if policy is not None and cfg.set_remat_policy_on_pipeline_iterations:
+    per_iteration = policy is not None and cfg.set_remat_policy_on_pipeline_iterations
+    # offloading: each iteration's input goes to the host, the stage's units are recomputed from it
+    offload = per_iteration and cfg.remat_policy == "offload_layer_inputs"
+    stage_fn = jax.vmap(_stage_fn(graphdef, static, jax.checkpoint_policies.nothing_saveable if offload else policy),
+                        spmd_axis_name="stage")
+    if per_iteration:
         # without it the backward pass keeps the inputs of a stage's S layers for each of the R·M + P − 1
         # iterations (the bubble's too); with it, each iteration's input [b, T, D] alone, and the S
         # layers' inputs of one iteration at a time while its backward pass recomputes them
-        stage_fn = jax.checkpoint(stage_fn, policy=policy, prevent_cse=False)
+        stage_fn = jax.checkpoint(stage_fn, policy=_OFFLOAD_ITERATION_INPUTS if offload else policy,
+                                  prevent_cse=False)
 
     B, T, D = x_BTD.shape
     pending_MbTD = constrain(_split(x_BTD, M), MICRO_BTD)
@@ -139,6 +155,8 @@ def _stage_fn(graphdef, static, policy):
     around each unit). The unit's weights of repeat r are picked inside the rematerialised body, from
     loop-invariant [S, R, ...] weights: the backward pass keeps no per-iteration copy of them."""
     def stage(weights_SR, flags_SR, r, x_bTD, positions_bT, segment_ids_bT):
+        x_bTD = checkpoint_name(x_bTD, ITERATION_INPUT)
+
         def body(x_bTD, unit_and_flags):
             state_R, flags_R = unit_and_flags
             unit = nnx.merge(graphdef, jax.tree.map(lambda w: w[r], state_R))
