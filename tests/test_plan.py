@@ -451,12 +451,12 @@ def test_a_pipeline_offloads_each_iterations_stage_input():
     next test)."""
     from maxlite.plan.compile import compile_plan
 
-    args = ["base.yml", "model_name=tiny", "max_target_length=1024", "per_device_batch_size=2",
+    args = ["base.yml", "model_name=tiny", "max_target_length=512", "per_device_batch_size=2",
             "base_num_decoder_layers=8", "dcn_pipeline_parallelism=2", "dcn_data_parallelism=1",
-            "num_pipeline_repeats=2", "remat_policy=offload_layer_inputs"]
+            "num_pipeline_repeats=2", "remat_policy=offload_layer_inputs", "attention=dot_product"]
     p = compile_plan(args, T.parse("v6e:2x2", 2))
     assert not p.error and p.fits
-    assert p.host_bytes == 5 * 2 * 1024 * C.load(args).base_emb_dim * 2
+    assert p.host_bytes == 5 * 2 * 512 * C.load(args).base_emb_dim * 2
 
 
 @needs_libtpu
