@@ -447,8 +447,8 @@ def test_a_pipeline_offloads_each_iterations_stage_input():
     2 layers per stage and repeat; 2 micro-batches): each of the schedule's R·M + P − 1 = 5 iterations
     sends its stage's input, bf16 [rows, T, D], to host memory, not each layer's, and the stage's layers
     are recomputed from it; per chip 2 rows (16 sequences over a slice's 4 chips, in 2 micro-batches).
-    Offloading every layer's input inside the pipeline's loops instead is what libtpu refuses (the
-    next test)."""
+    Offloading every layer's input inside the pipeline's loops instead would hold two per iteration here,
+    and is what libtpu refuses for the next test's layout."""
     from maxlite.plan.compile import compile_plan
 
     args = ["base.yml", "model_name=tiny", "max_target_length=512", "per_device_batch_size=2",
