@@ -8,6 +8,19 @@ import shlex
 import sys
 
 
+def cpuinfo(field: str) -> str:
+    """A field of the first CPU in /proc/cpuinfo ("model name", "flags"), "" where there is none: the
+    machine a result was taken on."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.split(":")[0].strip() == field:
+                    return " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return ""
+
+
 def write_result(result: dict, path: pathlib.Path, indent: int = 2) -> None:
     """Write `result` as JSON to `path` (creating its folder) and echo it; `indent` keeps each
     results file's existing layout so reruns diff cleanly."""

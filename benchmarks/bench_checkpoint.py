@@ -67,7 +67,7 @@ from maxlite import config as C, state as state_lib  # noqa: E402
 from maxlite import resume  # noqa: E402
 from maxlite.build import build  # noqa: E402
 from maxlite.checkpoints.saver import Checkpointer  # noqa: E402
-from benchmarks._results import write_result  # noqa: E402
+from benchmarks._results import cpuinfo, write_result  # noqa: E402
 
 
 class _Data:
@@ -254,7 +254,7 @@ def checksum_cost(args) -> None:
         "command": " ".join(["python", "benchmarks/bench_checkpoint.py", *sys.argv[1:]]),
         "model": args.model, "state_bytes": nbytes, "devices": jax.device_count(),
         "platform": jax.devices()[0].platform, "repeats": args.repeats, "cpu_count": os.cpu_count(),
-        "cpu_model": _cpu_model(), "storage": "gcs (fake-gcs-server, filesystem backend)" if args.gcs else "local disk",
+        "cpu_model": cpuinfo("model name"), "storage": "gcs (fake-gcs-server, filesystem backend)" if args.gcs else "local disk",
         "load_average_1min": os.getloadavg()[0], "load_average_at_start": load_start[:2],
         "load_average_at_end": os.getloadavg()[:2], "dir": where,
         "median_seconds": med, "checksum_cost": cost,
@@ -299,12 +299,6 @@ def _crc_speed(crc) -> dict[str, float]:
     return out
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        return ""
 
 
 def main() -> None:

@@ -22,18 +22,11 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from benchmarks._results import write_result  # noqa: E402
+from benchmarks._results import cpuinfo, write_result  # noqa: E402
 from benchmarks.bench_moe_cpu import _interleaved, _load, _summary  # noqa: E402
 
 TINY = ["base.yml", "model_name=tiny", "vocab_size=32000", "max_target_length=256", "per_device_batch_size=1",
         "dataset_type=synthetic", "enable_checkpointing=false", "remat_policy=none"]
-
-
-def _cpuinfo(field: str) -> str:
-    for line in open("/proc/cpuinfo"):
-        if line.split(":")[0].strip() == field:
-            return line.split(":", 1)[1].strip()
-    return ""
 
 
 def main() -> None:
@@ -72,11 +65,11 @@ def main() -> None:
         jax.block_until_ready(step())  # compiled now, with this path set (build set it)
         fns[path] = step
     steps = _summary(_interleaved(fns, args.repeats, args.steps), "bf16")
-    cpu = re.sub(r"[^a-z0-9]+", "-", _cpuinfo("model name").lower()).strip("-") or "cpu"
+    cpu = re.sub(r"[^a-z0-9]+", "-", cpuinfo("model name").lower()).strip("-") or "cpu"
     out = pathlib.Path(args.out or ROOT / "benchmarks" / "results" / f"cpu_matmul_{cpu}.json")
     write_result({
         "command": "JAX_PLATFORMS=cpu python benchmarks/bench_cpu_matmul.py " + " ".join(sys.argv[1:]),
-        "config": argv, "cpu_model": _cpuinfo("model name"), "cpu_flags": _cpuinfo("flags"),
+        "config": argv, "cpu_model": cpuinfo("model name"), "cpu_flags": cpuinfo("flags"),
         "cpus": os.cpu_count(), "jax": jax.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""), "load_before": load_before, "load_after": _load(),
         "probe_seconds": probe, "probe_wall_s": probe_wall, "auto_would_choose": cpu_matmul.faster(probe),
         "auto_chose": auto.record(),

@@ -43,8 +43,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from benchmarks._results import write_result  # noqa: E402
-from benchmarks.bench_cpu_matmul import _cpuinfo  # noqa: E402
+from benchmarks._results import cpuinfo, write_result  # noqa: E402
 
 SKIP = 5  # first logged steps left out of each run's median
 AIM = 1.3  # maxlite's step speed as a multiple of MaxText's
@@ -140,8 +139,8 @@ def main() -> None:
         "what": f"{args.model}: median seconds per step after step {SKIP} from each run's own log lines, "
                 "MaxText 0.2.5 and maxlite runs interleaved; ratio = MaxText seconds / maxlite seconds",
         "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip(),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu_model": _cpuinfo("model name"),
-                    "cpu_flags": _cpuinfo("flags")},
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu_model": cpuinfo("model name"),
+                    "cpu_flags": cpuinfo("flags")},
         "maxtext_command": shlex.join([*argv["maxtext"], "run_name=..."]).replace(out_dir, "$OUT"),
         "maxlite_command": shlex.join([*argv["maxlite"], "run_name=..."]).replace(out_dir, "$OUT"),
         "maxtext_env": dict(zip(("python", "maxtext", "jax", "jaxlib", "flax", "optax"), versions)),

@@ -30,7 +30,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks._results import write_result  # noqa: E402
+from benchmarks._results import cpuinfo, write_result  # noqa: E402
 from tests.xla_flags import CHEAP_COMPILE  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "sinkhorn_compile.json"
@@ -103,9 +103,7 @@ def main() -> int:
     if sys.argv[1:] == ["--one"]:
         one()
         return 0
-    info = pathlib.Path("/proc/cpuinfo").read_text().splitlines()
-    cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), platform.processor())
-    flags = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
+    cpu, flags = cpuinfo("model name") or platform.processor(), cpuinfo("flags").split()
     result = {"machine": {"cpu": cpu, "cores": os.cpu_count(), "avx512_bf16": "avx512_bf16" in flags},
               "flags": FLAGS}
     for name, flags in FLAGS.items():

@@ -31,7 +31,7 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _results import write_result  # noqa: E402
+from _results import cpuinfo, write_result  # noqa: E402
 
 
 def _busy_jiffies() -> tuple[int, int]:
@@ -41,11 +41,6 @@ def _busy_jiffies() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
-def _cpu_model() -> str:
-    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 class Sampler(threading.Thread):
@@ -159,7 +154,7 @@ def main() -> int:
     result = {
         "commit": commit,
         "measured": 'python3.11 -m venv .venv && .venv/bin/pip install -e ".[test,tpu]" && .venv/bin/python -m pytest -q',
-        "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(),
+        "machine": {"cpu": cpuinfo("model name") or "unknown", "cores": os.cpu_count(),
                     "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
                     "load_average_before": load_before},
         "fresh_home": True,

@@ -21,14 +21,13 @@ import argparse
 import collections
 import json
 import pathlib
-import re
 import sys
 import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks._results import write_result  # noqa: E402
+from benchmarks._results import cpuinfo, write_result  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "vision_sft.json"
 SPECIAL = ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"]
@@ -128,15 +127,12 @@ def main() -> None:
     answers = [json.loads(line)["messages"][-1]["content"] for line in task["eval"].read_text().splitlines()]
     chance = collections.Counter(answers).most_common(1)[0][1] / len(answers)
     losses = [json.loads(line)["loss"] for line in open(work / "sft" / "metrics.jsonl") if '"loss"' in line]
-    flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
     write_result({"model": MODELS[args.family], "family": args.family, "train_records": args.train,
                   "eval_records": args.eval, "steps": args.steps, "global_batch": run.global_batch_size,
                   "accuracy_before": before, "accuracy_after": after, "chance_most_frequent_answer": chance,
                   "first_loss": losses[0], "last_loss": losses[-1], "train_minutes": round(minutes, 2),
                   "sample_answers": texts[:8],
-                  "cpu_model": next((re.sub(r"\s+", " ", line.split(":", 1)[1]).strip() for line in open("/proc/cpuinfo")
-                                     if line.startswith("model name")), ""),
-                  "cpu_avx512_bf16": "avx512_bf16" in flags, "cpu_count": len(__import__("os").sched_getaffinity(0))},
+                  "cpu_model": cpuinfo("model name"), "cpu_avx512_bf16": "avx512_bf16" in cpuinfo("flags").split(), "cpu_count": len(__import__("os").sched_getaffinity(0))},
                  args.out)
 
 

@@ -30,7 +30,7 @@ import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks._results import write_result  # noqa: E402
+from benchmarks._results import cpuinfo, write_result  # noqa: E402
 
 
 def main() -> None:
@@ -106,14 +106,7 @@ def main() -> None:
     gated_deltanet.zero_state = as_built
     write_result({"stacks": [(s.name, s.count, len(s.unit)) for s in layer_stacks(cfg)], "stages": args.stages,
                   "overrides": overrides, "xla_flags": os.environ.get("XLA_FLAGS", ""), "jaxlib": jax.lib.__version__,
-                  "machine": _cpu(), "variants": results}, args.out)
-
-
-def _cpu() -> str:
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
-    return ""
+                  "machine": f"{cpuinfo('model name')}, {os.cpu_count()} cores", "variants": results}, args.out)
 
 
 if __name__ == "__main__":
