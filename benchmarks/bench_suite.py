@@ -8,10 +8,12 @@ with a fresh HOME: no compile cache, no cpu_matmul.json, nothing an earlier run 
 download cache and configuration are kept, PIP_CACHE_DIR and XDG_CONFIG_HOME, so the install measures
 installing, not the network). pytest
 runs with benchmarks/suite_recorder.py, which writes each test's wall, CPU (its process and the
-children it waited for) and worker; beside it this script samples /proc/stat every 2 s, so the JSON
-says how busy the machine's cores were (the suite is CPU-bound when they were busy throughout: CPU
-the recorder cannot see — Ray's workers, the GCS emulator, slurmd — shows there). The machine may be
-shared: read the figures with its load average, which the JSON keeps.
+children it waited for) and worker; beside it this script samples /proc every second, so the JSON
+says how busy the machine's cores were (the suite is CPU-bound when they were busy throughout) and
+where the CPU went by kind of process, the tests' own beside what the recorder cannot see (Ray's
+clusters, trainers that outlive their waiter, the GCS emulator): every process whose environment
+carries BENCH_SUITE_RUN, which the tests' processes pass on. The machine may be shared: read the
+figures with its load average, which the JSON keeps.
 """
 
 from __future__ import annotations
@@ -43,24 +45,77 @@ def _busy_jiffies() -> tuple[int, int]:
 
 
 
-class Sampler(threading.Thread):
-    """/proc/stat every `period` s: the cores' busy fraction over the run, and its lowest 60 s window."""
+# What a process of the run is, by its command line (first match): the suite's CPU beside its test
+# processes' own (the Ray clusters, the trainers the tests start) is read per process from /proc.
+PROCESS_KINDS = (("pytest workers (the tests in-process)", ("execnet", "import sys;exec(eval(sys.stdin")),
+                 ("Ray workers and actors", ("default_worker.py", "ray::")),
+                 ("Ray's own processes", ("raylet", "gcs_server", "/ray/dashboard/", "log_monitor.py", "monitor.py",
+                                          "runtime_env/agent", "bin/ray ")),
+                 ("trainers and other maxlite processes", ("-m maxlite.", "ray_entry.", "maxlite/")),
+                 ("test helper processes (python -m tests.*)", ("-m tests.",)),
+                 ("pytest's controller", ("-m pytest",)))
+MARK = "BENCH_SUITE_RUN"  # in the tests' environment: their processes, and every process they start, carry it
 
-    def __init__(self, period: float = 2.0):
+
+def _kind(cmd: str) -> str:
+    return next((kind for kind, needles in PROCESS_KINDS if any(n in cmd for n in needles)), "other")
+
+
+class Sampler(threading.Thread):
+    """Every `period` s: /proc/stat (the cores' busy fraction over the run) and every process that carries
+    MARK in its environment, its CPU so far (a process's figure is its last sample: up to `period` s
+    of its end, and a process shorter than `period`, go unseen)."""
+
+    def __init__(self, period: float = 1.0):
         super().__init__(daemon=True)
         self.period, self.samples, self.stop = period, [], threading.Event()
+        self.procs: dict[tuple[str, str], dict] = {}  # (pid, start time) → kind, test, cpu
+        self.hz = os.sysconf("SC_CLK_TCK")
 
     def run(self):
         while not self.stop.is_set():
             self.samples.append((time.monotonic(), *_busy_jiffies()))
+            self._processes()
             self.stop.wait(self.period)
+
+    def _processes(self):
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+                fields = stat[stat.rindex(")") + 2:].split()
+                key, cpu = (pid, fields[19]), (int(fields[11]) + int(fields[12])) / self.hz
+                if key not in self.procs:
+                    env = pathlib.Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                    if f"{MARK}=1".encode() not in env:
+                        self.procs[key] = None
+                        continue
+                    test = next((e[20:].decode() for e in env if e.startswith(b"PYTEST_CURRENT_TEST=")), "")
+                    cmd = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                    self.procs[key] = {"kind": _kind(cmd), "test": test.rsplit(" ", 1)[0], "cpu": cpu}
+                elif self.procs[key] is not None:
+                    self.procs[key]["cpu"] = cpu
+            except (OSError, ValueError, IndexError):
+                pass  # gone meanwhile, or not ours to read
 
     def figures(self) -> dict:
         self.samples.append((time.monotonic(), *_busy_jiffies()))
         (t0, b0, a0), (t1, b1, a1) = self.samples[0], self.samples[-1]
-        hz = os.sysconf("SC_CLK_TCK")
+        kinds: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+        tests: dict[str, float] = collections.defaultdict(float)
+        for p in filter(None, self.procs.values()):
+            kinds[p["kind"]][0] += p["cpu"]
+            kinds[p["kind"]][1] += 1
+            if not p["kind"].startswith("pytest"):
+                tests[p["test"]] += p["cpu"]  # the test running where the process (or the cluster) started
         return {"busy_fraction": round((b1 - b0) / max(1, a1 - a0), 3),
-                "busy_core_seconds": round((b1 - b0) / hz), "sampled_s": round(t1 - t0)}
+                "busy_core_seconds": round((b1 - b0) / self.hz), "sampled_s": round(t1 - t0),
+                "cpu_by_process_kind": {k: {"cpu_s": round(v[0]), "processes": v[1]}
+                                        for k, v in sorted(kinds.items(), key=lambda kv: -kv[1][0])},
+                # a shared Ray head's workers count for the test that started the head
+                "tests_by_cpu_of_their_processes": [{"test": t, "cpu_s": round(c, 1)} for t, c in
+                                                    sorted(tests.items(), key=lambda kv: -kv[1])[:25]]}
 
 
 def _run(cmd: str, cwd: pathlib.Path, env: dict, log: pathlib.Path) -> tuple[int, float, float]:
@@ -132,7 +187,7 @@ def main() -> int:
            "HOME": str(home), "PIP_CACHE_DIR": os.environ.get("PIP_CACHE_DIR", os.path.expanduser("~/.cache/pip")),
            # pip's user configuration (an index or a wheel folder this machine installs from) stays the user's
            "XDG_CONFIG_HOME": os.environ.get("XDG_CONFIG_HOME", os.path.expanduser("~/.config")),
-           "SUITE_RECORDER_OUT": str(records), "PYTHONPATH": str(ROOT / "benchmarks")}
+           "SUITE_RECORDER_OUT": str(records), "PYTHONPATH": str(ROOT / "benchmarks"), MARK: "1"}
     print(f"bench_suite: {commit} cloned to {clone}; HOME={home}", flush=True)
 
     code, install_s, install_cpu = _run('python3.11 -m venv .venv && .venv/bin/pip install -q -e ".[test,tpu]"',
