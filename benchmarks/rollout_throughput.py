@@ -1,7 +1,8 @@
 """GRPO rollouts: today's static sampler against the rollout engine → benchmarks/results/rollout_throughput.json.
 
     JAX_PLATFORMS=cpu python benchmarks/rollout_throughput.py [--models tiny llama-100m] [--prompts 16]
-        [--generations 8] [--new 256] [--slots 32] [--end-share 64] [--block-size 16] [--engines-only] [--repeats N] [--by-width]
+        [--generations 8] [--new 256] [--slots 32] [--end-share 64] [--block-size 16] [--engines-only]
+        [--repeats N] [--by-width]
 
 Prompts: the bundled arithmetic prompts (maxlite/data/bundled/arith_prompts_train.jsonl.zst) in a
 ChatML turn, tokenized with the bundled tokenizer; G completions each at temperature 1, random
@@ -24,9 +25,9 @@ excluded (a warm-up run first); seconds are the timed run's wall time.
 positions, the default pool): `engine_paged`, its peak blocks and bytes held, and paged ÷ contiguous.
 `--engines-only`: the two engines, no static sampler. `--repeats N`: then N more runs of the
 (contiguous) engine and the static sampler alternately, each pair's ratio and their median.
-`--by-width`: the engine's steps grouped by the batch's width, each step waited for (`_by_width`). `--no-hold`: the engines step on the trainer's
-float32 weights, each step rounding them to the compute dtype again (before maxlite/rollout/weights.py
-held them rounded once).
+`--by-width`: the engine's steps grouped by the batch's width, each step waited for (`_by_width`).
+`--no-hold`: the engines step on the trainer's float32 weights, each step rounding them to the compute
+dtype again (before maxlite/rollout/weights.py held them rounded once).
 """
 
 from __future__ import annotations
@@ -132,8 +133,8 @@ def _engine(cfg, graphdef, params, prompts, args, end_ids, key, block_size: int 
 def _by_width(cfg, graphdef, params, prompts, args, end_ids, key) -> dict:
     """`--by-width`: one more call of the contiguous engine with every step waited for, its steps
     grouped by the batch's width (32 slots, then the tail's 16, 8, 4): steps, seconds, ms a step and
-    ms a live row (waiting on each step undoes the host's one-step lead: the total is not a figure of
-    the engine)."""
+    ms a live row (a slot holding a sequence when the step was dispatched). Waiting on each step undoes
+    the host's one-step lead: the total is not a figure of the engine."""
     import collections
 
     import jax
