@@ -99,14 +99,16 @@ def main() -> None:
             codec[0] = arm == "codec"
             samples[f"save_{arm}"].append(timed(lambda: savers[arm].save(r + 2, state, _Data())))
             shutil.rmtree(f"{savers[arm].path}/{r + 1}", ignore_errors=True)  # untimed: two steps on disk
-        print(f"save repeat {r + 1}: " + ", ".join(f"{a} {samples[f'save_{a}'][-1][0]:.3f} s" for a in ARMS), flush=True)
+        print(f"save repeat {r + 1}: " + ", ".join(f"{a} {samples[f'save_{a}'][-1][0]:.3f} s" for a in ARMS),
+              flush=True)
     targets = {"params": ck.sharded_target(abstract.params, shardings.params),
                "optimizer": ck.sharded_target({"step": abstract.step, "opt_state": abstract.opt_state},
                                               {"step": shardings.step, "opt_state": shardings.opt_state})}
     for r in range(args.repeats):
         for arm in ARMS[r % 3:] + ARMS[:r % 3]:
             def restore():
-                jax.block_until_ready(ck.restore_items(savers[arm].path, args.repeats + 1, targets, verify=arm == "ours"))
+                jax.block_until_ready(ck.restore_items(savers[arm].path, args.repeats + 1, targets,
+                                                       verify=arm == "ours"))
             samples[f"restore_{arm}"].append(timed(restore))
         print(f"restore repeat {r + 1}: " + ", ".join(f"{a} {samples[f'restore_{a}'][-1][0]:.3f} s" for a in ARMS),
               flush=True)
