@@ -6,7 +6,6 @@ each step's metrics one step late so the host never waits on the device.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 import traceback
@@ -394,11 +393,6 @@ def _badput_line(summary: dict, status: str, step: int) -> str:
             f"badput: {bad}")
 
 
-def _several_processes() -> bool:
-    jax = sys.modules.get("jax")
-    return jax is not None and jax.process_count() > 1
-
-
 def _vision_words(cfg) -> str:
     """What of the vision encoder trains, in the words of the model line."""
     if cfg.lora_rank:
@@ -425,19 +419,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise  # one line (maxlite/cli.py): exit 2, or TRANSIENT (retried)
     except BaseException as e:  # noqa: BLE001 — status.json already says how the run ended
         end = outcome.decide(error=e)
-        if end.reason == "crash" and not _several_processes():
+        several = cli.several_processes()
+        if end.reason == "crash" and not several:
             raise  # a bug: its traceback, exit 1
         if end.reason == "crash":
             traceback.print_exc()
         elif end.reason != "checkpoint_failed":  # a failed save was reported on stderr already
-            if not _several_processes() or sys.modules["jax"].process_index() == 0:
+            if not several or sys.modules["jax"].process_index() == 0:
                 print(f"maxlite: {'error: ' if end.reason in ('diverged', 'bad_state') else ''}{end.error}",
                       file=sys.stderr)
-        # Out now: a peer may be gone (jax.distributed's exit barrier would wait for it for
-        # minutes), a failed save's writer threads may retry dead storage, a second Ctrl-C means now.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(end.code)
+        # Out now: a peer may be gone or waiting (cli.leave), a failed save's writer threads may
+        # retry dead storage, a second Ctrl-C means now.
+        cli.leave(end.code)
     if preemption.noted_signal():  # e.g. Slurm's SIGTERM at the time limit, just after the last step
         print(f"maxlite: got {preemption.noted_signal()} after the run ended; its outcome stands", flush=True)
     return int(summary["exit_code"])

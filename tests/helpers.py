@@ -141,6 +141,16 @@ def run_module(module: str, args, processes: int = 1, devices: int = 2, timeout:
     return codes, outs
 
 
+def shown(outs: list[str], n: int = 3000) -> str:
+    """Each process's output for a failure message: its last `n` characters once the C++ stack
+    frames of a fatal log (`    @     0x...`) are left out, so the error above them is seen."""
+    parts = []
+    for i, out in enumerate(outs):
+        kept = "\n".join(line for line in out.splitlines() if not line.lstrip().startswith("@     0x"))
+        parts.append(f"--- process {i} ---\n{kept[-n:]}")
+    return "\n".join(parts)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A free TCP port on this machine (for test servers: emulator, Ray, Slurm)."""
     return free_ports(1, host)[0]

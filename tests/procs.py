@@ -39,6 +39,7 @@ def start(run_dir, name, args, processes=1, devices=4):
         with open(log, "w") as f:
             procs.append(subprocess.Popen(argv, cwd=ROOT, env=_env(devices // processes if processes > 1 else devices,
                                                                      **extra), stdout=f, stderr=subprocess.STDOUT))
+        procs[-1].log = log  # wait_for shows it when the run ends early
         logs.append(log)
     return procs, logs
 
@@ -103,7 +104,10 @@ def steps_logged(run_dir, name):
 
 def wait_for(cond, proc, timeout=300):
     def alive():
-        assert proc.poll() is None, "the run ended before the condition was met"
+        if proc.poll() is not None:
+            log = getattr(proc, "log", None)
+            text = open(log).read()[-4000:] if log and os.path.exists(log) else ""
+            raise AssertionError(f"the run ended (exit {proc.returncode}) before the condition was met:\n{text}")
     wait_until(cond, timeout, poll=0.05, alive=alive)
 
 

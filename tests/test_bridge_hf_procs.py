@@ -10,7 +10,7 @@ import numpy as np
 
 from maxlite import checkpoints, config as C
 from maxlite.bridge import hf, params as P
-from tests.helpers import run_module
+from tests.helpers import run_module, shown
 
 
 def _converted(out: str) -> tuple[int, int]:
@@ -28,7 +28,7 @@ def test_two_processes_each_convert_their_share_into_the_checkpoint_one_process_
     codes, outs = run_module("maxlite.bridge.hf", ["import", str(tmp_path / "hf"), one], processes=1)
     assert codes == [0], outs[0][-2000:]
     codes, outs2 = run_module("maxlite.bridge.hf", ["import", str(tmp_path / "hf"), two], processes=2)
-    assert codes == [0, 0], outs2[0][-2000:] + outs2[1][-2000:]
+    assert codes == [0, 0], shown(outs2)
 
     whole, _ = _converted(outs[0])
     shares = [_converted(out) for out in outs2]
@@ -45,3 +45,18 @@ def test_two_processes_each_convert_their_share_into_the_checkpoint_one_process_
         assert np.array_equal(got[path], np.asarray(value, dtype=got[path].dtype)), path
     recipe = C.load([f"{two}/recipe.yml"])
     assert recipe.load_parameters_path == two and recipe.base_num_decoder_layers == 3
+
+
+def test_a_process_that_cannot_import_leaves_at_once_and_takes_its_peer_with_it(tmp_path):
+    """The HF directory is missing on process 0's host: it says so in one line and exits 2 at once;
+    process 1, waiting for it in the save's barrier, ends too (the coordination service it held is
+    gone) instead of both waiting out jax.distributed's and Orbax's barriers (300 s each)."""
+    cfg = C.load(["base.yml", "model_name=tiny", "base_num_decoder_layers=1"])
+    hf.export_hf(cfg, P.random_params(cfg), str(tmp_path / "hf"))
+    not_on_host_0 = ("sh", "-c", 'if [ "$MAXLITE_PROCESS_ID" = 0 ]; then set -- "$1" "$2" "$3" "$4" "$5-not-here" "$6"; '
+                     'fi; exec "$@"', "sh")
+    codes, outs = run_module("maxlite.bridge.hf", ["import", str(tmp_path / "hf"), str(tmp_path / "ck")], processes=2,
+                             timeout=150, prefix=not_on_host_0)
+    assert codes[0] == 2 and codes[1] != 0, shown(outs)
+    assert outs[0].count("maxlite: error:") == 1 and "hf-not-here" in outs[0] and "Traceback" not in outs[0], shown(outs)
+    assert not (tmp_path / "ck" / "0").exists()
