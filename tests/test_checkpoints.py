@@ -155,6 +155,23 @@ def test_user_errors_are_one_line(tmp_path, capsys):
         C.load([*SMALL, "checkpoint_error_policy=maybe"])
 
 
+def test_every_process_of_a_run_checks_one_shared_directory_at_once(tmp_path):
+    """Each process of a run (each host of a shared filesystem) checks that the checkpoint directory
+    is writable as it starts; they do it at the same moment, and none may be told it cannot write
+    because a peer's check removed its probe (threads: the same race on the same files)."""
+    import concurrent.futures
+
+    from maxlite.checkpoints.storage import check_path
+
+    def checks(_):
+        for _ in range(200):
+            check_path(str(tmp_path / "shared"))
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(checks, range(8)))  # a failed check raises ConfigError here
+    assert os.listdir(tmp_path / "shared") == []  # and no probe is left behind
+
+
 def test_async_save_keeps_its_step_while_the_loop_donates_the_state_at_once(tmp_path, monkeypatch):
     """save() returns before the host copy is made; the steps that follow donate (overwrite) the
     very buffers being copied. The checkpoint must still hold the saved step's values, with the

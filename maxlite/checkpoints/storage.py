@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 
 import fsspec
 
@@ -118,9 +119,11 @@ def check_path(path: str, must_exist: bool = False) -> None:
     if not path.startswith("gs://") and not must_exist:
         try:
             os.makedirs(path, exist_ok=True)
-            probe = f"{path}/.maxlite-write-probe"
-            with open(probe, "w"):
-                pass
+            # a name of its own: every process of a run probes the same (shared) directory at once,
+            # and one that removed a peer's probe of one shared name failed with ENOENT (a 2-process
+            # import: process 0 said "cannot write", its peer waited in Orbax's barrier for 300 s)
+            fd, probe = tempfile.mkstemp(prefix=".maxlite-write-probe-", dir=path)
+            os.close(fd)
             os.remove(probe)
         except OSError as e:
             raise ConfigError(f"cannot write checkpoints to {path}: {e.strerror}; "
