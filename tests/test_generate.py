@@ -86,6 +86,26 @@ def test_sampling_controls():
         generate_ids(cfg, params, PROMPTS, Sampling(max_new_tokens=cfg.max_position_embeddings))
 
 
+def test_a_draw_is_jaxs_own_argmax_and_categorical():
+    """`sample` takes jnp.argmax's token and jax.random.categorical's draw by a faster route (a max,
+    then the first index holding it): the same tokens for the same keys, one key for the batch or
+    one per row; a tie goes to the first index, a row with a NaN to its first NaN, as argmax's do."""
+    import jax.numpy as jnp
+
+    from maxlite.models import decode
+
+    logits = np.random.default_rng(0).standard_normal((16, 1000)).astype(np.float32)
+    logits[1, [3, 700]] = 9.0
+    logits[2, [5, 600]] = np.nan
+    logits = jnp.asarray(logits)
+    key = jax.random.key(3)
+    greedy = decode.sample(logits, key, 0.0, 0, 1.0)[0]
+    assert greedy.dtype == jnp.int32 and (greedy == jnp.argmax(logits, -1)).all() and greedy[1:3].tolist() == [3, 5]
+    rows = jax.random.split(key, 16)
+    assert (decode.sample(logits, key, 1.0, 0, 1.0)[0] == jax.random.categorical(key, logits, -1)).all()
+    assert (decode.sample(logits, rows, 1.0, 0, 1.0)[0] == jax.vmap(jax.random.categorical)(rows, logits)).all()
+
+
 def _word_tokenizer(directory, size):
     """An HF tokenizer of `size` whole-word ids (w0 ... w{size-2}, and <eos>), saved as transformers does."""
     import tokenizers
