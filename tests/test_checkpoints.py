@@ -156,9 +156,9 @@ def test_user_errors_are_one_line(tmp_path, capsys):
 
 
 def test_every_process_of_a_run_checks_one_shared_directory_at_once(tmp_path):
-    """Each process of a run (each host of a shared filesystem) checks that the checkpoint directory
-    is writable as it starts; they do it at the same moment, and none may be told it cannot write
-    because a peer's check removed its probe (threads: the same race on the same files)."""
+    """Each process of a several-host import (each host of a shared filesystem) checks that the
+    checkpoint directory is writable as it starts; they do it at the same moment, and none may be told
+    it cannot write because a peer's check removed its probe (threads: the same race on the same files)."""
     import concurrent.futures
 
     from maxlite.checkpoints.storage import check_path

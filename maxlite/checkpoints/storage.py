@@ -119,9 +119,9 @@ def check_path(path: str, must_exist: bool = False) -> None:
     if not path.startswith("gs://") and not must_exist:
         try:
             os.makedirs(path, exist_ok=True)
-            # a name of its own: every process of a run probes the same (shared) directory at once,
-            # and one that removed a peer's probe of one shared name failed with ENOENT (a 2-process
-            # import: process 0 said "cannot write", its peer waited in Orbax's barrier for 300 s)
+            # a name of its own: every process of a several-host import (save_streamed) probes the one
+            # (shared) directory at once, and one whose probe of a shared name a peer had removed failed
+            # with ENOENT (2 processes: process 0 said "cannot write", its peer waited in Orbax's barrier)
             fd, probe = tempfile.mkstemp(prefix=".maxlite-write-probe-", dir=path)
             os.close(fd)
             os.remove(probe)
