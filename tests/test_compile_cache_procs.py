@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 
-from tests.helpers import run_module
+from tests.helpers import run_module, shown
 
 
 def _probe(cache_dir) -> list[dict]:
     codes, outs = run_module("tests.cache_probe", [str(cache_dir)], processes=2, devices=2, timeout=300)
-    assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    assert codes == [0, 0], shown(outs)
     return sorted((json.loads(line) for out in outs for line in out.splitlines() if line.startswith("{")),
                   key=lambda r: r["process"])
 

@@ -13,6 +13,7 @@ import textwrap
 import pytest
 
 from maxlite.resilience.keeper import run_key
+from tests.helpers import shown
 from tests.procs import (ROOT, TINY, _complete_checkpoint, batch_hashes, finish, fired, losses, remove_snapshots,
                          resumed, rollbacks, run, starve_and_finish, start, status, steps_logged, wait_for)
 from tests.ray_cluster import ray_env
@@ -30,7 +31,7 @@ def uninterrupted(tmp_path_factory):
     interrupted run below must end at, bit for bit (checkpoints and snapshots change no number)."""
     run_dir = str(tmp_path_factory.mktemp("uninterrupted"))
     codes, texts = run(run_dir, "ref", ["steps=10"], processes=2)
-    assert codes == [0, 0], texts[0][-3000:]
+    assert codes == [0, 0], shown(texts)
     return losses(run_dir, "ref")
 
 
@@ -40,14 +41,14 @@ def test_sigterm_mid_run_saves_at_the_same_step_on_both_processes_and_resumes(ru
     procs[1].send_signal(signal.SIGTERM)  # only one host gets the signal; both must stop together
     codes, texts = finish(procs, logs)
     st = status(run_dir, "m")
-    assert codes == [0, 0], texts[1][-3000:]
+    assert codes == [0, 0], shown(texts)
     assert st["state"] == "preempted" and st["exit_code"] == 0 and 3 <= st["step"] < 200
     assert _complete_checkpoint(run_dir, "m", st["step"])  # saved collectively: both hosts at that step
     assert max(losses(run_dir, "m")) == st["step"]
     assert st["summary"]["badput_startup_seconds"] > 0
     # re-running resumes from that checkpoint (and stops right away: steps is lowered to it + 1)
     codes, texts = run(run_dir, "m", [f"steps={st['step'] + 1}"], processes=2)
-    assert codes == [0, 0] and resumed(run_dir, "m") == (st["step"], "checkpoint"), texts[0][-3000:]
+    assert codes == [0, 0] and resumed(run_dir, "m") == (st["step"], "checkpoint"), shown(texts)
     assert status(run_dir, "m")["state"] == "finished"
 
 
@@ -66,8 +67,8 @@ def test_two_processes_saving_every_step_killed_and_rerun_end_at_the_uninterrupt
     saved = ck.complete_steps(os.path.join(run_dir, "x", "checkpoints"))
     assert saved and max(saved) < 10
     codes, texts = run(run_dir, "x", args, processes=2)
-    assert codes == [0, 0], texts[0][-3000:] + texts[1][-3000:]
-    assert resumed(run_dir, "x") == (max(saved), "checkpoint"), texts[0][-3000:]
+    assert codes == [0, 0], shown(texts)
+    assert resumed(run_dir, "x") == (max(saved), "checkpoint"), shown(texts)
     assert losses(run_dir, "x") == uninterrupted  # all 10 steps, bit-identical
     assert sorted(ck.complete_steps(os.path.join(run_dir, "x", "checkpoints")))[-2:] == [9, 10]
 
@@ -86,7 +87,7 @@ def test_a_peers_stall_is_the_steps_time_not_other(run_dir):
     pause = 12.0
     codes, texts = run(run_dir, "g", ["steps=8", "enable_checkpointing=false", "fault_type=pause", "fault_step=4",
                                        "fault_process=1", f"fault_pause_seconds={pause}"], processes=2)
-    assert codes == [0, 0], texts[0][-3000:]
+    assert codes == [0, 0], shown(texts)
     assert fired(run_dir, "g", "pause", 4, 1)
     summary = status(run_dir, "g")["summary"]
     assert summary["productive_seconds"] >= pause  # the 12 s wait landed in a step (the accounting
@@ -99,7 +100,7 @@ def test_slowed_process_is_scored_below_threshold(run_dir):
     codes, texts = run(run_dir, "s", ["steps=24", "fault_type=slow", "fault_process=1", "fault_step=0",
                                        "fault_slowdown_factor=4", "straggler_report_interval=2",
                                        "enable_checkpointing=false"], processes=2)
-    assert codes == [0, 0], texts[0][-3000:]
+    assert codes == [0, 0], shown(texts)
     reports = [json.loads(x) for x in open(os.path.join(run_dir, "s", "stragglers.jsonl"))]
     # Both hosts' step times reach process 0 through the vote and are scored there; which host the
     # wall clock calls slow under this machine's load is not asserted (the scoring and the slowed
@@ -134,7 +135,7 @@ def corpus_reference(corpus, tmp_path_factory):
     """(step → loss, step → batch_hash) of one uninterrupted 10-step run on the corpus, two processes."""
     run_dir = str(tmp_path_factory.mktemp("corpus_reference"))
     codes, texts = run(run_dir, "ref", ["dataset_type=indexed", f"data_prefix={corpus}", "steps=10"], processes=2)
-    assert codes == [0, 0], texts[0][-3000:]
+    assert codes == [0, 0], shown(texts)
     return losses(run_dir, "ref"), batch_hashes(run_dir, "ref")
 
 
@@ -155,7 +156,7 @@ def test_resume_on_another_topology_reads_the_same_global_batches(run_dir, corpu
     finish(procs, logs)
     assert _complete_checkpoint(run_dir, "x", 5)
     codes, texts = run(run_dir, "x", data + crash + extra2, processes=p2, devices=d2)
-    assert codes == [0] * p2, texts[0][-3000:]
+    assert codes == [0] * p2, shown(texts)
     assert resumed(run_dir, "x") == (5, "checkpoint")
     assert batch_hashes(run_dir, "x") == hashes
     assert len(set(hashes.values())) == 10  # ten different batches
@@ -172,11 +173,11 @@ def test_nan_loss_rolls_back_to_memory_skips_its_batches_and_finishes(run_dir, c
     depend on the topology, so the reference is one process), and the run ends finite."""
     data = ["dataset_type=indexed", f"data_prefix={corpus}"]
     codes, texts = run(run_dir, "ref", data + ["steps=14", "enable_checkpointing=false"], processes=1, devices=4)
-    assert codes == [0], texts[0][-3000:]
+    assert codes == [0], shown(texts)
     args = data + ["steps=12", "checkpoint_period=7", "inmemory_snapshot_period=2", "fault_type=nan", "fault_step=7",
                    "fault_process=1"]
     codes, texts = run(run_dir, "m", args, processes=2)
-    assert codes == [0, 0], texts[0][-3000:] + texts[1][-3000:]
+    assert codes == [0, 0], shown(texts)
     (back,) = rollbacks(run_dir, "m")
     assert (back["why"], back["to_step"], back["source"]) == ("loss is nan at step 7", 6, "memory"), back
     assert (back["skipped_batches"], back["skipped_samples"]) == ([6, 8], [24, 32]), back  # [first, end)
@@ -214,11 +215,11 @@ def test_crash_recovers_from_peer_memory_like_an_uninterrupted_run(run_dir, unin
     for f in mine:
         os.remove(f)  # host 1 is gone with its memory: only host 0's replica of its shard is left
     codes, texts = run(run_dir, "x", crash, processes=2)
-    assert codes == [0, 0], texts[1][-3000:]
+    assert codes == [0, 0], shown(texts)
     # step 6 from memory, host 1's shard from the replica host 0 held: rank 0 saw "own shard", not
     # "own shards" (status.json's resumed_from is rank 0's)
     assert status(run_dir, "x")["resumed_from"] | {"seconds": 0} == {
-        "step": 6, "source": "memory", "where": "own shard", "seconds": 0}, texts[1][-3000:]
+        "step": 6, "source": "memory", "where": "own shard", "seconds": 0}, shown(texts)
     assert losses(run_dir, "x") == uninterrupted  # bit-identical to the uninterrupted run
     assert not os.path.exists(shm) or not os.listdir(shm)  # finished: the keeper was cleared
 
