@@ -103,12 +103,13 @@ def steps_logged(run_dir, name):
 
 
 def wait_for(cond, proc, timeout=300):
+    def tail():  # the run's log (start), in the failure's message
+        log = getattr(proc, "log", None)
+        return open(log).read()[-4000:] if log and os.path.exists(log) else ""
+
     def alive():
-        if proc.poll() is not None:
-            log = getattr(proc, "log", None)
-            text = open(log).read()[-4000:] if log and os.path.exists(log) else ""
-            raise AssertionError(f"the run ended (exit {proc.returncode}) before the condition was met:\n{text}")
-    wait_until(cond, timeout, poll=0.05, alive=alive)
+        assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before the condition was met:\n{tail()}"
+    wait_until(cond, timeout, poll=0.05, alive=alive, context=tail)
 
 
 def clear_snapshots(run_dir, name):
