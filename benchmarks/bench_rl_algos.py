@@ -7,7 +7,9 @@ SFT start and at the end, steps and minutes, per `loss_algo`.
 Each algorithm is one `python -m maxlite.train RECIPE loss_algo=A KEY=VALUE ...` as a user runs it
 (its own process and run directory under a temporary folder; every other key the recipe's, so the
 SFT warm-up and the data order are the same for all). Its figures come from the run's metrics.jsonl:
-the eval at step alignment_sft_steps (the SFT start: the reference policy) and the last eval. `--parallel N`
+the eval at step alignment_sft_steps (the SFT start: the reference policy) and the last eval, and
+the RL steps' mean generation_batches / groups_kept / groups_dropped where the run logs them (DAPO's
+dynamic sampling and refill). `--parallel N`
 runs N at once (a GPU that one small model leaves idle); a run past `--timeout` seconds is stopped
 and reported with the evals it reached (`finished: false`). The JSON is written after every run.
 """
@@ -40,6 +42,15 @@ def _evals(run_dir: pathlib.Path) -> list[dict]:
              if k == "step" or k.startswith("eval_")} for r in rows if "eval_pass_at_1" in r]
 
 
+def _training(run_dir: pathlib.Path) -> dict:
+    """The RL steps' filter and refill figures (those the run logs), each as its mean over the steps."""
+    path = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    rows = [r for r in rows if "loss" in r and ("generation_batches" in r or "groups_dropped" in r)]
+    keys = ("generation_batches", "groups_kept", "groups_dropped")
+    return {k: round(sum(r[k] for r in rows) / len(rows), 4) for k in keys if rows and all(k in r for r in rows)}
+
+
 def _one(algo: str, args, overrides: list[str], workdir: pathlib.Path) -> dict:
     from maxlite import config as C
 
@@ -62,7 +73,8 @@ def _one(algo: str, args, overrides: list[str], workdir: pathlib.Path) -> dict:
     tail = (workdir / f"{algo}.log").read_text().splitlines()[-3:]
     row = {"loss_algo": algo, "finished": code == 0, "exit": code, "minutes": round(minutes, 2),
            "sft_steps": cfg.alignment_sft_steps, "steps": cfg.steps, "last_eval_step": end_eval and end_eval["step"],
-           "start": start_eval, "end": end_eval, "evals": evals, "log_tail": tail}
+           "start": start_eval, "end": end_eval, "evals": evals, "rl_steps_mean": _training(workdir / algo),
+           "log_tail": tail}
     if start_eval and end_eval:
         row["pass_at_1_gain"] = round(end_eval["eval_pass_at_1"] - start_eval["eval_pass_at_1"], 4)
     print(algo, json.dumps({k: row[k] for k in ("finished", "minutes", "start", "end")}), file=sys.stderr, flush=True)

@@ -390,9 +390,6 @@ def check_layout(c: Config, num_processes: int) -> None:
     if share > per_process and c.train_objective != "lm":  # the alignment data assemble their own rows
         raise ConfigError(f"context × tensor = {share} devices share a sequence across processes (a process has "
                           f"{per_process}): only train_objective=lm reads rows that way; lower ici_tensor_parallelism")
-    if c.dynamic_sampling_max_batches > 1 and num_processes > 1:  # no agreement on the kept groups built
-        raise ConfigError(f"dynamic_sampling_max_batches={c.dynamic_sampling_max_batches} refills in one process "
-                          f"for now (this run has {num_processes}): use one process, or dynamic_sampling_max_batches=1")
     for key in ("base_num_query_heads", "base_num_kv_heads", "base_mlp_dim", "vocab_size"):
         if getattr(c, key) % tensor:
             raise ConfigError(f"{key}={getattr(c, key)} is not divisible by tensor parallelism {tensor}")

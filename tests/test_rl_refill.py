@@ -3,8 +3,8 @@ against orders worked out by hand (the groups with differing rewards first, in t
 surplus dropped, all-equal groups without weight filling a short batch); a small GRPO run whose
 reward makes some groups all equal trains every step on a full batch of groups and reads more
 prompt batches than steps, its checkpoint counting them; stopped and resumed, it ends where the
-uninterrupted run ends; a refill the run cannot make (no dynamic_sampling, off-policy steps, several
-processes) fails in one line."""
+uninterrupted run ends; two processes sample every further batch together and each trains a full share;
+a refill the run cannot make (no dynamic_sampling, off-policy steps) fails in one line."""
 
 import json
 
@@ -16,7 +16,7 @@ from maxlite.bridge import params as P
 from maxlite.objectives import grpo
 from maxlite.objectives.rollout import Scored
 from maxlite.train import train
-from tests.helpers import SMALL
+from tests.helpers import SMALL, run_module
 
 T, F = True, False
 
@@ -72,7 +72,6 @@ ARGV = [*SMALL, "vocab_size=4096", "dtype=float32", "train_objective=grpo", "dat
     (["dynamic_sampling=false"], 1, "set dynamic_sampling=true and off_policy_steps=0"),
     (["off_policy_steps=1", "rollout_workers=1"], 1, "set dynamic_sampling=true and off_policy_steps=0"),
     (["dynamic_sampling_max_batches=0"], 1, "dynamic_sampling_max_batches"),
-    ([], 2, "refills in one process for now"),
 ])
 def test_a_refill_it_cannot_run_fails_in_one_line(extra, processes, words):
     with pytest.raises(C.ConfigError, match=words) as e:
@@ -125,3 +124,16 @@ def test_a_refill_samples_on_the_sampler_devices_of_a_separate_placement(tmp_pat
                   f"base_output_directory={tmp_path}", "run_name=s"]))
     (row,) = _metrics(tmp_path / "s")
     assert row["generation_batches"] > 1 and row["groups_kept"] == 1.0
+
+
+def test_two_processes_refill_together_and_each_trains_a_full_share(tmp_path):
+    # jax.distributed over gloo, 4 devices each: every further batch is one collective program, so both
+    # processes must decide alike to sample it, though each finds its own groups with differing rewards
+    args = [*ARGV, "steps=3", "checkpoint_period=3", f"base_output_directory={tmp_path}", "run_name=p"]
+    codes, outs = run_module("maxlite.train", args, processes=2, devices=4)
+    assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    rows = _metrics(tmp_path / "p")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["groups_kept"] == 1.0 for r in rows)  # 4 differing groups in each process's share, every step
+    assert any(r["generation_batches"] > 1 for r in rows)
+    assert _batches_read(tmp_path / "p", 3) == sum(r["generation_batches"] for r in rows)

@@ -22,7 +22,10 @@ the step refills, as DAPO does: while fewer groups with differing rewards than i
 found, it draws the next prompt batch from the run's own data iterator (the checkpoint's data position
 counts it) and samples it, up to N batches in all; it trains on the first groups found, in the order
 sampled, as many as the batch holds (the surplus dropped), and when still short fills the batch with
-all-equal groups, which carry no weight (verl and NeMo-RL raise past their maximum instead).
+all-equal groups, which carry no weight (verl and NeMo-RL raise past their maximum instead). On
+several processes each keeps its own share of the batch from the groups it sampled (the global batch
+keeps its shape and no rows move between hosts), and all sample the next batch while any one of them
+is short of differing groups: one small allgather per batch decides it for all.
 generation_batches logs the batches sampled, groups_kept the share of the train batch's groups that
 carry weight; reward and the other figures are over every completion sampled.
 
@@ -45,7 +48,7 @@ import numpy as np
 
 from maxlite import optim
 from maxlite.objectives import NO_CLOCK, Objective, rl_eval, rl_loss
-from maxlite.objectives.rollout import Rollout, Scored, process_mean, process_sum
+from maxlite.objectives.rollout import Rollout, Scored, process_any, process_mean, process_sum
 from maxlite import step as step_lib
 from maxlite.step import token_logps
 
@@ -182,18 +185,21 @@ class GRPOStep(Objective):
         def equal(s):
             return s.rewards_PG.max(1) == s.rewards_PG.min(1)
 
-        parts, wanted = [got], got.rewards_PG.shape[0]
+        parts, wanted = [got], got.rewards_PG.shape[0]  # this process's groups: its share of the batch
         found = int((~equal(got)).sum())
-        while found < wanted and len(parts) < self.cfg.dynamic_sampling_max_batches:
+        # every process samples each further batch (one collective program), so the decisions are global:
+        # go on while any process has fewer than its share, stop when the data ended
+        while len(parts) < self.cfg.dynamic_sampling_max_batches and process_any(found < wanted):
             local = self.draw()
-            if local is None:  # the data ended: train on what was found
+            if process_any(local is None):  # the data ended (at one global batch for all): train on what was found
                 break
             batch = global_batch(local, self.batch_sharding)
             parts.append(self.rollouts.again(batch, step, functools.partial(self.refill_key, step, len(parts))))
             found += int((~equal(parts[-1])).sum())
         every = concat(parts)
         groups, kept = refill_order(equal(every), wanted)
-        return take_groups(every, groups), every, {"generation_batches": len(parts), "groups_kept": kept / wanted}
+        return take_groups(every, groups), every, {"generation_batches": len(parts),
+                                                   **process_mean({"groups_kept": kept / wanted})}
 
     def restore(self, state, step: int, files) -> None:
         self.rollouts.restart()  # a resume or rollback: what was sampled ahead is another run's

@@ -101,6 +101,15 @@ def process_mean(values: dict[str, float]) -> dict[str, float]:
     return {k: float(np.mean(multihost_utils.process_allgather(np.float32(v)))) for k, v in values.items()}
 
 
+def process_any(flag: bool) -> bool:
+    """Whether `flag` holds on any process (one small allgather): a decision every process must take
+    alike, such as whether to sample another batch, a collective program."""
+    if jax.process_count() == 1:
+        return bool(flag)
+    from jax.experimental import multihost_utils
+    return bool(np.any(multihost_utils.process_allgather(np.bool_(flag))))
+
+
 def process_sum(values: dict[str, float]) -> dict[str, float]:
     """Each figure summed over the processes (counts)."""
     return {k: v * jax.process_count() for k, v in process_mean(values).items()}
