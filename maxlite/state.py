@@ -146,20 +146,22 @@ def grad_nbytes(cfg, params: Any) -> int:
     return sum(x.size * size(x) for x in jax.tree.leaves(params))
 
 
-def check_fits(cfg, abstract: TrainState, share: float | None = None) -> None:
+def check_fits(cfg, abstract: TrainState, share: float | None = None, on_cpu: bool = False) -> None:
     """Refuse to allocate a state (params + grads + optimizer) that cannot fit; before any allocation.
     Host memory is what this process may use: the machine's, or its container's cgroup limit.
     `share`: the part of the state this host holds (default: its devices' part; a launcher whose
-    workers all run on this host passes 1)."""
+    workers all run on this host passes 1). `on_cpu`: the state lives in this host's memory (a
+    launcher's driver, which must not start a JAX backend before it starts its workers: they would
+    be forked from a multithreaded process)."""
     if not cfg.check_memory_fit:
         return
-    devices = jax.local_devices()
+    devices = [] if on_cpu else jax.local_devices()
     if share is None:
         share = len(devices) / jax.device_count()  # this host's part of every sharded array
     state_bytes = nbytes(abstract) + grad_nbytes(cfg, abstract.params)  # + gradients, shaped as the params
     copy = nbytes(abstract) if cfg.enable_checkpointing and cfg.async_checkpointing else 0  # offload.py
     what = "parameters, gradients and optimizer state"
-    if devices[0].platform == "cpu":  # device memory is host memory
+    if on_cpu or devices[0].platform == "cpu":  # device memory is host memory
         host = hostmem.memory()
         what += ", plus its copy while an async checkpoint is written," if copy else ""
         _refuse_above(cfg, abstract, (state_bytes + copy) * share, host.available, what, host.describe())

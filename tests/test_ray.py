@@ -133,6 +133,31 @@ def test_recipe_mistakes_are_one_line_errors_before_any_cluster(args, message):
         RT.check(load("model_name=tiny", *args))
 
 
+def test_the_driver_checks_the_host_memory_fit_without_starting_jax():
+    # A local CPU cluster's workers share this host: a state that cannot fit is one line before any
+    # cluster starts. The driver must check it without a JAX backend: Ray then forks its processes from
+    # the driver, and a process whose backend threads run is one JAX warns "will likely lead to a deadlock".
+    probe = ("import sys\n"
+             "from jax._src import xla_bridge\n"
+             "from maxlite import config as C\n"
+             "from maxlite.launch import ray_trainer as RT\n"
+             "for argv in (['demo.yml'], ['base.yml', 'model_name=llama3-8b', 'ray_num_workers=2']):\n"
+             "    try:\n"
+             "        RT.preflight(RT.check(C.load(argv)), local_cluster=True)\n"
+             "        print('fits', argv[-1])\n"
+             "    except C.ConfigError as e:\n"
+             "        print('refused', argv[-1], str(e))\n"
+             "print('backend started', bool(xla_bridge._backends))\n")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=ray_env(JAX_PLATFORMS="cpu"), capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[0] == "fits demo.yml"
+    assert lines[1].startswith("refused ray_num_workers=2 model_name=llama3-8b (8.03B params) needs ~")
+    assert "per host, but this host has" in lines[1]
+    assert lines[2] == "backend started False"
+
+
 def test_entry_point_exits_2_on_a_bad_key(capsys):
     from ray_entry.train import main
 

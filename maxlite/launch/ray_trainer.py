@@ -95,7 +95,7 @@ def preflight(resolved: C.Config, local_cluster: bool) -> None:
     if local_cluster and not (resolved.ray_use_tpu or resolved.ray_use_gpu):
         from maxlite import optim, state as state_lib
         state_lib.check_fits(resolved, state_lib.abstract_train_state(resolved, optim.make_optimizer(resolved)),
-                             share=1.0)
+                             share=1.0, on_cpu=True)
 
 
 def scaling_config(cfg: C.Config):
