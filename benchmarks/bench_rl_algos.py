@@ -94,8 +94,9 @@ def main() -> None:
     result = {"recipe": args.recipe, "overrides": overrides, "device": gpus or platform.processor() or "cpu",
               "host": platform.node(), "cpus": os.cpu_count(), "parallel": args.parallel,
               "command": " ".join(["python benchmarks/bench_rl_algos.py", *sys.argv[1:]]), "runs": {}}
-    if os.environ.get("JAX_PLATFORMS"):
-        result["command"] = f"JAX_PLATFORMS={os.environ['JAX_PLATFORMS']} " + result["command"]
+    for var in ("XLA_FLAGS", "JAX_PLATFORMS"):  # what the runs inherit (the simulated devices of a CPU run)
+        if os.environ.get(var):
+            result["command"] = f"{var}={os.environ[var]} " + result["command"]
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.parallel) as pool:
         futures = {a: pool.submit(_one, a, args, overrides, pathlib.Path(tmp)) for a in args.algos}
         for algo, future in futures.items():

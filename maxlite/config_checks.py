@@ -184,10 +184,9 @@ def _validate_objective(c: Config) -> None:
     if c.rollout_workers and not colocated:
         raise ConfigError(f"rollout_workers={c.rollout_workers} generates in Ray actors of its own: leave "
                           "trainer_devices_fraction and sampler_devices_fraction at 1 (the trainer keeps every device)")
-    if c.dynamic_sampling_max_batches > 1 and (not c.dynamic_sampling or c.off_policy_steps):
+    if c.dynamic_sampling_max_batches > 1 and not c.dynamic_sampling:
         raise ConfigError(f"dynamic_sampling_max_batches={c.dynamic_sampling_max_batches} refills the groups "
-                          "dynamic_sampling drops, one synchronous step at a time: set dynamic_sampling=true and "
-                          "off_policy_steps=0, or dynamic_sampling_max_batches=1")
+                          "dynamic_sampling drops: set dynamic_sampling=true, or dynamic_sampling_max_batches=1")
     for key in ("grpo_beta", "epsilon_high"):
         if -1 < getattr(c, key) < 0:
             raise ConfigError(f"{key}={getattr(c, key)}: give a value ≥ 0, or -1 for the loss_algo's own")

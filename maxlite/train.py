@@ -124,7 +124,8 @@ def _preflight(cfg: C.Config, built, primary: bool, launcher_keeper: bool):
         from maxlite.data.lookahead import Lookahead
         batches = Lookahead(batches)
         built.objective.read_ahead(batches.peek)
-    built.objective.draw_from(lambda: next(batches, None))  # GRPO's refill reads on in the run's own data
+    # GRPO's refill reads on in the run's own data; its sampling keys follow the data's position
+    built.objective.draw_from(lambda: next(batches, None), lambda: batches.batches_read)
     if cfg.eval_interval > 0:  # the eval files and tokenizer, read the same way
         data.make_iterator(cfg, "eval", *reader).close()
     return batches

@@ -54,9 +54,10 @@ class Objective:
                                          `clock.train_rows(step + 1, rows)` before they become a batch
         reads_ahead, read_ahead(peek)    how many batches past the loop's it samples from, and the
                                          loop's `peek` at them (GRPO's off_policy_steps)
-        draw_from(draw)                  `draw()`: the next batch of the loop's own data (GRPO's refill,
+        draw_from(draw, taken)           `draw()`: the next batch of the loop's own data (GRPO's refill,
                                          dynamic_sampling_max_batches): a batch drawn is the run's, its
-                                         saved data position counts it
+                                         saved data position counts it; `taken()`: the batches taken
+                                         so far by the loop and by draws (the next one's position)
         data_rows(step)                  the prefix of the data batch's rows step `step` trains on
                                          ("": all of them), or None: it trains on rows it makes
         compiled                         the main jitted step (what the planner and benchmarks lower)
@@ -73,8 +74,9 @@ class Objective:
     def read_ahead(self, peek: Callable) -> None:
         """`peek(i)`: the i-th data batch after the one the loop took last (for reads_ahead > 0)."""
 
-    def draw_from(self, draw: Callable) -> None:
-        """`draw()`: the next data batch of the loop's iterator (this process's rows), or None past its end."""
+    def draw_from(self, draw: Callable, taken: Callable) -> None:
+        """`draw()`: the next data batch of the loop's iterator (this process's rows), or None past its end;
+        `taken()`: the batches of it taken so far (the global order's position of the next)."""
 
     def restore(self, state, step: int, files) -> None:
         pass
@@ -109,8 +111,8 @@ class Phased(Objective):
     def read_ahead(self, peek: Callable) -> None:
         self.main.read_ahead(peek)
 
-    def draw_from(self, draw: Callable) -> None:
-        self.main.draw_from(draw)
+    def draw_from(self, draw: Callable, taken: Callable) -> None:
+        self.main.draw_from(draw, taken)
 
     def restore(self, state, step: int, files) -> None:
         self.main.restore(state, step, files)

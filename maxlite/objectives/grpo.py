@@ -25,12 +25,15 @@ sampled, as many as the batch holds (the surplus dropped), and when still short 
 all-equal groups, which carry no weight (verl and NeMo-RL raise past their maximum instead). On
 several processes each keeps its own share of the batch from the groups it sampled (the global batch
 keeps its shape and no rows move between hosts), and all sample the next batch while any one of them
-is short of differing groups: one small allgather per batch decides it for all.
+is short of differing groups: one small allgather per batch decides it for all. Asynchronous
+(off_policy_steps k), a refill takes the batches the sampler read ahead (maxlite/rollout/pipeline.py),
+each sampled at most k updates before, and samples the rest when it takes them.
 generation_batches logs the batches sampled, groups_kept the share of the train batch's groups that
 carry weight; reward and the other figures are over every completion sampled.
 
-The sampling key is a function of (seed, step), a refill batch's of (seed, step, its index): a
-resumed run samples what the uninterrupted run sampled. Metrics under TRL's names: reward,
+A prompt batch's sampling key is a function of (seed, its position in the run's data), whichever
+step takes it (its own batch, a refill's, one sampled ahead by an asynchronous run): a resumed run
+samples what the uninterrupted run sampled. Metrics under TRL's names: reward,
 reward_std (the groups' mean std), kl, clip_ratio, completion_length (the model's tokens: with
 rollout_tools the tools' turns are neither counted nor trained on); tis_ratio when the rows carry
 the sampler's log-probs; reward_failures / reward_timeouts (scores a failed reward call left at 0,
@@ -40,7 +43,6 @@ turns (the model's turns per completion, mean; maxlite/rollout/tools.py); and sa
 
 from __future__ import annotations
 
-import functools
 import time
 
 import jax
@@ -53,7 +55,6 @@ from maxlite import step as step_lib
 from maxlite.step import token_logps
 
 _SALT = 0x6772706F  # the sampling keys' own stream: not the dropout's
-_REFILL_SALT = 0x7266696C  # the refill batches' keys: none equals a step's own
 
 
 # Scored's counts, summed over batches and processes (the tools' three logged with rollout_tools only)
@@ -143,6 +144,7 @@ class GRPOStep(Objective):
         self.rollout = Rollout(cfg, graphdef)
         self.reads_ahead = cfg.off_policy_steps
         self.draw = None  # the loop's data: the refill's further prompt batches (draw_from)
+        self.taken = None  # → the batches of the loop's data taken so far (the next one's position)
         self.rollouts = RolloutPipeline(cfg, self.rollout, self.sampling_key, shardings.params,
                                         list(batch_sharding.mesh.devices.flat))
 
@@ -160,26 +162,22 @@ class GRPOStep(Objective):
         self.updates = [step_lib.jit_step(*common, loss_fn(cfg), advance=a) for a in (0, 1)]
         super().__init__(self.updates[1], self.evaluate)
 
-    def sampling_key(self, step: int):
-        """The step's sampling key, a function of (seed, step) alone: a resumed or rolled-back run
-        samples step `step` with the key the uninterrupted run used."""
-        return jax.random.fold_in(jax.random.fold_in(jax.random.key(self.cfg.seed), _SALT), step)
-
-    def refill_key(self, step: int, index: int):
-        """The key of refill batch `index` (1, 2, ...) of step `step`: a function of (seed, step, index)."""
-        key = jax.random.fold_in(jax.random.key(self.cfg.seed), _REFILL_SALT)
-        return jax.random.fold_in(jax.random.fold_in(key, step), index)
+    def sampling_key(self, position: int):
+        """The sampling key of the prompt batch at `position` in the run's data (the batches read before
+        it), a function of (seed, position) alone: a resumed or rolled-back run samples a batch with the
+        key the uninterrupted run used for it, whichever step takes it."""
+        return jax.random.fold_in(jax.random.fold_in(jax.random.key(self.cfg.seed), _SALT), position)
 
     def read_ahead(self, peek) -> None:
         self.rollouts.upcoming = peek
 
-    def draw_from(self, draw) -> None:
-        self.draw = draw
+    def draw_from(self, draw, taken) -> None:
+        self.draw, self.taken = draw, taken
 
-    def refill(self, got: Scored, step: int) -> tuple[Scored, Scored, dict]:
-        """(the groups step `step` trains on, every completion it sampled, the refill's figures): further
-        prompt batches of the run's data sampled while fewer than a batch of groups have differing rewards
-        (dynamic_sampling_max_batches in all)."""
+    def refill(self, params, got: Scored, figures: dict, step: int) -> tuple[Scored, Scored, dict]:
+        """(the groups step `step` trains on, every completion it sampled, the rollouts' figures with the
+        refill's): further prompt batches of the run's data taken while fewer than a batch of groups have
+        differing rewards (dynamic_sampling_max_batches in all)."""
         from maxlite.mesh import global_batch
 
         def equal(s):
@@ -194,11 +192,14 @@ class GRPOStep(Objective):
             if process_any(local is None):  # the data ended (at one global batch for all): train on what was found
                 break
             batch = global_batch(local, self.batch_sharding)
-            parts.append(self.rollouts.again(batch, step, functools.partial(self.refill_key, step, len(parts))))
-            found += int((~equal(parts[-1])).sum())
+            more, seen = self.rollouts.take(params, batch, step, self.taken() - 1)
+            parts.append(more)
+            # the stalest batch, the longest push, the workers' counts so far; the sampling time summed
+            figures = {k: v + seen[k] if k == "rollout_seconds" else max(v, seen[k]) for k, v in figures.items()}
+            found += int((~equal(more)).sum())
         every = concat(parts)
         groups, kept = refill_order(equal(every), wanted)
-        return take_groups(every, groups), every, {"generation_batches": len(parts),
+        return take_groups(every, groups), every, {**figures, "generation_batches": len(parts),
                                                    **process_mean({"groups_kept": kept / wanted})}
 
     def restore(self, state, step: int, files) -> None:
@@ -213,11 +214,11 @@ class GRPOStep(Objective):
         cfg = self.cfg
         started = time.perf_counter()
         with clock.section("rollout", productive=True):  # sampling, the host gather, the rewards
-            got, placed = self.rollouts.take(state.params, batch, step)
+            got, placed = self.rollouts.take(state.params, batch, step, self.taken() - 1)  # the loop's batch
             every = got
             if cfg.dynamic_sampling_max_batches > 1:
-                got, every, refilled = self.refill(got, step)
-                placed = {**placed, **refilled}
+                got, every, placed = self.refill(state.params, got, placed, step)
+            self.rollouts.ahead(state.params, step, self.taken())  # asynchronous: the next batches' samples
         sampled = time.perf_counter()
         filtered = {}
         rows = got.rows

@@ -5,23 +5,27 @@ then trains on them. With separate placement (maxlite/rollout/reshard.py) the we
 pushed onto the sampler's mesh and the prompts sampled there.
 
 Asynchronous (`off_policy_steps: k`, MaxText's name; separate placement): while step t trains, a
-background thread samples the prompts of steps t+1..t+k (read ahead of the loop, maxlite/data/
-lookahead.py) on the sampler's devices with the weights pushed at step t, so step u trains on
-completions of weights at most k updates old: version v(u) = max(u − k, r(u)), where r(u) is the
-last restart at or before u. The loss corrects for the lag with the sampler's log-probabilities
-(truncated importance sampling, objectives/rl_loss.py); `rollout_staleness` logs u − v(u).
+background thread samples the next prompt batches of the run's data (read ahead of the loop,
+maxlite/data/lookahead.py) on the sampler's devices with the weights pushed at step t: the k batches
+after the last one step t took, so whichever later step takes one — the next step's own batch, or a
+batch DAPO's refill draws (objectives/grpo.py) — it takes it at most k updates after the push
+(each step takes at least one batch). Step u's rollout is of weights v(u) ≥ max(u − k, r(u)), where
+r(u) is the last restart at or before u. The loss corrects for the lag with the sampler's
+log-probabilities (truncated importance sampling, objectives/rl_loss.py); `rollout_staleness` logs
+u − v(u) (the stalest batch the step took). A batch not sampled ahead is sampled when taken, with the
+step's own weights.
 
 Rollout workers (`rollout_workers: N`, maxlite/rollout/actors.py): the sampler is N Ray actors; the
 push is one `ray.put` of the weights on the loop's thread, and the background thread waits on the
 actors while the trainer keeps every device.
 
 Restarts, r: the run's first step (fresh, resumed or rolled back) and every checkpoint step
-(multiples of `checkpoint_period`): no rollout for a step at or past the next checkpoint step is
-started before that step, so the steps after a checkpoint sample with the weights saved in it, and a
-run resumed from that checkpoint samples exactly what the uninterrupted run sampled (the sampling
-key is a function of (seed, step), as before). The cost is one synchronous step per checkpoint. A
-resume from a save at another step (SIGTERM, preemption) starts its pipeline there: its first k
-steps sample with fresher weights than the uninterrupted run did.
+(multiples of `checkpoint_period`): no batch that a step at or past the next checkpoint step could
+take is sampled before that step, so the steps after a checkpoint sample with the weights saved in
+it, and a run resumed from that checkpoint samples exactly what the uninterrupted run sampled (the
+sampling key is a function of (seed, the batch's position in the run's data)). The cost is one
+synchronous step per checkpoint. A resume from a save at another step (SIGTERM, preemption) starts
+its pipeline there: its first k steps sample with fresher weights than the uninterrupted run did.
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ class RolloutPipeline:
         self.pool = concurrent.futures.ThreadPoolExecutor(1, "rollouts") if self.k else None
         self.pending: dict[int, concurrent.futures.Future] = {}
         self.upcoming = None  # peek(i) → the i-th data batch after the loop's (set by read_ahead)
-        self.pushed = None  # the weights the last synchronous `take` sampled with, until the step's update
+        self.pushed = None  # (step, the weights where the sampler reads them, the push's seconds)
 
     def restart(self) -> None:
         """Drop what is in flight (resume, rollback): the next step starts the pipeline again."""
@@ -82,13 +86,14 @@ class RolloutPipeline:
         period = self.cfg.checkpoint_period
         return (step // period + 1) * period if period > 0 else float("inf")
 
-    def _sample(self, params, batch, step: int, version: int, pushed_seconds: float, key=None):
+    def _sample(self, params, batch, position: int, version: int, pushed_seconds: float):
+        """The rollout of data batch `position` with the weights of step `version`, and its figures."""
         if self.push is not None:  # onto the sampler's mesh (one process: placement refuses more)
             batch = {k: v if k.startswith("host_") else jax.device_put(v, self.batch_sharding) for k, v in batch.items()}
         started = time.perf_counter()
         with self._on_sampler():
-            got = self.rollout(params, batch, self.key(step) if key is None else key())  # made on the sampler's mesh
-        figures = {"rollout_staleness": step - version, "weight_push_seconds": pushed_seconds,
+            got = self.rollout(params, batch, self.key(position))  # the key made on the sampler's mesh
+        figures = {"version": version, "weight_push_seconds": pushed_seconds,
                    "rollout_seconds": time.perf_counter() - started}
         if self.workers is not None:
             figures["rollout_worker_restarts"] = self.workers.restarts  # actors replaced so far
@@ -109,37 +114,42 @@ class RolloutPipeline:
         stack.enter_context(nnx.logical_axis_rules(mesh_lib.RULES))
         return stack
 
-    def _pushed(self, params):
-        """The weights where the sampler reads them; on the loop's thread, before the update donates them."""
-        if self.workers is not None:  # one host copy into Ray's object store
-            return self.workers.push(params)
-        return (params, 0.0) if self.push is None else self.push(params)
+    def _pushed(self, params, step: int):
+        """The weights of step `step` where the sampler reads them, pushed once per step; on the loop's
+        thread, before the update donates them."""
+        if self.pushed is None or self.pushed[0] != step:
+            if self.workers is not None:  # one host copy into Ray's object store
+                there, seconds = self.workers.push(params)
+            else:
+                there, seconds = (params, 0.0) if self.push is None else self.push(params)
+            self.pushed = (step, there, seconds)
+        return self.pushed[1], self.pushed[2]
 
-    def take(self, params, batch: dict, step: int):
-        """The rollout step `step` trains on (sampled now, or in flight since an earlier step) and its
-        figures; starts the next ones. `batch`: the step's prompts (its global batch)."""
-        if self.k == 0:
-            there, seconds = self._pushed(params)
-            self.pushed = there
-            return self._sample(there, batch, step, step, seconds)
-        if step not in self.pending:  # a restart: this step samples with the weights it starts from
-            self.restart()
-            there, seconds = self._pushed(params)
-            self.pending[step] = self.pool.submit(self._sample, there, batch, step, step, seconds)
-        got = self.pending.pop(step).result()
-        stop = min(step + self.k, self._next_restart(step) - 1, self.cfg.steps - 1)
-        todo = [u for u in range(step + 1, int(stop) + 1) if u not in self.pending]
-        if todo:  # one push serves every rollout started at this step
-            there, seconds = self._pushed(params)
-            for u in todo:
-                ahead = self.upcoming(u - step - 1)
-                if ahead is None:
-                    break
-                self.pending[u] = self.pool.submit(self._sample, there, ahead, u, step, seconds)
-        return got
+    def take(self, params, batch: dict, step: int, position: int):
+        """The rollout of data batch `position` (`batch`: its global batch), taken by step `step`, and its
+        figures: sampled ahead, or now with the step's weights. The step's own batch and each batch a
+        refill draws, in the order the step takes them."""
+        if position in self.pending:
+            got, figures = self.pending.pop(position).result()
+        else:
+            there, seconds = self._pushed(params, step)
+            if self.pool is None:
+                got, figures = self._sample(there, batch, position, step, seconds)
+            else:  # on the sampler's thread, as every sample of an asynchronous run
+                got, figures = self.pool.submit(self._sample, there, batch, position, step, seconds).result()
+        return got, {"rollout_staleness": step - figures.pop("version"), **figures}
 
-    def again(self, batch: dict, step: int, key):
-        """Another batch of prompts for step `step`, sampled under `key()` with the weights its `take`
-        pushed (DAPO's refill, objectives/grpo.py: synchronous runs only, config_checks refuses the rest)."""
-        assert self.k == 0 and self.pushed is not None, "a refill follows the step's synchronous take"
-        return self._sample(self.pushed, batch, step, step, 0.0, key)[0]
+    def ahead(self, params, step: int, position: int) -> None:
+        """Asynchronous: start the samples of the k batches from data position `position` (the next the
+        loop takes) that are not in flight, with step `step`'s weights — none that a step at or past
+        the next checkpoint step could take."""
+        if self.pool is None:
+            return
+        count = int(min(self.k, self._next_restart(step) - 1 - step, self.cfg.steps - 1 - step))
+        todo = [q for q in range(position, position + count) if q not in self.pending]
+        for q in todo:
+            upcoming = self.upcoming(q - position)
+            if upcoming is None:  # the data ends there
+                break
+            there, seconds = self._pushed(params, step)  # one push serves every sample started at this step
+            self.pending[q] = self.pool.submit(self._sample, there, upcoming, q, step, seconds)
