@@ -148,8 +148,8 @@ def test_the_driver_checks_the_host_memory_fit_without_starting_jax():
              "    except C.ConfigError as e:\n"
              "        print('refused', argv[-1], str(e))\n"
              "print('backend started', bool(xla_bridge._backends))\n")
-    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=ray_env(JAX_PLATFORMS="cpu"), capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=ray_env(JAX_PLATFORMS="cpu"),
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
     assert lines[0] == "fits demo.yml"

@@ -153,7 +153,8 @@ def test_an_asynchronous_refill_takes_the_batches_sampled_ahead_and_resumes_like
     assert any(r["generation_batches"] > 1 for r in whole[1:3]) and any(r["generation_batches"] > 1 for r in whole[4:])
     # the restart steps (0, 3) sample their own batch now; the others take what was sampled one update before
     assert [r["rollout_staleness"] for r in whole] == [0, 1, 1, 0, 1, 1]
-    assert [(r["loss"], r["generation_batches"]) for r in split] == [(r["loss"], r["generation_batches"]) for r in whole]
+    assert [(r["loss"], r["generation_batches"]) for r in split] == \
+           [(r["loss"], r["generation_batches"]) for r in whole]
     assert _batches_read(tmp_path / "whole", 6) == sum(r["generation_batches"] for r in whole)
     _, pa = checkpoints.load_params(f"{tmp_path}/whole/checkpoints")
     _, pb = checkpoints.load_params(f"{tmp_path}/split/checkpoints")
