@@ -357,6 +357,20 @@ def check_platform(c: Config, platform: str) -> None:
                           f"FP8 GEMMs); on {platform} use one of {others}")
 
 
+def _check_rollout_processes(c: Config, num_processes: int) -> None:
+    """GRPO's rollouts that run in one process for now (maxlite/rollout/): refused with the process count
+    known, before any cluster starts (`ray_entry.train` resolves the recipe for its workers first)."""
+    if c.train_objective != "grpo" or num_processes == 1:
+        return
+    how = "use one process (under Ray: ray_num_workers=1)"
+    if c.off_policy_steps or c.rollout_workers or (c.trainer_devices_fraction, c.sampler_devices_fraction) != (1, 1):
+        raise ConfigError(f"separate rollout placement, rollout_workers and off_policy_steps run in one process for "
+                          f"now (this run has {num_processes}): {how}, or the colocated default")
+    if c.rollout_tools:  # several processes sample with the static sampler, which has no tool turns
+        raise ConfigError(f"rollout_tools runs on the rollout engine, which samples in one process (this run has "
+                          f"{num_processes}; several sample with the static sampler): {how}, or no rollout_tools")
+
+
 def check_layout(c: Config, num_processes: int) -> None:
     """What the resolved mesh (`config.resolve`: every axis filled) needs of the recipe: whole
     sequences per batch shard, a sequence within one process or across whole processes, dimensions
@@ -389,6 +403,7 @@ def check_layout(c: Config, num_processes: int) -> None:
     if share > per_process and c.train_objective != "lm":  # the alignment data assemble their own rows
         raise ConfigError(f"context × tensor = {share} devices share a sequence across processes (a process has "
                           f"{per_process}): only train_objective=lm reads rows that way; lower ici_tensor_parallelism")
+    _check_rollout_processes(c, num_processes)
     for key in ("base_num_query_heads", "base_num_kv_heads", "base_mlp_dim", "vocab_size"):
         if getattr(c, key) % tensor:
             raise ConfigError(f"{key}={getattr(c, key)} is not divisible by tensor parallelism {tensor}")

@@ -43,6 +43,20 @@ def test_off_policy_needs_devices_of_its_own_and_placement_is_grpos(tmp_path):
                       f"base_output_directory={tmp_path}", "steps=1"]))
 
 
+@pytest.mark.parametrize("extra", [["off_policy_steps=1"], [],
+                                   ["rollout_workers=1", "trainer_devices_fraction=1", "sampler_devices_fraction=1"]])
+def test_separate_rollouts_on_several_processes_are_refused_with_the_process_count(extra):
+    # one process for now: refused where the recipe is resolved for its processes, which ray_entry.train
+    # does before any cluster starts (tests/test_ray.py: RT.check)
+    cfg = C.load([*GRPO, *extra])
+    C.resolve(cfg, 8, num_processes=1)
+    with pytest.raises(C.ConfigError, match=r"separate rollout placement, rollout_workers and off_policy_steps run "
+                                            r"in one process for now \(this run has 2\): use one process \(under "
+                                            r"Ray: ray_num_workers=1\)") as e:
+        C.resolve(cfg, 8, num_processes=2)
+    assert "\n" not in str(e.value)
+
+
 def test_separate_placement_trains_on_half_the_devices_and_logs_the_push(tmp_path):
     """Synchronous, the trainer on devices 0-1, the rollouts on 6-7 (tensor 2): each step pushes the
     weights and says how long it took."""

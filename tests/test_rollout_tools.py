@@ -265,18 +265,27 @@ def test_bad_tool_config_is_refused_in_one_line(extra, match):
     (["rollout_tools=[tests.tool_fns:missing]"], "rollout_tools: cannot load 'tests.tool_fns:missing'"),
     (["rollout_tools=[no_such_module.tools:f]"], "rollout_tools: cannot load 'no_such_module.tools:f'"),
     (["rollout_tools=[tests.tool_fns:echo]"], r"tool_call_end='</tool_call>' is \d+ tokens of this tokenizer"),
-    (["rollout_tools=[tests.tool_fns:echo]", "tool_call_end=<"], "rollout_tools runs on the rollout engine"),
 ])
-def test_tools_the_rollout_cannot_run_are_refused_when_it_is_built(extra, match, monkeypatch):
+def test_tools_the_rollout_cannot_run_are_refused_when_it_is_built(extra, match):
     from maxlite.objectives.rollout import Rollout
 
     cfg, _, graphdef, _ = _model()
     rcfg = C.load([*TINY, "train_objective=grpo", "dataset_type=prompts", "reward_workers=1",
                    "reward_functions=[maxlite.objectives.rewards:brevity]", *extra])
-    if "engine" in match:  # several processes sample with the static sampler, which has no tool turns
-        monkeypatch.setattr(jax, "process_count", lambda: 2)
     with pytest.raises(C.ConfigError, match=match):
         Rollout(rcfg, graphdef)
+
+
+def test_tools_on_several_processes_are_refused_with_the_process_count():
+    # several processes sample with the static sampler, which has no tool turns: refused where the recipe
+    # is resolved for its processes (ray_entry.train does that before any cluster starts)
+    cfg = C.load([*TINY, "train_objective=grpo", "dataset_type=prompts", "rollout_tools=[tests.tool_fns:echo]",
+                  "tool_call_end=<", "reward_functions=[maxlite.objectives.rewards:brevity]"])
+    C.resolve(cfg, 2, num_processes=1)
+    with pytest.raises(C.ConfigError, match=r"rollout_tools runs on the rollout engine, which samples in one "
+                                            r"process \(this run has 2;.*under Ray: ray_num_workers=1") as e:
+        C.resolve(cfg, 2, num_processes=2)
+    assert "\n" not in str(e.value)
 
 
 def test_a_grpo_run_with_a_tool_logs_the_tool_figures_and_resumes_to_the_same_rollouts(tmp_path):

@@ -137,10 +137,7 @@ class Rollout:
         self.tools = None
         if cfg.rollout_tools:
             from maxlite.rollout.tools import Tools
-            if self.engine is None:
-                raise ConfigError(f"rollout_tools runs on the rollout engine, which samples in one process (this run "
-                                  f"has {jax.process_count()}; several sample with the static sampler): use one "
-                                  "process, or no rollout_tools")
+            assert self.engine is not None, "config_checks refuses rollout_tools on several processes"
             self.tools = Tools.for_config(cfg, self.tok)
             if self.tools.end_id in (*self.markers, self.tok.eos_id):
                 raise ConfigError(f"tool_call_end={cfg.tool_call_end!r} is also the end of a turn: name another token")

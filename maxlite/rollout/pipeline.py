@@ -50,10 +50,8 @@ class RolloutPipeline:
         self.k = cfg.off_policy_steps
         placement = reshard.split_devices(cfg, jax.devices())
         self.workers = rollout.engine if cfg.rollout_workers else None  # actors.WorkerPool: the actors are the sampler
-        if jax.process_count() > 1 and (self.k or not placement.colocated or self.workers):
-            raise ConfigError("separate rollout placement, rollout_workers and off_policy_steps run in one "
-                              f"process for now (this run has {jax.process_count()}): use one process, or the "
-                              "colocated default")
+        assert jax.process_count() == 1 or not (self.k or not placement.colocated or self.workers), \
+            "config_checks refuses these on several processes"
         if self.k and not self.workers and placement.trainer[0].platform == "cpu" and \
                 2 * (len(placement.trainer) + len(placement.sampler)) > len(jax.devices()):
             # XLA:CPU runs every device's share of a program on one pool of max(cores, devices) threads:
