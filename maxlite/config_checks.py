@@ -176,12 +176,12 @@ def _validate_objective(c: Config) -> None:
                           f"max_target_length={c.max_target_length}")
     if c.grpo_num_generations < 2:
         raise ConfigError("grpo_num_generations must be at least 2 (advantages are relative to the group)")
-    colocated = (c.trainer_devices_fraction, c.sampler_devices_fraction) == (1.0, 1.0)
-    if c.off_policy_steps and colocated and not c.rollout_workers:
+    shared = colocated(c)
+    if c.off_policy_steps and shared and not c.rollout_workers:
         raise ConfigError(f"off_policy_steps={c.off_policy_steps} samples while the trainer trains: give the sampler "
                           "devices of its own (trainer_devices_fraction + sampler_devices_fraction ≤ 1) or "
                           "rollout_workers ≥ 1")
-    if c.rollout_workers and not colocated:
+    if c.rollout_workers and not shared:
         raise ConfigError(f"rollout_workers={c.rollout_workers} generates in Ray actors of its own: leave "
                           "trainer_devices_fraction and sampler_devices_fraction at 1 (the trainer keeps every device)")
     if c.dynamic_sampling_max_batches > 1 and not c.dynamic_sampling:
@@ -357,13 +357,19 @@ def check_platform(c: Config, platform: str) -> None:
                           f"FP8 GEMMs); on {platform} use one of {others}")
 
 
+def colocated(c: Config) -> bool:
+    """GRPO's rollouts share the trainer's devices (both fractions 1; maxlite/rollout/reshard.py splits them
+    otherwise)."""
+    return (c.trainer_devices_fraction, c.sampler_devices_fraction) == (1.0, 1.0)
+
+
 def _check_rollout_processes(c: Config, num_processes: int) -> None:
     """GRPO's rollouts that run in one process for now (maxlite/rollout/): refused with the process count
     known, before any cluster starts (`ray_entry.train` resolves the recipe for its workers first)."""
     if c.train_objective != "grpo" or num_processes == 1:
         return
     how = "use one process (under Ray: ray_num_workers=1)"
-    if c.off_policy_steps or c.rollout_workers or (c.trainer_devices_fraction, c.sampler_devices_fraction) != (1, 1):
+    if c.off_policy_steps or c.rollout_workers or not colocated(c):
         raise ConfigError(f"separate rollout placement, rollout_workers and off_policy_steps run in one process for "
                           f"now (this run has {num_processes}): {how}, or the colocated default")
     if c.rollout_tools:  # several processes sample with the static sampler, which has no tool turns

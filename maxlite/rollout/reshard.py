@@ -22,6 +22,7 @@ import time
 from typing import NamedTuple
 
 from maxlite.config import ConfigError
+from maxlite.config_checks import colocated
 from maxlite.schema import MESH_AXES, parallelism_key
 
 
@@ -39,7 +40,7 @@ def split_devices(cfg, devices) -> Placement:
     shares that overlap or that leave a side with no device."""
     devices = list(devices)
     t, s = cfg.trainer_devices_fraction, cfg.sampler_devices_fraction
-    if (t, s) == (1.0, 1.0):
+    if colocated(cfg):
         return Placement(devices, devices)
     n_t, n_s = int(len(devices) * t), int(len(devices) * s)
     if n_t < 1 or n_s < 1:
