@@ -22,7 +22,7 @@ import time
 from typing import NamedTuple
 
 from maxlite.config import ConfigError
-from maxlite.config_checks import colocated
+from maxlite.config_checks_alignment import colocated
 from maxlite.schema import MESH_AXES, parallelism_key
 
 
